@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every Debian/Ubuntu package that forge's build and tests need.
+# Idempotent: packages already present are skipped; uses sudo when not root.
+# Usage: scripts/install-deps.sh [--with-bench]
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libopenblas-dev            # CPU GEMM (cblas_sgemm / cblas_dgemm)
+  libgtest-dev googletest    # unit tests (GoogleTest through CTest)
+  libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
+  python3 python3-numpy python3-torch   # reference checks against PyTorch
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only when they are missing or older than a day.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+  $SUDO apt-get update -q
+fi
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

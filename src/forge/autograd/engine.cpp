@@ -1,0 +1,119 @@
+#include "forge/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/autograd/node.h"
+
+namespace forge::autograd {
+namespace {
+
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr < b->sequence_nr;
+  }
+};
+
+void check_grad(const Node& node, size_t i, const Tensor& g) {
+  const InputMeta& m = node.input_meta[i];
+  FORGE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, "backward: ", node.name(),
+              " returned a gradient of shape ", g.shape(), " ", dtype_name(g.dtype()), " on ", g.device().str(),
+              " for input ", i, ", which has shape ", m.shape, " ", dtype_name(m.dtype), " on ", m.device.str());
+}
+
+}  // namespace
+
+void backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  FORGE_CHECK(grads.empty() || grads.size() == roots.size(), "backward: got ", grads.size(), " gradients for ",
+              roots.size(), " roots");
+  std::unordered_map<Node*, Tensor> buffers;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      const Tensor& r = roots[i];
+      FORGE_CHECK(r.requires_grad(), "backward: the tensor of shape ", r.shape(),
+                  " does not require grad and has no grad_fn (did you forget requires_grad_() on an input, "
+                  "or compute it under NoGradGuard?)");
+      Tensor g = grads.empty() ? Tensor() : grads[i];
+      if (!g.defined()) {
+        FORGE_CHECK(r.numel() == 1, "backward: a gradient can be created implicitly only for one-element outputs; "
+                                    "the output has shape ", r.shape(), ", so pass backward(grad) explicitly");
+        g = r.detach().clone().fill_(1.0);
+      } else {
+        FORGE_CHECK(g.shape() == r.shape() && g.dtype() == r.dtype() && g.device() == r.device(),
+                    "backward: grad of shape ", g.shape(), " ", dtype_name(g.dtype()), " does not match the output's ",
+                    r.shape(), " ", dtype_name(r.dtype()));
+      }
+      auto node = gradient_edge(r);
+      Tensor& buf = buffers[node.get()];
+      buf = buf.defined() ? buf + g : g;
+      root_nodes.push_back(std::move(node));
+    }
+  }
+
+  // Dependency counts: how many edges point at each node from the part of the graph
+  // reachable from the roots. Iterative DFS.
+  std::unordered_map<Node*, int> deps;
+  {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> stack;
+    for (auto& n : root_nodes)
+      if (seen.insert(n.get()).second) stack.push_back(n.get());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next_edges) {
+        if (!e.node) continue;
+        ++deps[e.node.get()];
+        if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  {
+    std::unordered_set<Node*> queued;
+    for (auto& n : root_nodes)
+      if (deps[n.get()] == 0 && queued.insert(n.get()).second) ready.push(n);
+  }
+
+  NoGradGuard no_grad;
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Tensor g;
+    if (auto it = buffers.find(node.get()); it != buffers.end()) {
+      g = std::move(it->second);
+      buffers.erase(it);
+    }
+    TensorList out;
+    if (g.defined()) {
+      out = node->apply(g);
+      g = Tensor();
+      if (!retain_graph) node->release_saved();
+      FORGE_CHECK(out.empty() || out.size() == node->next_edges.size(), "backward: ", node->name(), " returned ",
+                  out.size(), " gradients for ", node->next_edges.size(), " inputs");
+    }
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const auto& next = node->next_edges[i].node;
+      if (!next) continue;
+      if (i < out.size() && out[i].defined()) {
+        check_grad(*node, i, out[i]);
+        Tensor& buf = buffers[next.get()];
+        buf = buf.defined() ? buf + out[i] : std::move(out[i]);
+      }
+      if (--deps[next.get()] == 0) ready.push(next);
+    }
+  }
+}
+
+}  // namespace forge::autograd
+
+namespace forge {
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  autograd::backward({*this}, {grad}, retain_graph);
+}
+}  // namespace forge

@@ -1,0 +1,81 @@
+#include "forge/autograd/node.h"
+
+#include "forge/autograd/grad_mode.h"
+
+namespace forge::autograd {
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+}
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+TensorList FunctionNode::apply(const Tensor& grad_output) {
+  FORGE_CHECK(fn_ != nullptr, "backward: tried to run ", name_,
+              " a second time, but its saved tensors were freed after the first backward. "
+              "Pass retain_graph=true to the first backward() if you need to backward through the graph again.");
+  GradMask need(next_edges.size());
+  for (size_t i = 0; i < next_edges.size(); ++i) need[i] = next_edges[i].node != nullptr;
+  return fn_(grad_output, need);
+}
+
+TensorList AccumulateGrad::apply(const Tensor& g) {
+  AutogradMeta& m = leaf_->meta();
+  if (!m.grad.defined()) {
+    // Take the incoming buffer when nothing else can see it; otherwise copy, so that
+    // later in-place accumulation never writes into another tensor's memory.
+    const bool owned = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
+                       g.offset() == 0;
+    m.grad = owned ? g : g.clone();
+  } else {
+    m.grad.add_(g);
+  }
+  if (!m.grad_hooks.empty()) {
+    Tensor leaf(leaf_);
+    for (auto& hook : m.grad_hooks) hook(leaf);
+  }
+  return {};
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  AutogradMeta& m = t.impl()->meta();
+  auto acc = m.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m.grad_accumulator = acc;
+  }
+  return acc;
+}
+
+bool any_requires_grad(const TensorList& inputs) {
+  if (!grad_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn) {
+  if (!any_requires_grad(inputs)) return out;
+  FORGE_CHECK(is_floating(out.dtype()), name, ": internal error: recording history for a ", dtype_name(out.dtype()),
+              " output");
+  FORGE_CHECK(!out.grad_fn(), name, ": internal error: output already has history");
+  auto node = std::make_shared<FunctionNode>(std::string(name) + "Backward", std::move(fn));
+  node->next_edges.reserve(inputs.size());
+  node->input_meta.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    if (t.defined()) {
+      node->next_edges.push_back({gradient_edge(t)});
+      node->input_meta.push_back({t.shape(), t.dtype(), t.device()});
+    } else {
+      node->next_edges.push_back({nullptr});
+      node->input_meta.push_back({{}, DType::f32, Device::cpu()});
+    }
+  }
+  AutogradMeta& m = out.impl()->meta();
+  m.requires_grad = true;
+  m.grad_fn = std::move(node);
+  return out;
+}
+
+}  // namespace forge::autograd

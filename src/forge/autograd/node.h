@@ -1,0 +1,100 @@
+#pragma once
+// The autograd graph: Nodes (one per recorded op) joined by Edges to the nodes that
+// produced their inputs. Every node has exactly one output (multi-output ops such as
+// split are recorded as one view node per output).
+//
+// A node's apply() takes d(loss)/d(output) and returns d(loss)/d(input_i) for each
+// input, in the order of next_edges (an undefined Tensor where an input needs none).
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "forge/core/tensor.h"
+
+namespace forge::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: the input needs no gradient
+};
+
+// What a gradient for an input must look like; checked by the engine.
+struct InputMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual TensorList apply(const Tensor& grad_output) = 0;
+  virtual std::string name() const = 0;
+  // Frees what the node saved for backward; apply() afterwards is an error.
+  virtual void release_saved() {}
+
+  std::vector<Edge> next_edges;
+  std::vector<InputMeta> input_meta;
+  // Creation order: the engine prefers later nodes when several are ready, like PyTorch.
+  uint64_t sequence_nr;
+};
+
+// The mask handed to backward functions: need[i] is false when input i needs no gradient,
+// so the function may skip computing it (and return an undefined Tensor).
+using GradMask = std::vector<bool>;
+using BackwardFn = std::function<TensorList(const Tensor& grad, const GradMask& need)>;
+
+// A node whose backward is a closure over the tensors it saved. The closure is destroyed
+// right after the node runs (unless retain_graph), which releases the saved tensors.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  TensorList apply(const Tensor& grad_output) override;
+  std::string name() const override { return name_; }
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+};
+
+// The sink for a leaf: adds the incoming gradient into leaf.grad, then runs its hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  TensorList apply(const Tensor& grad_output) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// The node a gradient for `t` flows into: its grad_fn, or its leaf accumulator.
+// Returns null if t does not require grad.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+
+// Records `out` as produced by an op named `name` from `inputs` if grad mode is on and any
+// input requires grad; `fn` computes the inputs' gradients from out's. Returns `out`.
+//
+//   auto y = ...;  // computed without history
+//   return record("exp", y, {x}, [y = y.detach()](const Tensor& g, const GradMask&) {
+//     return TensorList{g * y};
+//   });
+//
+// Saved outputs must be captured detached (as above): capturing `out` itself would make a
+// reference cycle out -> node -> out.
+Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn);
+
+// True if grad mode is on and any of `inputs` requires grad.
+bool any_requires_grad(const TensorList& inputs);
+
+}  // namespace forge::autograd

@@ -1,0 +1,18 @@
+#pragma once
+// The whole public API of the tensor library in one include.
+#include "forge/autograd/engine.h"
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/device.h"
+#include "forge/core/dtype.h"
+#include "forge/core/error.h"
+#include "forge/core/generator.h"
+#include "forge/core/tensor.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/index.h"
+#include "forge/ops/join.h"
+#include "forge/ops/matmul.h"
+#include "forge/ops/reduce.h"
+#include "forge/ops/unary.h"
+#include "forge/ops/view.h"

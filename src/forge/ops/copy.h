@@ -1,0 +1,26 @@
+#pragma once
+// Conversions and copies: dtype, device, contiguity. Tensor::to/contiguous/clone/copy_
+// call these.
+#include "forge/core/tensor.h"
+
+namespace forge::ops {
+
+// Differentiable: the gradient is converted back to the input's dtype/device.
+Tensor to(const Tensor& t, DType dtype);
+Tensor to(const Tensor& t, Device device);
+Tensor to(const Tensor& t, Device device, DType dtype);
+// Returns `t` itself when already contiguous, else a contiguous copy (differentiable).
+Tensor contiguous(const Tensor& t);
+// Always a new contiguous copy (differentiable).
+Tensor clone(const Tensor& t);
+
+// In-place, not differentiable: dst <- src (broadcast to dst's shape, converted to dst's
+// dtype, across devices). Refuses a dst that requires grad while grad mode is on.
+Tensor& copy_(Tensor& dst, const Tensor& src);
+Tensor& fill_(Tensor& t, double value);
+
+// Throws naming `op` if `t` requires grad and grad mode is on (in-place ops would
+// silently corrupt the recorded history).
+void check_inplace(const Tensor& t, const char* op);
+
+}  // namespace forge::ops

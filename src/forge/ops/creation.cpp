@@ -1,0 +1,169 @@
+#include "forge/ops/creation.h"
+
+#include <cmath>
+
+#include <cstring>
+
+#include "forge/backends/cpu/tensor_kernels.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/dispatch_device.h"
+
+namespace forge {
+
+namespace ops::detail {
+
+void throw_no_cuda(const char* op) {
+  FORGE_THROW(op, ": this forge was built without CUDA support, so tensors cannot live on a GPU; "
+                  "rebuild with -DFORGE_CUDA=ON (needs nvcc) or use the CPU");
+}
+
+void throw_not_on_cuda(const char* op) {
+  FORGE_THROW(op, ": has no CUDA kernel yet; move the inputs to the CPU with .to(Device::cpu())");
+}
+
+void check_same_device(const char* op, const TensorList& ts) {
+  const Tensor* first = nullptr;
+  for (const auto& t : ts) {
+    if (!t.defined()) continue;
+    if (!first) {
+      first = &t;
+      continue;
+    }
+    FORGE_CHECK(t.device() == first->device(), op, ": expected all tensors on one device, got ",
+                first->device().str(), " (shape ", first->shape(), ") and ", t.device().str(), " (shape ", t.shape(),
+                "); move them with .to(device)");
+  }
+}
+
+}  // namespace ops::detail
+
+Allocator* allocator_for(Device device) {
+  if (device.is_cpu()) return cpu_allocator();
+#ifdef FORGE_WITH_CUDA
+  const int n = cuda::device_count();
+  FORGE_CHECK(device.index < n, "device ", device.str(), " is not available: ", n, " CUDA device(s) visible");
+  return cuda::allocator(device.index);
+#else
+  ops::detail::throw_no_cuda(("allocate on " + device.str()).c_str());
+#endif
+}
+
+int cuda_device_count() {
+#ifdef FORGE_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+Tensor empty(const Shape& shape, const TensorOptions& opt) {
+  for (int64_t s : shape) FORGE_CHECK(s >= 0, "empty: negative dimension in shape ", shape);
+  const int64_t n = shape_numel(shape);
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(opt.dtype), allocator_for(opt.device));
+  Tensor t = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, opt.dtype);
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor full(const Shape& shape, double value, const TensorOptions& opt) {
+  TensorOptions o = opt;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  ops::fill_(t, value);
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, const TensorOptions& opt) { return full(shape, 0.0, opt); }
+Tensor ones(const Shape& shape, const TensorOptions& opt) { return full(shape, 1.0, opt); }
+
+Tensor arange(double start, double end, double step, const TensorOptions& opt) {
+  FORGE_CHECK(step != 0, "arange: step must be nonzero");
+  FORGE_CHECK((end - start) / step >= 0, "arange: the range [", start, ", ", end, ") with step ", step,
+              " is inconsistent (the step points away from the end)");
+  const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  TensorOptions o = opt;
+  o.requires_grad = false;
+  Tensor t = empty({n}, o);
+  if (t.is_cpu()) cpu::arange(t, start, step);
+  else FORGE_ON_CUDA("arange", cuda::arange(t, start, step));
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor arange(int64_t end, const TensorOptions& opt) { return arange(0.0, static_cast<double>(end), 1.0, opt); }
+
+Tensor uniform(const Shape& shape, double lo, double hi, const TensorOptions& opt, Generator* gen) {
+  FORGE_CHECK(is_floating(opt.dtype), "rand: needs a floating dtype, got ", dtype_name(opt.dtype));
+  TensorOptions o = opt;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  Generator& g = gen ? *gen : default_generator();
+  const uint64_t seed = g.seed();
+  const uint64_t off = g.reserve(t.numel());
+  if (t.is_cpu()) cpu::uniform(t, lo, hi, seed, off);
+  else FORGE_ON_CUDA("rand", cuda::uniform(t, lo, hi, seed, off));
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& opt, Generator* gen) {
+  FORGE_CHECK(is_floating(opt.dtype), "randn: needs a floating dtype, got ", dtype_name(opt.dtype));
+  TensorOptions o = opt;
+  o.requires_grad = false;
+  Tensor t = empty(shape, o);
+  Generator& g = gen ? *gen : default_generator();
+  const uint64_t seed = g.seed();
+  const uint64_t off = g.reserve(t.numel());
+  if (t.is_cpu()) cpu::normal(t, mean, std, seed, off);
+  else FORGE_ON_CUDA("randn", cuda::normal(t, mean, std, seed, off));
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor rand(const Shape& shape, const TensorOptions& opt, Generator* gen) { return uniform(shape, 0.0, 1.0, opt, gen); }
+Tensor randn(const Shape& shape, const TensorOptions& opt, Generator* gen) { return normal(shape, 0.0, 1.0, opt, gen); }
+
+Tensor randint(int64_t lo, int64_t hi, const Shape& shape, const TensorOptions& opt, Generator* gen) {
+  FORGE_CHECK(hi > lo, "randint: empty range [", lo, ", ", hi, ")");
+  FORGE_CHECK(hi - lo <= (int64_t{1} << 24), "randint: range [", lo, ", ", hi, ") is wider than 2^24, the resolution "
+              "of forge's uniform stream");
+  // floor(u) for u uniform in [0, hi - lo): truncation is floor for non-negative values.
+  Tensor u = uniform(shape, 0.0, static_cast<double>(hi - lo), {.dtype = DType::f64, .device = opt.device}, gen);
+  Tensor r = ops::to(u, DType::i64);
+  if (lo != 0) r = ops::add(r, static_cast<double>(lo));
+  return ops::to(r, opt.dtype);
+}
+
+Tensor from_blob(const void* data, DType src_dtype, const Shape& shape, const TensorOptions& opt) {
+  Tensor host = empty(shape, {.dtype = src_dtype});
+  if (host.nbytes()) std::memcpy(host.data_ptr(), data, host.nbytes());
+  Tensor t = ops::to(host, opt.device, opt.dtype);
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& shape, const TensorOptions& opt) {
+  FORGE_CHECK(static_cast<int64_t>(data.size()) == shape_numel(shape), "from_vector: ", data.size(),
+              " values do not fill shape ", shape, " (", shape_numel(shape), " elements)");
+  return from_blob(data.data(), dtype_v<T>, shape, opt);
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<double>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<bf16>&, const Shape&, const TensorOptions&);
+template Tensor from_vector(const std::vector<f16>&, const Shape&, const TensorOptions&);
+
+Tensor scalar_tensor(double value, const TensorOptions& opt) { return full({}, value, opt); }
+
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor full_like(const Tensor& t, double value) {
+  return full(t.shape(), value, {.dtype = t.dtype(), .device = t.device()});
+}
+
+}  // namespace forge

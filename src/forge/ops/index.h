@@ -1,0 +1,15 @@
+#pragma once
+// Indexing ops. Index tensors are i64 or i32; out-of-range indices are an error naming
+// the op, the index and the dim size.
+#include "forge/core/tensor.h"
+
+namespace forge::ops {
+
+// out = x.index_select(dim, index): index is 1-D.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// out[i][j][k] = x[index[i][j][k]][j][k] (dim 0), like torch.gather.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// out = x.clone(); out[index[i][j][k]][j][k] += src[i][j][k] (dim 0), like torch.scatter_add.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+
+}  // namespace forge::ops

@@ -1,0 +1,59 @@
+#include "forge/ops/unary.h"
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/unary.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/elementwise.h"
+#endif
+
+namespace forge::ops {
+namespace {
+
+Tensor unary_backward(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y) {
+  Tensor out = empty(g.shape(), {.dtype = g.dtype(), .device = g.device()});
+  const Tensor& xs = x.defined() ? x : g;
+  const Tensor& ys = y.defined() ? y : g;
+  if (g.is_cpu()) cpu::unary_backward(op, g, xs, ys, out);
+  else FORGE_ON_CUDA(unary_name(op), cuda::unary_backward(op, g, xs, ys, out));
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  const char* name = unary_name(op);
+  FORGE_CHECK(x.dtype() != DType::boolean, name, ": not supported for bool tensors (shape ", x.shape(), ")");
+  Tensor in = x;
+  if (!is_floating(x.dtype()) && !unary_keeps_integers(op)) in = to(x, DType::f32);
+  Tensor out = empty(in.shape(), {.dtype = in.dtype(), .device = in.device()});
+  if (in.is_cpu()) cpu::unary(op, in, out);
+  else FORGE_ON_CUDA(name, cuda::unary(op, in, out));
+  if (is_floating(in.dtype())) {
+    Tensor xs = unary_needs_x(op) ? in.detach() : Tensor();
+    Tensor ys = unary_needs_y(op) ? out.detach() : Tensor();
+    autograd::record(name, out, {in}, [op, xs, ys](const Tensor& g, const autograd::GradMask&) {
+      return TensorList{unary_backward(op, g, xs, ys)};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor neg(const Tensor& x) { return unary(UnaryOp::neg, x); }
+Tensor abs(const Tensor& x) { return unary(UnaryOp::abs, x); }
+Tensor exp(const Tensor& x) { return unary(UnaryOp::exp, x); }
+Tensor log(const Tensor& x) { return unary(UnaryOp::log, x); }
+Tensor sqrt(const Tensor& x) { return unary(UnaryOp::sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return unary(UnaryOp::rsqrt, x); }
+Tensor sin(const Tensor& x) { return unary(UnaryOp::sin, x); }
+Tensor cos(const Tensor& x) { return unary(UnaryOp::cos, x); }
+Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::sigmoid, x); }
+Tensor relu(const Tensor& x) { return unary(UnaryOp::relu, x); }
+Tensor gelu(const Tensor& x, bool approximate) { return unary(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu, x); }
+Tensor silu(const Tensor& x) { return unary(UnaryOp::silu, x); }
+
+}  // namespace forge::ops

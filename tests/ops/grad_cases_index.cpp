@@ -1,0 +1,7 @@
+#include "testing/gradcheck.h"
+
+namespace forge::testing {
+
+std::vector<GradCase> index_grad_cases() { return {}; }  // to be completed
+
+}  // namespace forge::testing

@@ -1,0 +1,146 @@
+#include "testing/gradcheck.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace forge::testing {
+namespace {
+
+// Offsets (in elements, from the storage base) of every element of t in row-major order.
+std::vector<int64_t> element_offsets(const Tensor& t) {
+  std::vector<int64_t> offs;
+  const int64_t n = t.numel();
+  offs.reserve(static_cast<size_t>(n));
+  std::vector<int64_t> idx(static_cast<size_t>(t.dim()), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t o = t.offset();
+    for (int64_t d = 0; d < t.dim(); ++d) o += idx[d] * t.strides()[d];
+    offs.push_back(o);
+    for (int64_t d = t.dim() - 1; d >= 0; --d) {
+      if (++idx[d] < t.shape()[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return offs;
+}
+
+double weighted_sum(const Tensor& out, const std::vector<double>& w) {
+  std::vector<double> v = out.to_vector<double>();
+  double s = 0;
+  for (size_t i = 0; i < v.size(); ++i) s += v[i] * w[i];
+  return s;
+}
+
+}  // namespace
+
+GradCheckResult gradcheck(const OpFn& f, const TensorList& inputs, double eps, double atol, double rtol) {
+  GradCheckResult r;
+  for (const auto& x : inputs) {
+    if (x.defined() && x.requires_grad()) {
+      FORGE_CHECK(x.dtype() == DType::f64 && x.is_leaf(), "gradcheck: inputs must be f64 leaves");
+      x.zero_grad();
+    }
+  }
+  Tensor out = f(inputs);
+  FORGE_CHECK(out.dtype() == DType::f64, "gradcheck: the function must return f64, got ", dtype_name(out.dtype()));
+  Generator gen(1234);
+  Tensor w = randn(out.shape(), {.dtype = DType::f64}, &gen);
+  const std::vector<double> wv = w.to_vector<double>();
+  out.backward(w);
+
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Tensor& x = inputs[k];
+    if (!x.defined() || !x.requires_grad()) continue;
+    Tensor g = x.grad();
+    if (!g.defined()) g = zeros(x.shape(), {.dtype = DType::f64});
+    const std::vector<double> analytic = g.to_vector<double>();
+    double* base = static_cast<double*>(x.storage()->data());
+    const std::vector<int64_t> offs = element_offsets(x);
+    for (size_t i = 0; i < offs.size(); ++i) {
+      double& e = base[offs[i]];
+      const double orig = e;
+      double fp, fm;
+      {
+        NoGradGuard ng;
+        e = orig + eps;
+        fp = weighted_sum(f(inputs), wv);
+        e = orig - eps;
+        fm = weighted_sum(f(inputs), wv);
+        e = orig;
+      }
+      const double numeric = (fp - fm) / (2 * eps);
+      const double err = std::abs(analytic[i] - numeric);
+      r.max_abs_err = std::max(r.max_abs_err, err);
+      if (!(err <= atol + rtol * std::abs(numeric)) && r.ok) {
+        std::ostringstream os;
+        os << "input " << k << " (shape " << shape_str(x.shape()) << ") element " << i << ": analytic "
+           << analytic[i] << " vs numeric " << numeric << " (|diff| " << err << ")";
+        r.ok = false;
+        r.message = os.str();
+      }
+    }
+  }
+  return r;
+}
+
+Tensor arg(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  return randn(shape, {.dtype = DType::f64}, &g).requires_grad_();
+}
+
+Tensor arg_positive(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  return uniform(shape, 0.5, 2.0, {.dtype = DType::f64}, &g).requires_grad_();
+}
+
+Tensor arg_away_from_zero(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  Tensor mag = uniform(shape, 0.2, 1.2, {.dtype = DType::f64}, &g);
+  Tensor sign = ops::sub(ops::mul(ops::to(ops::gt(rand(shape, {.dtype = DType::f64}, &g), 0.5), DType::f64), 2.0), 1.0);
+  return ops::mul(mag, sign).requires_grad_();
+}
+
+Tensor arg_transposed(const Shape& shape, uint64_t seed) {
+  FORGE_CHECK(shape.size() == 2, "arg_transposed: needs a 2-D shape");
+  Generator g(seed);
+  return randn({shape[1], shape[0]}, {.dtype = DType::f64}, &g).t().detach().requires_grad_();
+}
+
+Tensor arg_strided(const Shape& shape, uint64_t seed) {
+  Shape wide = shape;
+  wide.back() *= 2;
+  Generator g(seed);
+  return randn(wide, {.dtype = DType::f64}, &g).slice(-1, 0, wide.back(), 2).detach().requires_grad_();
+}
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.op << " [" << c.label << "]"; }
+
+std::vector<GradCase> all_grad_cases() {
+  std::vector<GradCase> all;
+  for (auto part : {unary_grad_cases, binary_grad_cases, view_grad_cases, reduce_grad_cases, matmul_grad_cases,
+                    index_grad_cases, join_grad_cases}) {
+    auto v = part();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+const std::vector<std::string>& differentiable_ops() {
+  static const std::vector<std::string> ops = {
+      // unary
+      "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu",
+      // binary (and scalar forms), selection
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "masked_fill",
+      // reductions, softmax
+      "sum", "mean", "var", "amax", "amin", "max", "min", "softmax", "log_softmax",
+      // matmul
+      "matmul", "mm", "bmm",
+      // joins and indexing
+      "cat", "stack", "split", "chunk", "index_select", "gather", "scatter_add",
+      // views and copies
+      "reshape", "view", "flatten", "transpose", "permute", "narrow", "slice", "select", "expand", "squeeze",
+      "unsqueeze", "contiguous", "clone", "to"};
+  return ops;
+}
+
+}  // namespace forge::testing
