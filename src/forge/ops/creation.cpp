@@ -149,6 +149,16 @@ template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& s
               " values do not fill shape ", shape, " (", shape_numel(shape), " elements)");
   return from_blob(data.data(), dtype_v<T>, shape, opt);
 }
+template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& shape) {
+  return from_vector(data, shape, {.dtype = dtype_v<T>});
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&);
+template Tensor from_vector(const std::vector<double>&, const Shape&);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&);
+template Tensor from_vector(const std::vector<bf16>&, const Shape&);
+template Tensor from_vector(const std::vector<f16>&, const Shape&);
 template Tensor from_vector(const std::vector<float>&, const Shape&, const TensorOptions&);
 template Tensor from_vector(const std::vector<double>&, const Shape&, const TensorOptions&);
 template Tensor from_vector(const std::vector<int32_t>&, const Shape&, const TensorOptions&);

@@ -33,9 +33,11 @@ Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& 
 Tensor randint(int64_t lo, int64_t hi, const Shape& shape, const TensorOptions& opt = {.dtype = DType::i64},
                Generator* gen = nullptr);
 
-// Copies host data (row-major) into a new tensor of `shape`; the element type of `data`
-// is converted to opt.dtype.
-template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& shape, const TensorOptions& opt = {});
+// Copies host data (row-major) into a new tensor of `shape`. Without options the tensor
+// has T's dtype (like torch.tensor infers it); with options the values are converted to
+// opt.dtype.
+template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& shape);
+template <class T> Tensor from_vector(const std::vector<T>& data, const Shape& shape, const TensorOptions& opt);
 Tensor from_blob(const void* data, DType src_dtype, const Shape& shape, const TensorOptions& opt = {});
 // A 0-d tensor.
 Tensor scalar_tensor(double value, const TensorOptions& opt = {});

@@ -1,0 +1,227 @@
+// The backward engine: accumulation, grad mode, detach, retain_graph, hooks, release of
+// saved tensors, deep graphs, error messages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "forge/autograd/node.h"
+#include "forge/forge.h"
+
+namespace forge {
+namespace {
+
+using namespace forge::ops;
+
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+
+TEST(Autograd, SimpleChainRule) {
+  Tensor x = from_vector<double>({1, 2, 3}, {3}).requires_grad_();
+  Tensor y = sum(mul(mul(x, x), 3.0));  // d/dx = 6x
+  y.backward();
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{6, 12, 18}));
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_EQ(y.grad_fn()->name(), "sumBackward");
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  Tensor x = from_vector<double>({1, -2}, {2}).requires_grad_();
+  for (int i = 0; i < 3; ++i) sum(mul(x, 2.0)).backward();
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{6, 6}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+  sum(x).backward();
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{1, 1}));
+}
+
+TEST(Autograd, DiamondGraphSumsBothPaths) {
+  Tensor x = from_vector<double>({2}, {1}).requires_grad_();
+  Tensor a = mul(x, 3.0), b = exp(x);
+  Tensor y = sum(mul(a, b));  // 3x e^x -> 3e^x (1 + x)
+  y.backward();
+  EXPECT_NEAR(vals(x.grad())[0], 3 * std::exp(2.0) * 3, 1e-12);
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor x = ones({2}, {.requires_grad = true});
+  {
+    NoGradGuard ng;
+    Tensor y = mul(x, 2.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+    EXPECT_FALSE(grad_enabled());
+    {
+      EnableGradGuard eg;
+      EXPECT_TRUE(mul(x, 2.0).requires_grad());
+    }
+    EXPECT_FALSE(grad_enabled());
+  }
+  EXPECT_TRUE(grad_enabled());
+  EXPECT_TRUE(mul(x, 2.0).requires_grad());
+}
+
+TEST(Autograd, DetachCutsHistoryAndSharesStorage) {
+  Tensor x = ones({3}, {.requires_grad = true});
+  Tensor y = mul(x, 2.0);
+  Tensor d = y.detach();
+  EXPECT_FALSE(d.requires_grad());
+  EXPECT_TRUE(d.is_leaf());
+  EXPECT_EQ(d.storage(), y.storage());
+  Tensor z = sum(mul(y, d));  // gradient flows only through y: d/dx = 2 * d = 4
+  z.backward();
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{4, 4, 4}));
+}
+
+TEST(Autograd, SecondBackwardWithoutRetainGraphIsAClearError) {
+  Tensor x = ones({2}, {.requires_grad = true});
+  Tensor y = sum(exp(x));
+  y.backward();
+  try {
+    y.backward();
+    FAIL() << "expected forge::Error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("retain_graph"), std::string::npos) << m;
+    EXPECT_NE(m.find("second time"), std::string::npos) << m;
+  }
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackward) {
+  Tensor x = from_vector<double>({0.5}, {1}).requires_grad_();
+  Tensor y = sum(exp(x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  EXPECT_NEAR(vals(x.grad())[0], 2 * std::exp(0.5), 1e-12);
+}
+
+TEST(Autograd, SavedTensorsAreReleasedAfterTheirNodeRuns) {
+  Tensor x = randn({1000}, {.requires_grad = true});
+  std::weak_ptr<Storage> saved;
+  Tensor loss;
+  {
+    Tensor e = exp(x);  // ExpBackward saves its output
+    saved = e.storage();
+    loss = sum(mul(e, 2.0));  // mul saves e too (as the other operand)
+  }
+  EXPECT_FALSE(saved.expired());  // only the graph holds it now
+  loss.backward();
+  EXPECT_TRUE(saved.expired()) << "saved tensors still alive after backward";
+}
+
+TEST(Autograd, RetainGraphKeepsSavedTensors) {
+  Tensor x = randn({100}, {.requires_grad = true});
+  std::weak_ptr<Storage> saved;
+  Tensor loss;
+  {
+    Tensor e = exp(x);
+    saved = e.storage();
+    loss = sum(e);
+  }
+  loss.backward(Tensor(), true);
+  EXPECT_FALSE(saved.expired());
+}
+
+TEST(Autograd, LeafHookRunsOnceWithTheFinalGradient) {
+  Tensor w = ones({2}, {.dtype = DType::f64, .requires_grad = true});
+  int calls = 0;
+  std::vector<double> seen;
+  w.register_grad_hook([&](Tensor& leaf) {
+    ++calls;
+    seen = leaf.grad().to_vector<double>();
+  });
+  // w is used three times; the hook must fire once, after all three contributions.
+  Tensor y = sum(add(add(mul(w, 2.0), mul(w, 3.0)), w));
+  y.backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, (std::vector<double>{6, 6}));
+  EXPECT_THROW(mul(w, 2.0).register_grad_hook([](Tensor&) {}), Error);  // non-leaf
+}
+
+TEST(Autograd, HooksFireInReverseOrderOfUse) {
+  // DDP bucketing relies on late-layer gradients being ready first.
+  Tensor w1 = ones({2}, {.requires_grad = true}), w2 = ones({2}, {.requires_grad = true});
+  std::vector<int> order;
+  w1.register_grad_hook([&](Tensor&) { order.push_back(1); });
+  w2.register_grad_hook([&](Tensor&) { order.push_back(2); });
+  Tensor h = tanh(mul(w1, 0.5));
+  Tensor y = sum(tanh(mul(h, w2)));
+  y.backward();
+  EXPECT_EQ(order, (std::vector<int>{2, 1}));
+}
+
+TEST(Autograd, DeepGraphDoesNotRecurse) {
+  // 100k nodes: a recursive engine would overflow the stack.
+  Tensor x = from_vector<double>({1.0}, {1}).requires_grad_();
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = add(y, 0.0);
+  sum(y).backward();
+  EXPECT_EQ(vals(x.grad())[0], 1.0);
+}
+
+TEST(Autograd, BackwardErrorsNameTheProblem) {
+  Tensor x = ones({2, 2});
+  try {
+    sum(x).backward();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not require grad"), std::string::npos) << e.what();
+  }
+  Tensor w = ones({2, 2}, {.requires_grad = true});
+  try {
+    mul(w, 2.0).backward();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 2]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(mul(w, 2.0).backward(ones({3})), Error);
+  EXPECT_THROW(ones({2}, {.dtype = DType::i64}).requires_grad_(), Error);
+}
+
+TEST(Autograd, InPlaceOnATensorThatRequiresGradIsRefused) {
+  Tensor w = ones({2}, {.requires_grad = true});
+  try {
+    w.add_(ones({2}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add_"), std::string::npos) << e.what();
+  }
+  {
+    NoGradGuard ng;  // an optimizer step
+    w.add_(ones({2}), -0.5);
+  }
+  EXPECT_EQ(vals(w), (std::vector<double>{0.5, 0.5}));
+}
+
+TEST(Autograd, GradientOfAnUnusedInputIsUndefined) {
+  Tensor a = ones({2}, {.requires_grad = true}), b = ones({2}, {.requires_grad = true});
+  Tensor y = sum(mul(a, 3.0));
+  y.backward();
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
+TEST(Autograd, GradientsKeepTheLeafDtype) {
+  Tensor w = ones({3}, {.dtype = DType::bf16, .requires_grad = true});
+  Tensor y = sum(mul(to(w, DType::f32), 2.0));
+  y.backward();
+  EXPECT_EQ(w.grad().dtype(), DType::bf16);
+  EXPECT_EQ(vals(w.grad()), (std::vector<double>{2, 2, 2}));
+}
+
+TEST(Autograd, NonScalarBackwardWithExplicitGradient) {
+  Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_();
+  Tensor y = mul(x, x);
+  y.backward(from_vector<double>({1, 10}, {2}));
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{2, 40}));
+}
+
+TEST(Autograd, MultipleRoots) {
+  Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_();
+  Tensor a = sum(mul(x, 2.0)), b = sum(mul(x, x));
+  autograd::backward({a, b});
+  EXPECT_EQ(vals(x.grad()), (std::vector<double>{4, 6}));
+}
+
+}  // namespace
+}  // namespace forge
