@@ -28,6 +28,7 @@ int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "T
 bool Tensor::is_contiguous() const {
   const auto& sh = shape();
   const auto& st = strides();
+  if (shape_numel(sh) == 0) return true;
   int64_t expected = 1;
   for (size_t i = sh.size(); i-- > 0;) {
     if (sh[i] == 1) continue;
