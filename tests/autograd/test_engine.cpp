@@ -225,3 +225,35 @@ TEST(Autograd, MultipleRoots) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+TEST(Autograd, ModifyingASavedTensorInPlaceIsDetected) {
+  // Note [saved tensor versions]: the gradient would silently be wrong otherwise.
+  Tensor a = from_vector<double>({1, 2, 3}, {3}).requires_grad_();
+  Tensor b = ops::exp(a);
+  Tensor c = ops::sum(ops::mul(b, b));
+  b.detach().fill_(0.0);
+  try {
+    c.backward();
+    FAIL() << "expected forge::Error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("modified by an in-place operation"), std::string::npos) << m;
+    EXPECT_NE(m.find("mulBackward"), std::string::npos) << m;
+  }
+}
+
+TEST(Autograd, InPlaceOnAnUnsavedInputIsFine) {
+  // add saves nothing, so changing its input afterwards does not affect its backward.
+  Tensor w = ones({2}, {.requires_grad = true});
+  Tensor x = ones({2});
+  Tensor y = ops::sum(ops::add(w, x));
+  x.fill_(5.0);
+  y.backward();
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{1, 1}));
+}
+
+}  // namespace
+}  // namespace forge

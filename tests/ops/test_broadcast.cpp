@@ -139,3 +139,25 @@ TEST(Elementwise, DeviceMismatchIsAnError) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+TEST(Promotion, ZeroDimTensorsRaiseOnlyAcrossCategories) {
+  Tensor i32 = ones({2}, {.dtype = DType::i32}), f16 = ones({2}, {.dtype = DType::f16});
+  EXPECT_EQ(ops::add(i32, scalar_tensor(2, {.dtype = DType::i64})).dtype(), DType::i32);
+  EXPECT_EQ(ops::add(f16, scalar_tensor(2, {.dtype = DType::f32})).dtype(), DType::f16);
+  EXPECT_EQ(ops::add(i32, scalar_tensor(2, {.dtype = DType::f64})).dtype(), DType::f64);
+  EXPECT_EQ(ops::add(scalar_tensor(2, {.dtype = DType::i32}), scalar_tensor(2, {.dtype = DType::i64})).dtype(),
+            DType::i64);
+  EXPECT_EQ(ops::add(ones({2}, {.dtype = DType::boolean}), 3.0).dtype(), DType::i64);
+  EXPECT_EQ(ops::where(ones({2}, {.dtype = DType::boolean}), f16, scalar_tensor(1.0)).dtype(), DType::f16);
+}
+
+TEST(Item, LargeIntegersAreExact) {
+  const int64_t big = (int64_t{1} << 62) + 1;
+  EXPECT_EQ(from_vector<int64_t>({big}, {1}).item<int64_t>(), big);
+}
+
+}  // namespace
+}  // namespace forge

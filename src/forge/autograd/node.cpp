@@ -13,6 +13,14 @@ TensorList FunctionNode::apply(const Tensor& grad_output) {
   FORGE_CHECK(fn_ != nullptr, "backward: tried to run ", name_,
               " a second time, but its saved tensors were freed after the first backward. "
               "Pass retain_graph=true to the first backward() if you need to backward through the graph again.");
+  // Note [saved tensor versions]: every in-place op bumps its storage's version; a saved
+  // tensor whose version moved was overwritten after the forward used it.
+  for (const SavedVersion& sv : saved_) {
+    auto st = sv.storage.lock();
+    FORGE_CHECK(!st || st->version() == sv.version, "backward: a tensor of shape ", sv.shape, " saved by ", name_,
+                " was modified by an in-place operation after the forward used it (storage version ", st->version(),
+                ", expected ", sv.version, "); use an out-of-place op, or clone() the tensor before modifying it");
+  }
   GradMask need(next_edges.size());
   for (size_t i = 0; i < next_edges.size(); ++i) need[i] = next_edges[i].node != nullptr;
   return fn_(grad_output, need);
@@ -36,6 +44,10 @@ TensorList AccumulateGrad::apply(const Tensor& g) {
   return {};
 }
 
+void FunctionNode::watch_saved(const Tensor& t) {
+  if (t.defined()) saved_.push_back({t.storage(), t.storage()->version(), t.shape()});
+}
+
 std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   if (!t.requires_grad()) return nullptr;
   if (t.grad_fn()) return t.grad_fn();
@@ -55,12 +67,13 @@ bool any_requires_grad(const TensorList& inputs) {
   return false;
 }
 
-Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn) {
+Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn, const TensorList& saved) {
   if (!any_requires_grad(inputs)) return out;
   FORGE_CHECK(is_floating(out.dtype()), name, ": internal error: recording history for a ", dtype_name(out.dtype()),
               " output");
   FORGE_CHECK(!out.grad_fn(), name, ": internal error: output already has history");
   auto node = std::make_shared<FunctionNode>(std::string(name) + "Backward", std::move(fn));
+  for (const auto& t : saved) node->watch_saved(t);
   node->next_edges.reserve(inputs.size());
   node->input_meta.reserve(inputs.size());
   for (const auto& t : inputs) {

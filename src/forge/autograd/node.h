@@ -59,11 +59,23 @@ class FunctionNode final : public Node {
   FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
   TensorList apply(const Tensor& grad_output) override;
   std::string name() const override { return name_; }
-  void release_saved() override { fn_ = nullptr; }
+  void release_saved() override {
+    fn_ = nullptr;
+    saved_.clear();
+  }
+  // Remembers the storage version of a tensor the closure saved; apply() refuses to run
+  // if it was modified in place since (the gradient would silently be wrong).
+  void watch_saved(const Tensor& t);
 
  private:
+  struct SavedVersion {
+    std::weak_ptr<Storage> storage;
+    uint64_t version;
+    Shape shape;
+  };
   std::string name_;
   BackwardFn fn_;
+  std::vector<SavedVersion> saved_;
 };
 
 // The sink for a leaf: adds the incoming gradient into leaf.grad, then runs its hooks.
@@ -91,8 +103,10 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t);
 //   });
 //
 // Saved outputs must be captured detached (as above): capturing `out` itself would make a
-// reference cycle out -> node -> out.
-Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn);
+// reference cycle out -> node -> out. List every tensor the closure captures in `saved`:
+// backward then fails with a clear error if one of them was modified in place after the
+// forward (Note [saved tensor versions]).
+Tensor& record(const char* name, Tensor& out, const TensorList& inputs, BackwardFn fn, const TensorList& saved = {});
 
 // True if grad mode is on and any of `inputs` requires grad.
 bool any_requires_grad(const TensorList& inputs);

@@ -12,6 +12,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "forge/core/device.h"
@@ -86,8 +87,12 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
   // The single element of a one-element tensor, converted to T (copied to the host if needed).
-  template <class T = double> T item() const { return static_cast<T>(item_double()); }
+  template <class T = double> T item() const {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(item_int64());  // exact for large integers
+    else return static_cast<T>(item_double());
+  }
   double item_double() const;
+  int64_t item_int64() const;
   // All elements in row-major order, converted to T (copied to the host if needed).
   template <class T> std::vector<T> to_vector() const;
 

@@ -55,8 +55,20 @@ Tensor reduce_grad(const Tensor& g, const Tensor& x) {
   return r.dtype() == x.dtype() ? r : to(r, x.dtype());
 }
 
+int category(DType t) { return t == DType::boolean ? 0 : (is_floating(t) ? 2 : 1); }
+
+// PyTorch's result_type for two tensors: a 0-d tensor (and so a scalar operand) raises
+// the dtype of a dimensioned one only when it is of a higher category (bool < integer <
+// floating): f16 [n] + 0-d f32 stays f16, i32 [n] + 0-d f64 becomes f64.
+DType result_type(const Tensor& a, const Tensor& b) {
+  const bool ad = a.dim() > 0, bd = b.dim() > 0;
+  if (ad == bd) return promote_types(a.dtype(), b.dtype());
+  const DType d = ad ? a.dtype() : b.dtype(), z = ad ? b.dtype() : a.dtype();
+  return category(z) > category(d) ? promote_types(d, z) : d;
+}
+
 DType compute_dtype(BinaryOp op, const Tensor& a, const Tensor& b) {
-  const DType ct = promote_types(a.dtype(), b.dtype());
+  const DType ct = result_type(a, b);
   const bool arithmetic = !binary_is_comparison(op);
   FORGE_CHECK(!(arithmetic && ct == DType::boolean), binary_name(op), ": not supported for bool tensors (shapes ",
               a.shape(), " and ", b.shape(), "); convert with .to(DType::i64) or .to(DType::f32) first");
@@ -77,6 +89,10 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha = 1.0)
 
   Tensor a0 = a, b0 = b;  // original handles: shapes and dtypes for the gradients
   Tensor y = out.detach();
+  // What the backward reads (Note [saved tensor versions]): add/sub read nothing.
+  TensorList saved;
+  if (op == BinaryOp::div || op == BinaryOp::pow) saved = {ac, bc, y};
+  else if (op != BinaryOp::add && op != BinaryOp::sub) saved = {ac, bc};
   record(name, out, {a, b}, [op, alpha, ac, bc, a0, b0, y](const Tensor& g, const GradMask& need) {
     Tensor ga, gb;
     switch (op) {
@@ -114,15 +130,15 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha = 1.0)
         break;
     }
     return TensorList{ga.defined() ? reduce_grad(ga, a0) : Tensor(), gb.defined() ? reduce_grad(gb, b0) : Tensor()};
-  });
+  }, saved);
   return out;
 }
 
 // The dtype a double scalar takes next to tensor t (see binary.h).
 DType scalar_dtype(const Tensor& t, double v) {
   if (is_floating(t.dtype())) return t.dtype();
-  if (t.dtype() != DType::boolean && std::floor(v) == v) return t.dtype();
-  return DType::f32;
+  if (std::floor(v) == v) return t.dtype() == DType::boolean ? DType::i64 : t.dtype();  // like a Python int
+  return DType::f32;                                                                    // like a Python float
 }
 
 Tensor scalar_like(const Tensor& t, double v) { return scalar_tensor(v, {.dtype = scalar_dtype(t, v), .device = t.device()}); }
@@ -165,7 +181,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   detail::check_same_device("where", {cond, a, b});
   FORGE_CHECK(cond.dtype() == DType::boolean, "where: condition must be a bool tensor, got ", dtype_name(cond.dtype()),
               " of shape ", cond.shape(), " (build it with a comparison, e.g. gt(x, 0.0))");
-  const DType ct = promote_types(a.dtype(), b.dtype());
+  const DType ct = result_type(a, b);
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   const Tensor ac = a.dtype() == ct ? a.detach() : to(a.detach(), ct);
   const Tensor bc = b.dtype() == ct ? b.detach() : to(b.detach(), ct);
@@ -177,7 +193,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     Tensor ga = need[0] ? reduce_grad(run_where(c, g, zero, g.shape()), a0) : Tensor();
     Tensor gb = need[1] ? reduce_grad(run_where(c, zero, g, g.shape()), b0) : Tensor();
     return TensorList{ga, gb};
-  });
+  }, {c});
   return out;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Elementwise binary ops with NumPy broadcasting and PyTorch's type promotion
-// (promote_types). A double scalar operand adopts the tensor's dtype when that is
+// (promote_types; a 0-d tensor raises a dimensioned tensor's dtype only when it is of a
+// higher category, bool < integer < floating, as torch.result_type). A double scalar operand adopts the tensor's dtype when that is
 // floating; on an integer tensor it keeps the integer dtype when the value is integral
-// (like a Python int in PyTorch) and promotes to f32 otherwise (like a Python float).
+// (like a Python int in PyTorch; i64 for bool tensors) and promotes to f32 otherwise (like
+// a Python float).
 // Comparisons return bool tensors.
 #include "forge/core/tensor.h"
 

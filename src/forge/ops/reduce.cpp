@@ -183,7 +183,7 @@ Tensor var(const Tensor& x, const Dims& dims, bool keepdim, int64_t correction) 
     // d var / d x_i = 2 (x_i - mean) / (N - correction)
     Tensor centered = sub(xs, mean(xs, dims, true));
     return TensorList{mul(centered, mul(reshape(g, keep), 2.0 / divisor))};
-  });
+  }, {x});
   return out;
 }
 
@@ -199,7 +199,7 @@ Tensor extreme(cpu::RowReduce op, const Tensor& x, const Dims& dims, bool keepdi
     // The gradient is split evenly among the elements equal to the extreme (as PyTorch).
     Tensor hit = to(eq(xs, reshape(y, keep)), g.dtype());
     return TensorList{mul(hit, div(reshape(g, keep), sum(hit, dims, true)))};
-  });
+  }, {x, out});
   return out;
 }
 
@@ -230,7 +230,7 @@ ValuesIndices extreme_along(cpu::ArgReduce op, const Tensor& x, int64_t dim, boo
     record(name, r.values, {x},
            [idx = r.indices, keep = p.keep_shape, in_shape = x.shape(), d](const Tensor& g, const GradMask&) {
              return TensorList{place_at(g, idx, keep, in_shape, d)};
-           });
+           }, {r.indices});
   }
   return r;
 }
@@ -247,7 +247,7 @@ Tensor softmax_along(const Tensor& x, int64_t dim, bool log) {
     if (dx.is_cpu()) cpu::softmax_backward(ys, contiguous(g), dx, d, log);
     else detail::throw_not_on_cuda(name);
     return TensorList{dx};
-  });
+  }, {y});
   return y;
 }
 

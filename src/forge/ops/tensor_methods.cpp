@@ -53,6 +53,12 @@ double Tensor::item_double() const {
   return *static_cast<const double*>(h.data_ptr());
 }
 
+int64_t Tensor::item_int64() const {
+  FORGE_CHECK(numel() == 1, "item(): expects a one-element tensor, got shape ", shape());
+  Tensor h = ops::to(detach(), Device::cpu(), DType::i64);
+  return *static_cast<const int64_t*>(h.data_ptr());
+}
+
 template <class T> std::vector<T> Tensor::to_vector() const {
   Tensor h = ops::contiguous(ops::to(detach(), Device::cpu(), dtype_v<T>));
   std::vector<T> v(static_cast<size_t>(numel()));

@@ -35,7 +35,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
     Tensor ys = unary_needs_y(op) ? out.detach() : Tensor();
     autograd::record(name, out, {in}, [op, xs, ys](const Tensor& g, const autograd::GradMask&) {
       return TensorList{unary_backward(op, g, xs, ys)};
-    });
+    }, {xs, ys});
   }
   return out;
 }
