@@ -7,13 +7,16 @@
 
 #include "forge/autograd/node.h"
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
-using namespace forge::ops;
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
 
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+using namespace forge::ops;
 
 TEST(Autograd, SimpleChainRule) {
   Tensor x = from_vector<double>({1, 2, 3}, {3}).requires_grad_();

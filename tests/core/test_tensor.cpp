@@ -4,13 +4,16 @@
 #include <cstdint>
 
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
-using namespace forge::ops;
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
 
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+using namespace forge::ops;
 
 TEST(Device, ParseAndPrint) {
   EXPECT_EQ(Device::parse("cpu"), Device::cpu());

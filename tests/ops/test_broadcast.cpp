@@ -5,22 +5,16 @@
 #include <functional>
 
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
+
 using namespace forge::ops;
-
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 TEST(Broadcast, ShapesFollowNumPyRules) {
   EXPECT_EQ(broadcast_shapes({2, 1, 3}, {4, 1}, "t"), (Shape{2, 4, 3}));

@@ -4,26 +4,16 @@
 #include <functional>
 
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
+
 using namespace forge::ops;
-
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-Tensor seq(double start, const Shape& s) {
-  return arange(start, start + double(shape_numel(s)), 1.0, {.dtype = DType::f64}).reshape(s);
-}
 
 std::vector<Shape> shapes_of(const TensorList& ts) {
   std::vector<Shape> s;

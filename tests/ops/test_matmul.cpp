@@ -6,22 +6,16 @@
 #include <functional>
 
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
+
 using namespace forge::ops;
-
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 // ||x - ref|| / ||ref||
 double rel_err(const Tensor& x, const Tensor& ref) {

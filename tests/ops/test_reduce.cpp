@@ -15,16 +15,20 @@
 
 #include "forge/backends/cpu/reduce.h"
 #include "forge/forge.h"
+#include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
+
+using forge::testing::error_of;
+using forge::testing::seq;
+using forge::testing::vals;
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 std::vector<int64_t> ivals(const Tensor& t) { return t.to_vector<int64_t>(); }
 
 Tensor f64(const std::vector<double>& v, const Shape& shape) { return from_vector<double>(v, shape); }

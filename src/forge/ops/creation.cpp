@@ -94,32 +94,37 @@ Tensor arange(double start, double end, double step, const TensorOptions& opt) {
 
 Tensor arange(int64_t end, const TensorOptions& opt) { return arange(0.0, static_cast<double>(end), 1.0, opt); }
 
-Tensor uniform(const Shape& shape, double lo, double hi, const TensorOptions& opt, Generator* gen) {
-  FORGE_CHECK(is_floating(opt.dtype), "rand: needs a floating dtype, got ", dtype_name(opt.dtype));
+namespace {
+
+// A random tensor drawn from `gen` (or the default generator) by `fill(t, seed, offset)`.
+template <class Fill>
+Tensor random_tensor(const Shape& shape, const TensorOptions& opt, Generator* gen, const char* op, Fill fill) {
+  FORGE_CHECK(is_floating(opt.dtype), op, ": needs a floating dtype, got ", dtype_name(opt.dtype));
   TensorOptions o = opt;
   o.requires_grad = false;
   Tensor t = empty(shape, o);
   Generator& g = gen ? *gen : default_generator();
   const uint64_t seed = g.seed();
-  const uint64_t off = g.reserve(t.numel());
-  if (t.is_cpu()) cpu::uniform(t, lo, hi, seed, off);
-  else FORGE_ON_CUDA("rand", cuda::uniform(t, lo, hi, seed, off));
+  const uint64_t offset = g.reserve(t.numel());
+  fill(t, seed, offset);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }
 
+}  // namespace
+
+Tensor uniform(const Shape& shape, double lo, double hi, const TensorOptions& opt, Generator* gen) {
+  return random_tensor(shape, opt, gen, "rand", [&](Tensor& t, uint64_t seed, uint64_t off) {
+    if (t.is_cpu()) cpu::uniform(t, lo, hi, seed, off);
+    else FORGE_ON_CUDA("rand", cuda::uniform(t, lo, hi, seed, off));
+  });
+}
+
 Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& opt, Generator* gen) {
-  FORGE_CHECK(is_floating(opt.dtype), "randn: needs a floating dtype, got ", dtype_name(opt.dtype));
-  TensorOptions o = opt;
-  o.requires_grad = false;
-  Tensor t = empty(shape, o);
-  Generator& g = gen ? *gen : default_generator();
-  const uint64_t seed = g.seed();
-  const uint64_t off = g.reserve(t.numel());
-  if (t.is_cpu()) cpu::normal(t, mean, std, seed, off);
-  else FORGE_ON_CUDA("randn", cuda::normal(t, mean, std, seed, off));
-  if (opt.requires_grad) t.requires_grad_(true);
-  return t;
+  return random_tensor(shape, opt, gen, "randn", [&](Tensor& t, uint64_t seed, uint64_t off) {
+    if (t.is_cpu()) cpu::normal(t, mean, std, seed, off);
+    else FORGE_ON_CUDA("randn", cuda::normal(t, mean, std, seed, off));
+  });
 }
 
 Tensor rand(const Shape& shape, const TensorOptions& opt, Generator* gen) { return uniform(shape, 0.0, 1.0, opt, gen); }
