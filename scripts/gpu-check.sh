@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU machine's check: build forge with the CUDA backend and run its tests.
+#
+#   scripts/gpu-check.sh            # from anywhere inside the repository
+#   BUILD_DIR=build-gpu JOBS=16 BUILD_TYPE=Release scripts/gpu-check.sh
+#
+# Steps: configure (-DFORGE_CUDA=ON) into build-gpu, build, `ctest -L cuda` (the CUDA
+# backend against the CPU backend), then the full ctest. The CUDA tests skip themselves
+# when no GPU is visible; here that counts as a failure (only the two-GPU peer-copy test
+# may skip on a one-GPU machine). Ends with a short summary; exits non-zero on any failure.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-build-gpu}"
+BUILD_TYPE="${BUILD_TYPE:-Release}"
+JOBS="${JOBS:-$(nproc)}"
+cd "$ROOT" || exit 2
+
+LOG_DIR="$BUILD_DIR/gpu-check-logs"
+declare -a SUMMARY=()
+STATUS=0
+step() { echo; echo "==== $* ===="; }
+record() {  # record NAME RC [detail]
+  if [[ "$2" -eq 0 ]]; then SUMMARY+=("PASS  $1${3:+  ($3)}"); else SUMMARY+=("FAIL  $1${3:+  ($3)}"); STATUS=1; fi
+}
+finish() {
+  echo
+  echo "==== gpu-check summary ===="
+  for line in "${SUMMARY[@]}"; do echo "  $line"; done
+  [[ "$STATUS" -eq 0 ]] && echo "  RESULT: OK" || echo "  RESULT: FAILED (logs in $LOG_DIR)"
+  exit "$STATUS"
+}
+
+step "machine"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+else
+  echo "nvidia-smi not found: the CUDA tests will skip, which this script counts as a failure"
+fi
+command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -1
+cmake --version | head -1
+
+CONFIG_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DFORGE_CUDA=ON)
+command -v ninja >/dev/null 2>&1 && CONFIG_ARGS+=(-G Ninja)
+[[ -x /usr/local/cuda/bin/nvcc ]] && CONFIG_ARGS+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+mkdir -p "$LOG_DIR"
+
+step "configure: cmake ${CONFIG_ARGS[*]}"
+cmake "${CONFIG_ARGS[@]}" 2>&1 | tee "$LOG_DIR/configure.log"
+rc=${PIPESTATUS[0]}
+record "configure" "$rc"
+[[ "$rc" -eq 0 ]] || finish
+
+step "build (-j $JOBS)"
+start=$SECONDS
+cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1 | tee "$LOG_DIR/build.log"
+rc=${PIPESTATUS[0]}
+warnings=$(grep -c -i "warning" "$LOG_DIR/build.log" || true)
+record "build" "$rc" "$((SECONDS - start)) s, $warnings warning line(s)"
+[[ "$rc" -eq 0 ]] || finish
+
+step "ctest -L cuda"
+(cd "$BUILD_DIR" && ctest --output-on-failure -L cuda) 2>&1 | tee "$LOG_DIR/ctest-cuda.log"
+rc=${PIPESTATUS[0]}
+cuda_line=$(grep -E "tests passed|tests failed" "$LOG_DIR/ctest-cuda.log" | tail -1)
+# Skipped CUDA tests mean the GPU was not visible (except the peer copy on one GPU).
+skipped=$(grep -E "\*\*\*Skipped" "$LOG_DIR/ctest-cuda.log" | grep -v "PeerCopyBetweenGpus" | wc -l)
+if [[ "$skipped" -gt 0 ]]; then
+  echo "$skipped CUDA test(s) skipped: is the GPU visible to this process (CUDA_VISIBLE_DEVICES, driver)?"
+  rc=1
+fi
+total_cuda=$(grep -cE "Test +#[0-9]+:" "$LOG_DIR/ctest-cuda.log" || true)
+if [[ "$total_cuda" -eq 0 ]]; then
+  echo "no CUDA tests found: was the CUDA backend enabled?"
+  rc=1
+fi
+record "ctest -L cuda" "$rc" "${cuda_line:-no result}; $skipped unexpected skip(s)"
+
+step "ctest (all)"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS") 2>&1 | tee "$LOG_DIR/ctest-all.log"
+rc=${PIPESTATUS[0]}
+all_line=$(grep -E "tests passed|tests failed" "$LOG_DIR/ctest-all.log" | tail -1)
+record "ctest (all)" "$rc" "${all_line:-no result}"
+
+finish

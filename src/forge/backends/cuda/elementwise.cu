@@ -1,0 +1,113 @@
+// CUDA elementwise kernels of the unary and binary families: the counterparts of
+// backends/cpu/unary.cpp and backends/cpu/binary.cpp, computing with the same shared
+// functors (backends/unary_functors.h, backends/binary_functors.h).
+//
+// Math (A = acc_t<T>: float for bf16/f16, else T itself; values rounded to T once, at the end):
+//   unary           out[i] = T(op(A(x[i])))
+//   unary_backward  out[i] = T(op'(A(g[i]), A(x[i]), A(y[i])))    = g * d op(x)/dx
+//   binary          out[i] = T(op(A(a[i]), A(b[i])))               (add/sub: a +- alpha b)
+//                   out[i] = op(A(a[i]), A(b[i]))                  (comparisons: bool out)
+//   where           out[i] = cond[i] ? a[i] : b[i]
+// Memory contract: out is overwritten, inputs only read (x, y, g, a, b, cond); inputs
+// may be any strided views, including stride-0 broadcasts (the ops layer expands them to
+// out's shape); out may be one of the inputs element-for-element (in-place add_/mul_).
+// The engine is loops.cuh: one vectorised pass when everything is contiguous and
+// aligned, else a strided pass.
+//
+// Instantiations: unary 14 ops x 4 float dtypes + {neg, abs, relu} x {i32, i64, u8};
+// unary_backward 14 x 4; binary 7 arithmetic ops x 7 numeric dtypes + 6 comparisons x 8
+// dtypes; where 8: about 230 kernels.
+#include "forge/backends/cuda/elementwise.h"
+#include "forge/backends/cuda/loops.cuh"
+#include "forge/core/dispatch.h"
+
+namespace forge::cuda {
+namespace {
+
+template <UnaryOp Op, class T> struct UnaryFn {
+  __device__ T operator()(T x) const { return T(fn::Unary<Op>{}(static_cast<acc_t<T>>(x))); }
+};
+
+template <UnaryOp Op, class T> struct UnaryGradFn {
+  __device__ T operator()(T g, T x, T y) const {
+    using A = acc_t<T>;
+    return T(fn::UnaryGrad<Op>{}(static_cast<A>(g), static_cast<A>(x), static_cast<A>(y)));
+  }
+};
+
+template <BinaryOp Op>
+inline constexpr bool kIsComparison = Op == BinaryOp::eq || Op == BinaryOp::ne || Op == BinaryOp::lt ||
+                                      Op == BinaryOp::le || Op == BinaryOp::gt || Op == BinaryOp::ge;
+
+template <BinaryOp Op, class T> struct BinaryFn {
+  fn::Binary<Op> f;  // carries alpha for add/sub
+  __device__ auto operator()(T a, T b) const {
+    using A = acc_t<T>;
+    if constexpr (kIsComparison<Op>) return static_cast<bool>(f(static_cast<A>(a), static_cast<A>(b)));
+    else return T(f(static_cast<A>(a), static_cast<A>(b)));
+  }
+};
+
+template <class T> struct WhereFn {
+  __device__ T operator()(bool c, T a, T b) const { return c ? a : b; }
+};
+
+// The integer dtypes neg/abs/relu keep (floating dtypes go through dispatch_float).
+template <class F> void dispatch_integer(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::u8: return f.template operator()<uint8_t>();
+    default: FORGE_THROW(op, ": not supported for ", dtype_name(t), " tensors");
+  }
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  const char* name = unary_name(op);
+  dispatch_unary(op, [&]<UnaryOp Op>() {
+    if (is_floating(x.dtype())) {
+      dispatch_float(x.dtype(), name, [&]<class T>() { launch_elementwise<1, T, T>(name, UnaryFn<Op, T>{}, out, {&x}); });
+    } else if constexpr (Op == UnaryOp::neg || Op == UnaryOp::abs || Op == UnaryOp::relu) {
+      dispatch_integer(x.dtype(), name, [&]<class T>() { launch_elementwise<1, T, T>(name, UnaryFn<Op, T>{}, out, {&x}); });
+    } else {
+      FORGE_THROW(name, ": expected a floating dtype, got ", dtype_name(x.dtype()));
+    }
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y, Tensor& out) {
+  const char* name = unary_name(op);
+  dispatch_unary(op, [&]<UnaryOp Op>() {
+    dispatch_float(g.dtype(), name, [&]<class T>() {
+      launch_elementwise<3, T, T, T, T>(name, UnaryGradFn<Op, T>{}, out, {&g, &x, &y});
+    });
+  });
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double alpha) {
+  const char* name = binary_name(op);
+  dispatch_binary(op, [&]<BinaryOp Op>() {
+    if constexpr (kIsComparison<Op>) {
+      dispatch_all(a.dtype(), name, [&]<class T>() {
+        BinaryFn<Op, T> f{};
+        launch_elementwise<2, bool, T, T>(name, f, out, {&a, &b});
+      });
+    } else {
+      dispatch_numeric(a.dtype(), name, [&]<class T>() {
+        BinaryFn<Op, T> f{};
+        f.f.alpha = alpha;
+        launch_elementwise<2, T, T, T>(name, f, out, {&a, &b});
+      });
+    }
+  });
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+  dispatch_all(a.dtype(), "where", [&]<class T>() {
+    launch_elementwise<3, T, bool, T, T>("where", WhereFn<T>{}, out, {&cond, &a, &b});
+  });
+}
+
+}  // namespace forge::cuda
