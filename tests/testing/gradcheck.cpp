@@ -8,18 +8,15 @@ namespace {
 
 // Offsets (in elements, from the storage base) of every element of t in row-major order.
 std::vector<int64_t> element_offsets(const Tensor& t) {
-  std::vector<int64_t> offs;
   const int64_t n = t.numel();
-  offs.reserve(static_cast<size_t>(n));
-  std::vector<int64_t> idx(static_cast<size_t>(t.dim()), 0);
+  std::vector<int64_t> offs(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    int64_t o = t.offset();
-    for (int64_t d = 0; d < t.dim(); ++d) o += idx[d] * t.strides()[d];
-    offs.push_back(o);
+    int64_t rem = i, o = t.offset();
     for (int64_t d = t.dim() - 1; d >= 0; --d) {
-      if (++idx[d] < t.shape()[d]) break;
-      idx[d] = 0;
+      o += (rem % t.shape()[d]) * t.strides()[d];
+      rem /= t.shape()[d];
     }
+    offs[static_cast<size_t>(i)] = o;
   }
   return offs;
 }
