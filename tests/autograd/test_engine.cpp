@@ -260,3 +260,68 @@ TEST(Autograd, InPlaceOnAnUnsavedInputIsFine) {
 
 }  // namespace
 }  // namespace forge
+
+#include "forge/autograd/checkpoint.h"
+
+namespace forge {
+namespace {
+
+// A small "block" with its own parameters: tanh(x W1) W2 + x.
+struct Block {
+  Tensor w1 = ops::mul(randn({16, 64}, {.dtype = DType::f64}), 0.2).requires_grad_();
+  Tensor w2 = ops::mul(randn({64, 16}, {.dtype = DType::f64}), 0.2).requires_grad_();
+  Tensor forward(const Tensor& x) const {
+    return ops::add(ops::matmul(ops::tanh(ops::matmul(x, w1)), w2), x);
+  }
+};
+
+TEST(Checkpoint, GradientsEqualThePlainRunAndPeakMemoryIsLower) {
+  manual_seed(5);
+  std::vector<Block> blocks(6);
+  Tensor x0 = randn({256, 16}, {.dtype = DType::f64, .requires_grad = true});
+  auto run = [&](bool ckpt) {
+    for (auto& b : blocks) {
+      b.w1.zero_grad();
+      b.w2.zero_grad();
+    }
+    x0.zero_grad();
+    reset_cpu_peak_memory();
+    const int64_t base = cpu_memory_stats().allocated;
+    Tensor h = x0;
+    for (auto& b : blocks) {
+      if (ckpt) h = autograd::checkpoint([&b](const TensorList& in) { return b.forward(in[0]); }, {h});
+      else h = b.forward(h);
+    }
+    Tensor loss = ops::sum(ops::mul(h, h));
+    loss.backward();
+    std::vector<std::vector<double>> grads;
+    for (auto& b : blocks) {
+      grads.push_back(b.w1.grad().to_vector<double>());
+      grads.push_back(b.w2.grad().to_vector<double>());
+    }
+    grads.push_back(x0.grad().to_vector<double>());
+    return std::make_pair(grads, cpu_memory_stats().peak_allocated - base);
+  };
+  auto [plain, plain_peak] = run(false);
+  auto [ckpt, ckpt_peak] = run(true);
+  ASSERT_EQ(plain.size(), ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i], ckpt[i]) << "gradient " << i;
+  EXPECT_LT(ckpt_peak, plain_peak) << "checkpointing did not lower peak memory";
+  std::cout << "peak memory: plain " << plain_peak << " B, checkpointed " << ckpt_peak << " B\n";
+}
+
+TEST(Checkpoint, RegionWithoutGradInputsStillTrainsItsParameters) {
+  Block b;
+  Tensor x = randn({4, 16}, {.dtype = DType::f64});  // data: no grad
+  Tensor y = autograd::checkpoint([&b](const TensorList& in) { return b.forward(in[0]); }, {x});
+  ops::sum(y).backward();
+  ASSERT_TRUE(b.w1.grad().defined());
+  Block c;
+  c.w1 = b.w1.detach().clone().requires_grad_();
+  c.w2 = b.w2.detach().clone().requires_grad_();
+  ops::sum(c.forward(x)).backward();
+  EXPECT_EQ(b.w1.grad().to_vector<double>(), c.w1.grad().to_vector<double>());
+}
+
+}  // namespace
+}  // namespace forge

@@ -88,6 +88,23 @@ void Tensor::register_grad_hook(GradHook hook) const {
   impl_->meta().grad_hooks.push_back(std::move(hook));
 }
 
+void Tensor::set_data(const Tensor& src) const {
+  FORGE_CHECK(is_leaf(), "set_data: only leaves can be re-pointed (shape ", shape(), ")");
+  FORGE_CHECK(!src.requires_grad() || src.is_leaf(), "set_data: the source must not carry history");
+  FORGE_CHECK(!requires_grad() || is_floating(src.dtype()), "set_data: a tensor that requires grad needs a floating ",
+              "dtype, got ", dtype_name(src.dtype()));
+  const TensorImpl& s = *src.impl_;
+  impl_->storage = s.storage;
+  impl_->shape = s.shape;
+  impl_->strides = s.strides;
+  impl_->offset = s.offset;
+  impl_->dtype = s.dtype;
+  if (impl_->autograd) {
+    impl_->autograd->grad = Tensor();
+    impl_->autograd->grad_accumulator.reset();
+  }
+}
+
 Tensor Tensor::detach() const {
   const auto& im = checked();
   return make(im.storage, im.shape, im.strides, im.offset, im.dtype);

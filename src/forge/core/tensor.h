@@ -109,6 +109,10 @@ class Tensor {
   void register_grad_hook(GradHook hook) const;
   // Same data, no history: the result is a leaf that does not require grad.
   Tensor detach() const;
+  // Re-points this handle (and every copy of it) at `src`'s storage, shape, strides and
+  // dtype, keeping requires_grad and dropping .grad. Module::to() and load_state_dict()
+  // use it so that parameters held by modules stay the same objects. Leaves only.
+  void set_data(const Tensor& src) const;
   // Reverse-mode backward from this tensor (defined in autograd/engine.cpp). `grad` may be
   // omitted for a one-element tensor (it defaults to 1).
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;

@@ -1,0 +1,26 @@
+#include "forge/nn/linear.h"
+
+#include <cmath>
+
+#include "forge/ops/binary.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/matmul.h"
+#include "forge/ops/view.h"
+
+namespace forge::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen) : in_features(in), out_features(out) {
+  FORGE_CHECK(in > 0 && out > 0, "Linear: features must be positive, got in=", in, " out=", out);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  weight = register_parameter("weight", uniform({out, in}, -bound, bound, {}, gen));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, -bound, bound, {}, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
+              " does not end in in_features = ", in_features);
+  Tensor y = ops::matmul(x, ops::transpose(weight, 0, 1));
+  return bias.defined() ? ops::add(y, bias) : y;
+}
+
+}  // namespace forge::nn
