@@ -9,6 +9,10 @@ packages=(
   libopenblas-dev            # CPU GEMM (cblas_sgemm / cblas_dgemm)
   libgtest-dev googletest    # unit tests (GoogleTest through CTest)
   libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
+  zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST
+  nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
+  fortunes                   # the demo corpus (configs/tiny.toml)
+  dataset-fashion-mnist      # the CNN demo (configs/fashion-mnist.toml)
   python3 python3-numpy python3-torch   # reference checks against PyTorch
 )
 

@@ -36,6 +36,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -460,6 +461,59 @@ void print_repr(Ctx& c, const InputFile& file, const std::string& case_name) {
   }
 }
 
+// (8) Optimizers: 10 steps of forge::optim over torch's parameters and gradients, the lr of
+// each step from LRSchedule (warmup + cosine); every parameter after every step is an
+// output, and so is the lr sequence. Groups: decay (w, e) and no decay (b, n); a false in
+// has_grad (steps, 4) means that parameter has no gradient at that step.
+void optimizer_steps(Ctx& c, const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>& make) {
+  const std::vector<std::string> names{"w", "e", "b", "n"};
+  std::map<std::string, Tensor> p;
+  for (const auto& n : names) {
+    Tensor t = c.in(n).clone();
+    t.requires_grad_(true);
+    p[n] = t;
+  }
+  std::unique_ptr<optim::Optimizer> opt = make({{.params = {p["w"], p["e"]}, .weight_decay = c.in("weight_decay").item()},
+                                                {.params = {p["b"], p["n"]}, .weight_decay = 0.0}});
+  const optim::LRSchedule schedule{.kind = optim::ScheduleKind::cosine,
+                                   .lr = c.in("lr").item(),
+                                   .min_lr = c.in("min_lr").item(),
+                                   .warmup_steps = c.in("warmup").item<int64_t>(),
+                                   .total_steps = c.in("total").item<int64_t>()};
+  const Tensor& has_grad = c.in("has_grad");
+  const std::vector<int64_t> mask = has_grad.to_vector<int64_t>();
+  const int64_t steps = has_grad.size(0);
+  std::vector<double> lrs;
+  for (int64_t s = 0; s < steps; ++s) {
+    schedule.apply(*opt, opt->step_count());
+    lrs.push_back(*opt->param_groups()[0].lr);
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (mask[static_cast<size_t>(s) * names.size() + i]) p[names[i]].set_grad(c.in("grad_" + names[i]).select(0, s).clone());
+      else p[names[i]].zero_grad();
+    }
+    opt->step();
+    for (const auto& n : names) c.out(n + "/step" + std::to_string(s), p[n].detach().clone());
+  }
+  c.out("lr", from_vector<double>(lrs, {steps}));
+}
+
+void adamw_10_steps(Ctx& c) {
+  optimizer_steps(c, [&](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::AdamW>(std::move(groups),
+                                          optim::AdamWOptions{.lr = c.in("lr").item(),
+                                                              .beta1 = c.in("beta1").item(),
+                                                              .beta2 = c.in("beta2").item(),
+                                                              .eps = c.in("eps").item()});
+  });
+}
+
+void sgd_nesterov_10_steps(Ctx& c) {
+  optimizer_steps(c, [&](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::SGD>(
+        std::move(groups), optim::SGDOptions{.lr = c.in("lr").item(), .momentum = c.in("momentum").item(), .nesterov = true});
+  });
+}
+
 const std::map<std::string, CaseFn>& case_table() {
   static const std::map<std::string, CaseFn> table = {
       {"mlp_layernorm", mlp_layernorm},
@@ -478,6 +532,8 @@ const std::map<std::string, CaseFn>& case_table() {
       {"convert_bool", convert_bool},
       {"type_promotion", type_promotion},
       {"type_promotion_scalar_operands", type_promotion_scalar_operands},
+      {"adamw_10_steps", adamw_10_steps},
+      {"sgd_nesterov_10_steps", sgd_nesterov_10_steps},
   };
   return table;
 }

@@ -13,7 +13,8 @@ of the same name (forward, then one backward from all outputs with their upstrea
 gradients), and writes its outputs and the inputs' gradients. This script then compares:
 
   - f64 cases: values and gradients by ||forge - torch|| / ||torch|| <= 1e-10 and
-    elementwise allclose(rtol=1e-10, atol=1e-12), NaN where torch has NaN;
+    elementwise allclose(rtol=1e-10, atol=1e-12), NaN where torch has NaN; a case may
+    set tighter tolerances (the optimizer cases: 1e-12 relative, see OPTIM_TOL);
   - exact cases (dtype conversions): bit patterns equal (both NaN suffices for NaN);
   - integer/bool outputs: equal; strings (dtype names, printed tensors): equal.
 
@@ -153,16 +154,21 @@ CASES = []  # (name, builder, exact)
 # Cases where forge knowingly differs from torch: reported as `xfail` with the reason and
 # not counted as failures (unless --strict); reported as `XPASS` once they agree.
 KNOWN_DIVERGENCES = {}
+# Cases compared with their own (rtol, atol, norm_tol) instead of (RTOL, ATOL, NORM_TOL).
+TOLERANCES = {}
 
 
-def case(name, exact=False, known_divergence=None):
+def case(name, exact=False, known_divergence=None, tol=None):
     """Registers builder(gen) -> (inputs: {name: tensor}, forward(inputs) -> {name: tensor | str}).
-    Inputs that are floating leaves with requires_grad set get gradients checked."""
+    Inputs that are floating leaves with requires_grad set get gradients checked.
+    tol: (rtol, atol, norm_tol) for this case's float comparisons."""
 
     def deco(builder):
         CASES.append((name, builder, exact))
         if known_divergence:
             KNOWN_DIVERGENCES[name] = known_divergence
+        if tol:
+            TOLERANCES[name] = tol
         return builder
 
     return deco
@@ -599,6 +605,72 @@ def _(g):
     return ins, forward
 
 
+# (8) Optimizers: torch.optim against forge::optim. The same f64 parameters and the same
+# gradients (drawn here, sent to forge) through 10 steps, with weight decay on one param
+# group and none on the other, the lr of every step from a warmup + cosine schedule, and
+# now and then a parameter without a gradient (skipped by both). Outputs: every parameter
+# after every step, and the lr sequence.
+OPTIM_STEPS = 10
+OPTIM_TOL = (1e-12, 1e-15, 1e-12)  # (rtol, atol, norm_tol)
+OPTIM_PARAMS = {"w": (4, 3), "e": (5, 2), "b": (3,), "n": (2,)}  # groups: decay (w, e), no decay (b, n)
+OPTIM_NO_GRAD = {(4, "b"), (7, "e")}  # (step, parameter) without a gradient
+
+
+def warmup_cosine_lr(step, lr, min_lr, warmup, total):
+    """forge::optim::LRSchedule (cosine): linear warmup to lr, cosine decay to min_lr at `total`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if step >= total:
+        return min_lr
+    r = (step - warmup) / (total - warmup)
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * r))
+
+
+def _optimizer_case(g, hyper, make_optimizer):
+    ins = {name: randn(g, *shape) for name, shape in OPTIM_PARAMS.items()}
+    for name, shape in OPTIM_PARAMS.items():
+        ins[f"grad_{name}"] = randn(g, OPTIM_STEPS, *shape)
+    ins["has_grad"] = torch.tensor([[(s, n) not in OPTIM_NO_GRAD for n in OPTIM_PARAMS] for s in range(OPTIM_STEPS)])
+    ins.update({k: torch.tensor(v, dtype=torch.int64 if isinstance(v, int) else torch.float64)
+                for k, v in hyper.items()})
+
+    def forward(t):
+        ps = {name: t[name].clone().requires_grad_(True) for name in OPTIM_PARAMS}
+        groups = [dict(params=[ps["w"], ps["e"]], weight_decay=float(t["weight_decay"])),
+                  dict(params=[ps["b"], ps["n"]], weight_decay=0.0)]
+        opt = make_optimizer(groups, t)
+        out, lrs = {}, []
+        for s in range(OPTIM_STEPS):
+            lr = warmup_cosine_lr(s, float(t["lr"]), float(t["min_lr"]), int(t["warmup"]), int(t["total"]))
+            lrs.append(lr)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            for i, (name, p) in enumerate(ps.items()):
+                p.grad = t[f"grad_{name}"][s].clone() if bool(t["has_grad"][s, i]) else None
+            opt.step()
+            for name, p in ps.items():
+                out[f"{name}/step{s}"] = p.detach().clone()
+        out["lr"] = torch.tensor(lrs, dtype=torch.float64)
+        return out
+
+    return ins, forward
+
+
+@case("adamw_10_steps", tol=OPTIM_TOL)
+def _(g):
+    hyper = dict(lr=3e-2, min_lr=3e-3, warmup=3, total=8, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8)
+    return _optimizer_case(g, hyper, lambda groups, t: torch.optim.AdamW(
+        groups, lr=float(t["lr"]), betas=(float(t["beta1"]), float(t["beta2"])), eps=float(t["eps"]),
+        foreach=False))
+
+
+@case("sgd_nesterov_10_steps", tol=OPTIM_TOL)
+def _(g):
+    hyper = dict(lr=5e-2, min_lr=5e-3, warmup=3, total=8, weight_decay=0.1, momentum=0.9)
+    return _optimizer_case(g, hyper, lambda groups, t: torch.optim.SGD(
+        groups, lr=float(t["lr"]), momentum=float(t["momentum"]), dampening=0.0, nesterov=True, foreach=False))
+
+
 # ---------------------------------------------------------------------------- driver
 
 
@@ -643,8 +715,9 @@ def _float_bits(t):
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
 
 
-def compare_tensor(got, want, exact):
+def compare_tensor(got, want, exact, tol=(RTOL, ATOL, NORM_TOL)):
     """Returns (ok, detail, relative error or None)."""
+    rtol, atol, norm_tol = tol
     if not isinstance(got, torch.Tensor):
         return False, "forge wrote a string where a tensor was expected", None
     if got.dtype != want.dtype:
@@ -679,12 +752,12 @@ def compare_tensor(got, want, exact):
     d = (g64[finite] - w64[finite]).norm().item()
     ref = w64[finite].norm().item()
     rel = d / ref if ref > 0 else d
-    close = torch.isclose(g64, w64, rtol=RTOL, atol=ATOL, equal_nan=True)
-    if rel > NORM_TOL or not bool(close.all()):
+    close = torch.isclose(g64, w64, rtol=rtol, atol=atol, equal_nan=True)
+    if rel > norm_tol or not bool(close.all()):
         bad = (~close).nonzero()
         where = f", worst-case element {bad[0].tolist()}: {g64[tuple(bad[0])].item()!r} vs " \
                 f"{w64[tuple(bad[0])].item()!r}" if len(bad) else ""
-        return False, f"relative error {rel:.3e} (tolerance {NORM_TOL:g}){where}", rel
+        return False, f"relative error {rel:.3e} (tolerance {norm_tol:g}){where}", rel
     return True, "", rel
 
 
@@ -708,7 +781,8 @@ def check_case(name, exact, outs, grads, got):
             if have != want:
                 problems.append(f"{key}: forge {have!r} != torch {want!r}")
             continue
-        ok, detail, rel = compare_tensor(have, want, exact or not want.is_floating_point())
+        ok, detail, rel = compare_tensor(have, want, exact or not want.is_floating_point(),
+                                         TOLERANCES.get(name, (RTOL, ATOL, NORM_TOL)))
         if not ok:
             problems.append(f"{key}: {detail}")
         elif rel is not None:

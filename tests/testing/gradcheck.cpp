@@ -115,7 +115,7 @@ void PrintTo(const GradCase& c, std::ostream* os) { *os << c.op << " [" << c.lab
 std::vector<GradCase> all_grad_cases() {
   std::vector<GradCase> all;
   for (auto part : {unary_grad_cases, binary_grad_cases, view_grad_cases, reduce_grad_cases, matmul_grad_cases,
-                    index_grad_cases, join_grad_cases}) {
+                    index_grad_cases, join_grad_cases, nn_grad_cases, attention_grad_cases}) {
     auto v = part();
     all.insert(all.end(), v.begin(), v.end());
   }
@@ -136,7 +136,10 @@ const std::vector<std::string>& differentiable_ops() {
       "cat", "stack", "split", "chunk", "index_select", "gather", "scatter_add",
       // views and copies
       "reshape", "view", "flatten", "transpose", "permute", "narrow", "slice", "select", "expand", "squeeze",
-      "unsqueeze", "contiguous", "clone", "to"};
+      "unsqueeze", "contiguous", "clone", "to",
+      // neural-network ops
+      "embedding", "layer_norm", "rms_norm", "dropout", "cross_entropy", "scaled_dot_product_attention", "rope",
+      "conv2d", "max_pool2d"};
   return ops;
 }
 

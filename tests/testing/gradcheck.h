@@ -53,6 +53,8 @@ std::vector<GradCase> reduce_grad_cases();
 std::vector<GradCase> matmul_grad_cases();
 std::vector<GradCase> index_grad_cases();
 std::vector<GradCase> join_grad_cases();
+std::vector<GradCase> nn_grad_cases();         // embedding, norms, dropout, cross_entropy
+std::vector<GradCase> attention_grad_cases();  // attention, rope, conv2d, max_pool2d
 std::vector<GradCase> all_grad_cases();
 
 // Every differentiable op of the library; the table must cover each (a test checks).

@@ -1,0 +1,95 @@
+#include "forge/nn/gpt.h"
+
+#include <cmath>
+
+#include "forge/autograd/checkpoint.h"
+#include "forge/autograd/grad_mode.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/loss.h"
+#include "forge/ops/matmul.h"
+#include "forge/ops/view.h"
+
+namespace forge::nn {
+
+void GPTConfig::validate() const {
+  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
+  FORGE_CHECK(block_size > 0, "model.block_size must be positive, got ", block_size);
+  FORGE_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
+  FORGE_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0, "model.n_head = ", n_head,
+              " must divide model.n_embd = ", n_embd, " (each head gets n_embd / n_head channels)");
+  FORGE_CHECK(dropout >= 0 && dropout < 1, "model.dropout must be in [0, 1), got ", dropout);
+}
+
+// Holds modules under a name without a forward of its own (nanoGPT's `transformer`
+// ModuleDict and its `h` ModuleList).
+class GPT::Container : public Module {
+ public:
+  template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+};
+
+GPTBlock::GPTBlock(const GPTConfig& c) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
+  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout));
+}
+
+Tensor GPTBlock::forward(const Tensor& x) const {
+  Tensor h = ops::add(x, attn->forward(ln_1->forward(x)));
+  return ops::add(h, mlp->forward(ln_2->forward(h)));
+}
+
+GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
+  c.validate();
+  auto transformer = register_module("transformer", std::make_shared<Container>());
+  wte = transformer->add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd));
+  wpe = transformer->add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd));
+  drop = transformer->add("drop", std::make_shared<Dropout>(c.dropout));
+  auto list = transformer->add("h", std::make_shared<Container>());
+  for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(list->add(std::to_string(i), std::make_shared<GPTBlock>(c)));
+  ln_f = transformer->add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
+
+  // GPT-2 initialisation, from one seeded generator in parameter order.
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  for (auto& [name, p] : named_parameters()) {
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const bool is_norm = name.find(".ln_") != std::string::npos;
+    if (is_norm) continue;  // LayerNorm: weight 1, bias 0 already
+    if (is_bias) {
+      p.zero_();
+      continue;
+    }
+    const bool resid = name.find("c_proj.weight") != std::string::npos;
+    p.copy_(normal(p.shape(), 0.0, resid ? resid_std : 0.02, {.dtype = p.dtype()}, &gen));
+  }
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+  FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
+  const int64_t T = idx.size(1);
+  FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
+  Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
+  Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));  // (B, T, C)
+  for (const auto& block : h) {
+    if (config.checkpoint_activations && is_training()) {
+      const GPTBlock* b = block.get();
+      x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
+    } else {
+      x = block->forward(x);
+    }
+  }
+  x = ln_f->forward(x);
+  return ops::matmul(x, ops::transpose(wte->weight, 0, 1));  // tied head: (B, T, V)
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
+  return ops::cross_entropy(forward(idx), targets);
+}
+
+}  // namespace forge::nn

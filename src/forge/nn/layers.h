@@ -1,0 +1,102 @@
+#pragma once
+// The building blocks of GPT, LLaMA and the CNN: each a Module with torch.nn's parameter
+// names and layouts, so state dicts line up with PyTorch's.
+#include <array>
+
+#include "forge/core/generator.h"
+#include "forge/nn/linear.h"
+#include "forge/nn/module.h"
+
+namespace forge::nn {
+
+// weight (num, dim) ~ N(0, 1) like torch.nn.Embedding (models re-initialise).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, Generator* gen = nullptr);
+  Tensor forward(const Tensor& ids) const;  // (*) i64 -> (*, dim)
+  int64_t num, dim;
+  Tensor weight;
+};
+
+// Over the last dim; weight = 1, bias = 0.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true);
+  Tensor forward(const Tensor& x) const;
+  double eps;
+  Tensor weight, bias;
+};
+
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  Tensor forward(const Tensor& x) const;
+  double eps;
+  Tensor weight;
+};
+
+// Inverted dropout; identity in eval mode or with p = 0.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p) : p(p) {}
+  Tensor forward(const Tensor& x) const;
+  double p;
+};
+
+// GPT-2's MLP: c_proj(gelu_tanh(c_fc(x))), hidden = 4 * dim by default.
+class MLP : public Module {
+ public:
+  MLP(int64_t dim, int64_t hidden, bool bias = true, double dropout = 0.0);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<Dropout> drop;
+};
+
+// LLaMA's MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+class SwiGLU : public Module {
+ public:
+  SwiGLU(int64_t dim, int64_t hidden);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+// GPT-2 attention: one fused QKV projection (c_attn, dim -> 3 dim), causal SDPA over
+// n_head heads, output projection c_proj.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t dim, int64_t n_head, bool bias = true, double dropout = 0.0);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  int64_t dim, n_head;
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_drop;
+};
+
+// LLaMA attention: q/k/v/o projections without bias, grouped-query heads (n_kv_head
+// divides n_head), rotary position embedding on q and k.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta);
+  Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
+  int64_t dim, n_head, n_kv_head, head_dim;
+  double rope_theta;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_ch, int64_t out_ch, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {1, 1},
+         std::array<int64_t, 2> padding = {0, 0}, bool bias = true, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) const;  // (N, Cin, H, W) -> (N, Cout, H', W')
+  std::array<int64_t, 2> stride, padding;
+  Tensor weight, bias;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0})
+      : kernel(kernel), stride(stride) {}
+  Tensor forward(const Tensor& x) const;
+  std::array<int64_t, 2> kernel, stride;
+};
+
+}  // namespace forge::nn

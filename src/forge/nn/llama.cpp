@@ -1,0 +1,77 @@
+#include "forge/nn/llama.h"
+
+#include "forge/autograd/checkpoint.h"
+#include "forge/autograd/grad_mode.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/loss.h"
+
+namespace forge::nn {
+
+void LlamaConfig::validate() const {
+  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
+  FORGE_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
+  FORGE_CHECK(n_head > 0 && dim > 0 && dim % n_head == 0, "model.n_head = ", n_head, " must divide model.dim = ", dim);
+  FORGE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "model.n_kv_head = ", n_kv_head,
+              " must divide model.n_head = ", n_head);
+  FORGE_CHECK((dim / n_head) % 2 == 0, "model.dim / model.n_head = ", dim / n_head,
+              " must be even for rotary position embeddings");
+  FORGE_CHECK(ffn_hidden > 0, "model.ffn_hidden must be positive, got ", ffn_hidden);
+}
+
+class Llama::Container : public Module {
+ public:
+  template <class M> std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+};
+
+LlamaBlock::LlamaBlock(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c.dim, c.n_head, c.n_kv_head, c.rope_theta));
+  mlp = register_module("mlp", std::make_shared<SwiGLU>(c.dim, c.ffn_hidden));
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x) const {
+  Tensor h = ops::add(x, self_attn->forward(input_layernorm->forward(x)));
+  return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
+}
+
+Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
+  c.validate();
+  auto model = register_module("model", std::make_shared<Container>());
+  embed_tokens = model->add("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.dim));
+  auto list = model->add("layers", std::make_shared<Container>());
+  for (int64_t i = 0; i < c.n_layer; ++i) layers.push_back(list->add(std::to_string(i), std::make_shared<LlamaBlock>(c)));
+  norm = model->add("norm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(c.dim, c.vocab_size, false));
+
+  // Hugging Face's LLaMA init: N(0, init_std) for every Linear and Embedding weight.
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    if (name.find("layernorm") != std::string::npos || name == "model.norm.weight") continue;
+    p.copy_(normal(p.shape(), 0.0, c.init_std, {.dtype = p.dtype()}, &gen));
+  }
+}
+
+Tensor Llama::forward(const Tensor& idx) const {
+  FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
+  FORGE_CHECK(idx.size(1) <= config.block_size, "Llama: sequence length ", idx.size(1),
+              " exceeds model.block_size = ", config.block_size);
+  Tensor x = embed_tokens->forward(idx);
+  for (const auto& layer : layers) {
+    if (config.checkpoint_activations && is_training()) {
+      const LlamaBlock* b = layer.get();
+      x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
+    } else {
+      x = layer->forward(x);
+    }
+  }
+  return lm_head->forward(norm->forward(x));
+}
+
+Tensor Llama::loss(const Tensor& idx, const Tensor& targets) const { return ops::cross_entropy(forward(idx), targets); }
+
+}  // namespace forge::nn

@@ -1,0 +1,53 @@
+#pragma once
+// LLaMA: token embedding, n_layer pre-norm blocks (x += attn(rms(x)); x += swiglu(rms(x)))
+// with rotary positions and grouped-query attention, a final RMSNorm and an untied LM
+// head. Parameter names follow Hugging Face's LlamaForCausalLM ("model.layers.0.self_attn.
+// q_proj.weight", "lm_head.weight"), so its safetensors load by name.
+#include <memory>
+#include <vector>
+
+#include "forge/nn/layers.h"
+
+namespace forge::nn {
+
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t block_size = 2048;  // maximum context
+  int64_t n_layer = 32;
+  int64_t n_head = 32;
+  int64_t n_kv_head = 32;
+  int64_t dim = 4096;
+  int64_t ffn_hidden = 11008;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  double init_std = 0.02;
+  bool checkpoint_activations = false;
+  void validate() const;
+};
+
+class LlamaBlock : public Module {
+ public:
+  explicit LlamaBlock(const LlamaConfig& c);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<SwiGLU> mlp;
+};
+
+class Llama : public Module {
+ public:
+  explicit Llama(const LlamaConfig& c, uint64_t seed = 0);
+  Tensor forward(const Tensor& idx) const;  // (B, T) i64 -> (B, T, vocab_size)
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+  LlamaConfig config;
+  std::shared_ptr<Embedding> embed_tokens;
+  std::vector<std::shared_ptr<LlamaBlock>> layers;
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<Linear> lm_head;
+
+ private:
+  class Container;
+};
+
+}  // namespace forge::nn

@@ -1,0 +1,91 @@
+// scaled_dot_product_attention: checks, output allocation, the CPU kernel
+// (backends/cpu/attention.h) and the backward, which calls the kernel's backward with the
+// saved output and row logsumexp.
+#include "forge/ops/attention.h"
+
+#include <cmath>
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/attention.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+#include "forge/ops/view.h"
+
+namespace forge::ops {
+
+using autograd::GradMask;
+using autograd::record;
+
+namespace {
+
+constexpr const char* kName = "scaled_dot_product_attention";
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& mask) {
+  FORGE_CHECK(q.defined() && k.defined() && v.defined(), kName, ": q, k and v must be defined tensors");
+  detail::check_same_device(kName, {q, k, v, mask});
+  FORGE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, kName,
+              ": expected 4-D q (B, H, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), got shapes ", q.shape(), ", ",
+              k.shape(), ", ", v.shape());
+  FORGE_CHECK(is_floating(q.dtype()) && q.dtype() == k.dtype() && q.dtype() == v.dtype(), kName,
+              ": q, k, v must share one floating dtype (f32, f64, bf16, f16), got ", dtype_name(q.dtype()), ", ",
+              dtype_name(k.dtype()), ", ", dtype_name(v.dtype()), " (shapes ", q.shape(), ", ", k.shape(), ", ",
+              v.shape(), ")");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), S = k.size(2);
+  FORGE_CHECK(k.size(0) == B && v.size(0) == B, kName, ": batch sizes differ: q ", q.shape(), ", k ", k.shape(),
+              ", v ", v.shape());
+  FORGE_CHECK(v.size(1) == Hkv && v.size(2) == S, kName, ": k and v must have the same (Hkv, S), got k ", k.shape(),
+              " and v ", v.shape());
+  FORGE_CHECK(k.size(3) == D, kName, ": q and k must have the same head dim D, got q ", q.shape(), " and k ",
+              k.shape(), " (", D, " != ", k.size(3), ")");
+  FORGE_CHECK(D > 0, kName, ": the head dim D must be positive, got q ", q.shape());
+  FORGE_CHECK(Hkv > 0 && H % Hkv == 0, kName, ": the number of query heads H=", H,
+              " must be a multiple of the number of key/value heads Hkv=", Hkv, " (q ", q.shape(), ", k ", k.shape(),
+              ")");
+  FORGE_CHECK(std::isfinite(scale), kName, ": scale must be finite, got ", scale, " (0 selects 1/sqrt(D))");
+  if (mask.defined()) {
+    FORGE_CHECK(mask.dtype() == DType::boolean, kName, ": mask must be bool (true = attend), got ",
+                dtype_name(mask.dtype()), " of shape ", mask.shape(),
+                "; for an additive float mask use ops::where / masked_fill on the scores");
+    const Shape target{B, H, T, S};
+    bool ok = mask.dim() <= 4;
+    for (int64_t i = 0; ok && i < mask.dim(); ++i) {
+      const int64_t m = mask.size(mask.dim() - 1 - i), t = target[static_cast<size_t>(3 - i)];
+      ok = m == t || m == 1;
+    }
+    FORGE_CHECK(ok, kName, ": mask of shape ", mask.shape(), " cannot be broadcast to (B, H, T, S) = ", target,
+                " (q ", q.shape(), ", k ", k.shape(), ")");
+  }
+}
+
+// The tensor itself when the kernel can read it in place, else a contiguous copy.
+Tensor readable(const Tensor& t) { return cpu::attention_rows_readable(t) ? t : contiguous(t); }
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                    const Tensor& mask) {
+  check_inputs(q, k, v, scale, mask);
+  if (!q.is_cpu()) detail::throw_not_on_cuda(kName);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2), Dv = v.size(3);
+  const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const Tensor qd = readable(q.detach()), kd = readable(k.detach()), vd = readable(v.detach());
+  const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
+  Tensor out = empty({B, H, T, Dv}, {.dtype = q.dtype(), .device = q.device()});
+  Tensor lse = empty({B, H, T}, {.dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = q.device()});
+  cpu::attention_forward(qd, kd, vd, md, causal, c, out, lse);
+
+  const Tensor od = out.detach();
+  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c](const Tensor& g, const GradMask& need) {
+    Tensor dq = need[0] ? empty(qd.shape(), {.dtype = qd.dtype(), .device = qd.device()}) : Tensor();
+    Tensor dk = need[1] ? empty(kd.shape(), {.dtype = kd.dtype(), .device = kd.device()}) : Tensor();
+    Tensor dv = need[2] ? empty(vd.shape(), {.dtype = vd.dtype(), .device = vd.device()}) : Tensor();
+    if (!g.is_cpu()) detail::throw_not_on_cuda(kName);
+    cpu::attention_backward(readable(g), qd, kd, vd, md, od, lse, causal, c, dq, dk, dv);
+    return TensorList{dq, dk, dv};
+  }, {qd, kd, vd, md, od, lse});
+  return out;
+}
+
+}  // namespace forge::ops

@@ -1,0 +1,35 @@
+#pragma once
+// Scaled dot-product attention (fused, flash-attention style on the CPU) with grouped-query
+// attention, causal masking and an optional boolean mask.
+//
+//   q (B, H, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv)  ->  (B, H, T, Dv)
+//   out = softmax(scale * q k^T  masked) v
+//
+// Conventions (Note [attention conventions]):
+// - Grouped-query attention: H must be a multiple of Hkv; query head h uses kv head
+//   h / (H / Hkv) (torch.repeat_interleave(k, H / Hkv, dim=1)). Hkv == H is multi-head,
+//   Hkv == 1 multi-query attention.
+// - causal: query t attends to keys s <= t + (S - T), the bottom-right alignment of
+//   flash-attn >= 2.1 and of PyTorch's causal_lower_right bias: the T queries are the last T
+//   positions of the S keys (decoding with a KV cache). With T == S this is s <= t. (PyTorch's
+//   F.scaled_dot_product_attention(is_causal=True) aligns top-left instead; the two differ
+//   only when T != S.)
+// - mask: optional bool, broadcastable to (B, H, T, S) (e.g. (T, S) or (B, 1, 1, S) for
+//   padding); true = may attend. It combines with `causal` (both must allow a key); PyTorch
+//   refuses the combination, forge takes the intersection.
+// - scale: 0 means 1/sqrt(D).
+// - A query row with no key allowed (by mask and/or causality, e.g. T > S causal) gives a
+//   zero output row and zero gradients, as flash attention does; PyTorch's math path gives
+//   NaN there.
+// - Differentiable in q, k and v (dk and dv sum over the query heads of a group); the
+//   mask gets no gradient. Saves the forward output and one logsumexp per query row, never
+//   the (T, S) probabilities.
+// Dtypes: f32, f64, bf16, f16 (one dtype for q, k, v; 16-bit computes in f32). CPU only so far.
+#include "forge/core/tensor.h"
+
+namespace forge::ops {
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                    double scale = 0.0, const Tensor& mask = {});
+
+}  // namespace forge::ops

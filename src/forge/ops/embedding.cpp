@@ -1,0 +1,41 @@
+// embedding: argument checks, the CPU kernels (backends/cpu/embedding.h) and the backward.
+#include "forge/ops/embedding.h"
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/embedding.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+
+namespace forge::ops {
+
+using autograd::GradMask;
+using autograd::record;
+
+// Backward: dweight = zeros (V, C) with dweight[ids[n]] += g[n] for every position n.
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  FORGE_CHECK(weight.defined() && ids.defined(), "embedding: weight and ids must be defined tensors");
+  detail::check_same_device("embedding", {weight, ids});
+  FORGE_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (V, C), got shape ", weight.shape(), " (",
+              dtype_name(weight.dtype()), "); ids shape ", ids.shape());
+  FORGE_CHECK(is_floating(weight.dtype()), "embedding: weight must be floating-point (f32, f64, bf16, f16), got ",
+              dtype_name(weight.dtype()), " of shape ", weight.shape());
+  FORGE_CHECK(ids.dtype() == DType::i64 || ids.dtype() == DType::i32, "embedding: ids must be i64 or i32, got ",
+              dtype_name(ids.dtype()), " of shape ", ids.shape(), " (weight shape ", weight.shape(), ")");
+  const int64_t V = weight.shape()[0], C = weight.shape()[1];
+  Shape out_shape = ids.shape();
+  out_shape.push_back(C);
+  Tensor out = empty(out_shape, {.dtype = weight.dtype(), .device = weight.device()});
+  if (!out.is_cpu()) detail::throw_not_on_cuda("embedding");
+  const Tensor idx = contiguous(ids.detach());
+  cpu::embedding_forward(contiguous(weight.detach()), idx, out);
+  record("embedding", out, {weight}, [idx, V, C](const Tensor& g, const GradMask&) {
+    Tensor dw = empty({V, C}, {.dtype = g.dtype(), .device = g.device()});
+    if (!dw.is_cpu()) detail::throw_not_on_cuda("embedding");
+    cpu::embedding_backward(contiguous(g), idx, dw);
+    return TensorList{dw};
+  }, {idx});
+  return out;
+}
+
+}  // namespace forge::ops

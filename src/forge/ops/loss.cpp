@@ -1,0 +1,70 @@
+// cross_entropy: argument checks, the fused CPU kernels (backends/cpu/loss.h) and the
+// reduction; the backward is one fused kernel.
+#include "forge/ops/loss.h"
+
+#include <limits>
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/loss.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+
+namespace forge::ops {
+
+using autograd::GradMask;
+using autograd::record;
+
+const char* reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::mean: return "mean";
+    case Reduction::sum: return "sum";
+    case Reduction::none: return "none";
+  }
+  return "?";
+}
+
+// Backward (fused, cpu::cross_entropy_backward):
+//   dlogits[n, j] = (softmax(logits[n])_j - [j == targets[n]]) * g_n * scale
+// with g_n = g (mean, sum) or g[n] (none), scale = 1 / count for mean, else 1, and zero
+// rows for ignored targets.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+  FORGE_CHECK(logits.defined() && targets.defined(), "cross_entropy: logits and targets must be defined tensors");
+  detail::check_same_device("cross_entropy", {logits, targets});
+  FORGE_CHECK(is_floating(logits.dtype()), "cross_entropy: logits must be floating-point (f32, f64, bf16, f16), got ",
+              dtype_name(logits.dtype()), " of shape ", logits.shape());
+  FORGE_CHECK(targets.dtype() == DType::i64 || targets.dtype() == DType::i32,
+              "cross_entropy: targets must be i64 or i32 class indices, got ", dtype_name(targets.dtype()),
+              " of shape ", targets.shape(), " (logits shape ", logits.shape(), ")");
+  FORGE_CHECK(logits.dim() >= 1, "cross_entropy: logits must have a class dim ((N, V) or (B, T, V)), got a 0-d tensor");
+  const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
+  FORGE_CHECK(targets.shape() == lead, "cross_entropy: targets of shape ", targets.shape(),
+              " do not match logits of shape ", logits.shape(), ": expected targets of shape ", lead,
+              " (the logits' shape without the class dim, which is last)");
+  const TensorOptions opt{.dtype = logits.dtype(), .device = logits.device()};
+  Tensor loss = reduction == Reduction::none ? empty(targets.shape(), opt) : Tensor();
+  const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
+  Tensor lse = empty({targets.numel()}, {.dtype = lse_dtype, .device = logits.device()});
+  if (!lse.is_cpu()) detail::throw_not_on_cuda("cross_entropy");
+  const Tensor ls = contiguous(logits.detach()), ts = contiguous(targets.detach());
+  const cpu::CrossEntropyTotals totals = cpu::cross_entropy_forward(ls, ts, ignore_index, loss, lse);
+  double scale = 1;
+  if (reduction == Reduction::mean) {
+    const double value = totals.count > 0 ? totals.sum / static_cast<double>(totals.count)
+                                          : std::numeric_limits<double>::quiet_NaN();
+    loss = full({}, value, opt);
+    // With nothing counted every row of dlogits is zero; the scale is never used.
+    scale = totals.count > 0 ? 1.0 / static_cast<double>(totals.count) : 0.0;
+  } else if (reduction == Reduction::sum) {
+    loss = full({}, totals.sum, opt);
+  }
+  record("cross_entropy", loss, {logits}, [ls, ts, lse, scale, ignore_index](const Tensor& g, const GradMask&) {
+    Tensor dlogits = empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()});
+    if (!dlogits.is_cpu()) detail::throw_not_on_cuda("cross_entropy");
+    cpu::cross_entropy_backward(ls, ts, lse, contiguous(g), scale, ignore_index, dlogits);
+    return TensorList{dlogits};
+  }, {ls, ts, lse});
+  return loss;
+}
+
+}  // namespace forge::ops

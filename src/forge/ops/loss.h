@@ -1,0 +1,29 @@
+#pragma once
+// Losses. cross_entropy is fused with log-softmax (the logits are never normalised into a
+// separate tensor).
+#include <cstdint>
+
+#include "forge/core/tensor.h"
+
+namespace forge::ops {
+
+// How per-position losses are combined (torch's reduction='mean' | 'sum' | 'none').
+enum class Reduction { mean, sum, none };
+
+// Cross-entropy between logits and class targets, with classes on the LAST dim:
+//   logits (N, V) or (B, T, V) (any (..., V)) floating; targets (N) or (B, T) (the logits'
+//   shape without its last dim), i64 or i32.
+//   loss_n = logsumexp(logits[n, :]) - logits[n, targets[n]], and 0 where targets[n] == ignore_index.
+//   mean: sum of the losses / number of non-ignored targets (NaN when all are ignored, like
+//   torch); sum: their sum; none: the per-position losses, of targets' shape. The result has
+//   the logits' dtype. For 2-D logits this is torch.nn.functional.cross_entropy(logits,
+//   targets, ignore_index=..., reduction=...); for (B, T, V) it equals torch's on
+//   logits.view(-1, V) and targets.view(-1) (torch itself would take dim 1 as the class dim).
+// A target outside [0, V) that is not ignore_index throws forge::Error naming it.
+// Differentiable in logits (fused: dlogits = (softmax - onehot) * g / count).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+
+const char* reduction_name(Reduction r);
+
+}  // namespace forge::ops

@@ -1,0 +1,99 @@
+// layer_norm and rms_norm: argument checks, the CPU kernels (backends/cpu/norm.h) and the
+// backward, which is one fused kernel producing dx, dweight and dbias together.
+#include "forge/ops/norm.h"
+
+#include <cmath>
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/norm.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+
+namespace forge::ops {
+
+using autograd::GradMask;
+using autograd::record;
+
+namespace {
+
+// x (..., C) floating; each defined parameter (C) of x's dtype and device; eps >= 0.
+void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  FORGE_CHECK(x.defined(), op, ": x must be a defined tensor");
+  detail::check_same_device(op, {x, weight, bias});
+  FORGE_CHECK(is_floating(x.dtype()), op, ": x must be floating-point (f32, f64, bf16, f16), got ",
+              dtype_name(x.dtype()), " of shape ", x.shape());
+  FORGE_CHECK(x.dim() >= 1, op, ": x must have at least one dim (normalised over the last), got a 0-d tensor");
+  const int64_t C = x.shape().back();
+  auto check_param = [&](const Tensor& p, const char* what) {
+    if (!p.defined()) return;
+    FORGE_CHECK(p.shape() == Shape{C}, op, ": ", what, " must have shape [", C, "] (the last dim of x, shape ",
+                x.shape(), "), got ", p.shape());
+    FORGE_CHECK(p.dtype() == x.dtype(), op, ": ", what, " dtype ", dtype_name(p.dtype()), " (shape ", p.shape(),
+                ") must match x's dtype ", dtype_name(x.dtype()), " (shape ", x.shape(), ")");
+  };
+  check_param(weight, "weight");
+  check_param(bias, "bias");
+  FORGE_CHECK(eps >= 0 && std::isfinite(eps), op, ": eps must be finite and >= 0, got ", eps, " (x shape ", x.shape(),
+              ")");
+}
+
+Tensor detached_contiguous(const Tensor& t) { return t.defined() ? contiguous(t.detach()) : Tensor(); }
+
+int64_t rows_of(const Tensor& x) {
+  int64_t r = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) r *= x.shape()[d];
+  return r;
+}
+
+}  // namespace
+
+// Backward (fused, cpu::layer_norm_backward): with xhat = (x - mean) * rstd and g = dy * w,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_norm_args("layer_norm", x, weight, bias, eps);
+  const int64_t R = rows_of(x);
+  const DType sd = cpu::norm_stat_dtype(x.dtype());
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor mean = empty({R}, {.dtype = sd, .device = x.device()});
+  Tensor rstd = empty({R}, {.dtype = sd, .device = x.device()});
+  if (!y.is_cpu()) detail::throw_not_on_cuda("layer_norm");
+  const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight), bs = detached_contiguous(bias);
+  cpu::layer_norm_forward(xs, ws, bs, eps, y, mean, rstd);
+  record("layer_norm", y, {x, weight, bias}, [xs, ws, mean, rstd](const Tensor& g, const GradMask& need) {
+    const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
+    const int64_t C = xs.shape().back();
+    cpu::NormGrads grads;
+    if (need[0]) grads.dx = empty(xs.shape(), opt);
+    if (need[1]) grads.dweight = empty({C}, opt);
+    if (need[2]) grads.dbias = empty({C}, opt);
+    if (!xs.is_cpu()) detail::throw_not_on_cuda("layer_norm");
+    cpu::layer_norm_backward(contiguous(g), xs, ws, mean, rstd, grads);
+    return TensorList{grads.dx, grads.dweight, grads.dbias};
+  }, {xs, ws, mean, rstd});
+  return y;
+}
+
+// Backward (fused, cpu::rms_norm_backward): with xhat = x * rstd and g = dy * w,
+//   dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_norm_args("rms_norm", x, weight, Tensor(), eps);
+  const int64_t R = rows_of(x);
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor rstd = empty({R}, {.dtype = cpu::norm_stat_dtype(x.dtype()), .device = x.device()});
+  if (!y.is_cpu()) detail::throw_not_on_cuda("rms_norm");
+  const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight);
+  cpu::rms_norm_forward(xs, ws, eps, y, rstd);
+  record("rms_norm", y, {x, weight}, [xs, ws, rstd](const Tensor& g, const GradMask& need) {
+    const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
+    cpu::NormGrads grads;
+    if (need[0]) grads.dx = empty(xs.shape(), opt);
+    if (need[1]) grads.dweight = empty({xs.shape().back()}, opt);
+    if (!xs.is_cpu()) detail::throw_not_on_cuda("rms_norm");
+    cpu::rms_norm_backward(contiguous(g), xs, ws, rstd, grads);
+    return TensorList{grads.dx, grads.dweight};
+  }, {xs, ws, rstd});
+  return y;
+}
+
+}  // namespace forge::ops

@@ -1,0 +1,45 @@
+// rope: checks, the CPU kernel (backends/cpu/rope.h) and the backward (the inverse rotation).
+#include "forge/ops/rope.h"
+
+#include <cmath>
+
+#include "forge/autograd/node.h"
+#include "forge/backends/cpu/rope.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+
+namespace forge::ops {
+
+using autograd::GradMask;
+using autograd::record;
+
+namespace {
+
+// The rotation (or its inverse) of x into a new contiguous tensor.
+Tensor rotate(const Tensor& x, int64_t position_offset, double theta, bool inverse) {
+  Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  if (x.is_cpu()) cpu::rope(x, out, position_offset, theta, inverse);
+  else detail::throw_not_on_cuda("rope");
+  return out;
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, int64_t position_offset, double theta) {
+  FORGE_CHECK(x.defined(), "rope: x must be a defined tensor");
+  FORGE_CHECK(x.dim() == 4, "rope: expected x of shape (B, H, T, D), got ", x.shape());
+  FORGE_CHECK(x.size(3) % 2 == 0, "rope: the head dim D must be even (dims i and i + D/2 are rotated as a pair), got ",
+              "x of shape ", x.shape(), " with D = ", x.size(3));
+  FORGE_CHECK(is_floating(x.dtype()), "rope: expected a floating-point x (f32, f64, bf16, f16), got ",
+              dtype_name(x.dtype()), " of shape ", x.shape());
+  FORGE_CHECK(position_offset >= 0, "rope: position_offset must be >= 0, got ", position_offset, " (x of shape ",
+              x.shape(), ")");
+  FORGE_CHECK(std::isfinite(theta) && theta > 0, "rope: theta must be a positive finite base, got ", theta);
+  Tensor out = rotate(x.detach(), position_offset, theta, false);
+  record("rope", out, {x}, [position_offset, theta](const Tensor& g, const GradMask&) {
+    return TensorList{rotate(g, position_offset, theta, true)};
+  });
+  return out;
+}
+
+}  // namespace forge::ops

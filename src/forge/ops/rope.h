@@ -1,0 +1,22 @@
+#pragma once
+// Rotary position embedding (RoPE) in the LLaMA / Hugging Face layout ("rotate_half").
+//
+//   x (B, H, T, D), D even  ->  (B, H, T, D)
+//
+// Dim i of the first half pairs with dim i + D/2 (not with the neighbouring dim 2i + 1, as
+// in Meta's original complex-number code); the pair of position t is rotated by
+// (position_offset + t) * theta^(-2i/D). This is
+//   x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
+// of transformers' apply_rotary_pos_emb, so LLaMA checkpoints in HF format load as they are.
+// position_offset (>= 0) is the position of query row 0: the length of the KV cache when
+// decoding. Differentiable; the backward is the inverse rotation. Any strides; f32, f64,
+// bf16, f16 (cos/sin in double). CPU only so far.
+#include <cstdint>
+
+#include "forge/core/tensor.h"
+
+namespace forge::ops {
+
+Tensor rope(const Tensor& x, int64_t position_offset = 0, double theta = 10000.0);
+
+}  // namespace forge::ops

@@ -1,0 +1,177 @@
+// Gradient-check rows for the neural-network ops: embedding (repeated ids, i32/i64, any ids
+// shape, non-contiguous weights), layer_norm / rms_norm (2-D and 3-D, with and without
+// weight/bias, non-contiguous inputs, one feature), dropout (a fixed Generator seeded inside
+// the function, so every evaluation draws the same mask) and cross_entropy (mean/sum/none,
+// ignore_index present or custom, (N, V) and (B, T, V), non-contiguous and shifted logits).
+#include <string>
+#include <vector>
+
+#include "testing/gradcheck.h"
+
+namespace forge::testing {
+namespace {
+
+Tensor ids_i64(const std::vector<int64_t>& v, const Shape& s) { return from_vector<int64_t>(v, s); }
+Tensor ids_i32(const std::vector<int32_t>& v, const Shape& s) { return from_vector<int32_t>(v, s); }
+
+void embedding_cases(std::vector<GradCase>& c) {
+  using ops::embedding;
+  struct Row {
+    const char* label;
+    std::function<TensorList()> make;
+    std::function<Tensor()> ids;
+  };
+  const Row rows[] = {
+      {"[5,3] weight, ids [6] with repeats (1 three times)", [] { return TensorList{arg({5, 3}, 41)}; },
+       [] { return ids_i64({1, 3, 1, 4, 0, 1}, {6}); }},
+      {"[6,4] weight, ids [2,3] i32 with repeats", [] { return TensorList{arg({6, 4}, 42)}; },
+       [] { return ids_i32({5, 0, 5, 2, 2, 5}, {2, 3}); }},
+      {"[4,2] weight, 0-d id", [] { return TensorList{arg({4, 2}, 43)}; }, [] { return ids_i64({3}, {}); }},
+      {"[3,5] weight, every id the same, ids [2,2,2]", [] { return TensorList{arg({3, 5}, 44)}; },
+       [] { return ids_i64({2, 2, 2, 2, 2, 2, 2, 2}, {2, 2, 2}); }},
+      {"transposed [7,3] weight", [] { return TensorList{arg_transposed({7, 3}, 45)}; },
+       [] { return ids_i64({6, 0, 3, 6}, {4}); }},
+      {"strided [5,4] weight, ids [2,3]", [] { return TensorList{arg_strided({5, 4}, 46)}; },
+       [] { return ids_i32({4, 4, 1, 0, 3, 4}, {2, 3}); }},
+  };
+  for (const Row& r : rows) {
+    auto ids = r.ids;
+    c.push_back({"embedding", r.label, r.make, [ids](const TensorList& in) { return embedding(in[0], ids()); }});
+  }
+}
+
+void norm_cases(std::vector<GradCase>& c) {
+  using ops::layer_norm;
+  using ops::rms_norm;
+  auto xwb = [](Shape x, uint64_t seed) {
+    return [x, seed] {
+      const int64_t C = x.back();
+      return TensorList{arg(x, seed), arg({C}, seed + 1), arg({C}, seed + 2)};
+    };
+  };
+  // layer_norm: inputs (x, weight, bias); a missing one is passed as an undefined Tensor.
+  auto ln = [](const TensorList& in) { return layer_norm(in[0], in[1], in[2]); };
+  c.push_back({"layer_norm", "[4,6] with weight and bias", xwb({4, 6}, 51), ln});
+  c.push_back({"layer_norm", "[2,3,5] (B, T, C) with weight and bias", xwb({2, 3, 5}, 52), ln});
+  c.push_back({"layer_norm", "[7] 1-D with weight and bias", xwb({7}, 53), ln});
+  c.push_back({"layer_norm", "[3,4] without weight and bias", [] { return TensorList{arg({3, 4}, 54)}; },
+               [](const TensorList& in) { return layer_norm(in[0]); }});
+  c.push_back({"layer_norm", "[3,4] weight only", [] { return TensorList{arg({3, 4}, 55), arg({4}, 56)}; },
+               [](const TensorList& in) { return layer_norm(in[0], in[1], Tensor()); }});
+  c.push_back({"layer_norm", "[2,2,3] bias only", [] { return TensorList{arg({2, 2, 3}, 57), arg({3}, 58)}; },
+               [](const TensorList& in) { return layer_norm(in[0], Tensor(), in[1]); }});
+  c.push_back({"layer_norm", "transposed [5,4] x with weight and bias",
+               [] { return TensorList{arg_transposed({5, 4}, 59), arg({4}, 60), arg({4}, 61)}; }, ln});
+  c.push_back({"layer_norm", "strided [3,5] x, strided weight",
+               [] { return TensorList{arg_strided({3, 5}, 62), arg_strided({5}, 63), arg({5}, 64)}; }, ln});
+  c.push_back({"layer_norm", "[3,1] one feature (y = bias)", xwb({3, 1}, 65), ln});
+  c.push_back({"layer_norm", "[4,6] eps 0.1", xwb({4, 6}, 66),
+               [](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 0.1); }});
+  c.push_back({"layer_norm", "[3,4] x only requires grad (weight and bias constants)",
+               [] { return TensorList{arg({3, 4}, 67)}; }, [](const TensorList& in) {
+                 Generator g(68);
+                 return layer_norm(in[0], randn({4}, {.dtype = DType::f64}, &g), randn({4}, {.dtype = DType::f64}, &g));
+               }});
+
+  // rms_norm: inputs (x, weight).
+  auto xw = [](Shape x, uint64_t seed) {
+    return [x, seed] { return TensorList{arg(x, seed), arg({x.back()}, seed + 1)}; };
+  };
+  auto rn = [](const TensorList& in) { return rms_norm(in[0], in[1]); };
+  c.push_back({"rms_norm", "[4,6] with weight", xw({4, 6}, 71), rn});
+  c.push_back({"rms_norm", "[2,3,5] (B, T, C) with weight", xw({2, 3, 5}, 72), rn});
+  c.push_back({"rms_norm", "[6] 1-D with weight", xw({6}, 73), rn});
+  c.push_back({"rms_norm", "[3,4] without weight", [] { return TensorList{arg({3, 4}, 74)}; },
+               [](const TensorList& in) { return rms_norm(in[0]); }});
+  c.push_back({"rms_norm", "transposed [5,3] x with weight",
+               [] { return TensorList{arg_transposed({5, 3}, 75), arg({3}, 76)}; }, rn});
+  c.push_back({"rms_norm", "strided [3,4] x and weight",
+               [] { return TensorList{arg_strided({3, 4}, 77), arg_strided({4}, 78)}; }, rn});
+  c.push_back({"rms_norm", "[3,1] one feature", xw({3, 1}, 79), rn});
+  c.push_back({"rms_norm", "[4,5] eps 0.5", xw({4, 5}, 80),
+               [](const TensorList& in) { return rms_norm(in[0], in[1], 0.5); }});
+}
+
+void dropout_cases(std::vector<GradCase>& c) {
+  using ops::dropout;
+  // The Generator is built inside the function: every evaluation (forward, +eps, -eps)
+  // draws the same mask.
+  auto drop = [](double p, uint64_t seed) {
+    return [p, seed](const TensorList& in) {
+      Generator gen(seed);
+      return dropout(in[0], p, true, &gen);
+    };
+  };
+  c.push_back({"dropout", "[4,5] p 0.3", [] { return TensorList{arg({4, 5}, 81)}; }, drop(0.3, 7)});
+  c.push_back({"dropout", "[2,3,4] p 0.5", [] { return TensorList{arg({2, 3, 4}, 82)}; }, drop(0.5, 8)});
+  c.push_back({"dropout", "[37] p 0.9 (length not a multiple of 4)", [] { return TensorList{arg({37}, 83)}; },
+               drop(0.9, 9)});
+  c.push_back({"dropout", "transposed [5,4] p 0.25", [] { return TensorList{arg_transposed({5, 4}, 84)}; },
+               drop(0.25, 10)});
+  c.push_back({"dropout", "strided [3,6] p 0.4", [] { return TensorList{arg_strided({3, 6}, 85)}; }, drop(0.4, 11)});
+  c.push_back({"dropout", "[3,4] p 0 (identity), times 2", [] { return TensorList{arg({3, 4}, 86)}; },
+               [](const TensorList& in) { return ops::mul(dropout(in[0], 0.0, true), 2.0); }});
+  c.push_back({"dropout", "[3,4] eval mode (identity), times 2", [] { return TensorList{arg({3, 4}, 87)}; },
+               [](const TensorList& in) { return ops::mul(dropout(in[0], 0.5, false), 2.0); }});
+}
+
+void cross_entropy_cases(std::vector<GradCase>& c) {
+  using ops::cross_entropy;
+  using ops::Reduction;
+  struct Row {
+    const char* label;
+    std::function<TensorList()> make;
+    std::function<Tensor()> targets;
+    int64_t ignore_index;
+    Reduction reduction;
+  };
+  auto one = [](Shape s, uint64_t seed) { return [s, seed] { return TensorList{arg(s, seed)}; }; };
+  const Row rows[] = {
+      {"[4,5] mean", one({4, 5}, 91), [] { return ids_i64({1, 0, 4, 2}, {4}); }, -100, Reduction::mean},
+      {"[4,5] sum", one({4, 5}, 92), [] { return ids_i64({3, 3, 0, 4}, {4}); }, -100, Reduction::sum},
+      {"[4,5] none", one({4, 5}, 93), [] { return ids_i64({2, 1, 1, 0}, {4}); }, -100, Reduction::none},
+      {"[2,3,5] (B, T, V) mean, ignore_index -100 present", one({2, 3, 5}, 94),
+       [] { return ids_i64({4, -100, 0, 2, -100, 1}, {2, 3}); }, -100, Reduction::mean},
+      {"[2,3,5] (B, T, V) none, ignore_index -100 present", one({2, 3, 5}, 95),
+       [] { return ids_i64({-100, 3, 0, 2, 2, -100}, {2, 3}); }, -100, Reduction::none},
+      {"[2,3,5] (B, T, V) sum, ignore_index -100 present", one({2, 3, 5}, 96),
+       [] { return ids_i64({1, 1, -100, 4, 0, 3}, {2, 3}); }, -100, Reduction::sum},
+      {"[5,4] mean, custom ignore_index 2 (a valid class)", one({5, 4}, 97),
+       [] { return ids_i64({2, 0, 3, 2, 1}, {5}); }, 2, Reduction::mean},
+      {"[3,6] mean, i32 targets", one({3, 6}, 98), [] { return ids_i32({5, 0, 2}, {3}); }, -100, Reduction::mean},
+      {"transposed [5,4] mean", [] { return TensorList{arg_transposed({5, 4}, 99)}; },
+       [] { return ids_i64({0, 3, 3, 1, 2}, {5}); }, -100, Reduction::mean},
+      {"strided [3,6] none", [] { return TensorList{arg_strided({3, 6}, 100)}; },
+       [] { return ids_i64({5, 1, 4}, {3}); }, -100, Reduction::none},
+      {"[7] 1-D logits, 0-d target, mean", one({7}, 101), [] { return ids_i64({6}, {}); }, -100, Reduction::mean},
+      {"[7] 1-D logits, 0-d target, none", one({7}, 102), [] { return ids_i64({0}, {}); }, -100, Reduction::none},
+      {"[3,4] sum, every target ignored (zero gradient)", one({3, 4}, 103),
+       [] { return ids_i64({-100, -100, -100}, {3}); }, -100, Reduction::sum},
+  };
+  for (const Row& r : rows) {
+    auto targets = r.targets;
+    const int64_t ii = r.ignore_index;
+    const Reduction red = r.reduction;
+    c.push_back({"cross_entropy", r.label, r.make,
+                 [targets, ii, red](const TensorList& in) { return cross_entropy(in[0], targets(), ii, red); }});
+  }
+  // Large logits: the row max keeps exp finite and the gradient correct.
+  c.push_back({"cross_entropy", "[3,5] logits shifted by 500, mean", one({3, 5}, 104),
+               [](const TensorList& in) {
+                 return cross_entropy(ops::add(in[0], 500.0), ids_i64({4, 0, 2}, {3}));
+               },
+               1e-6, 1e-6, 1e-5});
+}
+
+}  // namespace
+
+std::vector<GradCase> nn_grad_cases() {
+  std::vector<GradCase> c;
+  embedding_cases(c);
+  norm_cases(c);
+  dropout_cases(c);
+  cross_entropy_cases(c);
+  return c;
+}
+
+}  // namespace forge::testing
