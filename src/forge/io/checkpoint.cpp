@@ -1,0 +1,280 @@
+// Training checkpoints; the directory layout and state.json schema are in checkpoint.h.
+#include "forge/io/checkpoint.h"
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+#include <cstdio>
+#include <system_error>
+
+#include "forge/core/error.h"
+#include "forge/io/atomic_file.h"
+
+#ifndef FORGE_VERSION
+#define FORGE_VERSION "unknown"
+#endif
+
+namespace forge::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kFormatName = "forge-checkpoint";
+
+json state_to_json(const GeneratorState& s) { return json{{"seed", s.seed}, {"offset", s.offset}}; }
+
+// Field access for state.json with errors that name the file and the field.
+class StateReader {
+ public:
+  explicit StateReader(fs::path file) : file_(std::move(file)) {}
+
+  const json& field(const json& obj, const std::string& key, const std::string& where) const {
+    FORGE_CHECK(obj.is_object() && obj.contains(key), "checkpoint state '", file_.string(), "': missing field '",
+                where.empty() ? key : where + "." + key, "'");
+    return obj[key];
+  }
+  uint64_t u64(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    FORGE_CHECK(v.is_number_unsigned(), "checkpoint state '", file_.string(), "': field '",
+                where.empty() ? key : where + "." + key, "' must be a non-negative integer, got ", v.dump());
+    return v.get<uint64_t>();
+  }
+  int64_t i64(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    FORGE_CHECK(v.is_number_integer(), "checkpoint state '", file_.string(), "': field '",
+                where.empty() ? key : where + "." + key, "' must be an integer, got ", v.dump());
+    return v.get<int64_t>();
+  }
+  std::string str(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    FORGE_CHECK(v.is_string(), "checkpoint state '", file_.string(), "': field '",
+                where.empty() ? key : where + "." + key, "' must be a string, got ", v.dump());
+    return v.get<std::string>();
+  }
+  GeneratorState generator(const json& obj, const std::string& where) const {
+    FORGE_CHECK(obj.is_object(), "checkpoint state '", file_.string(), "': field '", where,
+                "' must be an object {seed, offset}, got ", obj.dump());
+    return {u64(obj, "seed", where), u64(obj, "offset", where)};
+  }
+
+ private:
+  fs::path file_;
+};
+
+// "step_<digits>" -> the step; anything else (including temporaries) -> nullopt.
+std::optional<int64_t> parse_step_name(const std::string& name) {
+  constexpr std::string_view prefix = "step_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size();
+  if (!std::all_of(first, last, [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  int64_t step = 0;
+  const auto [ptr, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || ptr != last) return std::nullopt;
+  return step;
+}
+
+bool is_complete_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* f : {kModelFile, kOptimizerFile, kStateFile})
+    if (!fs::is_regular_file(dir / f, ec)) return false;
+  return true;
+}
+
+}  // namespace
+
+// ---- RNG -----------------------------------------------------------------------------------
+
+GeneratorState generator_state(const Generator& gen) { return {gen.seed(), gen.offset()}; }
+
+void set_generator_state(Generator& gen, const GeneratorState& state) { gen.set_state(state.seed, state.offset); }
+
+void capture_rng(CheckpointData& data, const std::map<std::string, Generator*>& named) {
+  data.rng = generator_state(default_generator());
+  for (const auto& [name, gen] : named) {
+    FORGE_CHECK(gen != nullptr, "capture_rng: generator '", name, "' is null");
+    data.generators[name] = generator_state(*gen);
+  }
+}
+
+void restore_rng(const CheckpointData& data, const std::map<std::string, Generator*>& named) {
+  for (const auto& [name, gen] : named) {
+    FORGE_CHECK(gen != nullptr, "restore_rng: generator '", name, "' is null");
+    FORGE_CHECK(data.generators.count(name), "restore_rng: the checkpoint (step ", data.step,
+                ") has no state for generator '", name, "'");
+  }
+  set_generator_state(default_generator(), data.rng);
+  for (const auto& [name, gen] : named) set_generator_state(*gen, data.generators.at(name));
+}
+
+// ---- save / load ---------------------------------------------------------------------------
+
+void save_checkpoint(const fs::path& dir, const CheckpointData& data) {
+  FORGE_CHECK(data.step >= 0, "save_checkpoint '", dir.string(), "': negative step ", data.step);
+  json state = json::object();
+  state["format"] = kFormatName;
+  state["format_version"] = kCheckpointFormatVersion;
+  state["forge_version"] = FORGE_VERSION;
+  state["step"] = data.step;
+  json generators = json::object();
+  for (const auto& [name, s] : data.generators) generators[name] = state_to_json(s);
+  state["rng"] = json{{"default", state_to_json(data.rng)}, {"generators", std::move(generators)}};
+  state["data_loader"] = data.data_loader;
+  state["config"] = data.config;
+  state["extra"] = data.extra;
+  std::string text;
+  try {
+    text = state.dump(2) + "\n";
+  } catch (const json::exception& e) {
+    FORGE_THROW("save_checkpoint '", dir.string(), "': cannot encode state.json: ", e.what());
+  }
+
+  const SafetensorsMetadata model_meta{{"format", "pt"}, {"forge_step", std::to_string(data.step)}};
+  replace_directory_atomic(dir, [&](const fs::path& tmp) {
+    save_safetensors(tmp / kModelFile, data.model.items(), model_meta);
+    save_safetensors(tmp / kOptimizerFile, data.optimizer.items(), {{"forge_step", std::to_string(data.step)}});
+    write_file_atomic(tmp / kStateFile, text);
+  });
+}
+
+CheckpointData load_checkpoint(const fs::path& dir, Device device) {
+  std::error_code ec;
+  FORGE_CHECK(fs::is_directory(dir, ec), "load_checkpoint: '", dir.string(), "' is not a directory");
+  const fs::path state_file = dir / kStateFile;
+  std::string text;
+  try {
+    text = read_file(state_file);
+  } catch (const Error& e) {
+    FORGE_THROW("load_checkpoint: '", dir.string(), "' is not a complete checkpoint: ", e.what());
+  }
+  json state;
+  try {
+    state = json::parse(text);
+  } catch (const json::exception& e) {
+    FORGE_THROW("checkpoint state '", state_file.string(), "' is not valid JSON: ", e.what());
+  }
+  const StateReader r(state_file);
+  FORGE_CHECK(state.is_object(), "checkpoint state '", state_file.string(), "' is not a JSON object");
+  const std::string format = r.str(state, "format", "");
+  FORGE_CHECK(format == kFormatName, "checkpoint state '", state_file.string(), "': format is '", format,
+              "', expected '", kFormatName, "'");
+
+  CheckpointData data;
+  const int64_t version = r.i64(state, "format_version", "");
+  FORGE_CHECK(version >= 1 && version <= kCheckpointFormatVersion, "checkpoint '", dir.string(),
+              "' has format_version ", version, "; this forge (", FORGE_VERSION, ") reads versions 1 to ",
+              kCheckpointFormatVersion, (version > kCheckpointFormatVersion ? ": it was written by a newer forge" : ""));
+  data.format_version = static_cast<int>(version);
+  data.forge_version = r.str(state, "forge_version", "");
+  data.step = r.i64(state, "step", "");
+  FORGE_CHECK(data.step >= 0, "checkpoint state '", state_file.string(), "': negative step ", data.step);
+
+  const json& rng = r.field(state, "rng", "");
+  data.rng = r.generator(r.field(rng, "default", "rng"), "rng.default");
+  const json& gens = r.field(rng, "generators", "rng");
+  FORGE_CHECK(gens.is_object(), "checkpoint state '", state_file.string(),
+              "': field 'rng.generators' must be an object, got ", gens.dump());
+  for (const auto& [name, s] : gens.items()) data.generators[name] = r.generator(s, "rng.generators." + name);
+
+  data.data_loader = state.value("data_loader", json());
+  data.config = state.value("config", json());
+  data.extra = state.value("extra", json());
+
+  for (const char* f : {kModelFile, kOptimizerFile}) {
+    FORGE_CHECK(fs::is_regular_file(dir / f, ec), "load_checkpoint: '", dir.string(),
+                "' is not a complete checkpoint: ", f, " is missing");
+  }
+  data.model = load_safetensors(dir / kModelFile, device).tensors;
+  data.optimizer = load_safetensors(dir / kOptimizerFile, device).tensors;
+  return data;
+}
+
+// ---- runs ----------------------------------------------------------------------------------
+
+fs::path checkpoint_path(const fs::path& run_dir, int64_t step) {
+  FORGE_CHECK(step >= 0, "checkpoint_path: negative step ", step);
+  char name[40];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return run_dir / "checkpoints" / name;
+}
+
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& run_dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  const fs::path root = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = parse_step_name(it->path().filename().string());
+    if (step && it->is_directory(ec) && is_complete_checkpoint(it->path())) out.emplace_back(*step, it->path());
+  }
+  FORGE_CHECK(!ec, "list_checkpoints: cannot list '", root.string(), "': ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<fs::path> find_latest_checkpoint(const fs::path& run_dir) {
+  auto all = list_checkpoints(run_dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+void prune_checkpoints(const fs::path& run_dir, size_t keep_last) {
+  FORGE_CHECK(keep_last >= 1, "prune_checkpoints: keep_last must be at least 1");
+  const auto all = list_checkpoints(run_dir);
+  std::error_code ec;
+  for (size_t i = 0; i + keep_last < all.size(); ++i) {
+    fs::remove_all(all[i].second, ec);
+    FORGE_CHECK(!ec, "prune_checkpoints: cannot remove '", all[i].second.string(), "': ", ec.message());
+  }
+  const fs::path root = run_dir / "checkpoints";
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> litter;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+    if (is_temporary_name(it->path().filename().string())) litter.push_back(it->path());
+  for (const auto& p : litter) fs::remove_all(p, ec);
+}
+
+// ---- compatibility -------------------------------------------------------------------------
+
+NamedShapes named_shapes(const NamedTensors& tensors) {
+  NamedShapes out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.shape());
+  return out;
+}
+
+void check_compatible(const NamedShapes& expected, const NamedTensors& loaded, const std::string& source) {
+  size_t mismatched = 0, missing = 0;
+  std::string first;
+  for (const auto& [name, shape] : expected) {
+    const Tensor* t = loaded.find(name);
+    if (t == nullptr) {
+      if (first.empty())
+        first = forge::detail::concat("tensor '", name, "' (", shape, " in the model) is missing from ", source);
+      ++missing;
+    } else if (t->shape() != shape) {
+      if (first.empty())
+        first = forge::detail::concat("tensor '", name, "' is ", t->shape(), " in ", source, " but ", shape, " in the model");
+      ++mismatched;
+    }
+  }
+  size_t unexpected = 0;
+  std::set<std::string> names;
+  for (const auto& [name, shape] : expected) names.insert(name);
+  for (const auto& [name, t] : loaded) {
+    if (names.count(name)) continue;
+    if (first.empty())
+      first = forge::detail::concat("tensor '", name, "' ", t.shape(), " is in ", source, " but not in the model");
+    ++unexpected;
+  }
+  if (first.empty()) return;
+  FORGE_THROW("checkpoint from another model shape: ", first, " (shape mismatches: ", mismatched,
+              ", missing: ", missing, ", unexpected: ", unexpected, "; the model has ", expected.size(), " tensors)");
+}
+
+}  // namespace forge::io

@@ -1,0 +1,98 @@
+#pragma once
+// Training checkpoints: everything `--resume` needs to continue a run exactly.
+//
+// A checkpoint is a directory, written with replace_directory_atomic (io/atomic_file.h), so a
+// crash leaves either the previous checkpoint or the new one, complete:
+//
+//   <dir>/model.safetensors      named parameters (metadata: format=pt, forge_step=<step>)
+//   <dir>/optimizer.safetensors  named optimizer state tensors (moments, master weights, ...)
+//   <dir>/state.json             {"format": "forge-checkpoint", "format_version": 1,
+//                                 "forge_version": "0.1.0", "step": 123,
+//                                 "rng": {"default": {"seed": S, "offset": O},
+//                                         "generators": {"<name>": {"seed": S, "offset": O}}},
+//                                 "data_loader": <any JSON>, "config": <JSON or a string>,
+//                                 "extra": <any JSON>}
+//   Seeds and offsets are unsigned 64-bit JSON integers. A reader refuses a format_version
+//   newer than its own kCheckpointFormatVersion.
+//
+// Runs keep their checkpoints as <run_dir>/checkpoints/step_<step, 8+ digits>/ (checkpoint_path).
+// find_latest_checkpoint() takes the highest step among directories named exactly
+// step_<digits> that hold all three files, so the temporaries of an interrupted save
+// (step_….tmp.<pid>.<hex>, step_….old.<pid>.<hex>) are never picked.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "forge/core/device.h"
+#include "forge/core/generator.h"
+#include "forge/core/shape.h"
+#include "forge/io/safetensors.h"
+
+namespace forge::io {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// A Generator's position: its seed and its offset into the Philox stream (core/generator.h).
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  friend bool operator==(const GeneratorState&, const GeneratorState&) = default;
+};
+
+GeneratorState generator_state(const Generator& gen);
+void set_generator_state(Generator& gen, const GeneratorState& state);
+
+struct CheckpointData {
+  int64_t step = 0;
+  NamedTensors model;      // -> model.safetensors
+  NamedTensors optimizer;  // -> optimizer.safetensors
+  GeneratorState rng;      // forge::default_generator()
+  std::map<std::string, GeneratorState> generators;  // other named generators (dropout, shuffling, ...)
+  nlohmann::json data_loader;  // the data loader's position; any JSON
+  nlohmann::json config;       // the run config: a JSON object, or its text as a string
+  nlohmann::json extra;        // anything else to restore (optimizer scalars, loss scale, ...)
+  // Set by load_checkpoint from state.json; save_checkpoint writes the running forge's.
+  std::string forge_version;
+  int format_version = kCheckpointFormatVersion;
+};
+
+// Fills data.rng from forge::default_generator() and data.generators from `named`.
+void capture_rng(CheckpointData& data, const std::map<std::string, Generator*>& named = {});
+// Restores forge::default_generator() and each generator of `named` (each must be in the
+// checkpoint), so the next random numbers are the ones the saved run would have drawn.
+void restore_rng(const CheckpointData& data, const std::map<std::string, Generator*>& named = {});
+
+// Writes (or atomically replaces) checkpoint directory `dir`.
+void save_checkpoint(const std::filesystem::path& dir, const CheckpointData& data);
+// Reads checkpoint directory `dir`; tensors are placed on `device`. Throws a forge::Error
+// naming the file and the field for a missing file, bad JSON, a missing or mistyped field,
+// or a format_version newer than this forge's.
+CheckpointData load_checkpoint(const std::filesystem::path& dir, Device device = Device::cpu());
+
+// <run_dir>/checkpoints/step_<step, zero-padded to 8 digits>.
+std::filesystem::path checkpoint_path(const std::filesystem::path& run_dir, int64_t step);
+// The complete checkpoints of a run, by increasing step.
+std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& run_dir);
+// The highest-step complete checkpoint of a run, if any.
+std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& run_dir);
+// Removes all but the newest `keep_last` complete checkpoints, and the temporaries of
+// interrupted saves in <run_dir>/checkpoints. Only while no save is in progress.
+void prune_checkpoints(const std::filesystem::path& run_dir, size_t keep_last);
+
+// Names and shapes in order, e.g. of a model's parameters.
+using NamedShapes = std::vector<std::pair<std::string, Shape>>;
+NamedShapes named_shapes(const NamedTensors& tensors);
+
+// Throws a forge::Error ("checkpoint from another model shape: ...") naming the first tensor
+// of `expected` that is missing from `loaded` or has another shape there (with both shapes),
+// or else the first tensor of `loaded` that `expected` lacks. `source` names the loaded side
+// in the message (e.g. the checkpoint's path).
+void check_compatible(const NamedShapes& expected, const NamedTensors& loaded,
+                      const std::string& source = "the checkpoint");
+
+}  // namespace forge::io
