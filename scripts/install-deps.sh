@@ -10,6 +10,8 @@ packages=(
   libgtest-dev googletest    # unit tests (GoogleTest through CTest)
   libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
   zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST
+  libtomlplusplus-dev        # TOML run configs (used header-only)
+  libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
   fortunes                   # the demo corpus (configs/tiny.toml)
   dataset-fashion-mnist      # the CNN demo (configs/fashion-mnist.toml)
