@@ -1,5 +1,7 @@
 #include "forge/nn/llama.h"
 
+#include <cmath>
+
 #include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/ops/binary.h"
@@ -10,6 +12,7 @@ namespace forge::nn {
 
 void LlamaConfig::validate() const {
   FORGE_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
+  FORGE_CHECK(block_size > 0, "model.block_size must be positive, got ", block_size);
   FORGE_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
   FORGE_CHECK(n_head > 0 && dim > 0 && dim % n_head == 0, "model.n_head = ", n_head, " must divide model.dim = ", dim);
   FORGE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "model.n_kv_head = ", n_kv_head,
@@ -17,6 +20,10 @@ void LlamaConfig::validate() const {
   FORGE_CHECK((dim / n_head) % 2 == 0, "model.dim / model.n_head = ", dim / n_head,
               " must be even for rotary position embeddings");
   FORGE_CHECK(ffn_hidden > 0, "model.ffn_hidden must be positive, got ", ffn_hidden);
+  FORGE_CHECK(std::isfinite(norm_eps) && norm_eps >= 0, "model.norm_eps must be finite and >= 0, got ", norm_eps);
+  FORGE_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "model.rope_theta must be a positive finite base, got ",
+              rope_theta);
+  FORGE_CHECK(std::isfinite(init_std) && init_std >= 0, "model.init_std must be finite and >= 0, got ", init_std);
 }
 
 class Llama::Container : public Module {

@@ -1,5 +1,6 @@
 #include "forge/backends/cpu/tensor_kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "forge/backends/cpu/loops.h"
@@ -9,11 +10,76 @@
 
 namespace forge::cpu {
 
+namespace {
+
+// A transposing copy (dst contiguous, same element size, src with unit stride on a dim `k`
+// other than the last): element by element, one side of the copy always strides through
+// memory. Instead copy (n_k x n_last) planes in 32 x 32 tiles, so both the reads and the
+// writes of a tile stay within a few cache lines. Returns false when the layout is not
+// of that kind.
+template <class E>
+bool copy_transposed_tiles(Tensor& dst, const Tensor& src) {
+  const int64_t nd = src.dim();
+  if (nd < 2 || !dst.is_contiguous() || src.strides()[nd - 1] == 1) return false;
+  int64_t k = -1;
+  for (int64_t d = nd - 2; d >= 0; --d)
+    if (src.strides()[d] == 1 && src.shape()[d] > 1) {
+      k = d;
+      break;
+    }
+  if (k < 0 || src.shape()[nd - 1] < 8 || src.shape()[k] < 8) return false;
+  const Shape& sh = src.shape();
+  const Strides dst_st = contiguous_strides(sh);
+  const int64_t rows = sh[k], cols = sh[nd - 1];
+  const int64_t s_row = src.strides()[k], s_col = src.strides()[nd - 1];
+  const int64_t d_row = dst_st[k], d_col = 1;
+  // Every other dim is an outer index.
+  int64_t outer = 1;
+  for (int64_t d = 0; d < nd; ++d)
+    if (d != k && d != nd - 1) outer *= sh[d];
+  const E* sp = static_cast<const E*>(src.data_ptr());
+  E* dp = static_cast<E*>(dst.data_ptr());
+  constexpr int64_t kTile = 32;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  const int64_t work = outer * row_tiles * col_tiles;
+#pragma omp parallel for schedule(static) if (src.numel() >= kParallelGrain)
+  for (int64_t w = 0; w < work; ++w) {
+    int64_t o = w / (row_tiles * col_tiles);
+    const int64_t t = w % (row_tiles * col_tiles);
+    const int64_t r0 = (t / col_tiles) * kTile, c0 = (t % col_tiles) * kTile;
+    int64_t so = 0, dof = 0;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      if (d == k || d == nd - 1) continue;
+      const int64_t i = o % sh[d];
+      o /= sh[d];
+      so += i * src.strides()[d];
+      dof += i * dst_st[d];
+    }
+    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) dp[dof + r * d_row + c * d_col] = sp[so + r * s_row + c * s_col];
+  }
+  return true;
+}
+
+}  // namespace
+
 void copy(Tensor& dst, const Tensor& src) {
   FORGE_CHECK(dst.shape() == src.shape(), "copy: destination shape ", dst.shape(), " != source shape ", src.shape());
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     if (dst.data_ptr() != src.data_ptr()) std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     return;
+  }
+  if (dst.dtype() == src.dtype()) {
+    bool done = false;
+    switch (dst.element_size()) {
+      case 1: done = copy_transposed_tiles<uint8_t>(dst, src); break;
+      case 2: done = copy_transposed_tiles<uint16_t>(dst, src); break;
+      case 4: done = copy_transposed_tiles<uint32_t>(dst, src); break;
+      case 8: done = copy_transposed_tiles<uint64_t>(dst, src); break;
+      default: break;
+    }
+    if (done) return;
   }
   dispatch_all(dst.dtype(), "copy", [&]<class To>() {
     dispatch_all(src.dtype(), "copy", [&]<class From>() {
