@@ -45,6 +45,7 @@ Tensor GPTBlock::forward(const Tensor& x) const {
 
 GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
   c.validate();
+  SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto transformer = register_module("transformer", std::make_shared<Container>());
   wte = transformer->add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd));
   wpe = transformer->add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd));

@@ -18,7 +18,7 @@ namespace forge::nn {
 
 Embedding::Embedding(int64_t n, int64_t d, Generator* gen) : num(n), dim(d) {
   FORGE_CHECK(n > 0 && d > 0, "Embedding: sizes must be positive, got ", n, " x ", d);
-  weight = register_parameter("weight", randn({n, d}, {}, gen));
+  weight = register_parameter("weight", default_init_enabled() ? randn({n, d}, {}, gen) : empty({n, d}));
 }
 Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(weight, ids); }
 

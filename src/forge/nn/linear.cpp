@@ -12,8 +12,9 @@ namespace forge::nn {
 Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen) : in_features(in), out_features(out) {
   FORGE_CHECK(in > 0 && out > 0, "Linear: features must be positive, got in=", in, " out=", out);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  weight = register_parameter("weight", uniform({out, in}, -bound, bound, {}, gen));
-  if (with_bias) bias = register_parameter("bias", uniform({out}, -bound, bound, {}, gen));
+  auto init = [&](const Shape& s) { return default_init_enabled() ? uniform(s, -bound, bound, {}, gen) : empty(s); };
+  weight = register_parameter("weight", init({out, in}));
+  if (with_bias) bias = register_parameter("bias", init({out}));
 }
 
 Tensor Linear::forward(const Tensor& x) const {

@@ -47,6 +47,7 @@ Tensor LlamaBlock::forward(const Tensor& x) const {
 
 Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
   c.validate();
+  SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto model = register_module("model", std::make_shared<Container>());
   embed_tokens = model->add("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.dim));
   auto list = model->add("layers", std::make_shared<Container>());

@@ -6,6 +6,13 @@
 #include "forge/ops/copy.h"
 
 namespace forge::nn {
+namespace {
+thread_local bool t_skip_init = false;
+}
+
+SkipInitGuard::SkipInitGuard() : prev_(t_skip_init) { t_skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { t_skip_init = prev_; }
+bool default_init_enabled() { return !t_skip_init; }
 
 void Module::check_new_name(const std::string& name) const {
   FORGE_CHECK(!name.empty() && name.find('.') == std::string::npos, "Module: invalid name '", name,

@@ -27,6 +27,21 @@ namespace forge::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// While one is alive (on this thread), layers allocate their parameters without their
+// default random initialisation. Models that initialise every parameter themselves (GPT,
+// LLaMA) build their layers under it, so a large model is not filled twice.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+bool default_init_enabled();
+
 class Module {
  public:
   virtual ~Module() = default;
