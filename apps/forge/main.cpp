@@ -1,46 +1,124 @@
-// forge: the command-line entry point.
-#include <cstring>
+// forge: the command-line entry point (CLI11). Exit status: 0 on success, 1 for an error
+// while running ("forge: error: <message>"), 2 for a usage error (bad or missing arguments).
+#include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <vector>
 
+#include "commands.h"
 #include "forge/core/error.h"
-
-namespace forge::app {
-int run_autograd_demo(int argc, char** argv);
-}
+#include "forge/train/config.h"
 
 namespace {
 
-void usage(std::ostream& os) {
-  os << "forge " << FORGE_VERSION << " - train GPT- and LLaMA-style models from one CPU to a GPU cluster\n\n"
-     << "usage: forge <command> [options]\n\n"
-     << "commands:\n"
-     << "  autograd-demo [--steps N] [--seed S]   fit a small MLP with forge's autograd (the worked example)\n"
-     << "  version                                print the version\n"
-     << "  help                                   this text\n";
+constexpr const char* kTrainFooter =
+    "Any config key can be overridden: --section.key=value (or --section.key value), e.g.\n"
+    "  forge train configs/tiny.toml --train.steps=100 --optim.lr=3e-4 --run.name=short\n"
+    "The keys, their types and defaults: docs/train.md.";
+
+int usage_error(const std::string& message, const std::string& help_cmd) {
+  std::cerr << "forge: error: " << message << "\n(see 'forge " << help_cmd << "--help')\n";
+  return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage(std::cerr);
-    return 2;
-  }
-  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // Config overrides (--section.key=value) are taken out before CLI11 sees the line.
+  const forge::train::SplitArgs split = forge::train::split_overrides(args);
+
+  CLI::App app{"forge " FORGE_VERSION " - train GPT- and LLaMA-style models from one CPU to a GPU cluster", "forge"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", "forge " FORGE_VERSION);
+
+  forge::app::TrainArgs train_args;
+  auto* train = app.add_subcommand("train", "train a model from a TOML config");
+  train->add_option("config", train_args.config, "the run config (TOML), e.g. configs/tiny.toml")->required();
+  auto* resume = train->add_option("--resume", train_args.resume_from,
+                                   "continue from the run's latest checkpoint, or from PATH (a checkpoint or run directory)")
+                     ->expected(0, 1)
+                     ->type_name("[PATH]");
+  train->add_flag("--print-config", train_args.print_config, "print the resolved config (TOML) and stop");
+  train->footer(kTrainFooter);
+
+  forge::app::SampleArgs sample_args;
+  auto* sample = app.add_subcommand("sample", "generate text from a trained language model");
+  sample->add_option("--checkpoint", sample_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
+      ->required();
+  sample->add_option("--prompt", sample_args.prompt, "the text to continue (\"\" = start from a newline)");
+  sample->add_option("--tokens", sample_args.tokens, "new tokens to generate")->capture_default_str();
+  sample->add_option("--temperature", sample_args.temperature, "softmax temperature (0 = greedy)")->capture_default_str();
+  sample->add_option("--top-k", sample_args.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  sample->add_option("--seed", sample_args.seed, "random seed of the sampling")->capture_default_str();
+
+  auto* tokenize = app.add_subcommand("tokenize", "train a BPE tokenizer, or encode files into token shards");
+  tokenize->require_subcommand(1);
+  forge::app::TokenizeTrainArgs tok_train_args;
+  auto* tok_train = tokenize->add_subcommand("train", "train a byte-level BPE tokenizer on text files");
+  tok_train->add_option("--vocab-size", tok_train_args.vocab_size, "vocabulary size (>= 256)")->required();
+  tok_train->add_option("--out", tok_train_args.out, "the tokenizer JSON to write")->required();
+  tok_train->add_option("--exclude", tok_train_args.exclude, "glob patterns of files to skip in directories/globs");
+  tok_train->add_option("files", tok_train_args.files, "text files, glob patterns or directories")->required();
+  forge::app::TokenizeEncodeArgs tok_encode_args;
+  auto* tok_encode = tokenize->add_subcommand("encode", "encode text files into token shards (one per file)");
+  tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, "a tokenizer JSON (forge tokenize train)")->required();
+  tok_encode->add_option("--out", tok_encode_args.out, "the directory for the shards")->required();
+  tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");
+  tok_encode->add_option("files", tok_encode_args.files, "text files, glob patterns or directories")->required();
+
+  auto* demo = app.add_subcommand("autograd-demo", "fit a small MLP with forge's autograd (the worked example)");
+  demo->allow_extras();
+  demo->prefix_command();
+  auto* version = app.add_subcommand("version", "print the version");
+  app.add_subcommand("help", "print this help")->silent();
+
+  std::string help_cmd;
   try {
-    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-      usage(std::cout);
-      return 0;
+    std::vector<std::string> rest(split.rest.rbegin(), split.rest.rend());  // CLI11 takes them reversed
+    app.parse(rest);
+    if (app.got_subcommand("train")) help_cmd = "train ";
+    if (!split.overrides.empty() && !app.got_subcommand("train"))
+      return usage_error("config overrides (" + split.overrides.front() + ") are options of 'forge train'", help_cmd);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForVersion&) {
+    std::cout << "forge " << FORGE_VERSION << "\n";
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
+    std::string cmd;
+    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode})
+      if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
+    return usage_error(e.what(), cmd);
+  }
+
+  try {
+    if (train->parsed()) {
+      train_args.overrides = split.overrides;
+      train_args.resume = resume->count() > 0;
+      return forge::app::run_train(train_args);
     }
-    if (cmd == "version" || cmd == "--version") {
+    if (sample->parsed()) return forge::app::run_sample(sample_args);
+    if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
+    if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
+    if (demo->parsed()) {
+      std::vector<std::string> extra = demo->remaining();
+      std::vector<char*> ptrs;
+      for (auto& s : extra) ptrs.push_back(s.data());
+      return forge::app::run_autograd_demo(static_cast<int>(ptrs.size()), ptrs.data());
+    }
+    if (version->parsed()) {
       std::cout << "forge " << FORGE_VERSION << "\n";
       return 0;
     }
-    if (cmd == "autograd-demo") return forge::app::run_autograd_demo(argc - 2, argv + 2);
-    std::cerr << "forge: unknown command '" << cmd << "'\n\n";
-    usage(std::cerr);
+    if (app.get_subcommand("help")->parsed()) {
+      std::cout << app.help();
+      return 0;
+    }
+    std::cerr << app.help();
     return 2;
   } catch (const forge::Error& e) {
     std::cerr << "forge: error: " << e.what() << "\n";

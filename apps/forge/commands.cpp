@@ -1,0 +1,87 @@
+// forge train / sample / tokenize: thin wrappers over forge::train (trainer.h, config.h).
+#include "commands.h"
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "forge/core/error.h"
+#include "forge/data/bpe.h"
+#include "forge/train/config.h"
+#include "forge/train/trainer.h"
+
+namespace forge::app {
+
+int run_train(const TrainArgs& args) {
+  const train::RunConfig cfg = train::load_config(args.config, args.overrides);
+  if (args.print_config) {
+    std::cout << train::config_to_toml(cfg);
+    return 0;
+  }
+  std::cout << "forge train " << args.config << " -> " << cfg.run_dir() << "\n";
+  train::TrainOptions opt;
+  opt.resume = args.resume;
+  opt.resume_from = args.resume_from;
+  train::run_training(cfg, opt, std::cout);  // reports as it goes, ending with a summary line
+  return 0;
+}
+
+int run_sample(const SampleArgs& args) {
+  train::SampleOptions opt;
+  opt.checkpoint = args.checkpoint;
+  opt.prompt = args.prompt;
+  opt.tokens = args.tokens;
+  opt.temperature = args.temperature;
+  opt.top_k = args.top_k;
+  opt.seed = args.seed;
+  const train::SampleResult r = train::sample(opt);
+  std::cerr << "forge sample: " << r.checkpoint << " (step " << r.step << "), " << args.tokens << " tokens, temperature "
+            << args.temperature << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
+            << ", seed " << args.seed << "\n";
+  std::cout << r.text << std::endl;
+  return 0;
+}
+
+namespace {
+
+std::vector<std::string> expand_files(const std::vector<std::string>& files, const std::vector<std::string>& exclude) {
+  train::DataSection d;
+  d.files = files;
+  d.exclude = exclude;
+  try {
+    return train::resolve_data_files(d);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    const std::string prefix = "data.files";  // on the command line these are the FILES arguments
+    if (msg.rfind(prefix, 0) == 0) msg = "FILES" + msg.substr(prefix.size());
+    throw Error(msg);
+  }
+}
+
+}  // namespace
+
+int run_tokenize_train(const TokenizeTrainArgs& args) {
+  FORGE_CHECK(args.vocab_size >= 256, "--vocab-size ", args.vocab_size,
+              " is smaller than 256 (a byte-level BPE vocabulary starts with the 256 bytes); use e.g. --vocab-size 1024");
+  const auto files = expand_files(args.files, args.exclude);
+  const auto t0 = std::chrono::steady_clock::now();
+  data::BpeTrainOptions opt;
+  opt.vocab_size = args.vocab_size;
+  const auto tok = data::BpeTokenizer::train_files(files, opt);
+  tok.save(args.out);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("trained a byte-level BPE of %lld tokens (%lld merges) on %zu file(s) in %.1f s -> %s\n",
+              static_cast<long long>(tok.vocab_size()), static_cast<long long>(tok.num_merges()), files.size(), s,
+              args.out.c_str());
+  return 0;
+}
+
+int run_tokenize_encode(const TokenizeEncodeArgs& args) {
+  const auto files = expand_files(args.files, args.exclude);
+  const auto tok = data::BpeTokenizer::load(args.tokenizer);
+  const auto shards = train::encode_files_to_shards(tok, files, args.out, &std::cout);
+  std::printf("wrote %zu shard(s) to %s\n", shards.size(), args.out.c_str());
+  return 0;
+}
+
+}  // namespace forge::app

@@ -1,0 +1,47 @@
+#pragma once
+// The actions behind the `forge` subcommands (main.cpp parses the command line with CLI11).
+// Each returns the process exit status and throws forge::Error for bad input.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace forge::app {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;  // "--section.key=value", in order
+  bool resume = false;
+  std::string resume_from;             // "" = the run's latest checkpoint
+  bool print_config = false;           // print the resolved config and stop
+};
+int run_train(const TrainArgs& args);
+
+struct SampleArgs {
+  std::string checkpoint;
+  std::string prompt;
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+};
+int run_sample(const SampleArgs& args);
+
+struct TokenizeTrainArgs {
+  int64_t vocab_size = 0;
+  std::string out;
+  std::vector<std::string> files;
+  std::vector<std::string> exclude;
+};
+int run_tokenize_train(const TokenizeTrainArgs& args);
+
+struct TokenizeEncodeArgs {
+  std::string tokenizer;
+  std::string out;
+  std::vector<std::string> files;
+  std::vector<std::string> exclude;
+};
+int run_tokenize_encode(const TokenizeEncodeArgs& args);
+
+int run_autograd_demo(int argc, char** argv);
+
+}  // namespace forge::app

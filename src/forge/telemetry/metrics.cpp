@@ -1,0 +1,104 @@
+// metrics.jsonl writing/reading and the progress line (contract in metrics.h).
+#include "forge/telemetry/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "forge/core/error.h"
+#include "forge/io/atomic_file.h"
+
+namespace forge::telemetry {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+JsonlWriter::JsonlWriter(const fs::path& path, bool truncate)
+    : path_(path), out_(path, truncate ? std::ios::out | std::ios::trunc : std::ios::out | std::ios::app) {
+  FORGE_CHECK(out_.good(), "metrics: cannot open '", path_.string(), "' for writing");
+}
+
+void JsonlWriter::write(const json& record) {
+  FORGE_CHECK(record.is_object(), "metrics: a record must be a JSON object, got ", record.dump());
+  // NaN/inf are not JSON: nlohmann writes them as null, which readers accept.
+  out_ << record.dump() << '\n';
+  out_.flush();
+  FORGE_CHECK(out_.good(), "metrics: cannot write '", path_.string(), "'");
+}
+
+std::vector<json> read_jsonl(const fs::path& path) {
+  std::vector<json> out;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return out;
+  std::ifstream in(path);
+  FORGE_CHECK(in.good(), "metrics: cannot read '", path.string(), "'");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      FORGE_THROW("metrics: '", path.string(), "' line ", n, " is not valid JSON: ", e.what());
+    }
+    FORGE_CHECK(j.is_object(), "metrics: '", path.string(), "' line ", n, " is not a JSON object");
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+void truncate_jsonl_after_step(const fs::path& path, int64_t max_step) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::string kept;
+  for (const auto& r : read_jsonl(path)) {
+    if (r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > max_step) continue;
+    kept += r.dump() + "\n";
+  }
+  io::write_file_atomic(path, kept);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  char buf[48];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+std::string format_count(double n) {
+  char buf[32];
+  const double a = std::fabs(n);
+  if (a < 1e3) std::snprintf(buf, sizeof(buf), "%.0f", n);
+  else if (a < 1e6) std::snprintf(buf, sizeof(buf), a < 1e4 ? "%.2fk" : a < 1e5 ? "%.1fk" : "%.0fk", n / 1e3);
+  else if (a < 1e9) std::snprintf(buf, sizeof(buf), a < 1e7 ? "%.2fM" : a < 1e8 ? "%.1fM" : "%.0fM", n / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.2fG", n / 1e9);
+  return buf;
+}
+
+std::string format_bytes(double bytes) {
+  char buf[32];
+  if (bytes < 1e9) std::snprintf(buf, sizeof(buf), "%.0f MB", bytes / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.2f GB", bytes / 1e9);
+  return buf;
+}
+
+std::string progress_line(const Progress& p) {
+  const int width = static_cast<int>(std::to_string(p.total_steps).size());
+  char head[96];
+  std::snprintf(head, sizeof(head), "step %*lld/%lld | loss %.4f | lr %.2e", width, static_cast<long long>(p.step),
+                static_cast<long long>(p.total_steps), p.loss, p.lr);
+  std::ostringstream os;
+  os << head << " | " << format_count(p.tokens_per_s) << " tok/s";
+  if (p.memory_bytes >= 0) os << " | " << format_bytes(static_cast<double>(p.memory_bytes));
+  os << " | " << format_duration(p.elapsed_s) << " elapsed | ETA " << format_duration(p.eta_s);
+  return os.str();
+}
+
+}  // namespace forge::telemetry

@@ -1,0 +1,712 @@
+// RunConfig: the schema table, TOML/JSON loading, overrides and validation (contract in config.h).
+#include "forge/train/config.h"
+
+#include <fnmatch.h>
+#include <glob.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "forge/core/error.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string RunConfig::run_dir() const { return (fs::path(run.dir) / run.name).string(); }
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::integer: return "an integer";
+    case KeyType::floating: return "a number";
+    case KeyType::boolean: return "a boolean (true or false)";
+    case KeyType::string: return "a string";
+    case KeyType::string_list: return "a list of strings";
+  }
+  return "?";
+}
+
+namespace {
+
+// ---- the schema ------------------------------------------------------------------------------
+
+using StringList = std::vector<std::string>;
+template <class T> using Accessor = T& (*)(RunConfig&);
+using AnyAccessor = std::variant<Accessor<int64_t>, Accessor<double>, Accessor<bool>, Accessor<std::string>,
+                                 Accessor<StringList>>;
+
+struct Field {
+  std::string key;      // "train.steps"
+  std::string section;  // "train"
+  std::string name;     // "steps"
+  AnyAccessor get;
+  std::string doc;
+};
+
+#define FORGE_FIELD(sec, member, doc) \
+  Field{#sec "." #member, #sec, #member, AnyAccessor{+[](RunConfig& c) -> auto& { return c.sec.member; }}, doc}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      FORGE_FIELD(run, name, "the run's name; its directory is <run.dir>/<run.name>"),
+      FORGE_FIELD(run, dir, "the parent directory of run directories"),
+      FORGE_FIELD(run, seed, "seeds model initialisation, data order and dropout (>= 0)"),
+      FORGE_FIELD(run, device, "\"cpu\" (the trainer runs on the CPU for now)"),
+      FORGE_FIELD(run, overwrite,
+                  "a fresh run (no --resume) may replace the checkpoints and metrics an earlier run left in the run "
+                  "directory"),
+      FORGE_FIELD(model, type, "\"gpt\", \"llama\" or \"lenet\""),
+      FORGE_FIELD(model, vocab_size, "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)"),
+      FORGE_FIELD(model, block_size, "maximum context in tokens (learned positions for GPT)"),
+      FORGE_FIELD(model, n_layer, "transformer blocks"),
+      FORGE_FIELD(model, n_head, "attention heads (must divide n_embd / dim)"),
+      FORGE_FIELD(model, n_embd, "GPT: the residual width"),
+      FORGE_FIELD(model, dropout, "GPT: dropout probability in [0, 1)"),
+      FORGE_FIELD(model, bias, "GPT: biases in Linear and LayerNorm layers"),
+      FORGE_FIELD(model, checkpoint_activations, "re-run each block's forward in backward to save memory"),
+      FORGE_FIELD(model, n_kv_head, "LLaMA: key/value heads for grouped-query attention; 0 = n_head"),
+      FORGE_FIELD(model, dim, "LLaMA: the residual width"),
+      FORGE_FIELD(model, ffn_hidden, "LLaMA: SwiGLU hidden width; 0 = 8*dim/3 rounded up to a multiple of 32"),
+      FORGE_FIELD(model, rope_theta, "LLaMA: rotary embedding base"),
+      FORGE_FIELD(model, norm_eps, "LLaMA: RMSNorm epsilon"),
+      FORGE_FIELD(model, init_std, "LLaMA: standard deviation of the weight init"),
+      FORGE_FIELD(data, files,
+                  "language models: text files, glob patterns or directories (their files, not recursive)"),
+      FORGE_FIELD(data, exclude, "glob patterns of files to skip when expanding globs and directories"),
+      FORGE_FIELD(data, tokenizer, "a BPE tokenizer JSON (forge tokenize train); \"\" = train one on data.files"),
+      FORGE_FIELD(data, vocab_size, "vocabulary of the tokenizer trained on the fly (>= 256)"),
+      FORGE_FIELD(data, val_fraction, "the last fraction of each file held out for validation, in [0, 1)"),
+      FORGE_FIELD(data, shards_dir, "where the token shards go; \"\" = <run dir>/data"),
+      FORGE_FIELD(data, dir, "lenet: the directory of the Fashion-MNIST IDX files"),
+      FORGE_FIELD(data, max_train_samples, "lenet: use the first N training images (0 = all)"),
+      FORGE_FIELD(data, max_test_samples, "lenet: use the first N test images (0 = all)"),
+      FORGE_FIELD(optim, name, "\"adamw\" or \"sgd\""),
+      FORGE_FIELD(optim, lr, "the peak learning rate"),
+      FORGE_FIELD(optim, weight_decay, "decoupled (adamw) / L2 (sgd) decay of matmul weights only"),
+      FORGE_FIELD(optim, beta1, "adamw: first-moment decay, in [0, 1)"),
+      FORGE_FIELD(optim, beta2, "adamw: second-moment decay, in [0, 1)"),
+      FORGE_FIELD(optim, eps, "adamw: denominator epsilon (> 0)"),
+      FORGE_FIELD(optim, momentum, "sgd: momentum, in [0, 1)"),
+      FORGE_FIELD(optim, nesterov, "sgd: Nesterov momentum"),
+      FORGE_FIELD(optim, grad_clip, "clip the global gradient norm to this (0 = no clipping)"),
+      FORGE_FIELD(schedule, kind, "\"cosine\", \"linear\" or \"constant\""),
+      FORGE_FIELD(schedule, warmup_steps, "linear warmup from lr/warmup_steps to lr"),
+      FORGE_FIELD(schedule, min_lr, "where the decay ends, in [0, optim.lr]"),
+      FORGE_FIELD(schedule, decay_steps, "the step the decay reaches min_lr (warmup included); 0 = train.steps"),
+      FORGE_FIELD(train, steps, "optimizer steps (language models)"),
+      FORGE_FIELD(train, batch_size, "sequences (images) per micro-batch"),
+      FORGE_FIELD(train, seq_len, "tokens per sequence, <= model.block_size"),
+      FORGE_FIELD(train, grad_accum, "micro-batches per optimizer step (each loss divided by grad_accum)"),
+      FORGE_FIELD(train, log_every, "steps between progress lines and metrics.jsonl records"),
+      FORGE_FIELD(train, epochs, "lenet: passes over the training images"),
+      FORGE_FIELD(train, eval_batch_size, "lenet: images per evaluation batch"),
+      FORGE_FIELD(eval, every, "steps between validation passes (0 = only at the end)"),
+      FORGE_FIELD(eval, batches, "validation batches per pass, sequential from the start (0 = all windows)"),
+      FORGE_FIELD(eval, bigram_baseline,
+                  "at the end, also the validation loss of an add-one-smoothed bigram model of the training tokens"),
+      FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = only at the end)"),
+      FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
+  };
+  return table;
+}
+
+#undef FORGE_FIELD
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"run", "model", "data", "optim", "schedule", "train", "eval",
+                                                 "checkpoint"};
+  return names;
+}
+
+const Field* find_field(const std::string& key) {
+  for (const auto& f : fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+KeyType type_of(const Field& f) {
+  return std::visit(
+      [](auto acc) -> KeyType {
+        using T = std::remove_reference_t<decltype(acc(std::declval<RunConfig&>()))>;
+        if constexpr (std::is_same_v<T, int64_t>) return KeyType::integer;
+        else if constexpr (std::is_same_v<T, double>) return KeyType::floating;
+        else if constexpr (std::is_same_v<T, bool>) return KeyType::boolean;
+        else if constexpr (std::is_same_v<T, std::string>) return KeyType::string;
+        else return KeyType::string_list;
+      },
+      f.get);
+}
+
+// ---- value text ----------------------------------------------------------------------------
+
+std::string toml_string(const std::string& s) {
+  std::ostringstream os;
+  os << toml::value<std::string>(s);
+  return os.str();
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  for (int prec = 6; prec <= 17; ++prec) {  // the shortest text that reads back exactly
+    std::snprintf(buf, sizeof(buf), "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (std::isfinite(v) && s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string value_text(const Field& f, const RunConfig& cfg) {
+  auto& c = const_cast<RunConfig&>(cfg);  // accessors take a mutable config; nothing is written
+  return std::visit(
+      [&](auto acc) -> std::string {
+        const auto& v = acc(c);
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
+        else if constexpr (std::is_same_v<T, double>) return format_double(v);
+        else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return toml_string(v);
+        else {
+          std::string s = "[";
+          for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_string(v[i]);
+          return s + "]";
+        }
+      },
+      f.get);
+}
+
+// ---- suggestions ---------------------------------------------------------------------------
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? sep : "") + items[i];
+  return s;
+}
+
+std::vector<std::string> names_in(const std::string& section) {
+  std::vector<std::string> out;
+  for (const auto& f : fields())
+    if (f.section == section) out.push_back(f.name);
+  return out;
+}
+
+// "; did you mean 'train.steps'?" or the list of valid keys.
+std::string suggest_key(const std::string& section, const std::string& name) {
+  const std::string key = section + "." + name;
+  // The right name in the wrong section ("train.lr" -> "optim.lr").
+  for (const auto& f : fields())
+    if (f.name == name) return "; did you mean '" + f.key + "'?";
+  const Field* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const auto& f : fields()) {
+    const size_t d = edit_distance(key, f.key);
+    if (d < best_d) best_d = d, best = &f;
+  }
+  if (best && best_d <= std::max<size_t>(2, name.size() / 3)) return "; did you mean '" + best->key + "'?";
+  for (const auto& f : fields())  // a prefix either way: "train.log" -> "train.log_every"
+    if (f.section == section && (f.name.rfind(name, 0) == 0 || name.rfind(f.name, 0) == 0))
+      return "; did you mean '" + f.key + "'?";
+  const auto& secs = section_names();
+  if (std::find(secs.begin(), secs.end(), section) != secs.end())
+    return "; the keys of [" + section + "] are: " + join(names_in(section), ", ");
+  return "; the sections are: " + join(secs, ", ");
+}
+
+std::string suggest_section(const std::string& section) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& s : section_names()) {
+    const size_t d = edit_distance(section, s);
+    if (d < best_d) best_d = d, best = s;
+  }
+  if (best_d <= std::max<size_t>(2, section.size() / 3)) return "; did you mean [" + best + "]?";
+  for (const auto& s : section_names())  // a prefix either way: [optimizer] -> [optim]
+    if (s.rfind(section, 0) == 0 || section.rfind(s, 0) == 0) return "; did you mean [" + s + "]?";
+  return "; the sections are: [" + join(section_names(), "], [") + "]";
+}
+
+// ---- setting values ------------------------------------------------------------------------
+
+// What one TOML node holds, for messages: "string \"abc\"".
+std::string describe_node(const toml::node& n) {
+  std::ostringstream os;
+  os << n.type() << " ";
+  if (n.is_table()) os << "{...}";
+  else if (const auto* a = n.as_array()) os << *a;
+  else n.visit([&](const auto& v) { os << v; });
+  return os.str();
+}
+
+std::string where(const std::string& origin, const toml::node& n) {
+  const auto& src = n.source();
+  if (src.begin.line == 0) return origin;
+  return origin + ":" + std::to_string(src.begin.line);
+}
+
+[[noreturn]] void wrong_type(const std::string& at, const Field& f, const std::string& got, const RunConfig& defaults) {
+  FORGE_THROW(at, ": ", f.key, " must be ", key_type_name(type_of(f)), ", got ", got, "; write e.g. ", f.key, " = ",
+              value_text(f, defaults));
+}
+
+void set_from_toml(RunConfig& cfg, const Field& f, const toml::node& n, const std::string& at) {
+  static const RunConfig defaults;
+  std::visit(
+      [&](auto acc) {
+        auto& dst = acc(cfg);
+        using T = std::decay_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (!n.is_integer()) wrong_type(at, f, describe_node(n), defaults);
+          dst = *n.value<int64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!n.is_number()) wrong_type(at, f, describe_node(n), defaults);
+          dst = *n.value<double>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!n.is_boolean()) wrong_type(at, f, describe_node(n), defaults);
+          dst = *n.value<bool>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!n.is_string()) wrong_type(at, f, describe_node(n), defaults);
+          dst = *n.value<std::string>();
+        } else {
+          if (n.is_string()) {
+            dst = {*n.value<std::string>()};
+            return;
+          }
+          const toml::array* a = n.as_array();
+          if (a == nullptr) wrong_type(at, f, describe_node(n), defaults);
+          StringList out;
+          for (const auto& item : *a) {
+            if (!item.is_string()) wrong_type(at, f, describe_node(n) + " (an element is " + describe_node(item) + ")", defaults);
+            out.push_back(*item.value<std::string>());
+          }
+          dst = std::move(out);
+        }
+      },
+      f.get);
+}
+
+void set_from_json(RunConfig& cfg, const Field& f, const json& v, const std::string& at) {
+  static const RunConfig defaults;
+  std::visit(
+      [&](auto acc) {
+        auto& dst = acc(cfg);
+        using T = std::decay_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (!v.is_number_integer()) wrong_type(at, f, v.dump(), defaults);
+          dst = v.get<int64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!v.is_number()) wrong_type(at, f, v.dump(), defaults);
+          dst = v.get<double>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) wrong_type(at, f, v.dump(), defaults);
+          dst = v.get<bool>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) wrong_type(at, f, v.dump(), defaults);
+          dst = v.get<std::string>();
+        } else {
+          if (!v.is_array()) wrong_type(at, f, v.dump(), defaults);
+          StringList out;
+          for (const auto& item : v) {
+            if (!item.is_string()) wrong_type(at, f, v.dump(), defaults);
+            out.push_back(item.get<std::string>());
+          }
+          dst = std::move(out);
+        }
+      },
+      f.get);
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (l == "true" || l == "1" || l == "yes" || l == "on") return out = true, true;
+  if (l == "false" || l == "0" || l == "no" || l == "off") return out = false, true;
+  return false;
+}
+
+void set_from_text(RunConfig& cfg, const Field& f, const std::string& text, const std::string& at) {
+  static const RunConfig defaults;
+  const std::string got = "'" + text + "'";
+  std::visit(
+      [&](auto acc) {
+        auto& dst = acc(cfg);
+        using T = std::decay_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          int64_t v = 0;
+          const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (text.empty() || ec != std::errc() || p != text.data() + text.size()) wrong_type(at, f, got, defaults);
+          dst = v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          char* end = nullptr;
+          const double v = std::strtod(text.c_str(), &end);
+          if (text.empty() || end != text.c_str() + text.size()) wrong_type(at, f, got, defaults);
+          dst = v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          bool v = false;
+          if (!parse_bool(text, v)) wrong_type(at, f, got, defaults);
+          dst = v;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          dst = text;
+        } else {
+          StringList out;
+          if (!text.empty() && text.front() == '[') {  // a TOML array: ["a", "b"]
+            toml::table t;
+            try {
+              t = toml::parse("v = " + text);
+            } catch (const toml::parse_error& e) {
+              wrong_type(at, f, got + " (" + std::string(e.description()) + ")", defaults);
+            }
+            set_from_toml(cfg, f, *t.get("v"), at);
+            return;
+          }
+          size_t start = 0;  // comma-separated
+          while (start <= text.size() && !text.empty()) {
+            const size_t comma = text.find(',', start);
+            const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            if (!item.empty()) out.push_back(item);
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+          }
+          dst = std::move(out);
+        }
+      },
+      f.get);
+}
+
+// ---- validation helpers ----------------------------------------------------------------------
+
+bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+bool excluded(const fs::path& p, const StringList& exclude) {
+  const std::string full = p.string(), base = p.filename().string();
+  for (const auto& pat : exclude) {
+    const std::string& subject = pat.find('/') != std::string::npos ? full : base;
+    if (fnmatch(pat.c_str(), subject.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---- public ----------------------------------------------------------------------------------
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const std::vector<KeyInfo>& config_keys() {
+  static const std::vector<KeyInfo> keys = [] {
+    const RunConfig defaults;
+    std::vector<KeyInfo> out;
+    for (const auto& f : fields()) out.push_back({f.key, type_of(f), value_text(f, defaults), f.doc});
+    return out;
+  }();
+  return keys;
+}
+
+void apply_override(RunConfig& cfg, const std::string& arg) {
+  std::string s = arg;
+  if (s.rfind("--", 0) == 0) s = s.substr(2);
+  const size_t eq = s.find('=');
+  const std::string key = s.substr(0, eq);
+  const size_t dot = key.find('.');
+  FORGE_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < key.size(), "override '", arg,
+              "' is not of the form --section.key=value (e.g. --train.steps=100)");
+  const std::string section = key.substr(0, dot), name = key.substr(dot + 1);
+  const Field* f = find_field(key);
+  if (f == nullptr) {
+    const auto& secs = section_names();
+    if (std::find(secs.begin(), secs.end(), section) == secs.end())
+      FORGE_THROW("override '", arg, "': unknown section [", section, "]", suggest_section(section));
+    FORGE_THROW("override '", arg, "': unknown key '", key, "'", suggest_key(section, name));
+  }
+  if (eq == std::string::npos && type_of(*f) == KeyType::boolean) {  // a bare boolean key: --run.overwrite
+    set_from_text(cfg, *f, "true", "override '" + arg + "'");
+    return;
+  }
+  FORGE_CHECK(eq != std::string::npos, "override '", arg, "' has no value; write --", key, "=VALUE");
+  set_from_text(cfg, *f, s.substr(eq + 1), "override '" + arg + "'");
+}
+
+RunConfig parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    FORGE_THROW(origin, ":", e.source().begin.line, ":", e.source().begin.column, ": invalid TOML: ", e.description());
+  }
+  RunConfig cfg;
+  cfg.source = origin;
+  const auto& secs = section_names();
+  // toml++ tables are ordered by key; report problems in the order of the file.
+  auto in_file_order = [](const toml::table& t) {
+    std::vector<std::pair<std::string, const toml::node*>> items;
+    for (const auto& [k, node] : t) items.emplace_back(std::string(k.str()), &node);
+    std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+      const auto &sa = a.second->source().begin, &sb = b.second->source().begin;
+      return sa.line != sb.line ? sa.line < sb.line : sa.column < sb.column;
+    });
+    return items;
+  };
+  for (const auto& [section, node_ptr] : in_file_order(root)) {
+    const toml::node& node = *node_ptr;
+    if (!node.is_table()) {
+      std::string hint;
+      for (const auto& f : fields())
+        if (f.name == section) {
+          hint = "; did you mean '" + f.key + "' (write it under [" + f.section + "])?";
+          break;
+        }
+      if (hint.empty()) hint = "; the sections are: [" + join(secs, "], [") + "]";
+      FORGE_THROW(where(origin, node), ": key '", section, "' is outside any section", hint);
+    }
+    if (std::find(secs.begin(), secs.end(), section) == secs.end())
+      FORGE_THROW(where(origin, node), ": unknown section [", section, "]", suggest_section(section));
+    for (const auto& [name, value_ptr] : in_file_order(*node.as_table())) {
+      const toml::node& value = *value_ptr;
+      const std::string key = section + "." + name;
+      const Field* f = find_field(key);
+      if (f == nullptr) FORGE_THROW(where(origin, value), ": unknown key '", key, "'", suggest_key(section, name));
+      set_from_toml(cfg, *f, value, where(origin, value));
+    }
+  }
+  for (const auto& o : overrides) apply_override(cfg, o);
+  validate(cfg);
+  return cfg;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  FORGE_CHECK(fs::is_regular_file(path, ec), "config file '", path, "' does not exist (give the path to a TOML file, e.g. configs/tiny.toml)");
+  std::ifstream in(path);
+  FORGE_CHECK(in.good(), "cannot read config file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+SplitArgs split_overrides(const std::vector<std::string>& args) {
+  SplitArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool is_override = a.size() > 2 && a.rfind("--", 0) == 0 && a.substr(2, a.find('=') - 2).find('.') != std::string::npos;
+    if (!is_override) {
+      out.rest.push_back(a);
+      continue;
+    }
+    if (a.find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      out.overrides.push_back(a + "=" + args[++i]);
+    } else {
+      out.overrides.push_back(a);
+    }
+  }
+  return out;
+}
+
+json config_to_json(const RunConfig& cfg) {
+  json j = json::object();
+  auto& c = const_cast<RunConfig&>(cfg);
+  for (const auto& f : fields()) {
+    std::visit([&](auto acc) { j[f.section][f.name] = acc(c); }, f.get);
+  }
+  return j;
+}
+
+RunConfig config_from_json(const json& j, const std::string& origin) {
+  FORGE_CHECK(j.is_object(), origin, ": the config must be a JSON object, got ", j.dump());
+  RunConfig cfg;
+  cfg.source = origin;
+  const auto& secs = section_names();
+  for (const auto& [section, body] : j.items()) {
+    FORGE_CHECK(std::find(secs.begin(), secs.end(), section) != secs.end(), origin, ": unknown section [", section, "]",
+                suggest_section(section));
+    FORGE_CHECK(body.is_object(), origin, ": section [", section, "] must be an object");
+    for (const auto& [name, value] : body.items()) {
+      const Field* f = find_field(section + "." + name);
+      FORGE_CHECK(f != nullptr, origin, ": unknown key '", section, ".", name, "'", suggest_key(section, name));
+      set_from_json(cfg, *f, value, origin);
+    }
+  }
+  return cfg;
+}
+
+std::string config_to_toml(const RunConfig& cfg) {
+  std::ostringstream os;
+  std::string section;
+  for (const auto& f : fields()) {
+    if (f.section != section) {
+      os << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
+      section = f.section;
+    }
+    os << f.name << " = " << value_text(f, cfg) << "\n";
+  }
+  return os.str();
+}
+
+std::vector<std::string> resolve_data_files(const DataSection& data) {
+  FORGE_CHECK(!data.files.empty(),
+              "data.files is empty: list the text files to train on (files, glob patterns or directories), e.g. "
+              "data.files = [\"/usr/share/games/fortunes\"]");
+  std::vector<std::string> out;
+  auto add_expanded = [&](std::vector<std::string> found, const std::string& spec) {
+    std::sort(found.begin(), found.end());
+    size_t kept = 0;
+    std::error_code ec;
+    for (const auto& p : found) {
+      if (!fs::is_regular_file(p, ec) || excluded(p, data.exclude)) continue;
+      if (fs::file_size(p, ec) == 0 || ec) continue;  // empty files found by a pattern are skipped
+      out.push_back(p);
+      ++kept;
+    }
+    FORGE_CHECK(kept > 0, "data.files: '", spec, "' gives no non-empty file",
+                data.exclude.empty() ? "" : " (after data.exclude)", "; fix the path or pattern");
+  };
+  for (const auto& spec : data.files) {
+    std::error_code ec;
+    if (has_glob_chars(spec)) {
+      glob_t g{};
+      const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
+      std::vector<std::string> found;
+      if (rc == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) found.emplace_back(g.gl_pathv[i]);
+      globfree(&g);
+      FORGE_CHECK(!found.empty(), "data.files: pattern '", spec, "' matches no file; fix the pattern");
+      add_expanded(std::move(found), spec);
+    } else if (fs::is_directory(spec, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::directory_iterator(spec, ec)) found.push_back(e.path().string());
+      FORGE_CHECK(!ec, "data.files: cannot list directory '", spec, "': ", ec.message());
+      add_expanded(std::move(found), spec);
+    } else {
+      FORGE_CHECK(fs::exists(spec, ec), "data.files: '", spec, "' does not exist; fix the path in data.files",
+                  spec.rfind("/usr/share/games/fortunes", 0) == 0 ? " (install Debian's 'fortunes' package: scripts/install-deps.sh)" : "");
+      FORGE_CHECK(fs::is_regular_file(spec, ec), "data.files: '", spec, "' is not a regular file");
+      FORGE_CHECK(fs::file_size(spec, ec) > 0, "data.files: '", spec,
+                  "' is empty (0 bytes); remove it from data.files or give a file with text");
+      out.push_back(spec);
+    }
+  }
+  // The same file named twice (a path and a glob) is read once.
+  std::vector<std::string> unique;
+  for (const auto& p : out)
+    if (std::find(unique.begin(), unique.end(), p) == unique.end()) unique.push_back(p);
+  return unique;
+}
+
+void validate(const RunConfig& c) {
+  // [run]
+  FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
+              "run.name must be a non-empty name without '/', got '", c.run.name, "'");
+  FORGE_CHECK(!c.run.dir.empty(), "run.dir must not be empty (use \".\" for the current directory)");
+  FORGE_CHECK(c.run.seed >= 0, "run.seed must be >= 0, got ", c.run.seed);
+  FORGE_CHECK(c.run.device == "cpu", "run.device = '", c.run.device,
+              "' is not supported: the trainer runs on the CPU for now; set run.device = \"cpu\"");
+
+  // [model]
+  const auto& m = c.model;
+  FORGE_CHECK(m.type == "gpt" || m.type == "llama" || m.type == "lenet", "model.type = '", m.type,
+              "' is not a model forge trains; use \"gpt\", \"llama\" or \"lenet\"");
+  const bool lm = c.is_language_model();
+  if (lm) {
+    FORGE_CHECK(m.vocab_size == 0 || m.vocab_size >= 256, "model.vocab_size = ", m.vocab_size,
+                " is smaller than 256 (a byte-level BPE vocabulary has 256 byte tokens); set model.vocab_size = 0 "
+                "to use the tokenizer's size, or a value >= 256");
+    FORGE_CHECK(m.block_size > 0, "model.block_size must be > 0, got ", m.block_size);
+    FORGE_CHECK(m.n_layer > 0, "model.n_layer must be > 0, got ", m.n_layer);
+    FORGE_CHECK(m.n_head > 0, "model.n_head must be > 0, got ", m.n_head);
+  }
+  if (m.type == "gpt") {
+    FORGE_CHECK(m.n_embd > 0 && m.n_embd % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.n_embd = ",
+                m.n_embd, "; choose n_embd a multiple of n_head (each head gets n_embd / n_head channels)");
+    FORGE_CHECK(m.dropout >= 0 && m.dropout < 1, "model.dropout must be in [0, 1), got ", m.dropout);
+  } else if (m.type == "llama") {
+    FORGE_CHECK(m.dim > 0 && m.dim % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.dim = ", m.dim,
+                "; choose dim a multiple of n_head");
+    FORGE_CHECK((m.dim / m.n_head) % 2 == 0, "model.dim / model.n_head = ", m.dim / m.n_head,
+                " must be even for rotary embeddings; change model.dim or model.n_head");
+    const int64_t kv = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
+    FORGE_CHECK(kv > 0 && m.n_head % kv == 0, "model.n_kv_head = ", m.n_kv_head, " does not divide model.n_head = ",
+                m.n_head, "; choose n_kv_head a divisor of n_head (0 = n_head)");
+    FORGE_CHECK(m.ffn_hidden >= 0, "model.ffn_hidden must be >= 0 (0 = 8*dim/3), got ", m.ffn_hidden);
+    FORGE_CHECK(m.rope_theta > 0, "model.rope_theta must be > 0, got ", m.rope_theta);
+    FORGE_CHECK(m.norm_eps > 0, "model.norm_eps must be > 0, got ", m.norm_eps);
+    FORGE_CHECK(m.init_std > 0, "model.init_std must be > 0, got ", m.init_std);
+  }
+
+  // [optim] and [schedule]
+  const auto& o = c.optim;
+  FORGE_CHECK(o.name == "adamw" || o.name == "sgd", "optim.name = '", o.name, "' is unknown; use \"adamw\" or \"sgd\"");
+  FORGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "optim.lr must be > 0, got ", o.lr);
+  FORGE_CHECK(o.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", o.weight_decay);
+  FORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 must be in [0, 1), got ", o.beta1);
+  FORGE_CHECK(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 must be in [0, 1), got ", o.beta2);
+  FORGE_CHECK(o.eps > 0, "optim.eps must be > 0, got ", o.eps);
+  FORGE_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
+  FORGE_CHECK(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = no clipping), got ", o.grad_clip);
+  const auto& s = c.schedule;
+  FORGE_CHECK(s.kind == "cosine" || s.kind == "linear" || s.kind == "constant", "schedule.kind = '", s.kind,
+              "' is unknown; use \"cosine\", \"linear\" or \"constant\"");
+  FORGE_CHECK(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0, got ", s.warmup_steps);
+  FORGE_CHECK(s.min_lr >= 0 && s.min_lr <= o.lr, "schedule.min_lr = ", s.min_lr, " must be in [0, optim.lr = ", o.lr,
+              "]");
+  FORGE_CHECK(s.decay_steps >= 0, "schedule.decay_steps must be >= 0 (0 = train.steps), got ", s.decay_steps);
+
+  // [train], [eval], [checkpoint]
+  const auto& t = c.train;
+  FORGE_CHECK(t.batch_size > 0, "train.batch_size must be > 0, got ", t.batch_size);
+  FORGE_CHECK(t.log_every > 0, "train.log_every must be > 0, got ", t.log_every);
+  if (lm) {
+    FORGE_CHECK(t.steps > 0, "train.steps must be > 0, got ", t.steps);
+    FORGE_CHECK(t.seq_len > 0, "train.seq_len must be > 0, got ", t.seq_len);
+    FORGE_CHECK(t.seq_len <= m.block_size, "train.seq_len = ", t.seq_len, " exceeds model.block_size = ", m.block_size,
+                "; lower train.seq_len or raise model.block_size");
+    FORGE_CHECK(t.grad_accum > 0, "train.grad_accum must be > 0, got ", t.grad_accum);
+  } else {
+    FORGE_CHECK(t.epochs > 0, "train.epochs must be > 0, got ", t.epochs);
+    FORGE_CHECK(t.eval_batch_size > 0, "train.eval_batch_size must be > 0, got ", t.eval_batch_size);
+  }
+  FORGE_CHECK(c.eval.every >= 0, "eval.every must be >= 0 (0 = only at the end), got ", c.eval.every);
+  FORGE_CHECK(c.eval.batches >= 0, "eval.batches must be >= 0 (0 = every validation window), got ", c.eval.batches);
+  FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
+  FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
+
+  // [data]
+  const auto& d = c.data;
+  if (lm) {
+    FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
+    std::error_code ec;
+    if (d.tokenizer.empty()) {
+      FORGE_CHECK(d.vocab_size >= 256, "data.vocab_size = ", d.vocab_size,
+                  " is smaller than 256 (a byte-level BPE vocabulary starts with the 256 bytes); set data.vocab_size "
+                  ">= 256, e.g. 1024");
+      FORGE_CHECK(m.vocab_size == 0 || m.vocab_size >= d.vocab_size, "model.vocab_size = ", m.vocab_size,
+                  " is smaller than data.vocab_size = ", d.vocab_size,
+                  " (the tokenizer's ids would not fit); set model.vocab_size = 0 or >= data.vocab_size");
+    } else {
+      FORGE_CHECK(fs::is_regular_file(d.tokenizer, ec), "data.tokenizer: '", d.tokenizer,
+                  "' does not exist; give a tokenizer written by `forge tokenize train`, or \"\" to train one");
+    }
+    resolve_data_files(d);
+  } else {
+    FORGE_CHECK(d.max_train_samples >= 0, "data.max_train_samples must be >= 0 (0 = all), got ", d.max_train_samples);
+    FORGE_CHECK(d.max_test_samples >= 0, "data.max_test_samples must be >= 0 (0 = all), got ", d.max_test_samples);
+  }
+}
+
+}  // namespace forge::train

@@ -1,0 +1,182 @@
+#pragma once
+// RunConfig: the typed configuration of one training run, loaded from a TOML file
+// (configs/*.toml) with command-line overrides, and checked before any work is done.
+//
+//   auto cfg = forge::train::load_config("configs/tiny.toml", {"--train.steps=100"});
+//   // cfg.train.steps == 100; every other key from the file or its default
+//
+// Sections and keys (docs/train.md documents each one with its default):
+//   [run]        name, dir, seed, device, overwrite
+//   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
+//                n_embd, dropout, bias, checkpoint_activations (GPT); n_kv_head, dim,
+//                ffn_hidden, rope_theta, norm_eps, init_std (LLaMA)
+//   [data]       files, exclude, tokenizer, vocab_size, val_fraction, shards_dir (language
+//                models); dir, max_train_samples, max_test_samples (lenet)
+//   [optim]      name, lr, weight_decay, beta1, beta2, eps, momentum, nesterov, grad_clip
+//   [schedule]   kind, warmup_steps, min_lr, decay_steps
+//   [train]      steps, batch_size, seq_len, grad_accum, log_every; epochs, eval_batch_size (lenet)
+//   [eval]       every, batches, bigram_baseline
+//   [checkpoint] every, keep_last
+//
+// The schema is one table (config_keys()): each key has a type (integer, float, boolean,
+// string, list of strings), a default and a line of documentation. Loading is strict:
+//   - a key or section that is not in the table is an error that suggests the nearest
+//     valid one by edit distance ("unknown key 'train.stpes'; did you mean 'train.steps'?");
+//   - a value of the wrong type is an error naming the key, the expected type and the
+//     value found (an integer is accepted where a float is expected, nothing else converts);
+//   - overrides "--section.key=value" are parsed to the key's declared type;
+//   - validate() then checks values and their relations (heads dividing the width,
+//     sizes > 0, data files present and non-empty, ...), each error naming the key and the fix.
+// Every error is a forge::Error; nothing is read but the config file and the metadata of
+// the data files.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace forge::train {
+
+struct RunSection {
+  std::string name = "run";        // the run's name: its directory is <dir>/<name>
+  std::string dir = "runs";        // parent directory of run directories
+  int64_t seed = 1337;             // model initialisation, data order, dropout
+  std::string device = "cpu";      // "cpu" (the only device the trainer runs on for now)
+  bool overwrite = false;          // a fresh run may replace an earlier run's checkpoints and metrics
+};
+
+struct ModelSection {
+  std::string type = "gpt";        // "gpt" | "llama" | "lenet"
+  int64_t vocab_size = 0;          // 0: the tokenizer's vocabulary size
+  int64_t block_size = 256;        // maximum context (tokens)
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;            // GPT width
+  double dropout = 0.0;            // GPT
+  bool bias = true;                // GPT: biases in Linear and LayerNorm
+  bool checkpoint_activations = false;
+  int64_t n_kv_head = 0;           // LLaMA: key/value heads (0: n_head)
+  int64_t dim = 128;               // LLaMA width
+  int64_t ffn_hidden = 0;          // LLaMA SwiGLU width (0: 8·dim/3 rounded up to a multiple of 32)
+  double rope_theta = 10000.0;     // LLaMA
+  double norm_eps = 1e-5;          // LLaMA RMSNorm epsilon
+  double init_std = 0.02;          // LLaMA weight init
+};
+
+struct DataSection {
+  std::vector<std::string> files;  // text files, glob patterns or directories (their files, not recursive)
+  std::vector<std::string> exclude;  // glob patterns of file names to skip in globs/directories
+  std::string tokenizer;           // a BPE tokenizer JSON; "" trains one on the data
+  int64_t vocab_size = 1024;       // the vocabulary of a tokenizer trained on the fly
+  double val_fraction = 0.1;       // the last part of each file held out for validation
+  std::string shards_dir;          // where token shards go ("" : <run dir>/data)
+  std::string dir = "/usr/share/datasets/fashion-mnist";  // lenet: the IDX files
+  int64_t max_train_samples = 0;   // lenet: first N training images (0: all)
+  int64_t max_test_samples = 0;    // lenet: first N test images (0: all)
+};
+
+struct OptimSection {
+  std::string name = "adamw";      // "adamw" | "sgd"
+  double lr = 6e-4;                // the peak learning rate
+  double weight_decay = 0.1;       // on matmul weights only (optim::decay_groups)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.9;           // sgd
+  bool nesterov = false;           // sgd
+  double grad_clip = 1.0;          // max global gradient norm (0: no clipping)
+};
+
+struct ScheduleSection {
+  std::string kind = "cosine";     // "cosine" | "linear" | "constant"
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;             // the floor of the decay
+  int64_t decay_steps = 0;         // the step the decay reaches min_lr (0: train.steps)
+};
+
+struct TrainSection {
+  int64_t steps = 1000;            // optimizer steps
+  int64_t batch_size = 16;         // sequences per micro-batch
+  int64_t seq_len = 256;           // tokens per sequence (<= model.block_size)
+  int64_t grad_accum = 1;          // micro-batches per optimizer step
+  int64_t log_every = 10;          // steps between progress lines and metrics records
+  int64_t epochs = 3;              // lenet
+  int64_t eval_batch_size = 1000;  // lenet
+};
+
+struct EvalSection {
+  int64_t every = 100;             // steps between evaluations (0: only at the end)
+  int64_t batches = 20;            // validation batches per evaluation (0: all windows)
+  bool bigram_baseline = false;    // at the end, also the loss of an add-one bigram model
+};
+
+struct CheckpointSection {
+  int64_t every = 0;               // steps between checkpoints (0: only at the end)
+  int64_t keep_last = 3;           // checkpoints kept in <run dir>/checkpoints
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  ScheduleSection schedule;
+  TrainSection train;
+  EvalSection eval;
+  CheckpointSection checkpoint;
+  std::string source;  // the file it came from ("" when built in code)
+
+  // <run.dir>/<run.name>
+  std::string run_dir() const;
+  bool is_language_model() const { return model.type == "gpt" || model.type == "llama"; }
+};
+
+// One key of the schema.
+enum class KeyType { integer, floating, boolean, string, string_list };
+const char* key_type_name(KeyType t);
+
+struct KeyInfo {
+  std::string key;            // "train.steps"
+  KeyType type;
+  std::string default_value;  // as TOML ("1000", "\"cosine\"", "[]")
+  std::string doc;
+};
+// Every key, in section order.
+const std::vector<KeyInfo>& config_keys();
+
+// Reads `path` (TOML), applies `overrides` ("--section.key=value" or "section.key=value",
+// in order; later ones win), then validate(). Throws forge::Error on the first problem.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text (`origin` names it in messages).
+RunConfig parse_config(const std::string& toml_text, const std::string& origin,
+                       const std::vector<std::string>& overrides = {});
+// Applies one override ("--train.steps=100") without validating.
+void apply_override(RunConfig& cfg, const std::string& override_arg);
+// Checks every value and their relations (and that data files exist and are non-empty).
+void validate(const RunConfig& cfg);
+
+// Splits command-line arguments into overrides (each "--section.key=value", or
+// "--section.key value" taken as one "--section.key=value") and the rest, keeping order.
+struct SplitArgs {
+  std::vector<std::string> overrides;
+  std::vector<std::string> rest;
+};
+SplitArgs split_overrides(const std::vector<std::string>& args);
+
+// {"run": {...}, "model": {...}, ...}: every key with its value; and back (strict, the
+// same checks as a TOML file, but no validate()).
+nlohmann::json config_to_json(const RunConfig& cfg);
+RunConfig config_from_json(const nlohmann::json& j, const std::string& origin = "<json>");
+// The config as a TOML document (every key).
+std::string config_to_toml(const RunConfig& cfg);
+
+// The data files data.files names: globs and directories expanded (sorted), `exclude`
+// applied, empty files from globs/directories dropped. Throws naming data.files for a
+// path that does not exist, a pattern that matches nothing, an explicitly listed empty
+// file, or no non-empty file at all.
+std::vector<std::string> resolve_data_files(const DataSection& data);
+
+// Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace forge::train

@@ -1,0 +1,712 @@
+// The trainer, sampling and file tokenisation (contracts in trainer.h).
+#include "forge/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <unordered_map>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/allocator.h"
+#include "forge/core/error.h"
+#include "forge/core/generator.h"
+#include "forge/data/shards.h"
+#include "forge/io/atomic_file.h"
+#include "forge/io/checkpoint.h"
+#include "forge/nn/gpt.h"
+#include "forge/nn/llama.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/loss.h"
+#include "forge/optim/adamw.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/schedule.h"
+#include "forge/optim/sgd.h"
+#include "forge/telemetry/metrics.h"
+
+namespace forge::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The data order is seeded apart from the model's initialisation (which uses run.seed
+// itself), so changing one never shifts the other.
+constexpr uint64_t kDataSeedSalt = 0x9e3779b97f4a7c15ULL;
+constexpr const char* kTokenizerFile = "tokenizer.json";
+constexpr const char* kTokenizerSourceFile = "tokenizer.source.json";
+constexpr const char* kManifestFile = "manifest.json";
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// FNV-1a, 64 bits: a stable fingerprint of a tokenizer's JSON.
+std::string fnv1a_hex(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Path, size and modification time of each file: what decides whether cached tokens are stale.
+json files_fingerprint(const std::vector<std::string>& files) {
+  json out = json::array();
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    const auto mtime = fs::last_write_time(f, ec).time_since_epoch().count();
+    out.push_back({{"path", fs::absolute(f).lexically_normal().string()}, {"size", size}, {"mtime", mtime}});
+  }
+  return out;
+}
+
+std::optional<json> read_json_file(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) return std::nullopt;
+  try {
+    return json::parse(io::read_file(p));
+  } catch (const std::exception&) {
+    return std::nullopt;  // a damaged cache file is rebuilt
+  }
+}
+
+optim::ScheduleKind schedule_kind(const std::string& kind) {
+  if (kind == "cosine") return optim::ScheduleKind::cosine;
+  if (kind == "linear") return optim::ScheduleKind::linear;
+  return optim::ScheduleKind::constant;
+}
+
+std::string fixed(double v, int digits = 4) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// ---- tokenizer and shards --------------------------------------------------------------------
+
+data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
+                                           const std::optional<fs::path>& resume_tokenizer, std::ostream& log) {
+  const fs::path run_dir = cfg.run_dir();
+  const fs::path tok_path = run_dir / kTokenizerFile;
+  const fs::path source_path = run_dir / kTokenizerSourceFile;
+  std::error_code ec;
+  if (resume_tokenizer) {
+    FORGE_CHECK(fs::is_regular_file(*resume_tokenizer, ec), "--resume: '", resume_tokenizer->string(),
+                "' is missing; a checkpoint is continued with the tokenizer of its run directory");
+    auto tok = data::BpeTokenizer::load(resume_tokenizer->string());
+    if (fs::absolute(*resume_tokenizer).lexically_normal() != fs::absolute(tok_path).lexically_normal()) {
+      tok.save(tok_path.string());
+      io::write_file_atomic(source_path, json{{"from", resume_tokenizer->string()}}.dump() + "\n");
+    }
+    log << "tokenizer: " << resume_tokenizer->string() << " (the checkpoint's run), vocabulary " << tok.vocab_size()
+        << "\n";
+    return tok;
+  }
+  if (!cfg.data.tokenizer.empty()) {
+    auto tok = data::BpeTokenizer::load(cfg.data.tokenizer);
+    tok.save(tok_path.string());
+    io::write_file_atomic(source_path, json{{"from", cfg.data.tokenizer}}.dump() + "\n");
+    log << "tokenizer: " << cfg.data.tokenizer << ", vocabulary " << tok.vocab_size() << "\n";
+    return tok;
+  }
+  const json want = {{"trained_on", files_fingerprint(files)}, {"vocab_size", cfg.data.vocab_size}};
+  if (fs::is_regular_file(tok_path, ec) && read_json_file(source_path) == want) {
+    auto tok = data::BpeTokenizer::load(tok_path.string());
+    log << "tokenizer: reusing " << tok_path.string() << ", vocabulary " << tok.vocab_size() << "\n";
+    return tok;
+  }
+  const auto t0 = Clock::now();
+  data::BpeTrainOptions topt;
+  topt.vocab_size = cfg.data.vocab_size;
+  auto tok = data::BpeTokenizer::train_files(files, topt);
+  tok.save(tok_path.string());
+  io::write_file_atomic(source_path, want.dump() + "\n");
+  log << "tokenizer: trained a byte-level BPE of " << tok.vocab_size() << " tokens on " << files.size()
+      << " file(s) in " << fixed(seconds_since(t0), 1) << " s -> " << tok_path.string() << "\n";
+  return tok;
+}
+
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
+                                        const std::vector<std::string>& files, std::ostream& log) {
+  const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  const json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.to_json())}, {"files", files_fingerprint(files)}};
+  if (auto m = read_json_file(dir / kManifestFile)) {
+    bool same = m->is_object() && m->value("format", json()) == want["format"] &&
+                m->value("tokenizer", json()) == want["tokenizer"] && m->value("files", json()) == want["files"] &&
+                m->contains("shards") && (*m)["shards"].is_array();
+    std::vector<std::string> paths;
+    if (same) {
+      std::error_code ec;
+      for (const auto& s : (*m)["shards"]) {
+        const fs::path p = dir / s.get<std::string>();
+        if (!fs::is_regular_file(p, ec)) same = false;
+        paths.push_back(p.string());
+      }
+    }
+    if (same) {
+      log << "data: reusing " << paths.size() << " token shard(s) in " << dir.string() << "\n";
+      return paths;
+    }
+  }
+  const auto t0 = Clock::now();
+  auto paths = encode_files_to_shards(tok, files, dir.string());
+  json manifest = want;
+  manifest["shards"] = json::array();
+  for (const auto& p : paths) manifest["shards"].push_back(fs::path(p).filename().string());
+  io::write_file_atomic(dir / kManifestFile, manifest.dump(2) + "\n");
+  log << "data: tokenized " << files.size() << " file(s) into " << dir.string() << " in "
+      << fixed(seconds_since(t0), 1) << " s\n";
+  return paths;
+}
+
+// ---- evaluation ------------------------------------------------------------------------------
+
+// Mean cross-entropy per target token over the first `max_batches` batches (0 = all).
+double evaluate(const LanguageModel& model, data::SequentialWindows& windows, int64_t max_batches) {
+  NoGradGuard no_grad;
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
+    auto batch = windows.next();
+    if (!batch) break;
+    const Tensor loss = ops::cross_entropy(model.forward(batch->inputs), batch->targets, -100, ops::Reduction::sum);
+    sum += loss.item();
+    count += batch->targets.numel();
+  }
+  model.module->train(was_training);
+  FORGE_CHECK(count > 0, "evaluate: no validation window");
+  return sum / static_cast<double>(count);
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+struct CheckpointInputs {
+  const LanguageModel* model;
+  const optim::Optimizer* opt;
+  data::SamplerState sampler;
+  json config;
+  json extra;
+};
+
+fs::path save_run_checkpoint(const fs::path& run_dir, int64_t step, const CheckpointInputs& in, int64_t keep_last) {
+  io::CheckpointData d;
+  d.step = step;
+  d.model = io::NamedTensors(in.model->module->state_dict());
+  const optim::StateDict sd = in.opt->state_dict();
+  std::vector<std::pair<std::string, Tensor>> opt_tensors(sd.tensors.begin(), sd.tensors.end());
+  d.optimizer = io::NamedTensors(std::move(opt_tensors));
+  io::capture_rng(d);
+  d.data_loader = json::parse(in.sampler.to_json());
+  d.config = in.config;
+  d.extra = in.extra;
+  d.extra["optimizer"] = {{"name", in.opt->name()}, {"scalars", sd.scalars}};
+  const fs::path dir = io::checkpoint_path(run_dir, step);
+  io::save_checkpoint(dir, d);
+  io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+  return dir;
+}
+
+// A checkpoint directory, or the latest checkpoint of a run directory.
+fs::path resolve_checkpoint(const fs::path& p, const char* who) {
+  std::error_code ec;
+  if (fs::is_regular_file(p / "state.json", ec)) return p;
+  if (auto latest = io::find_latest_checkpoint(p)) return *latest;
+  FORGE_CHECK(fs::exists(p, ec), who, ": '", p.string(), "' does not exist");
+  FORGE_THROW(who, ": '", p.string(),
+              "' is neither a checkpoint directory (with state.json) nor a run directory with checkpoints");
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& cfg, const nn::Module& model) {
+  auto groups = optim::decay_groups(model.named_parameters(), cfg.optim.weight_decay);
+  if (cfg.optim.name == "sgd") {
+    optim::SGDOptions o;
+    o.lr = cfg.optim.lr;
+    o.momentum = cfg.optim.momentum;
+    o.nesterov = cfg.optim.nesterov;
+    o.weight_decay = cfg.optim.weight_decay;
+    return std::make_unique<optim::SGD>(std::move(groups), o);
+  }
+  optim::AdamWOptions o;
+  o.lr = cfg.optim.lr;
+  o.beta1 = cfg.optim.beta1;
+  o.beta2 = cfg.optim.beta2;
+  o.eps = cfg.optim.eps;
+  o.weight_decay = cfg.optim.weight_decay;
+  return std::make_unique<optim::AdamW>(std::move(groups), o);
+}
+
+void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const std::string& where) {
+  const json& o = ck.extra.is_object() && ck.extra.contains("optimizer") ? ck.extra["optimizer"] : json();
+  FORGE_CHECK(o.is_object() && o.contains("scalars"), "--resume: checkpoint '", where,
+              "' has no optimizer scalars (extra.optimizer); it was not written by `forge train`");
+  const std::string name = o.value("name", std::string());
+  FORGE_CHECK(name == opt.name(), "--resume: checkpoint '", where, "' holds ", name, " state but optim.name makes a ",
+              opt.name(), "; set optim.name to match the checkpoint");
+  optim::StateDict sd;
+  for (const auto& [k, v] : o["scalars"].items()) sd.scalars[k] = v.get<double>();
+  for (const auto& [k, t] : ck.optimizer) sd.tensors[k] = t;
+  opt.load_state_dict(sd);
+}
+
+// ---- the language-model loop -----------------------------------------------------------------
+
+TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& log) {
+  const auto t_start = Clock::now();
+  RunConfig cfg = cfg_in;
+  const fs::path run_dir = cfg.run_dir();
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  FORGE_CHECK(!ec, "run.dir: cannot create the run directory '", run_dir.string(), "': ", ec.message());
+  const fs::path metrics_path = run_dir / "metrics.jsonl";
+
+  // 1. Fresh or resumed.
+  std::optional<io::CheckpointData> ck;
+  fs::path ck_path;
+  if (opt.resume) {
+    if (opt.resume_from.empty()) {
+      const auto latest = io::find_latest_checkpoint(run_dir);
+      FORGE_CHECK(latest.has_value(), "--resume: no checkpoint in '", (run_dir / "checkpoints").string(),
+                  "'; start the run without --resume, or give a checkpoint: --resume PATH");
+      ck_path = *latest;
+    } else {
+      ck_path = resolve_checkpoint(opt.resume_from, "--resume");
+    }
+    ck = io::load_checkpoint(ck_path);
+    FORGE_CHECK(ck->step < cfg.train.steps, "--resume: checkpoint '", ck_path.string(), "' is at step ", ck->step,
+                ", and train.steps = ", cfg.train.steps, "; raise train.steps (e.g. --train.steps=", 2 * ck->step,
+                ") to train further");
+  } else {
+    const auto existing = io::list_checkpoints(run_dir);
+    if (!existing.empty() || fs::exists(metrics_path, ec)) {
+      FORGE_CHECK(cfg.run.overwrite, "run directory '", run_dir.string(), "' already holds a run",
+                  existing.empty() ? std::string() : " (checkpoints up to step " + std::to_string(existing.back().first) + ")",
+                  "; continue it with --resume, choose another run.name, or set run.overwrite = true to start afresh");
+      fs::remove_all(run_dir / "checkpoints", ec);
+      fs::remove(metrics_path, ec);
+      log << "run: starting afresh in " << run_dir.string() << " (run.overwrite: earlier checkpoints and metrics removed)\n";
+    }
+  }
+
+  // 2. Tokenizer, model (checked against the checkpoint before any data work), shards.
+  const auto files = resolve_data_files(cfg.data);
+  std::optional<fs::path> resume_tok;
+  if (ck) resume_tok = ck_path.parent_path().parent_path() / kTokenizerFile;
+  data::BpeTokenizer tok = load_or_train_tokenizer(cfg, files, resume_tok, log);
+  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = tok.vocab_size();
+  FORGE_CHECK(cfg.model.vocab_size >= tok.vocab_size(), "model.vocab_size = ", cfg.model.vocab_size,
+              " is smaller than the tokenizer's vocabulary (", tok.vocab_size(), " tokens); set model.vocab_size = 0 or >= ",
+              tok.vocab_size());
+  manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  LanguageModel model = build_language_model(cfg);
+  auto optimizer = make_optimizer(cfg, *model.module);
+  if (ck) {
+    try {
+      io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck->model,
+                           "checkpoint '" + ck_path.string() + "'");
+    } catch (const Error& e) {
+      FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
+                  (ck_path / "state.json").string(), ")");
+    }
+    const std::string tok_hash = fnv1a_hex(tok.to_json());
+    FORGE_CHECK(!ck->extra.is_object() || ck->extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
+                ck_path.string(), "' was trained with another tokenizer than '", resume_tok->string(), "'");
+  }
+  const auto shard_paths = prepare_shards(cfg, tok, files, log);
+
+  // 3. Train/val split and batches.
+  const auto shards = data::open_shards(shard_paths);
+  const auto split = data::split_train_val(shards, cfg.data.val_fraction);
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, K = cfg.train.grad_accum;
+  TrainResult result;
+  result.run_dir = run_dir.string();
+  int64_t train_starts = 0;
+  for (const auto& r : split.train) result.train_tokens += r.size(), train_starts += std::max<int64_t>(0, r.size() - T);
+  for (const auto& r : split.val) result.val_tokens += r.size();
+  FORGE_CHECK(train_starts > 0, "data: no training file holds a window of train.seq_len + 1 = ", T + 1, " tokens (",
+              result.train_tokens, " training tokens in ", shards.size(),
+              " file(s)); lower train.seq_len or add text to data.files");
+  const bool has_val = cfg.data.val_fraction > 0;
+  data::SequentialWindows val_windows(split.val, B, T);
+  FORGE_CHECK(!has_val || val_windows.num_windows() > 0, "data.val_fraction = ", cfg.data.val_fraction,
+              " leaves no validation window of train.seq_len + 1 = ", T + 1, " tokens (", result.val_tokens,
+              " validation tokens); raise data.val_fraction or lower train.seq_len");
+  auto sampler = std::make_unique<data::RandomWindowSampler>(split.train, B, T,
+                                                              static_cast<uint64_t>(cfg.run.seed) ^ kDataSeedSalt);
+
+  // 4. Restore.
+  int64_t step = 0;
+  if (ck) {
+    model.module->load_state_dict(ck->model.items());
+    restore_optimizer(*optimizer, *ck, ck_path.string());
+    io::restore_rng(*ck);
+    sampler->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
+    step = ck->step;
+    telemetry::truncate_jsonl_after_step(metrics_path, step);
+  }
+  result.start_step = step;
+  result.num_parameters = model.module->num_parameters();
+  const std::vector<Tensor> params = model.module->parameters();
+
+  optim::LRSchedule schedule{.kind = schedule_kind(cfg.schedule.kind), .lr = cfg.optim.lr, .min_lr = cfg.schedule.min_lr,
+                             .warmup_steps = cfg.schedule.warmup_steps,
+                             .total_steps = cfg.schedule.decay_steps == 0 ? cfg.train.steps : cfg.schedule.decay_steps};
+  // A run shorter than its warmup never leaves it (the decay cannot end before warmup does).
+  schedule.total_steps = std::max(schedule.total_steps, schedule.warmup_steps);
+  schedule.validate();
+
+  const json config_json = config_to_json(cfg);
+  io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
+  const json extra_base = {{"tokenizer", fnv1a_hex(tok.to_json())}};
+  telemetry::JsonlWriter metrics(metrics_path);
+
+  log << "model: " << cfg.model.type << ", " << telemetry::format_count(static_cast<double>(result.num_parameters))
+      << " parameters (" << cfg.model.n_layer << " layers, " << cfg.model.n_head << " heads, width "
+      << (cfg.model.type == "gpt" ? cfg.model.n_embd : cfg.model.dim) << ", vocabulary " << cfg.model.vocab_size
+      << ", context " << cfg.model.block_size << ")\n"
+      << "data: " << telemetry::format_count(static_cast<double>(result.train_tokens)) << " training tokens, "
+      << telemetry::format_count(static_cast<double>(result.val_tokens)) << " validation tokens; batch " << B << " x "
+      << T << (K > 1 ? " x " + std::to_string(K) + " micro-batches" : std::string()) << " = " << B * T * K
+      << " tokens per step\n";
+  if (ck) log << "resume: from " << ck_path.string() << " at step " << step << "\n";
+  log << "train: " << cfg.train.steps - step << " steps (" << cfg.optim.name << ", lr " << cfg.optim.lr << ", "
+      << cfg.schedule.kind << " schedule) -> " << run_dir.string() << "\n";
+
+  auto eval_windows = [&]() -> data::SequentialWindows& {
+    val_windows.reset();
+    return val_windows;
+  };
+
+  // 5. Steps.
+  data::DataLoader loader(std::move(sampler), 4);
+  double train_seconds = 0.0, interval_seconds = 0.0;
+  const int64_t tokens_per_step = B * T * K;
+  int64_t interval_steps = 0, steps_this_call = 0;
+  // Training tokens seen by the run, across resumes.
+  int64_t tokens_done = ck && ck->extra.is_object() ? ck->extra.value("tokens", int64_t{0}) : 0;
+  reset_cpu_peak_memory();
+  auto checkpoint_now = [&](int64_t at) {
+    json extra = extra_base;
+    extra["tokens"] = tokens_done;
+    const fs::path dir = save_run_checkpoint(run_dir, at, {&model, optimizer.get(), loader.state(), config_json, extra},
+                                             cfg.checkpoint.keep_last);
+    result.last_checkpoint = dir.string();
+    return dir;
+  };
+  model.module->train();
+  while (step < cfg.train.steps) {
+    const auto t0 = Clock::now();
+    schedule.apply(*optimizer, step);
+    const double lr = schedule.lr_at(step);
+    double loss_sum = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+      auto batch = loader.next();
+      FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
+      const Tensor loss = ops::cross_entropy(model.forward(batch->inputs), batch->targets);
+      (K == 1 ? loss : loss / static_cast<double>(K)).backward();
+      loss_sum += loss.item();
+    }
+    const double loss_value = loss_sum / static_cast<double>(K);
+    FORGE_CHECK(std::isfinite(loss_value), "train: the loss is not finite (", loss_value, ") at step ", step + 1,
+                "; lower optim.lr, raise schedule.warmup_steps or set optim.grad_clip");
+    const double gnorm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(params, cfg.optim.grad_clip) : optim::grad_norm(params);
+    optimizer->step();
+    optimizer->zero_grad();
+    ++step;
+    result.losses.push_back(loss_value);
+    const double dt = seconds_since(t0);
+    train_seconds += dt;
+    interval_seconds += dt;
+    ++interval_steps;
+    ++steps_this_call;
+    tokens_done += tokens_per_step;
+
+    if (step % cfg.train.log_every == 0 || step == cfg.train.steps || step == result.start_step + 1) {
+      const double tps = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
+      const double elapsed = seconds_since(t_start);
+      const double eta = static_cast<double>(cfg.train.steps - step) * interval_seconds / static_cast<double>(interval_steps);
+      const int64_t mem = cpu_memory_stats().peak_allocated;
+      log << telemetry::progress_line({.step = step, .total_steps = cfg.train.steps, .loss = loss_value, .lr = lr,
+                                       .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta, .memory_bytes = mem})
+          << std::endl;
+      metrics.write({{"step", step}, {"loss", loss_value}, {"lr", lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
+                     {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}});
+      interval_seconds = 0.0;
+      interval_steps = 0;
+    }
+    const bool last = step == cfg.train.steps;
+    if (has_val && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
+      const double v = evaluate(model, eval_windows(), cfg.eval.batches);
+      result.evals.push_back({step, v});
+      log << "eval step " << step << ": val loss " << fixed(v) << std::endl;
+      metrics.write({{"step", step}, {"val_loss", v}, {"elapsed_s", seconds_since(t_start)}});
+    }
+    if (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0 && !last) {
+      const fs::path dir = checkpoint_now(step);
+      log << "checkpoint: " << dir.string() << std::endl;
+    }
+  }
+  result.final_step = step;
+  result.tokens_per_s = static_cast<double>(steps_this_call * tokens_per_step) / std::max(train_seconds, 1e-9);
+
+  // 6. The end: validation, the bigram baseline, the final checkpoint.
+  json final_record = {{"step", step}, {"final", true}};
+  if (!result.losses.empty()) final_record["train_loss"] = result.losses.back();
+  if (has_val) {
+    result.final_val_loss = evaluate(model, eval_windows(), cfg.eval.batches);
+    result.evals.push_back({step, result.final_val_loss});
+    final_record["val_loss"] = result.final_val_loss;
+    if (cfg.eval.bigram_baseline) {
+      result.bigram_val_loss = bigram_baseline(split.train, eval_windows(), cfg.eval.batches, tok.vocab_size());
+      final_record["bigram_val_loss"] = result.bigram_val_loss;
+      log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
+          << " (step " << step << ")" << std::endl;
+    } else {
+      log << "val loss " << fixed(result.final_val_loss, 2) << " (step " << step << ")" << std::endl;
+    }
+  }
+  const fs::path final_dir = checkpoint_now(step);
+  result.seconds = seconds_since(t_start);
+  final_record["elapsed_s"] = result.seconds;
+  final_record["tokens_per_s"] = result.tokens_per_s;
+  metrics.write(final_record);
+  log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
+      << telemetry::format_count(result.tokens_per_s) << " tok/s); checkpoint " << final_dir.string() << std::endl;
+  return result;
+}
+
+// ---- sampling helpers ----------------------------------------------------------------------
+
+int32_t pick_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+  const auto V = static_cast<int64_t>(logits.size());
+  if (temperature == 0.0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  double threshold = -INFINITY;
+  if (top_k > 0 && top_k < V) {
+    std::vector<double> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+    threshold = sorted[static_cast<size_t>(top_k - 1)];
+  }
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double total = 0.0;
+  for (auto& l : logits) {
+    l = l < threshold ? 0.0 : std::exp((l - mx) / temperature);
+    total += l;
+  }
+  const double u = rand({1}, {.dtype = DType::f64}, &gen).item() * total;
+  double acc = 0.0;
+  int32_t last_nonzero = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (logits[static_cast<size_t>(i)] == 0.0) continue;
+    acc += logits[static_cast<size_t>(i)];
+    last_nonzero = static_cast<int32_t>(i);
+    if (u < acc) return last_nonzero;
+  }
+  return last_nonzero;  // rounding at the top end
+}
+
+}  // namespace
+
+// ---- public ----------------------------------------------------------------------------------
+
+LanguageModel build_language_model(const RunConfig& cfg) {
+  const auto& m = cfg.model;
+  FORGE_CHECK(m.vocab_size > 0, "build_language_model: model.vocab_size is not resolved (0)");
+  const auto seed = static_cast<uint64_t>(cfg.run.seed);
+  LanguageModel out;
+  out.vocab_size = m.vocab_size;
+  out.block_size = m.block_size;
+  if (m.type == "gpt") {
+    nn::GPTConfig c;
+    c.vocab_size = m.vocab_size;
+    c.block_size = m.block_size;
+    c.n_layer = m.n_layer;
+    c.n_head = m.n_head;
+    c.n_embd = m.n_embd;
+    c.dropout = m.dropout;
+    c.bias = m.bias;
+    c.checkpoint_activations = m.checkpoint_activations;
+    auto gpt = std::make_shared<nn::GPT>(c, seed);
+    out.forward = [g = gpt.get()](const Tensor& idx) { return g->forward(idx); };
+    out.module = gpt;
+  } else if (m.type == "llama") {
+    nn::LlamaConfig c;
+    c.vocab_size = m.vocab_size;
+    c.block_size = m.block_size;
+    c.n_layer = m.n_layer;
+    c.n_head = m.n_head;
+    c.n_kv_head = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
+    c.dim = m.dim;
+    c.ffn_hidden = m.ffn_hidden > 0 ? m.ffn_hidden : (8 * m.dim / 3 + 31) / 32 * 32;
+    c.norm_eps = m.norm_eps;
+    c.rope_theta = m.rope_theta;
+    c.init_std = m.init_std;
+    c.checkpoint_activations = m.checkpoint_activations;
+    auto llama = std::make_shared<nn::Llama>(c, seed);
+    out.forward = [l = llama.get()](const Tensor& idx) { return l->forward(idx); };
+    out.module = llama;
+  } else {
+    FORGE_THROW("model.type = '", m.type, "' is not a language model; use \"gpt\" or \"llama\"");
+  }
+  return out;
+}
+
+ImageTrainOptions image_options(const RunConfig& cfg) {
+  ImageTrainOptions o;
+  o.data_dir = cfg.data.dir;
+  o.max_train_samples = cfg.data.max_train_samples;
+  o.max_test_samples = cfg.data.max_test_samples;
+  o.model = cfg.model.type;
+  o.optimizer = cfg.optim.name;
+  o.lr = cfg.optim.lr;
+  o.momentum = cfg.optim.momentum;
+  o.nesterov = cfg.optim.nesterov;
+  o.beta1 = cfg.optim.beta1;
+  o.beta2 = cfg.optim.beta2;
+  o.eps = cfg.optim.eps;
+  o.weight_decay = cfg.optim.weight_decay;
+  o.grad_clip = cfg.optim.grad_clip;
+  o.schedule = cfg.schedule.kind;
+  o.warmup_steps = cfg.schedule.warmup_steps;
+  o.min_lr = cfg.schedule.min_lr;
+  o.epochs = cfg.train.epochs;
+  o.batch_size = cfg.train.batch_size;
+  o.eval_batch_size = cfg.train.eval_batch_size;
+  o.log_every = cfg.train.log_every;
+  o.seed = static_cast<uint64_t>(cfg.run.seed);
+  o.run_dir = cfg.run_dir();
+  return o;
+}
+
+TrainResult run_training(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log) {
+  validate(cfg);
+  if (cfg.is_language_model()) return train_language_model(cfg, opt, log);
+  FORGE_CHECK(!opt.resume, "--resume is not supported for model.type = \"", cfg.model.type,
+              "\" (its runs are short and write one final checkpoint); start the run again without --resume");
+  const ImageTrainOptions o = image_options(cfg);
+  validate_image_train_options(o);
+  TrainResult r;
+  r.run_dir = o.run_dir;
+  r.image = train_image_classifier(o, log);
+  r.final_step = r.image->steps;
+  r.losses = r.image->losses;
+  r.seconds = r.image->seconds;
+  r.last_checkpoint = r.image->checkpoint;
+  return r;
+}
+
+std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
+                                                const std::string& out_dir, std::ostream* log) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  FORGE_CHECK(!ec, "cannot create the shard directory '", out_dir, "': ", ec.message());
+  std::vector<std::string> paths;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string text = io::read_file(files[i]);
+    ids.clear();
+    tok.encode_ordinary_into(text, ids);
+    char name[32];
+    std::snprintf(name, sizeof(name), "shard_%05zu.bin", i);
+    const std::string path = (fs::path(out_dir) / name).string();
+    data::write_shard(path, ids, tok.vocab_size());
+    if (log) *log << "  " << files[i] << ": " << text.size() << " bytes -> " << ids.size() << " tokens -> " << path << "\n";
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+double bigram_baseline(const std::vector<data::TokenRange>& train, data::SequentialWindows& windows,
+                       int64_t max_batches, int64_t vocab) {
+  FORGE_CHECK(vocab > 0, "bigram_baseline: vocab must be positive");
+  // Sparse pair counts (a dense V x V table would not fit for large vocabularies).
+  std::unordered_map<uint64_t, int64_t> pairs;
+  std::vector<int64_t> firsts(static_cast<size_t>(vocab), 0);
+  std::vector<int32_t> buf;
+  for (const auto& r : train) {
+    if (r.size() < 2) continue;
+    buf.resize(static_cast<size_t>(r.size()));
+    r.shard->copy(r.begin, r.size(), buf.data());
+    for (size_t i = 0; i + 1 < buf.size(); ++i) {
+      FORGE_CHECK(buf[i] >= 0 && buf[i] < vocab && buf[i + 1] >= 0 && buf[i + 1] < vocab, "bigram_baseline: token ",
+                  std::max(buf[i], buf[i + 1]), " is outside the vocabulary of ", vocab);
+      ++pairs[static_cast<uint64_t>(buf[i]) * static_cast<uint64_t>(vocab) + static_cast<uint64_t>(buf[i + 1])];
+      ++firsts[static_cast<size_t>(buf[i])];
+    }
+  }
+  double nll = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
+    auto batch = windows.next();
+    if (!batch) break;
+    const int64_t* in = batch->inputs.data<int64_t>();
+    const int64_t* tg = batch->targets.data<int64_t>();
+    for (int64_t i = 0; i < batch->targets.numel(); ++i) {
+      const auto it = pairs.find(static_cast<uint64_t>(in[i]) * static_cast<uint64_t>(vocab) + static_cast<uint64_t>(tg[i]));
+      const double c = it == pairs.end() ? 0.0 : static_cast<double>(it->second);
+      nll -= std::log((c + 1.0) / (static_cast<double>(firsts[static_cast<size_t>(in[i])]) + static_cast<double>(vocab)));
+      ++count;
+    }
+  }
+  FORGE_CHECK(count > 0, "bigram_baseline: no validation window");
+  return nll / static_cast<double>(count);
+}
+
+std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
+                              int64_t top_k, uint64_t seed) {
+  FORGE_CHECK(!ids.empty(), "generate: the prompt has no tokens");
+  FORGE_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ", temperature);
+  FORGE_CHECK(top_k >= 0, "generate: top_k must be >= 0 (0 = all tokens), got ", top_k);
+  NoGradGuard no_grad;
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  Generator gen(seed);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
+    std::vector<int64_t> window(ids.end() - ctx, ids.end());
+    const Tensor logits = model.forward(from_vector(window, {1, ctx}));  // (1, T, V)
+    ids.push_back(pick_token(logits.select(0, 0).select(0, ctx - 1).to_vector<double>(), temperature, top_k, gen));
+  }
+  model.module->train(was_training);
+  return ids;
+}
+
+SampleResult sample(const SampleOptions& opt) {
+  FORGE_CHECK(opt.tokens >= 0, "sample: --tokens must be >= 0, got ", opt.tokens);
+  FORGE_CHECK(opt.temperature >= 0, "sample: --temperature must be >= 0 (0 = greedy), got ", opt.temperature);
+  FORGE_CHECK(opt.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got ", opt.top_k);
+  FORGE_CHECK(!opt.checkpoint.empty(), "sample: --checkpoint is required (a checkpoint or a run directory)");
+  const fs::path dir = resolve_checkpoint(opt.checkpoint, "sample: --checkpoint");
+  const io::CheckpointData ck = io::load_checkpoint(dir);
+  const RunConfig cfg = config_from_json(ck.config, (dir / "state.json").string() + " (config)");
+  FORGE_CHECK(cfg.is_language_model(), "sample: checkpoint '", dir.string(), "' holds a ", cfg.model.type,
+              " model, not a language model");
+  const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
+  std::error_code ec;
+  FORGE_CHECK(fs::is_regular_file(tok_path, ec), "sample: the run's tokenizer '", tok_path.string(),
+              "' is missing (a checkpoint is read with the tokenizer.json of its run directory)");
+  const auto tok = data::BpeTokenizer::load(tok_path.string());
+  LanguageModel model = build_language_model(cfg);
+  io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
+                       "checkpoint '" + dir.string() + "'");
+  model.module->load_state_dict(ck.model.items());
+
+  std::vector<int32_t> prompt = tok.encode_ordinary(opt.prompt.empty() ? std::string("\n") : opt.prompt);
+  const auto n_prompt = prompt.size();
+  const auto ids = generate(model, std::move(prompt), opt.tokens, opt.temperature, opt.top_k, opt.seed);
+  SampleResult r;
+  r.checkpoint = dir.string();
+  r.step = ck.step;
+  r.text = tok.decode(ids);
+  r.completion = tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
+  if (opt.prompt.empty()) r.text = r.completion;
+  return r;
+}
+
+}  // namespace forge::train
