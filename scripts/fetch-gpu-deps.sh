@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Fetches, as .deb files into .deps/, the header-only packages that the GPU machine
+# Fetches, as .deb files into .deps/, the header-only packages and test data that the GPU machine
 # (Ubuntu 24.04 without a package registry) lacks; scripts/gpu-check.sh unpacks them there.
 # Run here, then carry .deps with the GPU run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .deps
 cd .deps
-for p in libtomlplusplus-dev; do
+for p in libtomlplusplus-dev fortunes fortunes-min; do
   ls ${p}_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done
 ls -1 *.deb

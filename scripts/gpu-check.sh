@@ -43,11 +43,17 @@ cmake --version | head -1
 CONFIG_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DFORGE_CUDA=ON)
 # Header-only dependencies the GPU machine lacks travel as .deb files in .deps/ (ignored by
 # git; fetched with `apt-get download libtomlplusplus-dev` and carried with the run).
-if ! [ -f /usr/include/toml++/toml.h ] && compgen -G ".deps/*.deb" >/dev/null; then
+if compgen -G ".deps/*.deb" >/dev/null && { ! [ -f /usr/include/toml++/toml.h ] || ! [ -d /usr/share/games/fortunes ]; }; then
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
   CONFIG_ARGS+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
 fi
+if ! [ -d /usr/share/games/fortunes ] && [ -d .deps/root/usr/share/games/fortunes ]; then
+  export FORGE_FORTUNES_DIR="$ROOT/.deps/root/usr/share/games/fortunes"
+fi
+# Many tests run at once below: keep each one's OpenMP team small so they do not
+# oversubscribe the cores (the CPU tests' numbers do not depend on the thread count).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 command -v ninja >/dev/null 2>&1 && CONFIG_ARGS+=(-G Ninja)
 [[ -x /usr/local/cuda/bin/nvcc ]] && CONFIG_ARGS+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
 mkdir -p "$LOG_DIR"

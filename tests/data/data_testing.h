@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -49,7 +50,12 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-inline const char* kFortuneDir = "/usr/share/games/fortunes";
+// Debian's `fortunes` corpus; FORGE_FORTUNES_DIR points elsewhere (scripts/gpu-check.sh
+// unpacks the package there on the GPU machine, which has no package registry).
+inline const char* const kFortuneDir = [] {
+  const char* env = std::getenv("FORGE_FORTUNES_DIR");
+  return env && *env ? env : "/usr/share/games/fortunes";
+}();
 
 // The fortune text files (not the .dat indexes or .u8 links), sorted by name.
 inline std::vector<std::string> fortune_files() {
