@@ -36,3 +36,4 @@
 #include "forge/data/loader.h"
 #include "forge/data/pretokenize.h"
 #include "forge/data/shards.h"
+#include "forge/io/hf_names.h"
