@@ -12,55 +12,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "forge/backends/cpu/blas.h"
 #include "forge/backends/cpu/loops.h"
 #include "forge/backends/cpu/tensor_kernels.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 
-extern "C" {
-int openblas_get_num_threads(void);
-void openblas_set_num_threads(int num_threads);
-}
-
 namespace forge::cpu {
 namespace {
-
-// Holds OpenBLAS to one thread while OpenMP threads each call it (restored on exit).
-class SerialBlasScope {
- public:
-  explicit SerialBlasScope(bool active) : saved_(active ? openblas_get_num_threads() : 0) {
-    if (saved_ > 1) openblas_set_num_threads(1);
-  }
-  ~SerialBlasScope() {
-    if (saved_ > 1) openblas_set_num_threads(saved_);
-  }
-  SerialBlasScope(const SerialBlasScope&) = delete;
-  SerialBlasScope& operator=(const SerialBlasScope&) = delete;
-
- private:
-  int saved_;
-};
-
-// C (m, n) = alpha * op(A) op(B) + beta * C, row-major. Empty products are handled here (BLAS
-// rejects some leading dimensions of empty matrices): k == 0 gives beta * C.
-template <class C>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, int64_t lda,
-          const C* b, int64_t ldb, C beta, C* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == C(0) ? C(0) : beta * c[i * ldc + j];
-    return;
-  }
-  const auto i = [](int64_t v) { return static_cast<blasint>(v); };
-  if constexpr (std::is_same_v<C, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  } else {
-    static_assert(std::is_same_v<C, double>);
-    cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  }
-}
-
 // A 4-D tensor read as a stack of row-major matrices: matrix (i0, i1) starts at
 // i0 * s0 + i1 * s1, row r of it at r * ld.
 struct RowsView {

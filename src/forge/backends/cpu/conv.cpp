@@ -10,54 +10,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "forge/backends/cpu/blas.h"
 #include "forge/backends/cpu/loops.h"
 #include "forge/backends/cpu/tensor_kernels.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 
-extern "C" {
-int openblas_get_num_threads(void);
-void openblas_set_num_threads(int num_threads);
-}
-
 namespace forge::cpu {
 namespace {
-
-// Holds OpenBLAS to one thread while OpenMP threads each call it (restored on exit).
-class SerialBlasScope {
- public:
-  explicit SerialBlasScope(bool active) : saved_(active ? openblas_get_num_threads() : 0) {
-    if (saved_ > 1) openblas_set_num_threads(1);
-  }
-  ~SerialBlasScope() {
-    if (saved_ > 1) openblas_set_num_threads(saved_);
-  }
-  SerialBlasScope(const SerialBlasScope&) = delete;
-  SerialBlasScope& operator=(const SerialBlasScope&) = delete;
-
- private:
-  int saved_;
-};
-
-// C (m, n) = op(A) op(B) + beta * C, row-major; k == 0 gives beta * C.
-template <class C>
-void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const C* a, int64_t lda,
-          const C* b, int64_t ldb, C beta, C* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == C(0) ? C(0) : beta * c[i * ldc + j];
-    return;
-  }
-  const auto i = [](int64_t v) { return static_cast<blasint>(v); };
-  if constexpr (std::is_same_v<C, float>) {
-    cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0f, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  } else {
-    static_assert(std::is_same_v<C, double>);
-    cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), 1.0, a, i(lda), b, i(ldb), beta, c, i(ldc));
-  }
-}
-
 struct Geometry {
   int64_t N, Cin, H, W, Cout, kh, kw, sh, sw, ph, pw, Ho, Wo;
   int64_t K() const { return Cin * kh * kw; }
@@ -184,7 +144,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
           y.resize(static_cast<size_t>(g.Cout * L));
           yn = y.data();
         }
-        gemm<C>(CblasNoTrans, CblasNoTrans, g.Cout, L, K, wc, K, col.data(), L, C(0), yn, L);
+        gemm<C>(CblasNoTrans, CblasNoTrans, g.Cout, L, K, C(1), wc, K, col.data(), L, C(0), yn, L);
         if (!b.empty())
           for (int64_t co = 0; co < g.Cout; ++co)
             for (int64_t l = 0; l < L; ++l) yn[co * L + l] += b[static_cast<size_t>(co)];
@@ -247,7 +207,7 @@ void conv2d_backward(const Tensor& dout, const Tensor& x, const Shape& x_shape, 
           }
           if (dxp) {  // dx_n = col2im(w^T dY_n)
             dcol.resize(static_cast<size_t>(K * L));
-            gemm<C>(CblasTrans, CblasNoTrans, K, L, g.Cout, wc, K, dyn, L, C(0), dcol.data(), L);
+            gemm<C>(CblasTrans, CblasNoTrans, K, L, g.Cout, C(1), wc, K, dyn, L, C(0), dcol.data(), L);
             T* dxn = dxp + n * plane;
             if constexpr (std::is_same_v<T, C>) {
               std::fill(dxn, dxn + plane, C(0));
@@ -261,7 +221,7 @@ void conv2d_backward(const Tensor& dout, const Tensor& x, const Shape& x_shape, 
           if (need_w) {  // dw += dY_n col_n^T
             col.resize(static_cast<size_t>(K * L));
             im2col(xp + n * x.stride(0), x.stride(1), x.stride(2), x.stride(3), g, col.data());
-            gemm<C>(CblasNoTrans, CblasTrans, g.Cout, K, L, dyn, L, col.data(), L, C(1), dwp.data(), K);
+            gemm<C>(CblasNoTrans, CblasTrans, g.Cout, K, L, C(1), dyn, L, col.data(), L, C(1), dwp.data(), K);
           }
           if (need_b)
             for (int64_t co = 0; co < g.Cout; ++co) {
