@@ -23,132 +23,22 @@
 #include "forge/backends/cuda/memory.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/forge.h"
+#include "backends/cuda/cuda_testing.h"
 
 namespace forge {
 
 // Readable parameter values in test listings.
 void PrintTo(UnaryOp op, std::ostream* os) { *os << unary_name(op); }
 void PrintTo(BinaryOp op, std::ostream* os) { *os << binary_name(op); }
-void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
 
 namespace {
 
-const Device kGpu = Device::cuda(0);
-
-constexpr DType kAllDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16,
-                                DType::i32, DType::i64, DType::u8,   DType::boolean};
-constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
-
-double tolerance(DType t) {
-  switch (t) {
-    case DType::f64: return 1e-12;
-    case DType::f32: return 1e-5;
-    default: return 1e-2;  // bf16, f16
-  }
-}
-
-std::vector<double> host_values(const Tensor& t) { return t.to_vector<double>(); }
-
-// ||got - ref|| / ||ref||, both read back as f64 on the host.
-double rel_err(const Tensor& got, const Tensor& ref) {
-  const auto g = host_values(got), r = host_values(ref);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    num += (g[i] - r[i]) * (g[i] - r[i]);
-    den += r[i] * r[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-void expect_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
-  ASSERT_TRUE(got.is_cuda()) << what;
-  ASSERT_EQ(got.shape(), ref.shape()) << what;
-  ASSERT_EQ(got.dtype(), ref.dtype()) << what;
-  EXPECT_LE(rel_err(got, ref), tol) << what << " (" << dtype_name(ref.dtype()) << ")";
-}
-
-void expect_equal(const Tensor& got, const Tensor& ref, const std::string& what) {
-  ASSERT_EQ(got.shape(), ref.shape()) << what;
-  ASSERT_EQ(got.dtype(), ref.dtype()) << what;
-  const auto g = host_values(got), r = host_values(ref);
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < r.size(); ++i)
-    if (g[i] != r[i] && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << " (" << dtype_name(ref.dtype()) << "): " << bad << " of " << r.size()
-                     << " elements differ, first at " << first << ": " << (bad ? g[first] : 0) << " vs "
-                     << (bad ? r[first] : 0);
-}
-
-// ---- inputs ---------------------------------------------------------------------------
-
-enum class Domain { real, positive, away_from_zero, integral };
-
-// A contiguous CPU tensor of `dtype` with values from `domain` (f32 draws, then rounded).
-Tensor host_input(const Shape& shape, Domain domain, DType dtype, uint64_t seed) {
-  Generator gen(seed);
-  Tensor v;
-  switch (domain) {
-    case Domain::real: v = randn(shape, {}, &gen); break;
-    case Domain::positive: v = uniform(shape, 0.5, 2.0, {}, &gen); break;  // [0.5, 2)
-    case Domain::away_from_zero: {
-      Tensor mag = uniform(shape, 0.25, 1.5, {}, &gen);
-      v = ops::where(ops::gt(rand(shape, {}, &gen), 0.5), mag, ops::neg(mag));
-      break;
-    }
-    case Domain::integral: v = randint(-3, 4, shape, {.dtype = DType::f32}, &gen); break;
-  }
-  return v.to(dtype);
-}
-
-// The same values on both devices, viewed the same way on each.
-struct Pair {
-  Tensor cpu, gpu;
-};
-
-Pair on_both(const Tensor& host) { return {host, host.to(kGpu)}; }
-Pair view_both(const Pair& p, const std::function<Tensor(const Tensor&)>& view) { return {view(p.cpu), view(p.gpu)}; }
-
-// Layouts of a [M, N] operand (M = 37, N = 129: not multiples of any vector width).
-enum class Layout { contiguous, transposed, strided, unaligned, broadcast, large };
-constexpr Layout kLayouts[] = {Layout::contiguous, Layout::transposed, Layout::strided,
-                               Layout::unaligned,  Layout::broadcast,  Layout::large};
-constexpr int64_t kM = 37, kN = 129;
-
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::contiguous: return "contiguous";
-    case Layout::transposed: return "transposed";
-    case Layout::strided: return "every-other-column";
-    case Layout::unaligned: return "unaligned (offset 1)";
-    case Layout::broadcast: return "broadcast row";
-    case Layout::large: return "large 1-D";
-  }
-  return "?";
-}
-
-Pair make_operand(Layout layout, Domain domain, DType dtype, uint64_t seed) {
-  switch (layout) {
-    case Layout::contiguous: return on_both(host_input({kM, kN}, domain, dtype, seed));
-    case Layout::transposed:
-      return view_both(on_both(host_input({kN, kM}, domain, dtype, seed)), [](const Tensor& t) { return t.t(); });
-    case Layout::strided:
-      return view_both(on_both(host_input({kM, 2 * kN}, domain, dtype, seed)),
-                       [](const Tensor& t) { return t.slice(1, 0, 2 * kN, 2); });
-    case Layout::unaligned:
-      return view_both(on_both(host_input({kM * kN + 1}, domain, dtype, seed)),
-                       [](const Tensor& t) { return t.narrow(0, 1, kM * kN).view({kM, kN}); });
-    case Layout::broadcast:
-      return view_both(on_both(host_input({1, kN}, domain, dtype, seed)),
-                       [](const Tensor& t) { return t.expand({kM, kN}); });
-    case Layout::large: return on_both(host_input({(int64_t{1} << 21) + 5}, domain, dtype, seed));
-  }
-  return {};
-}
+using namespace cuda_testing;
 
 // ---- runtime and memory ---------------------------------------------------------------
 
 TEST(CudaRuntime, DevicesAndSynchronize) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   EXPECT_EQ(cuda::device_count(), cuda_device_count());
   EXPECT_NO_THROW(cuda::synchronize(0));
   EXPECT_THROW(empty({4}, {.device = Device::cuda(cuda_device_count())}), Error);
@@ -156,7 +46,7 @@ TEST(CudaRuntime, DevicesAndSynchronize) {
 }
 
 TEST(CudaMemory, StatsGoUpAndBackDown) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   cuda::synchronize(0);
   const MemoryStats before = cuda::memory_stats(0);
   const int64_t bytes = int64_t{4} << 20;
@@ -185,7 +75,7 @@ Tensor exact_values(const Shape& shape, DType dtype, uint64_t seed) {
 }
 
 TEST(CudaCopy, RoundTripEveryDtypeNonContiguous) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> views = {
       {"contiguous", [](const Tensor& t) { return t; }},
       {"permuted", [](const Tensor& t) { return t.permute({2, 0, 1}); }},
@@ -225,7 +115,7 @@ TEST(CudaCopy, RoundTripEveryDtypeNonContiguous) {
 }
 
 TEST(CudaCopy, DtypeConversionMatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType from : kAllDTypes) {
     for (DType to : kAllDTypes) {
       // Fractions and (where the target is signed) negatives; u8 only sees [0, 250).
@@ -244,7 +134,7 @@ TEST(CudaCopy, DtypeConversionMatchesCpu) {
 }
 
 TEST(CudaCopy, PeerCopyBetweenGpus) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   if (forge::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   const Tensor base = exact_values({16, 24}, DType::f32, 31);
   const Tensor on0 = base.to(Device::cuda(0));
@@ -254,7 +144,7 @@ TEST(CudaCopy, PeerCopyBetweenGpus) {
 }
 
 TEST(CudaCopy, TooManyDimsIsAClearError) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   // Nine dims of size 2 in reverse order: no two neighbours merge.
   Tensor t = arange(512, {.dtype = DType::f32, .device = kGpu}).view({2, 2, 2, 2, 2, 2, 2, 2, 2});
   Tensor r = t.permute({8, 7, 6, 5, 4, 3, 2, 1, 0});
@@ -269,7 +159,7 @@ TEST(CudaCopy, TooManyDimsIsAClearError) {
 // ---- fill, arange, random -------------------------------------------------------------
 
 TEST(CudaCreation, FillAndArangeMatchCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : kAllDTypes) {
     const std::string what = dtype_name(dt);
     expect_equal(full({5, 77}, 3.25, {.dtype = dt, .device = kGpu}), full({5, 77}, 3.25, {.dtype = dt}), what + " full");
@@ -285,7 +175,7 @@ TEST(CudaCreation, FillAndArangeMatchCpu) {
 }
 
 TEST(CudaRandom, UniformMatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     for (int64_t n : {int64_t{1}, int64_t{1001}, (int64_t{1} << 22) + 3}) {
       Generator gc(1234), gg(1234);
@@ -303,7 +193,7 @@ TEST(CudaRandom, UniformMatchesCpu) {
 }
 
 TEST(CudaRandom, NormalMatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     for (int64_t n : {int64_t{2}, int64_t{1001}, (int64_t{1} << 22) + 3}) {
       Generator gc(99), gg(99);
@@ -366,7 +256,7 @@ std::string unary_param_name(const ::testing::TestParamInfo<UnaryParam>& info) {
 class CudaUnary : public ::testing::TestWithParam<UnaryParam> {};
 
 TEST_P(CudaUnary, ForwardMatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   const auto [op, dt] = GetParam();
   for (Layout layout : kLayouts) {
     const Pair x = make_operand(layout, unary_domain(op), dt, 7);
@@ -376,7 +266,7 @@ TEST_P(CudaUnary, ForwardMatchesCpu) {
 }
 
 TEST_P(CudaUnary, BackwardMatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   const auto [op, dt] = GetParam();
   for (Layout layout : {Layout::contiguous, Layout::transposed, Layout::unaligned, Layout::large}) {
     // g contiguous with a contiguous x (the vectorised path), strided otherwise.
@@ -398,7 +288,7 @@ INSTANTIATE_TEST_SUITE_P(AllOps, CudaUnary, ::testing::Combine(::testing::Values
                          unary_param_name);
 
 TEST(CudaUnaryIntegers, NegAbsReluKeepIntegers) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::i32, DType::i64}) {
     const Pair x = on_both(exact_values({kM, kN}, dt, 41));
     for (UnaryOp op : {UnaryOp::neg, UnaryOp::abs, UnaryOp::relu})
@@ -407,7 +297,7 @@ TEST(CudaUnaryIntegers, NegAbsReluKeepIntegers) {
 }
 
 TEST(CudaAutograd, UnaryAndMulBackwardOnTheGpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   const Tensor xh = host_input({kM, kN}, Domain::real, DType::f32, 51);
   const Tensor wh = host_input({kM, kN}, Domain::real, DType::f32, 52);
   const Tensor gh = host_input({kM, kN}, Domain::real, DType::f32, 53);
@@ -454,7 +344,7 @@ std::string binary_param_name(const ::testing::TestParamInfo<BinaryParam>& info)
 class CudaBinary : public ::testing::TestWithParam<BinaryParam> {};
 
 TEST_P(CudaBinary, MatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   const auto [op, dt] = GetParam();
   const bool cmp = binary_is_comparison(op);
   // Comparisons see small integers (so ties happen); pow a positive base; div a divisor
@@ -492,7 +382,7 @@ INSTANTIATE_TEST_SUITE_P(AllOps, CudaBinary,
                          binary_param_name);
 
 TEST(CudaBinaryIntegers, MatchCpuExactly) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::i32, DType::i64, DType::u8}) {
     const Pair a = on_both(exact_values({kM, kN}, dt, 71));
     const Pair b = on_both(exact_values({kN}, dt, 72));
@@ -505,7 +395,7 @@ TEST(CudaBinaryIntegers, MatchCpuExactly) {
 }
 
 TEST(CudaInPlace, AddAndMulMatchCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::f32, DType::bf16}) {
     Pair a = make_operand(Layout::contiguous, Domain::real, dt, 81);
     Pair ta = view_both(on_both(host_input({kN, kM}, Domain::real, dt, 82)), [](const Tensor& t) { return t.t(); });
@@ -519,7 +409,7 @@ TEST(CudaInPlace, AddAndMulMatchCpu) {
 }
 
 TEST(CudaWhere, MatchesCpu) {
-  if (forge::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  FORGE_SKIP_WITHOUT_GPU();
   for (DType dt : kAllDTypes) {
     Generator gen(91);
     const Pair cond = on_both(ops::gt(rand({kM, 1}, {}, &gen), 0.5));
