@@ -15,7 +15,8 @@ struct Device {
   constexpr Device(DeviceType t, int i = 0) : type(t), index(t == DeviceType::CPU ? 0 : i) {}
   static Device cpu() { return Device(DeviceType::CPU); }
   static Device cuda(int i = 0) { return Device(DeviceType::CUDA, i); }
-  // Parses "cpu", "cuda", "cuda:1".
+  // Parses "cpu", "cuda", "cuda:1" (the spelling only; parse_device also resolves "auto"
+  // and checks that the GPU exists).
   static Device parse(const std::string& s);
 
   bool is_cpu() const { return type == DeviceType::CPU; }
@@ -26,5 +27,13 @@ struct Device {
 };
 
 inline const Device kCPU = Device::cpu();
+
+// A device named by the user (--device, run.device): "cpu", "cuda" (= cuda:0), "cuda:N", or
+// "auto" (cuda:0 when a GPU is visible, else the CPU), checked against `cuda_devices`
+// visible GPUs. Errors name the spec and the fix: "unknown device 'gpu0'; expected cpu,
+// cuda, cuda:N or auto", "cuda:3 requested but 1 CUDA device is visible".
+Device parse_device(const std::string& spec, int cuda_devices);
+// The same against the GPUs this process sees (none in a build without CUDA).
+Device parse_device(const std::string& spec);
 
 }  // namespace forge

@@ -19,6 +19,7 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  Allocator* allocator() const { return allocator_; }
   // Bumped by every in-place write, so autograd can tell a saved tensor was modified.
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }

@@ -74,6 +74,9 @@ class Tensor {
   Device device() const { return checked().storage->device(); }
   bool is_cpu() const { return device().is_cpu(); }
   bool is_cuda() const { return device().is_cuda(); }
+  // A CPU tensor in page-locked memory (pin_memory()): copies to and from the GPU can be
+  // asynchronous (to(device, /*non_blocking=*/true)).
+  bool is_pinned() const { return storage()->allocator()->is_pinned(); }
   size_t element_size() const { return forge::element_size(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool is_contiguous() const;
@@ -136,6 +139,13 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
   Tensor to(Device device, DType dtype) const;
+  // With non_blocking, a copy between a pinned CPU tensor and a GPU is only queued on the
+  // GPU's current stream (a GPU -> CPU copy then returns a pinned tensor); synchronise
+  // (cuda::synchronize, a stream or an event) before reading a CPU result. Otherwise as to(device).
+  Tensor to(Device device, bool non_blocking) const;
+  // A copy of this CPU tensor in pinned host memory (this tensor itself if already pinned).
+  // Needs a CUDA device.
+  Tensor pin_memory() const;
   Tensor sum() const;
   Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
   Tensor mean() const;

@@ -7,6 +7,10 @@
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/view.h"
 
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/memory.h"
+#endif
+
 namespace forge::ops {
 
 using autograd::GradMask;
@@ -15,13 +19,26 @@ using autograd::record;
 namespace {
 
 // dst <- src with identical shapes, any devices/dtypes/strides.
-void copy_kernel(Tensor& dst, const Tensor& src) {
+void copy_kernel(Tensor& dst, const Tensor& src, [[maybe_unused]] bool non_blocking = false) {
   if (dst.numel() == 0) return;
   if (dst.is_cpu() && src.is_cpu()) {
     cpu::copy(dst, src);
   } else {
-    FORGE_ON_CUDA("copy", cuda::copy(dst, src));
+    FORGE_ON_CUDA("copy", cuda::copy(dst, src, non_blocking));
   }
+}
+
+// A contiguous CPU tensor in pinned host memory.
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+#ifdef FORGE_WITH_CUDA
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  auto storage = std::make_shared<Storage>(nbytes, cuda::pinned_allocator());
+  return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+#else
+  (void)shape;
+  (void)dtype;
+  detail::throw_no_cuda("pin_memory");
+#endif
 }
 
 }  // namespace
@@ -31,10 +48,13 @@ void check_inplace(const Tensor& t, const char* op) {
               " that requires grad; use the out-of-place op, or wrap it in NoGradGuard (e.g. in an optimizer step)");
 }
 
-Tensor to(const Tensor& t, Device device, DType dtype) {
+Tensor to(const Tensor& t, Device device, DType dtype) { return to(t, device, dtype, false); }
+
+Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking) {
   if (t.device() == device && t.dtype() == dtype) return t;
-  Tensor out = empty(t.shape(), {.dtype = dtype, .device = device});
-  copy_kernel(out, t);
+  const bool pinned_out = non_blocking && device.is_cpu() && t.is_cuda();
+  Tensor out = pinned_out ? empty_pinned(t.shape(), dtype) : empty(t.shape(), {.dtype = dtype, .device = device});
+  copy_kernel(out, t, non_blocking);
   if (is_floating(dtype) && is_floating(t.dtype())) {
     const DType in_dtype = t.dtype();
     const Device in_device = t.device();
@@ -47,6 +67,15 @@ Tensor to(const Tensor& t, Device device, DType dtype) {
 
 Tensor to(const Tensor& t, DType dtype) { return to(t, t.device(), dtype); }
 Tensor to(const Tensor& t, Device device) { return to(t, device, t.dtype()); }
+
+Tensor pin_memory(const Tensor& t) {
+  FORGE_CHECK(t.is_cpu(), "pin_memory: the tensor (shape ", t.shape(), ") is on ", t.device().str(),
+              "; only CPU tensors can be pinned");
+  if (t.is_pinned()) return t;
+  Tensor out = empty_pinned(t.shape(), t.dtype());
+  if (t.numel() > 0) cpu::copy(out, t);
+  return out;
+}
 
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});

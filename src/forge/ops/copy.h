@@ -9,6 +9,13 @@ namespace forge::ops {
 Tensor to(const Tensor& t, DType dtype);
 Tensor to(const Tensor& t, Device device);
 Tensor to(const Tensor& t, Device device, DType dtype);
+// non_blocking: a copy between pinned host memory and a GPU is only queued on the GPU's
+// current stream; a GPU -> CPU result is then allocated pinned. The caller synchronises
+// before reading a CPU result (docs/cuda.md, "Pinned memory").
+Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking);
+// A copy of CPU tensor `t` in pinned host memory, contiguous (`t` itself if already pinned).
+// Not differentiable (like detach()). Needs CUDA.
+Tensor pin_memory(const Tensor& t);
 // Returns `t` itself when already contiguous, else a contiguous copy (differentiable).
 Tensor contiguous(const Tensor& t);
 // Always a new contiguous copy (differentiable).

@@ -9,6 +9,10 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/dispatch_device.h"
 
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/memory.h"
+#endif
+
 namespace forge {
 
 namespace ops::detail {
@@ -56,6 +60,19 @@ int cuda_device_count() {
   return 0;
 #endif
 }
+
+MemoryStats cuda_memory_stats([[maybe_unused]] int device) {
+  FORGE_ON_CUDA("cuda_memory_stats", return cuda::memory_stats(device));
+}
+int64_t cuda_memory_allocated(int device) { return cuda_memory_stats(device).allocated; }
+int64_t cuda_memory_reserved(int device) { return cuda_memory_stats(device).reserved; }
+int64_t cuda_max_memory_allocated(int device) { return cuda_memory_stats(device).peak_allocated; }
+int64_t cuda_max_memory_reserved(int device) { return cuda_memory_stats(device).peak_reserved; }
+void cuda_reset_peak_memory_stats([[maybe_unused]] int device) {
+  FORGE_ON_CUDA("cuda_reset_peak_memory_stats", cuda::reset_peak_memory_stats(device));
+}
+void cuda_empty_cache([[maybe_unused]] int device) { FORGE_ON_CUDA("cuda_empty_cache", cuda::empty_cache(device)); }
+void cuda_synchronize([[maybe_unused]] int device) { FORGE_ON_CUDA("cuda_synchronize", cuda::synchronize(device)); }
 
 Tensor empty(const Shape& shape, const TensorOptions& opt) {
   for (int64_t s : shape) FORGE_CHECK(s >= 0, "empty: negative dimension in shape ", shape);

@@ -51,5 +51,18 @@ Tensor full_like(const Tensor& t, double value);
 Allocator* allocator_for(Device device);
 // Number of CUDA devices visible (0 without CUDA support or without a GPU).
 int cuda_device_count();
+// The CUDA caching allocator of `device`, without a backend header (backends/cuda/memory.h,
+// docs/cuda.md): bytes in live tensors, bytes held from the driver, their peaks, and
+// releasing cached segments nothing uses. cuda_synchronize waits for all work queued on the
+// device (needed before reading the result of a non_blocking copy to the CPU). Each throws
+// for a device that is not visible (always, in a build without CUDA).
+MemoryStats cuda_memory_stats(int device = 0);
+int64_t cuda_memory_allocated(int device = 0);
+int64_t cuda_memory_reserved(int device = 0);
+int64_t cuda_max_memory_allocated(int device = 0);
+int64_t cuda_max_memory_reserved(int device = 0);
+void cuda_reset_peak_memory_stats(int device = 0);
+void cuda_empty_cache(int device = 0);
+void cuda_synchronize(int device = 0);
 
 }  // namespace forge

@@ -32,6 +32,8 @@ Tensor Tensor::clone() const { return ops::clone(*this); }
 Tensor Tensor::to(DType d) const { return ops::to(*this, d); }
 Tensor Tensor::to(Device d) const { return ops::to(*this, d); }
 Tensor Tensor::to(Device d, DType t) const { return ops::to(*this, d, t); }
+Tensor Tensor::to(Device d, bool non_blocking) const { return ops::to(*this, d, dtype(), non_blocking); }
+Tensor Tensor::pin_memory() const { return ops::pin_memory(*this); }
 Tensor Tensor::sum() const { return ops::sum(*this); }
 Tensor Tensor::sum(const std::vector<int64_t>& d, bool k) const { return ops::sum(*this, d, k); }
 Tensor Tensor::mean() const { return ops::mean(*this); }

@@ -53,7 +53,11 @@ TEST(CudaMemory, StatsGoUpAndBackDown) {
   {
     Tensor t = empty({bytes / 4}, {.dtype = DType::f32, .device = kGpu});
     const MemoryStats during = cuda::memory_stats(0);
-    EXPECT_EQ(during.allocated - before.allocated, bytes);
+    // The caching allocator counts whole blocks: a large block may keep up to 1 MiB of
+    // slack when it is cut from a bigger cached one (Note [caching allocator]).
+    EXPECT_GE(during.allocated - before.allocated, bytes);
+    EXPECT_LE(during.allocated - before.allocated, bytes + (int64_t{1} << 20));
+    EXPECT_GE(during.reserved, during.allocated);
     EXPECT_GE(during.peak_allocated, during.allocated);
     EXPECT_EQ(during.num_allocs, before.num_allocs + 1);
   }

@@ -1,18 +1,46 @@
 #pragma once
-// Device memory statistics of the CUDA allocator, per device (plain C++: no CUDA headers).
+// The CUDA memory allocators, seen from plain C++ (no CUDA headers): statistics and
+// cache control of the per-device caching allocator, and the pinned host allocator.
 //
-//   auto s = forge::cuda::memory_stats(0);   // s.allocated, s.peak_allocated, s.num_allocs
+//   auto s = forge::cuda::memory_stats(0);   // s.allocated, s.reserved, s.peak_allocated, ...
+//   forge::cuda::empty_cache(0);             // give cached, unused segments back to the driver
 //
-// `allocated` counts the bytes of live storages on the device (what PyTorch calls
-// memory_allocated); `peak_allocated` its maximum since the start or the last
-// reset_peak_memory_stats (max_memory_allocated). Bytes the allocator holds in reserve
-// (memory_reserved) will come with the caching allocator; today every byte counted here
-// is a live cudaMalloc.
+// User code can use the same functions without a backend header as forge::cuda_memory_*
+// (ops/creation.h). Design, stats and the FORGE_CUDA_ALLOC switch: docs/cuda.md and
+// Note [caching allocator] in core/block_pool.h.
+//
+// `allocated` counts the bytes of live storages on the device, rounded up to the
+// allocator's 512-byte blocks (PyTorch's memory_allocated); `reserved` the bytes of the
+// segments obtained with cudaMalloc, in use or cached (memory_reserved). Their peaks run
+// since the start or the last reset_peak_memory_stats (max_memory_allocated /
+// max_memory_reserved). `num_device_allocs` / `num_device_frees` count cudaMalloc /
+// cudaFree calls: in the steady state of a training step they stay put. With
+// FORGE_CUDA_ALLOC=plain every storage is its own cudaMalloc of the exact size, and
+// reserved == allocated.
+#include <cstdint>
+
 #include "forge/core/allocator.h"
 
 namespace forge::cuda {
 
 MemoryStats memory_stats(int device);
+int64_t memory_allocated(int device);
+int64_t memory_reserved(int device);
+int64_t max_memory_allocated(int device);
+int64_t max_memory_reserved(int device);
 void reset_peak_memory_stats(int device);
+// Releases every cached segment none of whose memory is in use (after the pending
+// cross-stream uses of freed blocks have completed). Live tensors are not touched.
+void empty_cache(int device);
+// False when FORGE_CUDA_ALLOC=plain.
+bool caching_allocator_enabled();
+
+// Page-locked host memory (pinned.h): an allocator of CPU storages that the GPU reads and
+// writes by DMA, so host<->device copies of it can be asynchronous. Cached like device
+// memory; a block is reused only after the asynchronous copies that used it completed.
+// Needs a visible CUDA device.
+Allocator* pinned_allocator();
+MemoryStats pinned_memory_stats();
+void empty_pinned_cache();
 
 }  // namespace forge::cuda

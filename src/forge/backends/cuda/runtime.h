@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA runtime as the rest of backends/cuda/ sees it: error checking, the device
-// guard, the stream kernels run on, and cached device properties.
+// guard, the stream kernels run on, and cached device properties. Streams, events and
+// stream guards are in stream.h; the allocators in memory.h and pinned.h (docs/cuda.md).
 //
 // Internal to backends/cuda/ (it includes the CUDA runtime headers); the ops layer and
 // user code see only the plain C++ declarations of tensor_kernels.h, elementwise.h and
@@ -58,11 +59,12 @@ class DeviceGuard {
   int device_ = -1;
 };
 
-// The stream forge's kernels and copies run on for `device`. Today the legacy default
-// stream of the device (so every launch is ordered with every other on that device);
-// the caching allocator and the communication streams of dist/ will make this a real
-// per-device current stream.
-inline cudaStream_t current_stream(int /*device*/) { return nullptr; }
+// The stream forge's kernels and copies run on for `device`: this thread's current stream
+// of the device. By default the device's legacy default stream (nullptr), so every launch
+// and copy is ordered with every other on the device; a StreamGuard (stream.h) makes
+// another stream current for a scope. Memory allocated while a stream is current belongs
+// to it (Note [caching allocator] in core/block_pool.h). Cheap: a thread-local load.
+cudaStream_t current_stream(int device);
 
 // Streaming multiprocessors of `device` (cached after the first query).
 int multiprocessor_count(int device);

@@ -17,19 +17,29 @@
 // Memory contract: every function overwrites the elements of its output (dst / t) and
 // nothing else; sources are only read. arange/uniform/normal need a contiguous output,
 // fill and copy take any strides. copy makes temporaries (freed before it returns):
-//   same dtype, both contiguous   one cudaMemcpy (peer copy between GPUs);
+//   same dtype, both contiguous   one cudaMemcpyAsync (a peer copy between GPUs);
 //   dst on a GPU                  the source is staged on dst's GPU when it is elsewhere
 //                                 (raw bytes, in its own dtype), then one strided
 //                                 conversion kernel writes dst;
 //   dst on the host               one kernel gathers and converts on the source's GPU into
 //                                 a contiguous buffer of dst's dtype, which is copied over
 //                                 (and scattered by cpu::copy if dst is strided).
-// Copies that touch host memory synchronise the stream before returning (host buffers are
-// pageable); device-to-device work stays asynchronous and stream-ordered.
+// Every copy and kernel runs on the current stream of the GPU involved. A peer copy
+// between GPUs is one cudaMemcpyPeer (ordered with all work of both devices) while both
+// current streams are the legacy ones, else a copy on the destination's stream between
+// two stream synchronisations. Copies that touch pageable host memory synchronise the
+// stream before returning: device->host because the host reads the data next;
+// host->device because cudaMemcpyAsync from pageable memory is only documented as "might
+// be synchronous", so the source could still be read after the call returns. With
+// non_blocking and a pinned host side (the only case where it changes anything) the copy
+// is just queued: an event recorded after it keeps the pinned block from reuse until it
+// completed (record_pinned_use, pinned.h), and the caller synchronises before reading a
+// host destination. Work within one GPU is always asynchronous and stream-ordered.
 #include <memory>
 
 #include "forge/backends/cpu/tensor_kernels.h"
 #include "forge/backends/cuda/loops.cuh"
+#include "forge/backends/cuda/pinned.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
@@ -102,16 +112,40 @@ Tensor empty_on(Device device, const Shape& shape, DType dtype) {
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
-// Moves `n` raw bytes between any two of host / GPU a / GPU b.
-void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) {
+// The host side's storage when the copy between `a` and `b` may stay asynchronous: one side
+// on the host, in pinned memory, and the caller asked for non_blocking. Else nullptr.
+const Storage* async_host(const Tensor& a, const Tensor& b, bool non_blocking) {
+  if (!non_blocking) return nullptr;
+  const Tensor& host = a.is_cpu() ? a : b;
+  return host.is_cpu() && host.is_pinned() ? host.storage().get() : nullptr;
+}
+
+// Moves `n` raw bytes between any two of host / GPU a / GPU b. `pinned_host`: the host
+// side's pinned storage if the copy may stay asynchronous (async_host), else nullptr.
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n,
+                const Storage* pinned_host = nullptr) {
   if (n == 0) return;
   if (dst_dev.is_cuda() && src_dev.is_cuda()) {
     if (dst_dev.index == src_dev.index) {
       DeviceGuard guard(dst_dev.index);
       FORGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, current_stream(dst_dev.index)));
     } else {
-      // Ordered after the pending work of both devices and before their later work.
-      FORGE_CUDA_CHECK(cudaMemcpyPeer(dst, dst_dev.index, src, src_dev.index, n));
+      const cudaStream_t src_stream = current_stream(src_dev.index), dst_stream = current_stream(dst_dev.index);
+      if (src_stream == nullptr && dst_stream == nullptr) {
+        // Ordered after the pending work of both devices and before their later work.
+        FORGE_CUDA_CHECK(cudaMemcpyPeer(dst, dst_dev.index, src, src_dev.index, n));
+      } else {
+        // A stream of forge's own is current on one side (a StreamGuard): order by hand.
+        // The source's pending writes first; then the copy on the destination's stream,
+        // waited for, so the source (often a temporary) may be freed or reused at once.
+        {
+          DeviceGuard guard(src_dev.index);
+          FORGE_CUDA_CHECK(cudaStreamSynchronize(src_stream));
+        }
+        DeviceGuard guard(dst_dev.index);
+        FORGE_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, n, dst_stream));
+        FORGE_CUDA_CHECK(cudaStreamSynchronize(dst_stream));
+      }
     }
     return;
   }
@@ -120,7 +154,11 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
   const cudaStream_t stream = current_stream(device);
   const cudaMemcpyKind kind = dst_dev.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   FORGE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, stream));
-  // The host side is pageable memory the caller may read, reuse or free as soon as we return.
+  if (pinned_host != nullptr) {
+    record_pinned_use(pinned_host->data(), stream, device);
+    return;
+  }
+  // The host side is memory the caller may read, reuse or free as soon as we return.
   FORGE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
@@ -135,7 +173,7 @@ void convert_on_device(const Tensor& dst, const Tensor& src) {
 
 // `src` readable on GPU `device`, in its own dtype and shape: src itself when it is
 // already there, else a staged copy (contiguous, or a view over a staged storage span).
-Tensor stage_on(const Tensor& src, int device) {
+Tensor stage_on(const Tensor& src, int device, bool non_blocking) {
   const Device to = Device::cuda(device);
   if (src.device() == to) return src;
   if (src.is_cuda()) {  // another GPU: gather there, then one peer copy
@@ -148,9 +186,10 @@ Tensor stage_on(const Tensor& src, int device) {
     copy_bytes(out.data_ptr(), to, packed.data_ptr(), src.device(), out.nbytes());
     return out;
   }
+  const Storage* pinned = async_host(src, src, non_blocking);
   if (src.is_contiguous()) {
     Tensor out = empty_on(to, src.shape(), src.dtype());
-    copy_bytes(out.data_ptr(), to, src.data_ptr(), src.device(), out.nbytes());
+    copy_bytes(out.data_ptr(), to, src.data_ptr(), src.device(), out.nbytes(), pinned);
     return out;
   }
   // A strided host tensor: when the storage span its elements cover is at most twice its
@@ -166,7 +205,7 @@ Tensor stage_on(const Tensor& src, int device) {
     const size_t es = src.element_size();
     auto storage = std::make_shared<Storage>(static_cast<size_t>(span) * es, allocator(device));
     const char* first = static_cast<const char*>(src.data_ptr()) + lo * static_cast<int64_t>(es);
-    copy_bytes(storage->data(), to, first, src.device(), static_cast<size_t>(span) * es);
+    copy_bytes(storage->data(), to, first, src.device(), static_cast<size_t>(span) * es, pinned);
     return Tensor::make(std::move(storage), src.shape(), src.strides(), -lo, src.dtype());
   }
   Tensor host = empty_on(Device::cpu(), src.shape(), src.dtype());
@@ -194,18 +233,19 @@ template <class Dist> void philox_fill(Tensor& t, const char* op, uint64_t seed,
 
 // ---- entry points --------------------------------------------------------------------
 
-void copy(Tensor& dst, const Tensor& src) {
+void copy(Tensor& dst, const Tensor& src, bool non_blocking) {
   FORGE_CHECK(dst.shape() == src.shape(), "copy: destination shape ", dst.shape(), " != source shape ", src.shape());
   FORGE_CHECK(dst.is_cuda() || src.is_cuda(), "cuda::copy: neither side is on a GPU (", dst.device().str(), " <- ",
               src.device().str(), ")");
   if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     if (dst.data_ptr() != src.data_ptr() || dst.device() != src.device())
-      copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
+      copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes(),
+                 async_host(dst, src, non_blocking));
     return;
   }
   if (dst.is_cuda()) {
-    convert_on_device(dst, stage_on(src, dst.device().index));
+    convert_on_device(dst, stage_on(src, dst.device().index, non_blocking));
     return;
   }
   // dst on the host, src on a GPU.
@@ -215,8 +255,9 @@ void copy(Tensor& dst, const Tensor& src) {
     convert_on_device(packed, src);
   }
   if (dst.is_contiguous()) {
-    copy_bytes(dst.data_ptr(), dst.device(), packed.data_ptr(), packed.device(), dst.nbytes());
-  } else {
+    copy_bytes(dst.data_ptr(), dst.device(), packed.data_ptr(), packed.device(), dst.nbytes(),
+               async_host(dst, src, non_blocking));
+  } else {  // gathered on the host, so the host needs the data now: a blocking copy
     Tensor host = empty_on(Device::cpu(), dst.shape(), dst.dtype());
     copy_bytes(host.data_ptr(), host.device(), packed.data_ptr(), packed.device(), host.nbytes());
     cpu::copy(dst, host);
