@@ -1,3 +1,5 @@
+#include <string>
+
 #include "testing/gradcheck.h"
 
 namespace forge::testing {
@@ -51,6 +53,27 @@ std::vector<GradCase> matmul_grad_cases() {
                [](const TensorList& in) { return bmm(transpose(in[0], 1, 2), transpose(in[1], 1, 2)); }});
   c.push_back({"bmm", "expanded (stride-0) batch of rhs", two({3, 2, 4}, {1, 4, 2}),
                [](const TensorList& in) { return bmm(in[0], expand(in[1], {3, 4, 2})); }});
+
+  // linear / linear_gelu: x (*, in), weight (out, in), bias (out) or none.
+  auto three = [](Shape x, Shape w, Shape b) {
+    return [x, w, b] { return TensorList{arg(x, 51), arg(w, 52), arg(b, 53)}; };
+  };
+  for (const char* op : {"linear", "linear_gelu"}) {
+    const bool gelu = std::string(op) == "linear_gelu";
+    const OpFn f = [gelu](const TensorList& in) {
+      const Tensor b = in.size() > 2 ? in[2] : Tensor();
+      return gelu ? linear_gelu(in[0], in[1], b) : linear(in[0], in[1], b);
+    };
+    c.push_back({op, "[3,4] x W[5,4] + b[5]", three({3, 4}, {5, 4}, {5}), f});
+    c.push_back({op, "batched [2,3,4], no bias", two({2, 3, 4}, {5, 4}), f});
+    c.push_back({op, "1-D input [4]", three({4}, {3, 4}, {3}), f});
+    c.push_back({op, "transposed input view, strided weight",
+                 [] { return TensorList{arg_transposed({3, 4}, 54), arg_strided({2, 4}, 55), arg({2}, 56)}; }, f});
+    c.push_back({op, "only the bias requires grad",
+                 [] { return TensorList{arg({2, 3}, 57).detach(), arg({4, 3}, 58).detach(), arg({4}, 59)}; }, f});
+    c.push_back({op, "only the input requires grad",
+                 [] { return TensorList{arg({2, 2, 3}, 60), arg({4, 3}, 61).detach(), arg({4}, 62).detach()}; }, f});
+  }
   return c;
 }
 

@@ -1,6 +1,8 @@
 #include "forge/nn/layers.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "forge/ops/attention.h"
 #include "forge/ops/binary.h"
@@ -9,6 +11,7 @@
 #include "forge/ops/dropout.h"
 #include "forge/ops/embedding.h"
 #include "forge/ops/join.h"
+#include "forge/ops/matmul.h"
 #include "forge/ops/norm.h"
 #include "forge/ops/rope.h"
 #include "forge/ops/unary.h"
@@ -38,7 +41,25 @@ MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout) {
   c_proj = register_module("c_proj", std::make_shared<Linear>(hidden, dim, bias));
   drop = register_module("dropout", std::make_shared<Dropout>(dropout));
 }
-Tensor MLP::forward(const Tensor& x) const { return drop->forward(c_proj->forward(ops::gelu(c_fc->forward(x), true))); }
+// On CUDA, c_fc and its GELU are one GEMM (ops::linear_gelu: cuBLASLt's GELU epilogue
+// writes the activation and the saved pre-activation together, saving the separate GELU
+// pass over the (tokens, hidden) activation). FORGE_GELU_FUSION=0 turns it off (to measure
+// it, or to match the unfused rounding exactly); the CPU always runs linear, then gelu.
+namespace {
+bool gelu_fusion_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("FORGE_GELU_FUSION");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+}  // namespace
+
+Tensor MLP::forward(const Tensor& x) const {
+  const Tensor h = x.is_cuda() && gelu_fusion_enabled() ? ops::linear_gelu(x, c_fc->weight, c_fc->bias)
+                                                        : ops::gelu(c_fc->forward(x), true);
+  return drop->forward(c_proj->forward(h));
+}
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden) {
   gate_proj = register_module("gate_proj", std::make_shared<Linear>(dim, hidden, false));

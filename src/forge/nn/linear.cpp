@@ -2,10 +2,8 @@
 
 #include <cmath>
 
-#include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
-#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -20,8 +18,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen) : in_fea
 Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
-  Tensor y = ops::matmul(x, ops::transpose(weight, 0, 1));
-  return bias.defined() ? ops::add(y, bias) : y;
+  return ops::linear(x, weight, bias);
 }
 
 }  // namespace forge::nn

@@ -1,5 +1,5 @@
 #pragma once
-// y = x W^T + b, W (out, in), b (out): torch.nn.Linear's layout and default init
+// y = x W^T + b (ops::linear), W (out, in), b (out): torch.nn.Linear's layout and default init
 // (U(-1/sqrt(in), 1/sqrt(in)) for both; models override it, e.g. GPT-2's N(0, 0.02)).
 #include "forge/core/generator.h"
 #include "forge/nn/module.h"

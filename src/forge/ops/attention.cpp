@@ -1,9 +1,20 @@
-// scaled_dot_product_attention: checks, output allocation, the CPU kernel
-// (backends/cpu/attention.h) and the backward, which calls the kernel's backward with the
-// saved output and row logsumexp.
+// scaled_dot_product_attention: checks, output allocation, the kernels (CPU:
+// backends/cpu/attention.h, CUDA: backends/cuda/attention.h) and the backward, which calls
+// the kernel's backward with the saved output and row logsumexp.
+//
+// Layouts on CUDA: the kernels read q, k, v (and the upstream gradient) through their
+// strides, so the permuted (B, T, H, D) views of a fused QKV projection are not copied. The
+// output and the gradients are allocated dense in the memory order of q (resp. k, v), e.g.
+// (B, T, H, D) for those views, and returned as (B, H, T, D) views: the usual
+// transpose(1, 2).reshape(B, T, H*D) after attention, and the gradients' way back through
+// the head split, are then views instead of copies. With grouped heads (H > Hkv) the query
+// side is allocated contiguous (B, H, T, D), the layout in which a group's heads stack.
 #include "forge/ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/attention.h"
@@ -11,6 +22,10 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/view.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/attention.h"
+#endif
 
 namespace forge::ops {
 
@@ -62,14 +77,52 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 // The tensor itself when the kernel can read it in place, else a contiguous copy.
 Tensor readable(const Tensor& t) { return cpu::attention_rows_readable(t) ? t : contiguous(t); }
 
+#ifdef FORGE_WITH_CUDA
+// A new tensor of `shape` (t's rank) whose memory order of dims is t's (dims sorted by t's
+// strides, outermost first), returned as a view with `shape`.
+Tensor empty_in_order_of(const Tensor& t, const Shape& shape) {
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  Shape dense, inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    dense.push_back(shape[static_cast<size_t>(order[i])]);
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return permute(empty(dense, {.dtype = t.dtype(), .device = t.device()}), inverse);
+}
+
+Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), Dv = v.size(3);
+  const bool grouped = H != k.size(1);
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
+  const TensorOptions opt{.dtype = q.dtype(), .device = q.device()};
+  Tensor out = grouped ? empty({B, H, T, Dv}, opt) : empty_in_order_of(qd, {B, H, T, Dv});
+  Tensor lse = empty({B, H, T}, {.dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = q.device()});
+  cuda::attention_forward(qd, kd, vd, md, causal, c, out, lse);
+
+  const Tensor od = out.detach();
+  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c, grouped](const Tensor& g, const GradMask& need) {
+    const TensorOptions o{.dtype = qd.dtype(), .device = qd.device()};
+    Tensor dq = need[0] ? (grouped ? empty(qd.shape(), o) : empty_in_order_of(qd, qd.shape())) : Tensor();
+    Tensor dk = need[1] ? empty_in_order_of(kd, kd.shape()) : Tensor();
+    Tensor dv = need[2] ? empty_in_order_of(vd, vd.shape()) : Tensor();
+    cuda::attention_backward(g, qd, kd, vd, md, od, lse, causal, c, dq, dk, dv);
+    return TensorList{dq, dk, dv};
+  }, {qd, kd, vd, md, od, lse});
+  return out;
+}
+#endif
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                     const Tensor& mask) {
   check_inputs(q, k, v, scale, mask);
-  if (!q.is_cpu()) detail::throw_not_on_cuda(kName);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2), Dv = v.size(3);
   const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  if (!q.is_cpu()) FORGE_ON_CUDA(kName, return attention_cuda(q, k, v, causal, c, mask));
   const Tensor qd = readable(q.detach()), kd = readable(k.detach()), vd = readable(v.detach());
   const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
   Tensor out = empty({B, H, T, Dv}, {.dtype = q.dtype(), .device = q.device()});
@@ -81,7 +134,6 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     Tensor dq = need[0] ? empty(qd.shape(), {.dtype = qd.dtype(), .device = qd.device()}) : Tensor();
     Tensor dk = need[1] ? empty(kd.shape(), {.dtype = kd.dtype(), .device = kd.device()}) : Tensor();
     Tensor dv = need[2] ? empty(vd.shape(), {.dtype = vd.dtype(), .device = vd.device()}) : Tensor();
-    if (!g.is_cpu()) detail::throw_not_on_cuda(kName);
     cpu::attention_backward(readable(g), qd, kd, vd, md, od, lse, causal, c, dq, dk, dv);
     return TensorList{dq, dk, dv};
   }, {qd, kd, vd, md, od, lse});

@@ -24,7 +24,11 @@
 // - Differentiable in q, k and v (dk and dv sum over the query heads of a group); the
 //   mask gets no gradient. Saves the forward output and one logsumexp per query row, never
 //   the (T, S) probabilities.
-// Dtypes: f32, f64, bf16, f16 (one dtype for q, k, v; 16-bit computes in f32). CPU only so far.
+// Dtypes: f32, f64, bf16, f16 (one dtype for q, k, v; 16-bit computes in f32). On CUDA
+// the kernel is composed of cuBLASLt GEMMs and a fused softmax (backends/cuda/attention.h;
+// S and P are rounded to the compute dtype between the GEMMs) and the result may be a
+// non-contiguous view (dense in q's memory order, so the usual transpose(1, 2).reshape()
+// after attention is a view).
 #include "forge/core/tensor.h"
 
 namespace forge::ops {

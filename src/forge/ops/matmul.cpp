@@ -1,11 +1,20 @@
 #include "forge/ops/matmul.h"
 
+#include <string>
+
 #include "forge/autograd/node.h"
+#include "forge/backends/cpu/binary.h"
 #include "forge/backends/cpu/matmul.h"
+#include "forge/backends/cpu/unary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/reduce.h"
 #include "forge/ops/view.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/elementwise.h"
+#include "forge/backends/cuda/matmul.h"
+#endif
 
 namespace forge::ops {
 
@@ -28,7 +37,7 @@ Tensor matmul_forward(const char* name, const Tensor& a1, const Tensor& b1, cons
       Tensor a2 = Tensor::make(a1.storage(), {shape_numel(ba) * M, K}, st, a1.offset(), a1.dtype());
       Tensor out = empty({shape_numel(ba) * M, N}, {.dtype = a1.dtype(), .device = a1.device()});
       if (out.is_cpu()) cpu::matmul(a2, b1, out);
-      else FORGE_ON_CUDA(name, detail::throw_not_on_cuda(name));
+      else FORGE_ON_CUDA(name, cuda::matmul(a2, b1, out));
       Shape os = ba;
       os.push_back(M);
       os.push_back(N);
@@ -56,7 +65,7 @@ Tensor matmul_forward(const char* name, const Tensor& a1, const Tensor& b1, cons
   const Tensor be = b1.shape() == sb ? b1 : expand(b1, sb);
   Tensor out = empty(so, {.dtype = a1.dtype(), .device = a1.device()});
   if (out.is_cpu()) cpu::matmul(ae, be, out);
-  else FORGE_ON_CUDA(name, detail::throw_not_on_cuda(name));
+  else FORGE_ON_CUDA(name, cuda::matmul(ae, be, out));
   return out;
 }
 
@@ -123,9 +132,109 @@ Tensor matmul_impl(const char* name, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// ---- linear ------------------------------------------------------------------------------
+//
+//   y = x W^T + b                   x (*, in) viewed as (M, in), W (out, in), b (out)
+//   dx = dy W       dW = dy^T x      db = sum over rows of dy
+// linear_gelu applies gelu_tanh to y and saves y (the pre-activation) for its backward,
+// which first turns dL/d(gelu) into dL/dy.
+
+void check_linear(const char* name, const Tensor& x, const Tensor& w, const Tensor& b) {
+  FORGE_CHECK(x.defined() && w.defined(), name, ": x and weight must be defined tensors");
+  detail::check_same_device(name, {x, w, b});
+  FORGE_CHECK(is_floating(x.dtype()) && w.dtype() == x.dtype() && (!b.defined() || b.dtype() == x.dtype()), name,
+              ": x, weight and bias must share one floating dtype, got ", dtype_name(x.dtype()), ", ",
+              dtype_name(w.dtype()), b.defined() ? std::string(", ") + dtype_name(b.dtype()) : std::string(),
+              " (shapes ", x.shape(), ", ", w.shape(), ")");
+  FORGE_CHECK(w.dim() == 2, name, ": weight must be 2-D (out_features, in_features), got shape ", w.shape());
+  FORGE_CHECK(x.dim() >= 1 && x.shape().back() == w.size(1), name, ": input of shape ", x.shape(),
+              " does not end in in_features = ", w.size(1), " (weight ", w.shape(), ")");
+  FORGE_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), name, ": bias must have shape [", w.size(0),
+              "] (out_features of weight ", w.shape(), "), got ", b.shape());
+}
+
+// out (M, N) = x (M, K) w^T + b, on the CPU.
+void cpu_linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& out) {
+  cpu::matmul(x, transpose(w, 0, 1), out);
+  if (b.defined()) cpu::binary(BinaryOp::add, out, expand(b, out.shape()), out);
+}
+
+#ifdef FORGE_WITH_CUDA
+void cuda_linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& out, Tensor& pre) {
+  if (pre.defined()) cuda::linear_gelu_forward(x, w, b, out, pre);
+  else cuda::linear_forward(x, w, b, out);
+}
+#endif
+
+// dL/d(pre) = g * gelu_tanh'(pre).
+Tensor gelu_tanh_backward(const Tensor& g, const Tensor& pre) {
+  Tensor out = empty(pre.shape(), {.dtype = pre.dtype(), .device = pre.device()});
+  if (pre.is_cpu()) cpu::unary_backward(UnaryOp::gelu_tanh, g, pre, pre, out);
+  else FORGE_ON_CUDA("linear_gelu", cuda::unary_backward(UnaryOp::gelu_tanh, g, pre, pre, out));
+  return out;
+}
+
+Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+  check_linear(name, x, weight, bias);
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape y_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t M = shape_numel(y_shape);
+  y_shape.push_back(out_features);
+  const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
+  const Tensor x2 = reshape(x.detach(), {M, in});  // a view unless x's strides forbid one
+  const Tensor w = weight.detach(), b = bias.defined() ? bias.detach() : Tensor();
+  Tensor y2 = empty({M, out_features}, opt);
+  Tensor pre = gelu ? empty({M, out_features}, opt) : Tensor();
+  if (x.is_cpu()) {
+    if (gelu) {
+      cpu_linear(x2, w, b, pre);
+      cpu::unary(UnaryOp::gelu_tanh, pre, y2);
+    } else {
+      cpu_linear(x2, w, b, y2);
+    }
+  } else {
+    FORGE_ON_CUDA(name, cuda_linear(x2, w, b, y2, pre));
+  }
+  Tensor y = Tensor::make(y2.storage(), y_shape, contiguous_strides(y_shape), 0, y2.dtype());
+
+  // dW needs x, dx needs W; the GELU's derivative needs the pre-activation.
+  const Tensor x_saved = weight.requires_grad() ? x2 : Tensor();
+  const Tensor w_saved = x.requires_grad() ? w : Tensor();
+  const Shape x_shape = x.shape();
+  auto backward = [x_saved, w_saved, pre, x_shape, M, out_features](const Tensor& g, const GradMask& need) {
+    Tensor dy = reshape(g, {M, out_features});
+    if (pre.defined()) dy = gelu_tanh_backward(dy, pre);
+    Tensor dx, dw, db;
+    if (need[0]) dx = reshape(matmul(dy, w_saved), x_shape);
+    if (need[1] || need[2]) {
+      if (dy.is_cpu()) {
+        if (need[1]) dw = matmul(transpose(dy, 0, 1), x_saved);
+        if (need[2]) db = sum(dy, {0});
+      } else {
+        const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
+        if (need[1]) dw = empty({out_features, x_saved.size(1)}, o);
+        if (need[2]) db = empty({out_features}, o);
+        // The bias gradient in the weight gradient's GEMM (or on its own when dW is not needed).
+        FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved, dw, db));
+      }
+    }
+    return TensorList{dx, dw, db};
+  };
+  record(name, y, {x, weight, bias}, backward, {x_saved, w_saved, pre});
+  return y;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_impl("matmul", a, b); }
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_impl("linear", x, weight, bias, false);
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_impl("linear_gelu", x, weight, bias, true);
+}
 
 Tensor mm(const Tensor& a, const Tensor& b) {
   FORGE_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D operands, got shapes ", a.shape(), " and ", b.shape(),

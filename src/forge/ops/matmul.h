@@ -1,11 +1,13 @@
 #pragma once
 // Matrix products with torch.matmul semantics: 1-D x 1-D dot, 2-D, 1-D promoted to a
-// matrix, and batched N-D with broadcast batch dims. Operands with transposed last two
-// dims go to BLAS as transposed without a copy.
+// matrix, and batched N-D with broadcast batch dims; and Linear layers (linear,
+// linear_gelu). Operands with transposed last two dims go to BLAS (OpenBLAS on the CPU,
+// cuBLASLt on CUDA) as transposed without a copy.
 //
 // Both operands must have one dtype (no promotion, as PyTorch): f32/f64 (BLAS), bf16/f16
-// (f32 accumulation), i32/i64/u8 (exact loop, not differentiable). Gradients of
-// broadcast batch dims are summed back to each operand's shape.
+// (f32 accumulation), i32/i64/u8 (exact loop, CPU only, not differentiable). Gradients of
+// broadcast batch dims are summed back to each operand's shape. On CUDA, f32 products use
+// TF32 tensor cores only when cuda::set_allow_tf32(true) (or FORGE_ALLOW_TF32=1).
 #include "forge/core/tensor.h"
 
 namespace forge::ops {
@@ -17,5 +19,19 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);
 // Strictly 3-D (B, M, K) x (B, K, N).
 Tensor bmm(const Tensor& a, const Tensor& b);
+
+// torch.nn.functional.linear: y = x weight^T + bias.
+//   x (*, in), weight (out, in), bias (out) or undefined  ->  y (*, out)
+// One dtype for all three (floating). Differentiable in x, weight and bias. On CUDA the
+// bias is added in the GEMM's epilogue, and the backward computes the bias gradient in the
+// same GEMM as the weight gradient (cuBLASLt BGRADB; backends/cuda/matmul.h). On the CPU:
+// matmul, then the bias added in place.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// gelu_tanh(linear(x, weight, bias)), GPT-2's MLP up-projection. On CUDA one GEMM writes
+// both the pre-activation (saved for backward) and its GELU (cuBLASLt GELU_AUX_BIAS
+// epilogue, when the output width is a multiple of 8); elsewhere linear, then gelu_tanh.
+// The backward is gelu_tanh's derivative at the saved pre-activation, then linear's.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 }  // namespace forge::ops

@@ -1,0 +1,105 @@
+#pragma once
+// cuBLASLt for every GEMM of the CUDA backend: one handle, one workspace and one plan cache
+// per device, and a row-major GEMM call on top (Note [row-major GEMMs on cuBLASLt]).
+//
+// Internal to backends/cuda/ (the plain C++ entry points are matmul.h and attention.h).
+//
+//   blas::Gemm g;
+//   g.dtype = DType::bf16; g.m = M; g.n = N; g.k = K;
+//   g.a = {x_ptr, K};                 // (M, K) row-major, row stride K
+//   g.b = {w_ptr, K, /*trans=*/true}; // (K, N) = w^T, w (N, K) row-major
+//   g.c = y_ptr; g.ldc = N;
+//   g.epilogue = blas::Epilogue::bias; g.bias = b_ptr;
+//   blas::gemm(device, g);            // false: no cuBLASLt algorithm for this epilogue
+//
+// Note [row-major GEMMs on cuBLASLt]
+// forge's matrices are row-major views; cuBLASLt is column-major. A row-major (r, c)
+// matrix with row stride ld is, byte for byte, the column-major (c, r) matrix with leading
+// dimension ld, i.e. its transpose. So the row-major product C = A B (C (m, n), A (m, k),
+// B (k, n)) is computed as the column-major product C^T = B^T A^T: cuBLASLt's "A" is our
+// B, its "B" is our A, and its (m, n, k) is our (n, m, k). An operand stored transposed
+// (a view such as w.t(), whose last dim has stride ld and whose rows are contiguous,
+// element (r, c) at c * ld + r) is the same column-major matrix without the transpose, so
+// it becomes the transpose flag of the call instead of a copy:
+//   our A not transposed  -> cuBLASLt B layout (k, m, ld), op N
+//   our A transposed      -> cuBLASLt B layout (m, k, ld), op T
+//   our B not transposed  -> cuBLASLt A layout (n, k, ld), op N
+//   our B transposed      -> cuBLASLt A layout (k, n, ld), op T
+//   C                     -> cuBLASLt C = D layout (n, m, ldc)
+// Batches are strided (one batch stride per operand, 0 broadcasts an operand: cuBLASLt
+// allows stride 0 for A and B). Epilogues in these terms (cuBLASLt's D has n rows):
+//   bias           C[i, j] += bias[j]          (j < n)   CUBLASLT_EPILOGUE_BIAS
+//   gelu_aux       aux = A B + bias; C = gelu_tanh(aux)  CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+//                  (GELU_AUX without a bias; aux row-major (m, n), row stride aux_ld, a
+//                  multiple of 8; cuBLASLt's GELU is the tanh approximation)
+//   bgrad_a        bias_grad[i] = sum_k A[i, k] (i < m)  CUBLASLT_EPILOGUE_BGRADB, which
+//                  reduces cuBLASLt's B (= our A) over k into a vector as long as D has
+//                  columns (= our m). Linear's weight gradient dW = dY^T X has A = dY^T,
+//                  so this is dbias = column sums of dY, in the same pass.
+//
+// Plans: the matmul descriptor, the three layouts and the algorithm chosen by
+// cublasLtMatmulAlgoGetHeuristic are cached per device, keyed by everything they depend
+// on (dtype, compute type, shapes, leading dims, batch count and strides, transposes,
+// epilogue, and the alignment of every pointer, which the heuristic takes into account).
+// In the steady state a GEMM is one hash lookup, the pointer attributes of the epilogue,
+// and cublasLtMatmul on cuda::current_stream(device): no descriptor is created, no host
+// synchronisation. A shape for which cuBLASLt offers no algorithm (never expected for
+// plain GEMMs; possible for epilogues with some dtypes or alignments) is remembered too:
+// plain GEMMs then go to cublasGemmStridedBatchedEx (any layout, any alignment), and
+// gemm() returns false for epilogues so the caller can run the unfused sequence.
+//
+// Workspace: 32 MiB per (device, stream), allocated once through the device allocator (so
+// the caching allocator) and kept for the life of the process; GEMMs on one stream share
+// it in stream order. The cuBLAS fallback handle uses the same workspace.
+//
+// Precision: f32 accumulate for f32/bf16/f16 (CUBLAS_COMPUTE_32F; output rounded once to
+// the input dtype), CUBLAS_COMPUTE_32F_FAST_TF32 for f32 when allow_tf32() is on, and
+// CUBLAS_COMPUTE_64F for f64.
+#include <cstdint>
+
+#include "forge/core/dtype.h"
+#include "forge/core/tensor.h"
+
+namespace forge::cuda::blas {
+
+enum class Epilogue : uint8_t { none, bias, gelu_aux, bgrad_a };
+
+// A row-major operand: element (r, c) of matrix i is at
+//   data + i * batch_stride + (trans ? c * ld + r : r * ld + c)   (in elements).
+struct Operand {
+  const void* data = nullptr;
+  int64_t ld = 1;
+  bool trans = false;
+  int64_t batch_stride = 0;
+};
+
+// C (m, n) = alpha * A (m, k) B (k, n) + beta * C, for `batch` matrices; A, B, C of one
+// dtype. C is row-major with row stride ldc and batch stride c_batch_stride.
+struct Gemm {
+  DType dtype = DType::f32;
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  Operand a, b;
+  void* c = nullptr;
+  int64_t ldc = 1, c_batch_stride = 0;
+  double alpha = 1.0, beta = 0.0;
+  Epilogue epilogue = Epilogue::none;
+  const void* bias = nullptr;  // bias, gelu_aux: (n) of dtype, contiguous (optional for gelu_aux)
+  void* bias_grad = nullptr;   // bgrad_a: (m) of dtype, overwritten
+  void* aux = nullptr;         // gelu_aux: (m, n) row-major with row stride aux_ld, overwritten
+  int64_t aux_ld = 0;
+};
+
+// Runs `g` on cuda::current_stream(device). Requires m, n, k >= 1 (callers handle empty
+// products) and batch >= 1. Returns false, having done nothing, when g has an epilogue for
+// which cuBLASLt has no algorithm; a plain GEMM always runs (cuBLAS fallback). Throws on
+// invalid arguments and CUDA/cuBLAS errors.
+bool gemm(int device, const Gemm& g);
+
+// Plans cached for `device` (for tests: a repeated shape must not add one).
+int64_t plans_cached(int device);
+
+// A new contiguous tensor on `device` from its allocator (the caching allocator), for
+// the scratch buffers of the GEMM-based kernels (backends sit below ops/: no forge::empty).
+Tensor device_empty(int device, const Shape& shape, DType dtype);
+
+}  // namespace forge::cuda::blas

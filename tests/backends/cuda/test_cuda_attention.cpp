@@ -1,0 +1,199 @@
+// scaled_dot_product_attention on CUDA (cuBLASLt GEMMs + fused softmax) against the CPU
+// kernel: causal (bottom-right, T != S, rows with no key) and not, GQA and MQA, bool masks,
+// T not a multiple of 32, D != Dv, the (B, T, H, D) views of a fused QKV projection (read in
+// place) and permuted views (copied for grouped heads), the GPT-2 head size, and chunked
+// scratch buffers; forward output and the gradients of q, k, v (through the views, into
+// the leaves they came from).
+//
+// The CPU reference computes in f32 (f64 for f64) from the GPU's (rounded) inputs. The GPU
+// rounds S, P, dP and dS to the compute dtype between its GEMMs (as PyTorch's math path
+// does); emulating that rounding on the CPU gives relative errors of about 4e-3 for bf16 and
+// 5e-4 for f16 on these shapes, inside the 1e-2 tolerance.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_testing.h"
+#include "forge/backends/cuda/attention.h"
+#include "forge/forge.h"
+#include "forge/nn/layers.h"
+
+namespace forge {
+namespace {
+
+using namespace cuda_testing;
+
+DType ref_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+Tensor ref_of(const Tensor& cpu) { return cpu.to(ref_dtype(cpu.dtype())); }
+
+// f64: the device's exp/log and summation order differ from the host's in the last bits,
+// which the softmax backward's cancellation (dP - delta) can amplify a little.
+double attn_tolerance(DType t) { return t == DType::f64 ? 1e-10 : tolerance(t); }
+
+void expect_matches(const Tensor& gpu, const Tensor& ref, double tol, const std::string& what) {
+  expect_close(gpu.to(ref.dtype()), ref, tol, what);
+}
+
+enum class Layout { contiguous, fused_qkv, permuted };
+enum class MaskKind { none, square, padding };
+
+struct AttnCase {
+  const char* what;
+  int64_t B, H, Hkv, T, S, D, Dv;
+  bool causal;
+  MaskKind mask;
+  Layout layout;
+};
+
+// The leaf tensors of a case (one pair each) and how q, k, v are viewed from them.
+struct Leaves {
+  std::vector<Pair> pairs;
+  std::function<TensorList(const TensorList&)> views;
+};
+
+Leaves make_leaves(const AttnCase& c, DType dt, uint64_t seed) {
+  Leaves l;
+  const int64_t B = c.B, H = c.H, Hkv = c.Hkv, T = c.T, S = c.S, D = c.D, Dv = c.Dv;
+  switch (c.layout) {
+    case Layout::contiguous:
+      l.pairs = {on_both(host_input({B, H, T, D}, Domain::real, dt, seed)),
+                 on_both(host_input({B, Hkv, S, D}, Domain::real, dt, seed + 1)),
+                 on_both(host_input({B, Hkv, S, Dv}, Domain::real, dt, seed + 2))};
+      l.views = [](const TensorList& t) { return t; };
+      break;
+    case Layout::permuted:  // (B, T, H, D) tensors seen as (B, H, T, D)
+      l.pairs = {on_both(host_input({B, T, H, D}, Domain::real, dt, seed)),
+                 on_both(host_input({B, S, Hkv, D}, Domain::real, dt, seed + 1)),
+                 on_both(host_input({B, S, Hkv, Dv}, Domain::real, dt, seed + 2))};
+      l.views = [](const TensorList& t) {
+        return TensorList{t[0].transpose(1, 2), t[1].transpose(1, 2), t[2].transpose(1, 2)};
+      };
+      break;
+    case Layout::fused_qkv:  // GPT-2's c_attn output (B, T, 3C) split and viewed per head
+      l.pairs = {on_both(host_input({B, T, 3 * H * D}, Domain::real, dt, seed))};
+      l.views = [=](const TensorList& t) {
+        const TensorList parts = ops::split(t[0], H * D, -1);
+        TensorList qkv;
+        for (const Tensor& p : parts) qkv.push_back(ops::transpose(ops::reshape(p, {B, T, H, D}), 1, 2));
+        return qkv;
+      };
+      break;
+  }
+  return l;
+}
+
+Pair make_mask(const AttnCase& c, uint64_t seed) {
+  Generator gen(seed);
+  switch (c.mask) {
+    case MaskKind::none: return {};
+    case MaskKind::square: return on_both(ops::gt(rand({c.T, c.S}, {}, &gen), 0.3));
+    case MaskKind::padding: {  // the last keys of batch 0 are padding
+      Tensor keep = ops::lt(arange(c.S, {.dtype = DType::f32}).reshape({1, 1, 1, c.S}).expand({c.B, 1, 1, c.S}),
+                            from_vector<float>({static_cast<float>(c.S - 5), static_cast<float>(c.S)}, {c.B, 1, 1, 1}));
+      return on_both(keep.contiguous());
+    }
+  }
+  return {};
+}
+
+void check_attention(DType dt, const AttnCase& c, uint64_t seed) {
+  const Leaves leaves = make_leaves(c, dt, seed);
+  const Pair mask = make_mask(c, seed + 7);
+  TensorList gl, cl;
+  for (const Pair& p : leaves.pairs) {
+    gl.push_back(p.gpu.detach().requires_grad_());
+    cl.push_back(ref_of(p.cpu).requires_grad_());
+  }
+  const TensorList qg = leaves.views(gl), qc = leaves.views(cl);
+  Tensor og = ops::scaled_dot_product_attention(qg[0], qg[1], qg[2], c.causal, 0.0, mask.gpu);
+  Tensor oc = ops::scaled_dot_product_attention(qc[0], qc[1], qc[2], c.causal, 0.0, mask.cpu);
+  const std::string what = std::string(c.what) + " [" + dtype_name(dt) + "]";
+  const double tol = attn_tolerance(dt);
+  expect_matches(og, oc, tol, what + " out");
+  const Pair g = on_both(host_input(oc.shape(), Domain::real, dt, seed + 9));
+  og.backward(g.gpu);
+  oc.backward(ref_of(g.cpu));
+  const char* names[] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < gl.size(); ++i) {
+    ASSERT_TRUE(gl[i].grad().defined()) << what;
+    expect_matches(gl[i].grad(), cl[i].grad(), tol, what + " " + (gl.size() == 1 ? "d(qkv)" : names[i]));
+  }
+}
+
+const std::vector<AttnCase>& cases() {
+  using L = Layout;
+  using M = MaskKind;
+  static const std::vector<AttnCase> all = {
+      {"fused QKV views (GPT-2 layout), causal", 2, 4, 4, 37, 37, 16, 16, true, M::none, L::fused_qkv},
+      {"contiguous, not causal", 2, 3, 3, 37, 37, 16, 16, false, M::none, L::contiguous},
+      {"GQA 4/2, causal", 2, 4, 2, 37, 37, 16, 16, true, M::none, L::contiguous},
+      {"MQA 6/1 from permuted views, causal", 2, 6, 1, 33, 33, 8, 8, true, M::none, L::permuted},
+      {"permuted views, G = 1, not causal", 2, 3, 3, 29, 41, 16, 16, false, M::none, L::permuted},
+      {"T < S bottom-right causal, Dv != D", 2, 2, 2, 19, 45, 24, 8, true, M::none, L::contiguous},
+      {"T > S causal: first rows see no key", 1, 2, 2, 40, 23, 16, 16, true, M::none, L::contiguous},
+      {"square mask and causal", 2, 2, 2, 37, 37, 16, 16, true, M::square, L::contiguous},
+      {"padding mask, GQA, not causal", 2, 4, 2, 29, 29, 16, 16, false, M::padding, L::contiguous},
+      {"GPT-2 head size 64, T = 256, fused QKV", 2, 12, 12, 256, 256, 64, 64, true, M::none, L::fused_qkv},
+  };
+  return all;
+}
+
+class CudaAttention : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
+  FORGE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 1000;
+  for (const AttnCase& c : cases()) check_attention(GetParam(), c, seed += 20);
+}
+
+// One (batch, kv head) item per chunk: the chunked walk must give the same results.
+TEST_P(CudaAttention, ChunkedScratch) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const int64_t before = cuda::set_attention_scratch_bytes(1);
+  uint64_t seed = 2000;
+  for (size_t i : {0, 2, 3}) check_attention(GetParam(), cases()[i], seed += 20);
+  cuda::set_attention_scratch_bytes(before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttention, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64));
+
+// The output of a fused-QKV attention is dense in (B, T, H, D) order, so merging the heads
+// back is a view, and the gradient of q comes back in the same order.
+TEST(CudaAttentionLayout, OutputFollowsTheInputsMemoryOrder) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 37, H = 4, D = 16;
+  Tensor qkv = randn({B, T, 3 * H * D}, {.device = kGpu, .requires_grad = true});
+  const TensorList parts = ops::split(qkv, H * D, -1);
+  TensorList heads;
+  for (const Tensor& p : parts) heads.push_back(ops::transpose(ops::reshape(p, {B, T, H, D}), 1, 2));
+  const Tensor y = ops::scaled_dot_product_attention(heads[0], heads[1], heads[2], true);
+  EXPECT_EQ(y.shape(), (Shape{B, H, T, D}));
+  EXPECT_TRUE(ops::transpose(y, 1, 2).is_contiguous());
+  const Tensor merged = ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D});
+  merged.backward(ones_like(merged));
+  ASSERT_TRUE(qkv.grad().defined());
+  EXPECT_EQ(qkv.grad().shape(), qkv.shape());
+}
+
+TEST(CudaAttentionModels, GptAttentionBlockMatchesCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  manual_seed(11);
+  nn::CausalSelfAttention cpu_attn(64, 4);
+  nn::CausalSelfAttention gpu_attn(64, 4);
+  gpu_attn.load_state_dict(cpu_attn.state_dict());
+  gpu_attn.to(kGpu);
+  const Pair x = on_both(host_input({2, 37, 64}, Domain::real, DType::f32, 3000));
+  Tensor yg = gpu_attn.forward(x.gpu), yc = cpu_attn.forward(x.cpu);
+  expect_close(yg, yc, 1e-5, "CausalSelfAttention forward");
+  const Pair g = on_both(host_input(yc.shape(), Domain::real, DType::f32, 3001));
+  yg.backward(g.gpu);
+  yc.backward(g.cpu);
+  expect_close(gpu_attn.c_attn->weight.grad(), cpu_attn.c_attn->weight.grad(), 1e-5, "c_attn.weight grad");
+  expect_close(gpu_attn.c_attn->bias.grad(), cpu_attn.c_attn->bias.grad(), 1e-5, "c_attn.bias grad");
+  expect_close(gpu_attn.c_proj->weight.grad(), cpu_attn.c_proj->weight.grad(), 1e-5, "c_proj.weight grad");
+}
+
+}  // namespace
+}  // namespace forge

@@ -1,0 +1,316 @@
+// cuBLASLt GEMMs against the CPU backend: matmul (all four transpose combinations through
+// views, odd sizes, misaligned and non-GEMM-able layouts, batched, broadcast batch dims,
+// 1-D operands, empty sums), its backward, TF32, the plan cache, and linear / linear_gelu
+// forward and backward (bias epilogue, bias-gradient epilogue, GELU epilogue, and their
+// fallbacks).
+//
+// Every check runs the same (rounded) inputs through both backends; the CPU reference
+// computes in f32 (f64 for f64) from the GPU's inputs converted exactly, and the GPU result
+// is compared by ||out - ref|| / ||ref|| (f32 1e-5, bf16/f16 1e-2, f64 1e-12; TF32 1e-3).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_testing.h"
+#include "forge/backends/cuda/matmul.h"
+#include "forge/forge.h"
+#include "forge/nn/layers.h"
+
+namespace forge {
+namespace {
+
+using namespace cuda_testing;
+
+DType ref_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// The CPU reference operand: the same values, exactly, in the reference dtype.
+Tensor ref_of(const Tensor& cpu) { return cpu.to(ref_dtype(cpu.dtype())); }
+
+void expect_matches(const Tensor& gpu, const Tensor& ref, double tol, const std::string& what) {
+  expect_close(gpu.to(ref.dtype()), ref, tol, what);
+}
+
+// An (r, c) operand on both devices: stored as (r, c), or as the transpose of a stored (c, r).
+Pair operand(int64_t r, int64_t c, bool transposed, DType dt, uint64_t seed) {
+  if (!transposed) return on_both(host_input({r, c}, Domain::real, dt, seed));
+  return view_both(on_both(host_input({c, r}, Domain::real, dt, seed)), [](const Tensor& t) { return t.t(); });
+}
+
+class CudaMatmul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmul, AllTransposeCombinationsOddSizes) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const int64_t M = 37, K = 61, N = 129;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Pair a = operand(M, K, ta, dt, 1), b = operand(K, N, tb, dt, 2);
+      const std::string what = std::string("matmul ") + (ta ? "A^T" : "A") + (tb ? " B^T" : " B");
+      expect_matches(ops::matmul(a.gpu, b.gpu), ops::matmul(ref_of(a.cpu), ref_of(b.cpu)), tolerance(dt), what);
+    }
+  }
+}
+
+TEST_P(CudaMatmul, MisalignedAndNonGemmLayouts) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const int64_t M = 37, K = 61, N = 129;
+  const Pair b = operand(K, N, false, dt, 3);
+  // Offset by one element: the data pointer is only element-aligned.
+  const Pair a_off = view_both(on_both(host_input({M * K + 1}, Domain::real, dt, 4)),
+                               [&](const Tensor& t) { return t.narrow(0, 1, M * K).view({M, K}); });
+  expect_matches(ops::matmul(a_off.gpu, b.gpu), ops::matmul(ref_of(a_off.cpu), ref_of(b.cpu)), tolerance(dt),
+                 "misaligned A");
+  // Every other column: neither row- nor column-major, copied before the GEMM.
+  const Pair a_str = view_both(on_both(host_input({M, 2 * K}, Domain::real, dt, 5)),
+                               [&](const Tensor& t) { return t.slice(1, 0, 2 * K, 2); });
+  expect_matches(ops::matmul(a_str.gpu, b.gpu), ops::matmul(ref_of(a_str.cpu), ref_of(b.cpu)), tolerance(dt),
+                 "strided A");
+  // A padded row stride (leading dimension 70 > K) read in place.
+  const Pair a_pad = view_both(on_both(host_input({M, 70}, Domain::real, dt, 6)),
+                               [&](const Tensor& t) { return t.narrow(1, 0, K); });
+  expect_matches(ops::matmul(a_pad.gpu, b.gpu), ops::matmul(ref_of(a_pad.cpu), ref_of(b.cpu)), tolerance(dt),
+                 "padded A");
+  // A broadcast row (stride-0 rows: copied).
+  const Pair a_bc = view_both(on_both(host_input({1, K}, Domain::real, dt, 7)),
+                              [&](const Tensor& t) { return t.expand({M, K}); });
+  expect_matches(ops::matmul(a_bc.gpu, b.gpu), ops::matmul(ref_of(a_bc.cpu), ref_of(b.cpu)), tolerance(dt),
+                 "broadcast rows of A");
+}
+
+TEST_P(CudaMatmul, BatchedAndBroadcastBatches) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const int64_t M = 37, K = 61, N = 29;
+  struct Case {
+    const char* what;
+    Shape a, b;
+    std::function<Tensor(const Tensor&)> va, vb;
+  };
+  const auto id = [](const Tensor& t) { return t; };
+  const std::vector<Case> cases = {
+      {"[3,M,K] x [3,K,N]", {3, M, K}, {3, K, N}, id, id},
+      {"[2,1,M,K] x [3,K,N] (broadcast both)", {2, 1, M, K}, {3, K, N}, id, id},
+      {"[M,K] x [4,K,N] (A broadcast, batch stride 0)", {M, K}, {4, K, N}, id, id},
+      {"[4,M,K] x [K,N] (folded into one GEMM)", {4, M, K}, {K, N}, id, id},
+      {"[3,K,M]^T x [3,N,K]^T", {3, K, M}, {3, N, K}, [](const Tensor& t) { return t.transpose(1, 2); },
+       [](const Tensor& t) { return t.transpose(1, 2); }},
+      {"[2,3,M,K] from [2,1,M,K] x [2,3,K,N] (batch dims that do not coalesce)", {2, 1, M, K}, {2, 3, K, N},
+       [&](const Tensor& t) { return t.expand({2, 3, M, K}); }, id},
+      {"[2,3,M,K] x [3,2,K,N] permuted batch of B", {2, 3, M, K}, {3, 2, K, N}, id,
+       [](const Tensor& t) { return t.transpose(0, 1); }},
+  };
+  uint64_t seed = 10;
+  for (const Case& c : cases) {
+    const Pair a = view_both(on_both(host_input(c.a, Domain::real, dt, seed++)), c.va);
+    const Pair b = view_both(on_both(host_input(c.b, Domain::real, dt, seed++)), c.vb);
+    expect_matches(ops::matmul(a.gpu, b.gpu), ops::matmul(ref_of(a.cpu), ref_of(b.cpu)), tolerance(dt), c.what);
+  }
+  // bmm with an expanded (stride-0) batch of B.
+  const Pair a = on_both(host_input({3, M, K}, Domain::real, dt, 30));
+  const Pair b = view_both(on_both(host_input({1, K, N}, Domain::real, dt, 31)),
+                           [](const Tensor& t) { return t.expand({3, K, N}); });
+  expect_matches(ops::bmm(a.gpu, b.gpu), ops::bmm(ref_of(a.cpu), ref_of(b.cpu)), tolerance(dt), "bmm stride-0 B");
+}
+
+TEST_P(CudaMatmul, VectorOperandsAndEmptySums) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const int64_t M = 37, K = 61, N = 29;
+  struct Case {
+    const char* what;
+    Shape a, b;
+  };
+  const std::vector<Case> cases = {{"[K].[K]", {K}, {K}},           {"[K] x [K,N]", {K}, {K, N}},
+                                   {"[M,K] x [K]", {M, K}, {K}},     {"[2,M,K] x [K]", {2, M, K}, {K}},
+                                   {"[K] x [2,K,N]", {K}, {2, K, N}}, {"[1,K] x [K,1]", {1, K}, {K, 1}}};
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    const Pair a = on_both(host_input(c.a, Domain::real, dt, seed++));
+    const Pair b = on_both(host_input(c.b, Domain::real, dt, seed++));
+    expect_matches(ops::matmul(a.gpu, b.gpu), ops::matmul(ref_of(a.cpu), ref_of(b.cpu)), tolerance(dt), c.what);
+  }
+  // K == 0: zeros; M == 0: empty.
+  const TensorOptions on_gpu{.dtype = dt, .device = kGpu};
+  const Tensor z = ops::matmul(empty({M, 0}, on_gpu), empty({0, N}, on_gpu));
+  ASSERT_EQ(z.shape(), (Shape{M, N}));
+  for (double x : z.to_vector<double>()) ASSERT_EQ(x, 0.0);
+  EXPECT_EQ(ops::matmul(empty({0, K}, on_gpu), empty({K, N}, on_gpu)).shape(), (Shape{0, N}));
+}
+
+TEST_P(CudaMatmul, Backward) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  struct Case {
+    const char* what;
+    Shape a, b;
+  };
+  // The broadcast case sums gradients over batch dims (ops::sum_to: CUDA reductions).
+  const std::vector<Case> cases = {{"[2,37,61] x [61,29]", {2, 37, 61}, {61, 29}},
+                                   {"[2,1,37,61] x [3,61,29]", {2, 1, 37, 61}, {3, 61, 29}},
+                                   {"[61] x [61,29]", {61}, {61, 29}}};
+  uint64_t seed = 60;
+  for (const Case& c : cases) {
+    const Pair a = on_both(host_input(c.a, Domain::real, dt, seed++));
+    const Pair b = on_both(host_input(c.b, Domain::real, dt, seed++));
+    Tensor ag = a.gpu.detach().requires_grad_(), bg = b.gpu.detach().requires_grad_();
+    Tensor ac = ref_of(a.cpu).requires_grad_(), bc = ref_of(b.cpu).requires_grad_();
+    Tensor yg = ops::matmul(ag, bg), yc = ops::matmul(ac, bc);
+    const Pair g = on_both(host_input(yc.shape(), Domain::real, dt, seed++));
+    yg.backward(g.gpu);
+    yc.backward(ref_of(g.cpu));
+    expect_matches(yg, yc, tolerance(dt), std::string(c.what) + " forward");
+    expect_matches(ag.grad(), ac.grad(), tolerance(dt), std::string(c.what) + " grad a");
+    expect_matches(bg.grad(), bc.grad(), tolerance(dt), std::string(c.what) + " grad b");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaMatmul, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64));
+
+TEST(CudaMatmulTf32, FlagSwitchesComputeAndStaysAccurate) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const bool before = cuda::allow_tf32();
+  const Pair a = on_both(host_input({256, 320}, Domain::real, DType::f32, 70));
+  const Pair b = on_both(host_input({320, 192}, Domain::real, DType::f32, 71));
+  const Tensor ref = ops::matmul(a.cpu, b.cpu);
+  cuda::set_allow_tf32(true);
+  EXPECT_TRUE(cuda::allow_tf32());
+  expect_close(ops::matmul(a.gpu, b.gpu), ref, 1e-3, "tf32 matmul");  // TF32 keeps 10 mantissa bits
+  cuda::set_allow_tf32(false);
+  EXPECT_FALSE(cuda::allow_tf32());
+  expect_close(ops::matmul(a.gpu, b.gpu), ref, 1e-5, "f32 matmul");
+  cuda::set_allow_tf32(before);
+}
+
+TEST(CudaMatmulPlans, RepeatedShapesReuseTheirPlan) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const Tensor a = randn({45, 77}, {.device = kGpu}), b = randn({77, 53}, {.device = kGpu});
+  (void)ops::matmul(a, b);
+  const int64_t after_first = cuda::gemm_plans_cached(0);
+  for (int i = 0; i < 3; ++i) (void)ops::matmul(a, b);
+  const Tensor a2 = randn({45, 77}, {.device = kGpu});  // another buffer of the same shape
+  (void)ops::matmul(a2, b);
+  EXPECT_EQ(cuda::gemm_plans_cached(0), after_first);
+  (void)ops::matmul(b.t(), a.t());  // a new shape: one more plan
+  EXPECT_EQ(cuda::gemm_plans_cached(0), after_first + 1);
+}
+
+TEST(CudaMatmulErrors, IntegerMatmulHasNoCudaKernel) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const Tensor a = zeros({2, 3}, {.dtype = DType::i64, .device = kGpu});
+  EXPECT_THROW(ops::matmul(a, zeros({3, 2}, {.dtype = DType::i64, .device = kGpu})), Error);
+}
+
+// ---- linear / linear_gelu ------------------------------------------------------------------
+
+struct LinearCase {
+  const char* what;
+  Shape x;
+  int64_t out;
+  bool bias;
+};
+
+// Forward and all three gradients of op (linear or linear_gelu) against the CPU in f32.
+void check_linear(DType dt, const LinearCase& c, bool gelu, uint64_t seed, double fwd_tol) {
+  const int64_t in = c.x.back();
+  const Pair x = on_both(host_input(c.x, Domain::real, dt, seed));
+  // Weights scaled like a trained layer's so the GELU sees inputs of order 1.
+  const Pair w = on_both(ops::mul(host_input({c.out, in}, Domain::real, DType::f32, seed + 1), 0.2).to(dt));
+  const Pair b = on_both(host_input({c.out}, Domain::real, dt, seed + 2));
+  Tensor xg = x.gpu.detach().requires_grad_(), wg = w.gpu.detach().requires_grad_();
+  Tensor bg = c.bias ? b.gpu.detach().requires_grad_() : Tensor();
+  Tensor xc = ref_of(x.cpu).requires_grad_(), wc = ref_of(w.cpu).requires_grad_();
+  Tensor bc = c.bias ? ref_of(b.cpu).requires_grad_() : Tensor();
+  Tensor yg = gelu ? ops::linear_gelu(xg, wg, bg) : ops::linear(xg, wg, bg);
+  Tensor yc = gelu ? ops::linear_gelu(xc, wc, bc) : ops::linear(xc, wc, bc);
+  const std::string what = std::string(gelu ? "linear_gelu " : "linear ") + c.what;
+  expect_matches(yg, yc, fwd_tol, what + " forward");
+  const Pair g = on_both(host_input(yc.shape(), Domain::real, dt, seed + 3));
+  yg.backward(g.gpu);
+  yc.backward(ref_of(g.cpu));
+  const double tol = tolerance(dt);
+  expect_matches(xg.grad(), xc.grad(), tol, what + " dx");
+  expect_matches(wg.grad(), wc.grad(), tol, what + " dw");
+  if (c.bias) expect_matches(bg.grad(), bc.grad(), tol, what + " dbias");
+}
+
+const std::vector<LinearCase>& linear_cases() {
+  static const std::vector<LinearCase> cases = {
+      {"odd sizes [37,61] -> 129, bias", {37, 61}, 129, true},
+      {"aligned [64,96] -> 256, bias (epilogue path)", {64, 96}, 256, true},
+      {"3-D [2,37,64] -> 128, bias", {2, 37, 64}, 128, true},
+      {"no bias [37,61] -> 40", {37, 61}, 40, false},
+      {"1-D input [61] -> 24, bias", {61}, 24, true},
+  };
+  return cases;
+}
+
+class CudaLinear : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaLinear, ForwardAndBackward) {
+  FORGE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const LinearCase& c : linear_cases()) check_linear(GetParam(), c, false, seed += 10, tolerance(GetParam()));
+}
+
+TEST_P(CudaLinear, GeluForwardAndBackward) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  // cuBLASLt's GELU epilogue evaluates its own tanh approximation: in f32 it differs from
+  // forge's gelu_tanh in the last bits (about 1e-6 absolute), hence 1e-4 for that forward.
+  const double fwd_tol = dt == DType::f32 ? 1e-4 : tolerance(dt);
+  uint64_t seed = 200;
+  for (const LinearCase& c : linear_cases()) check_linear(dt, c, true, seed += 10, fwd_tol);
+}
+
+TEST_P(CudaLinear, OnlyTheBiasNeedsAGradient) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const Pair x = on_both(host_input({37, 61}, Domain::real, dt, 300));
+  const Pair w = on_both(host_input({48, 61}, Domain::real, dt, 301));
+  const Pair b = on_both(host_input({48}, Domain::real, dt, 302));
+  Tensor bg = b.gpu.detach().requires_grad_(), bc = ref_of(b.cpu).requires_grad_();
+  Tensor yg = ops::linear(x.gpu, w.gpu, bg), yc = ops::linear(ref_of(x.cpu), ref_of(w.cpu), bc);
+  const Pair g = on_both(host_input(yc.shape(), Domain::real, dt, 303));
+  yg.backward(g.gpu);
+  yc.backward(ref_of(g.cpu));
+  expect_matches(bg.grad(), bc.grad(), tolerance(dt), "dbias alone (column sums)");
+}
+
+TEST_P(CudaLinear, NonContiguousInputs) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const Pair x = view_both(on_both(host_input({61, 37}, Domain::real, dt, 310)), [](const Tensor& t) { return t.t(); });
+  const Pair w = view_both(on_both(host_input({64, 122}, Domain::real, dt, 311)),
+                           [](const Tensor& t) { return t.slice(1, 0, 122, 2); });
+  const Pair b = view_both(on_both(host_input({128}, Domain::real, dt, 312)),
+                           [](const Tensor& t) { return t.slice(0, 0, 128, 2); });
+  expect_matches(ops::linear(x.gpu, w.gpu, b.gpu), ops::linear(ref_of(x.cpu), ref_of(w.cpu), ref_of(b.cpu)),
+                 tolerance(dt), "linear of views");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinear, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64));
+
+TEST(CudaLinearModules, MlpMatchesTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  manual_seed(5);
+  nn::MLP cpu_mlp(64, 256);
+  nn::MLP gpu_mlp(64, 256);
+  gpu_mlp.load_state_dict(cpu_mlp.state_dict());
+  gpu_mlp.to(kGpu);
+  const Pair x = on_both(host_input({2, 17, 64}, Domain::real, DType::f32, 320));
+  Tensor yg = gpu_mlp.forward(x.gpu), yc = cpu_mlp.forward(x.cpu);
+  expect_close(yg, yc, 1e-4, "MLP forward (the GELU epilogue's last bits, see above)");
+  const Pair g = on_both(host_input(yc.shape(), Domain::real, DType::f32, 321));
+  yg.backward(g.gpu);
+  yc.backward(g.cpu);
+  expect_close(gpu_mlp.c_fc->weight.grad(), cpu_mlp.c_fc->weight.grad(), 1e-4, "MLP c_fc.weight grad");
+  expect_close(gpu_mlp.c_fc->bias.grad(), cpu_mlp.c_fc->bias.grad(), 1e-4, "MLP c_fc.bias grad");
+  expect_close(gpu_mlp.c_proj->weight.grad(), cpu_mlp.c_proj->weight.grad(), 1e-4, "MLP c_proj.weight grad");
+  expect_close(gpu_mlp.c_proj->bias.grad(), cpu_mlp.c_proj->bias.grad(), 1e-4, "MLP c_proj.bias grad");
+}
+
+}  // namespace
+}  // namespace forge
