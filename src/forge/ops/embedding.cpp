@@ -1,4 +1,6 @@
-// embedding: argument checks, the CPU kernels (backends/cpu/embedding.h) and the backward.
+// embedding: argument checks, the CPU and CUDA kernels (backends/*/embedding.h) and the
+// backward. On CUDA, ids are range-checked by the kernels on the device (Note [device-side
+// index checks] in backends/cuda/reduce.cuh), not here: that would need a host sync.
 #include "forge/ops/embedding.h"
 
 #include "forge/autograd/node.h"
@@ -6,6 +8,10 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/embedding.h"
+#endif
 
 namespace forge::ops {
 
@@ -26,13 +32,13 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Shape out_shape = ids.shape();
   out_shape.push_back(C);
   Tensor out = empty(out_shape, {.dtype = weight.dtype(), .device = weight.device()});
-  if (!out.is_cpu()) detail::throw_not_on_cuda("embedding");
   const Tensor idx = contiguous(ids.detach());
-  cpu::embedding_forward(contiguous(weight.detach()), idx, out);
+  if (out.is_cpu()) cpu::embedding_forward(contiguous(weight.detach()), idx, out);
+  else FORGE_ON_CUDA("embedding", cuda::embedding_forward(contiguous(weight.detach()), idx, out));
   record("embedding", out, {weight}, [idx, V, C](const Tensor& g, const GradMask&) {
     Tensor dw = empty({V, C}, {.dtype = g.dtype(), .device = g.device()});
-    if (!dw.is_cpu()) detail::throw_not_on_cuda("embedding");
-    cpu::embedding_backward(contiguous(g), idx, dw);
+    if (dw.is_cpu()) cpu::embedding_backward(contiguous(g), idx, dw);
+    else FORGE_ON_CUDA("embedding", cuda::embedding_backward(contiguous(g), idx, dw));
     return TensorList{dw};
   }, {idx});
   return out;

@@ -7,6 +7,13 @@
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/view.h"
 
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/index.h"
+#endif
+
+// On CUDA, indices are range-checked by the kernels on the device (Note [device-side index
+// checks] in backends/cuda/reduce.cuh), not here: that would need a host sync.
+
 namespace forge::ops {
 
 using autograd::GradMask;
@@ -36,7 +43,7 @@ Tensor scatter_add_into_zeros(const Shape& shape, int64_t d, const Tensor& index
   Tensor z = zeros(shape, {.dtype = src.dtype(), .device = src.device()});
   if (autograd::any_requires_grad({src})) return scatter_add(z, d, index, src);
   if (z.is_cpu()) cpu::scatter_add_(z, d, index, src);
-  else FORGE_ON_CUDA("scatter_add", detail::throw_not_on_cuda("scatter_add"));
+  else FORGE_ON_CUDA("scatter_add", cuda::scatter_add_(z, d, index, src));
   return z;
 }
 
@@ -55,7 +62,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   out_shape[d] = index.numel();
   Tensor out = empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
   if (out.is_cpu()) cpu::index_select(x, d, index, out);
-  else FORGE_ON_CUDA("index_select", detail::throw_not_on_cuda("index_select"));
+  else FORGE_ON_CUDA("index_select", cuda::index_select(x, d, index, out));
   if (!is_floating(out.dtype())) return out;
   const Shape x_shape = x.shape();
   const Tensor idx = index.detach();
@@ -76,7 +83,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   check_index_fits("gather", x, d, index);
   Tensor out = empty(index.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (out.is_cpu()) cpu::gather(x, d, index, out);
-  else FORGE_ON_CUDA("gather", detail::throw_not_on_cuda("gather"));
+  else FORGE_ON_CUDA("gather", cuda::gather(x, d, index, out));
   if (!is_floating(out.dtype())) return out;
   const Shape x_shape = x.shape();
   const Tensor idx = index.detach();
@@ -102,7 +109,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
                 " is larger than the src shape ", src.shape(), " at dim ", k, " (input shape ", x.shape(), ")");
   Tensor out = clone(x.detach());
   if (out.is_cpu()) cpu::scatter_add_(out, d, index, src);
-  else FORGE_ON_CUDA("scatter_add", detail::throw_not_on_cuda("scatter_add"));
+  else FORGE_ON_CUDA("scatter_add", cuda::scatter_add_(out, d, index, src));
   if (!is_floating(out.dtype())) return out;
   const Tensor idx = index.detach();
   const Shape src_shape = src.shape();

@@ -1,6 +1,8 @@
 #pragma once
 // Indexing ops. Index tensors are i64 or i32; out-of-range indices are an error naming
-// the op, the index and the dim size (negative indices are out of range, as in torch).
+// the op, the index and the dim size (negative indices are out of range, as in torch). On
+// CUDA the kernels check indices instead and fail with a device-side assertion (Note
+// [device-side index checks] in backends/cuda/reduce.cuh).
 #include "forge/core/tensor.h"
 
 namespace forge::ops {

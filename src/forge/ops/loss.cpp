@@ -1,5 +1,5 @@
-// cross_entropy: argument checks, the fused CPU kernels (backends/cpu/loss.h) and the
-// reduction; the backward is one fused kernel.
+// cross_entropy: argument checks, the fused CPU and CUDA kernels (backends/*/loss.h) and
+// the reduction; the backward is one fused kernel.
 #include "forge/ops/loss.h"
 
 #include <limits>
@@ -9,6 +9,10 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/loss.h"
+#endif
 
 namespace forge::ops {
 
@@ -24,10 +28,13 @@ const char* reduction_name(Reduction r) {
   return "?";
 }
 
-// Backward (fused, cpu::cross_entropy_backward):
+// Backward (fused, cpu::cross_entropy_backward / cuda::cross_entropy_backward):
 //   dlogits[n, j] = (softmax(logits[n])_j - [j == targets[n]]) * g_n * scale
 // with g_n = g (mean, sum) or g[n] (none), scale = 1 / count for mean, else 1, and zero
-// rows for ignored targets.
+// rows for ignored targets. On the CPU the forward returns the reduced loss and the count
+// as host numbers; on CUDA the total and the scale stay on the device (a 0-d tensor the
+// backward reads), so the op never synchronises with the host (Note [cross-entropy on the
+// device] in backends/cuda/loss.cu).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
   FORGE_CHECK(logits.defined() && targets.defined(), "cross_entropy: logits and targets must be defined tensors");
   detail::check_same_device("cross_entropy", {logits, targets});
@@ -45,25 +52,38 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor loss = reduction == Reduction::none ? empty(targets.shape(), opt) : Tensor();
   const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
   Tensor lse = empty({targets.numel()}, {.dtype = lse_dtype, .device = logits.device()});
-  if (!lse.is_cpu()) detail::throw_not_on_cuda("cross_entropy");
   const Tensor ls = contiguous(logits.detach()), ts = contiguous(targets.detach());
-  const cpu::CrossEntropyTotals totals = cpu::cross_entropy_forward(ls, ts, ignore_index, loss, lse);
-  double scale = 1;
-  if (reduction == Reduction::mean) {
-    const double value = totals.count > 0 ? totals.sum / static_cast<double>(totals.count)
-                                          : std::numeric_limits<double>::quiet_NaN();
-    loss = full({}, value, opt);
-    // With nothing counted every row of dlogits is zero; the scale is never used.
-    scale = totals.count > 0 ? 1.0 / static_cast<double>(totals.count) : 0.0;
-  } else if (reduction == Reduction::sum) {
-    loss = full({}, totals.sum, opt);
+  double scale = 1;  // CPU: the backward's scale
+  Tensor scale_t;    // CUDA: the same, a 0-d device tensor of lse's dtype (undefined: 1)
+  if (lse.is_cpu()) {
+    const cpu::CrossEntropyTotals totals = cpu::cross_entropy_forward(ls, ts, ignore_index, loss, lse);
+    if (reduction == Reduction::mean) {
+      const double value = totals.count > 0 ? totals.sum / static_cast<double>(totals.count)
+                                            : std::numeric_limits<double>::quiet_NaN();
+      loss = full({}, value, opt);
+      // With nothing counted every row of dlogits is zero; the scale is never used.
+      scale = totals.count > 0 ? 1.0 / static_cast<double>(totals.count) : 0.0;
+    } else if (reduction == Reduction::sum) {
+      loss = full({}, totals.sum, opt);
+    }
+  } else {
+#ifdef FORGE_WITH_CUDA
+    Tensor total = reduction == Reduction::none ? Tensor() : empty({}, opt);
+    if (reduction == Reduction::mean) scale_t = empty({}, {.dtype = lse_dtype, .device = logits.device()});
+    cuda::cross_entropy_forward(ls, ts, ignore_index, reduction == Reduction::mean, loss, lse, total, scale_t);
+    if (reduction != Reduction::none) loss = total;
+#else
+    detail::throw_no_cuda("cross_entropy");
+#endif
   }
-  record("cross_entropy", loss, {logits}, [ls, ts, lse, scale, ignore_index](const Tensor& g, const GradMask&) {
-    Tensor dlogits = empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()});
-    if (!dlogits.is_cpu()) detail::throw_not_on_cuda("cross_entropy");
-    cpu::cross_entropy_backward(ls, ts, lse, contiguous(g), scale, ignore_index, dlogits);
-    return TensorList{dlogits};
-  }, {ls, ts, lse});
+  record("cross_entropy", loss, {logits},
+         [ls, ts, lse, scale, scale_t, ignore_index](const Tensor& g, const GradMask&) {
+           Tensor dlogits = empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()});
+           if (dlogits.is_cpu()) cpu::cross_entropy_backward(ls, ts, lse, contiguous(g), scale, ignore_index, dlogits);
+           else FORGE_ON_CUDA("cross_entropy",
+                              cuda::cross_entropy_backward(ls, ts, lse, contiguous(g), scale_t, ignore_index, dlogits));
+           return TensorList{dlogits};
+         }, {ls, ts, lse});
   return loss;
 }
 

@@ -19,7 +19,10 @@ enum class Reduction { mean, sum, none };
 //   the logits' dtype. For 2-D logits this is torch.nn.functional.cross_entropy(logits,
 //   targets, ignore_index=..., reduction=...); for (B, T, V) it equals torch's on
 //   logits.view(-1, V) and targets.view(-1) (torch itself would take dim 1 as the class dim).
-// A target outside [0, V) that is not ignore_index throws forge::Error naming it.
+// A target outside [0, V) that is not ignore_index throws forge::Error naming it (on CUDA
+// the kernel checks it instead and fails with a device-side assertion, reported at the next
+// synchronising call: Note [device-side index checks] in backends/cuda/reduce.cuh). On CUDA
+// the reduced loss is computed on the device: the op never synchronises with the host.
 // Differentiable in logits (fused: dlogits = (softmax - onehot) * g / count).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);

@@ -15,6 +15,11 @@
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/view.h"
 
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/reduce.h"
+#include "forge/backends/cuda/softmax.h"
+#endif
+
 namespace forge::ops {
 
 using autograd::GradMask;
@@ -118,12 +123,13 @@ void check_nonempty(const ReducePlan& p, const Tensor& x, const Dims& dims, cons
 
 // sum, mean, amax, amin through cpu::reduce_rows (or reduce_lanes). An empty reduction gives 0 for sum and NaN
 // for mean (as PyTorch); amax/amin have been rejected by check_nonempty.
-Tensor run_rows(cpu::RowReduce op, const ReducePlan& p, DType out_dtype, const char* name) {
+Tensor run_rows(cpu::RowReduce op, const ReducePlan& p, DType out_dtype, [[maybe_unused]] const char* name) {
   Tensor out = empty({p.rows()}, {.dtype = out_dtype, .device = p.input.device()});
-  if (!out.is_cpu()) detail::throw_not_on_cuda(name);
   if (p.cols() == 0 && op == cpu::RowReduce::mean) fill_(out, std::numeric_limits<double>::quiet_NaN());
-  else if (p.inner == 1) cpu::reduce_rows(op, p.input, out);
-  else cpu::reduce_lanes(op, p.input, out, p.outer, p.n, p.inner);
+  else if (p.inner == 1 && out.is_cpu()) cpu::reduce_rows(op, p.input, out);
+  else if (p.inner == 1) FORGE_ON_CUDA(name, cuda::reduce_rows(op, p.input, out));
+  else if (out.is_cpu()) cpu::reduce_lanes(op, p.input, out, p.outer, p.n, p.inner);
+  else FORGE_ON_CUDA(name, cuda::reduce_lanes(op, p.input, out, p.outer, p.n, p.inner));
   return reshape(out, p.out_shape);
 }
 
@@ -174,9 +180,9 @@ Tensor var(const Tensor& x, const Dims& dims, bool keepdim, int64_t correction) 
   check_floating(x, "var");
   ReducePlan p = plan_reduce(x, dims, keepdim, "var");
   Tensor out = empty({p.rows()}, {.dtype = x.dtype(), .device = x.device()});
-  if (!out.is_cpu()) detail::throw_not_on_cuda("var");
   if (p.cols() == 0) fill_(out, std::numeric_limits<double>::quiet_NaN());  // as torch.var of nothing
-  else cpu::var_rows(p.input, out, correction);
+  else if (out.is_cpu()) cpu::var_rows(p.input, out, correction);
+  else FORGE_ON_CUDA("var", cuda::var_rows(p.input, out, correction));
   out = reshape(out, p.out_shape);
   const double divisor = static_cast<double>(std::max<int64_t>(p.cols() - correction, 0));
   record("var", out, {x}, [xs = x.detach(), dims, keep = p.keep_shape, divisor](const Tensor& g, const GradMask&) {
@@ -222,7 +228,7 @@ ValuesIndices extreme_along(cpu::ArgReduce op, const Tensor& x, int64_t dim, boo
   r.indices = empty({p.rows()}, {.dtype = DType::i64, .device = x.device()});
   if (want_values) r.values = empty({p.rows()}, {.dtype = x.dtype(), .device = x.device()});
   if (x.is_cpu()) cpu::arg_reduce_rows(op, p.input, want_values ? &r.values : nullptr, r.indices);
-  else detail::throw_not_on_cuda(name);
+  else FORGE_ON_CUDA(name, cuda::arg_reduce_rows(op, p.input, want_values ? &r.values : nullptr, r.indices));
   r.indices = reshape(r.indices, p.out_shape);
   if (!want_values) return r;
   r.values = reshape(r.values, p.out_shape);
@@ -241,11 +247,11 @@ Tensor softmax_along(const Tensor& x, int64_t dim, bool log) {
   const int64_t d = wrap_dim_of(x, dim, name);
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (x.is_cpu()) cpu::softmax_forward(contiguous(x.detach()), y, d, log);
-  else detail::throw_not_on_cuda(name);
+  else FORGE_ON_CUDA(name, cuda::softmax_forward(contiguous(x.detach()), y, d, log));
   record(name, y, {x}, [ys = y.detach(), d, log, name](const Tensor& g, const GradMask&) {
     Tensor dx = empty(ys.shape(), {.dtype = ys.dtype(), .device = ys.device()});
     if (dx.is_cpu()) cpu::softmax_backward(ys, contiguous(g), dx, d, log);
-    else detail::throw_not_on_cuda(name);
+    else FORGE_ON_CUDA(name, cuda::softmax_backward(ys, contiguous(g), dx, d, log));
     return TensorList{dx};
   }, {y});
   return y;

@@ -1,0 +1,305 @@
+// Cross-entropy over the class dim, fused with a numerically stable log-softmax: CUDA
+// kernels, the counterparts of backends/cpu/loss.cpp.
+//
+//   logits (N, V): N = B * T rows, V classes (GPT-2: N = 16384..32768, V = 50304, bf16)
+//   targets (N):   a class per row, or ignore_index to skip the row
+//
+// Forward, per counted row n with target t (M = f32 for f32/bf16/f16, f64 for f64):
+//   (m_n, s_n) = online max and sum_j exp(logits[n, j] - m_n)   (Note [online softmax])
+//   lse_n  = m_n + log(s_n)
+//   loss_n = lse_n - logits[n, t]
+// and lse_n = loss_n = 0 for ignored rows. Then, in one more (tiny) kernel:
+//   total = sum_n loss_n (in f64, a fixed tree), count = #{n : targets[n] != ignore_index}
+//   mean: total / count (NaN if count == 0), scale = 1 / count (0 if count == 0); sum: scale = 1.
+// Backward, from g_n (0-d: one value for every row; or one per row) and the device scale:
+//   dlogits[n, j] = (exp(logits[n, j] - lse_n) - [j == t]) * g_n * scale
+// with zero rows for ignored targets.
+//
+// Memory contract: logits, targets, lse (backward), grad and scale (backward) are read only.
+// The forward overwrites lse, loss (when defined), total and scale (when defined); the
+// backward overwrites dlogits. Forward scratch: N per-row losses in lse's dtype.
+//
+// Note [cross-entropy on the device]:
+// - Each logits row is read exactly once by the forward (one block per row, 16-byte loads,
+//   online max/sum in f32) and once by the backward (logits + lse in, dlogits out, 16-byte
+//   loads and stores): no f32 copy of the logits, no softmax tensor. For GPT-2's bf16
+//   (32768, 50304) logits that is 3.3 GB read forward and 3.3 GB read + 3.3 GB written
+//   backward, the memory-bound minimum for a separate forward and backward.
+// - The loss never leaves the device: the mean's count of non-ignored targets is computed by
+//   the total kernel and handed to the backward as a device scalar (`scale`), so neither
+//   the op nor its backward synchronises with the host (the CPU kernel returns host totals
+//   instead; the ops layer branches on the device). The total is summed in f64 by one
+//   block in a fixed order: deterministic, and independent of N's split over blocks.
+// - exp is __expf for bf16/f16 logits (its error is far below their rounding) and expf for
+//   f32: each is a handful of instructions against 2 bytes of memory traffic per element.
+// - Not done (an option for later): computing dlogits inside the forward when the loss is
+//   the last op (llm.c's fused classifier), which would save the backward's re-read of the
+//   logits.
+// - Targets are checked on the device (Note [device-side index checks] in reduce.cuh):
+//   an out-of-range target that is not ignore_index fails the kernel, never reads outside
+//   its row.
+//
+// Instantiations: forward and backward 4 dtypes x 2 target types; total 4 x 2.
+#include "forge/backends/cuda/loss.h"
+
+#include <limits>
+
+#include "forge/backends/cpu/loss.h"
+#include "forge/backends/cuda/reduce.cuh"
+#include "forge/core/convert.h"
+#include "forge/core/dispatch.h"
+
+namespace forge::cuda {
+namespace {
+
+constexpr int kTotalThreads = 1024;
+
+template <class T> using Lse = acc_t<T>;  // f32 for bf16/f16/f32, f64 for f64
+
+// ---- kernels ------------------------------------------------------------------------------
+
+// One row per block iteration (all kReduceThreads threads of the block on one row).
+template <class T, class I>
+__global__ void __launch_bounds__(kReduceThreads)
+    cross_entropy_forward_kernel(const T* __restrict__ logits,  // (N, V)
+                                 const I* __restrict__ targets,  // (N)
+                                 int64_t N, int64_t V, int64_t ignore_index, bool vec,
+                                 Lse<T>* __restrict__ lse,       // (N)
+                                 Lse<T>* __restrict__ row_loss,  // (N)
+                                 T* __restrict__ loss) {         // (N) or null
+  using M = acc_t<T>;
+  constexpr int W = kVec<T>;
+  constexpr bool kFast = is_half_v<T>;
+  __shared__ GroupScratch<MaxSum<M>> smem;
+  auto merge = [](const MaxSum<M>& a, const MaxSum<M>& b) { return maxsum_merge<kFast>(a, b); };
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t t = static_cast<int64_t>(targets[row]);
+    if (t == ignore_index) {  // uniform over the block: every thread reads the same target
+      if (threadIdx.x == 0) {
+        lse[row] = Lse<T>(0);
+        row_loss[row] = Lse<T>(0);
+        if (loss) loss[row] = convert<T>(0.0f);
+      }
+      continue;
+    }
+    FORGE_KERNEL_CHECK(t >= 0 && t < V, "cross_entropy: target %lld at row %lld is out of range for %lld classes",
+                       static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
+    const T* xr = logits + row * V;
+    MaxSum<M> st = maxsum_identity<M>();
+    if (vec) {
+      const Vec<T, W>* xv = reinterpret_cast<const Vec<T, W>*>(xr);
+      for (int64_t w = threadIdx.x; w < V / W; w += kReduceThreads) {
+        const Vec<T, W> v = xv[w];
+        M f[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) f[k] = convert<M>(v.v[k]);
+        maxsum_update<kFast>(st, f);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
+        const M f[1] = {convert<M>(xr[j])};
+        maxsum_update<kFast>(st, f);
+      }
+    }
+    st = group_reduce(st, kReduceThreads, merge, smem);
+    if (threadIdx.x == 0) {
+      const M row_lse = st.m + log(st.s);
+      const M l = row_lse - convert<M>(xr[t]);
+      lse[row] = row_lse;
+      row_loss[row] = l;
+      if (loss) loss[row] = convert<T>(l);
+    }
+  }
+}
+
+// One block: total = sum of the row losses (f64, fixed order), count of counted rows.
+template <class T, class I>
+__global__ void __launch_bounds__(kTotalThreads)
+    cross_entropy_total_kernel(const Lse<T>* __restrict__ row_loss,  // (N)
+                               const I* __restrict__ targets,        // (N)
+                               int64_t N, int64_t ignore_index, bool mean,
+                               T* __restrict__ total,        // () or null
+                               Lse<T>* __restrict__ scale) {  // () or null
+  __shared__ double warp_sum[kTotalThreads / 32];
+  __shared__ long long warp_count[kTotalThreads / 32];
+  double sum = 0;
+  long long count = 0;
+  for (int64_t i = threadIdx.x; i < N; i += kTotalThreads) {
+    sum += static_cast<double>(row_loss[i]);
+    count += static_cast<int64_t>(targets[i]) != ignore_index ? 1 : 0;
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    count += __shfl_xor_sync(0xffffffffu, count, off);
+  }
+  if (threadIdx.x % 32 == 0) {
+    warp_sum[threadIdx.x / 32] = sum;
+    warp_count[threadIdx.x / 32] = count;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  sum = 0;
+  count = 0;
+  for (int w = 0; w < kTotalThreads / 32; ++w) {
+    sum += warp_sum[w];
+    count += warp_count[w];
+  }
+  if (mean) {
+    if (total) total[0] = convert<T>(count > 0 ? sum / static_cast<double>(count) : __longlong_as_double(0x7ff8000000000000LL));
+    if (scale) scale[0] = static_cast<Lse<T>>(count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
+  } else {
+    if (total) total[0] = convert<T>(sum);
+    if (scale) scale[0] = Lse<T>(1);
+  }
+}
+
+template <class T, class I>
+__global__ void __launch_bounds__(kReduceThreads)
+    cross_entropy_backward_kernel(const T* __restrict__ logits,   // (N, V)
+                                  const I* __restrict__ targets,  // (N)
+                                  const Lse<T>* __restrict__ lse,  // (N)
+                                  const T* __restrict__ grad,     // () or (N): grad[n * gstep]
+                                  int64_t gstep,
+                                  const Lse<T>* __restrict__ scale,  // () or null (= 1)
+                                  int64_t N, int64_t V, int64_t ignore_index, bool vec,
+                                  T* __restrict__ dlogits) {  // (N, V)
+  using M = acc_t<T>;
+  constexpr int W = kVec<T>;
+  constexpr bool kFast = is_half_v<T>;
+  const M sc = scale ? static_cast<M>(scale[0]) : M(1);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t t = static_cast<int64_t>(targets[row]);
+    const T* xr = logits + row * V;
+    T* dr = dlogits + row * V;
+    if (t == ignore_index) {
+      const T zero = convert<T>(0.0f);
+      if (vec) {
+        Vec<T, W> z;
+#pragma unroll
+        for (int k = 0; k < W; ++k) z.v[k] = zero;
+        for (int64_t w = threadIdx.x; w < V / W; w += kReduceThreads) reinterpret_cast<Vec<T, W>*>(dr)[w] = z;
+      } else {
+        for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) dr[j] = zero;
+      }
+      continue;
+    }
+    FORGE_KERNEL_CHECK(t >= 0 && t < V,
+                       "cross_entropy_backward: target %lld at row %lld is out of range for %lld classes",
+                       static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
+    const M gs = convert<M>(grad[row * gstep]) * sc;
+    const M l = static_cast<M>(lse[row]);
+    if (vec) {
+      const Vec<T, W>* xv = reinterpret_cast<const Vec<T, W>*>(xr);
+      for (int64_t w = threadIdx.x; w < V / W; w += kReduceThreads) {
+        const Vec<T, W> v = xv[w];
+        Vec<T, W> o;
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const M p = exp_of<kFast>(convert<M>(v.v[k]) - l);
+          o.v[k] = convert<T>((w * W + k == t ? p - M(1) : p) * gs);
+        }
+        reinterpret_cast<Vec<T, W>*>(dr)[w] = o;
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
+        const M p = exp_of<kFast>(convert<M>(xr[j]) - l);
+        dr[j] = convert<T>((j == t ? p - M(1) : p) * gs);
+      }
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------
+
+struct RowsV {
+  int64_t N = 0, V = 0;
+};
+
+RowsV rows_of(const char* op, const Tensor& logits, const Tensor& targets) {
+  FORGE_CHECK(logits.dim() >= 1, op, ": logits must have a class dim, got shape ", logits.shape());
+  const int64_t V = logits.shape().back(), N = targets.numel();
+  FORGE_CHECK(logits.is_cuda() && targets.device() == logits.device() && logits.is_contiguous() &&
+                  targets.is_contiguous() && logits.numel() == N * V,
+              op, ": the CUDA kernel needs contiguous logits of N * V elements and N contiguous targets on one GPU, "
+                  "got logits ", logits.shape(), " on ", logits.device().str(), " and targets ", targets.shape(), " on ",
+              targets.device().str());
+  return {N, V};
+}
+
+void check_buffer(const char* op, const char* what, const Tensor& t, const Tensor& logits, int64_t numel, DType dtype) {
+  FORGE_CHECK(t.device() == logits.device() && t.is_contiguous() && t.numel() == numel && t.dtype() == dtype, op,
+              ": bad ", what, " buffer: expected ", numel, " contiguous ", dtype_name(dtype), " on ",
+              logits.device().str(), ", got ", t.shape(), " ", dtype_name(t.dtype()), " on ", t.device().str());
+}
+
+}  // namespace
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean,
+                           Tensor& loss, Tensor& lse, Tensor& total, Tensor& scale) {
+  const char* op = "cross_entropy";
+  const auto [N, V] = rows_of(op, logits, targets);
+  const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
+  check_buffer(op, "lse", lse, logits, N, sd);
+  if (loss.defined()) check_buffer(op, "loss", loss, logits, N, logits.dtype());
+  if (total.defined()) check_buffer(op, "total", total, logits, 1, logits.dtype());
+  if (scale.defined()) check_buffer(op, "scale", scale, logits, 1, sd);
+  const int device = logits.device().index;
+  DeviceGuard guard(device);
+  const cudaStream_t stream = current_stream(device);
+  dispatch_index(targets.dtype(), op, [&]<class I>() {
+    dispatch_float(logits.dtype(), op, [&]<class T>() {
+      using S = Lse<T>;
+      const T* px = static_cast<const T*>(logits.data_ptr());
+      const I* pt = static_cast<const I*>(targets.data_ptr());
+      const Tensor row_loss = device_buffer(device, {N}, sd);
+      if (N > 0) {
+        const bool vec = V % kVec<T> == 0 && aligned16(px);
+        cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, stream>>>(
+            px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
+            loss.defined() ? static_cast<T*>(loss.data_ptr()) : nullptr);
+        FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
+                                targets.shape(), " ", dtype_name(targets.dtype()));
+      }
+      if (total.defined() || scale.defined()) {
+        cross_entropy_total_kernel<T, I><<<1, kTotalThreads, 0, stream>>>(
+            static_cast<const S*>(row_loss.data_ptr()), pt, N, ignore_index, mean,
+            total.defined() ? static_cast<T*>(total.data_ptr()) : nullptr,
+            scale.defined() ? static_cast<S*>(scale.data_ptr()) : nullptr);
+        FORGE_CUDA_LAUNCH_CHECK(op, " (total): ", N, " rows");
+      }
+    });
+  });
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
+                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  const auto [N, V] = rows_of(op, logits, targets);
+  const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
+  check_buffer(op, "lse", lse, logits, N, sd);
+  FORGE_CHECK(grad.device() == logits.device() && grad.is_contiguous() && grad.dtype() == logits.dtype() &&
+                  (grad.dim() == 0 || grad.numel() == N),
+              op, ": grad must be 0-d or hold one value per row, contiguous, of the logits' dtype, on ",
+              logits.device().str(), "; got ", grad.shape(), " ", dtype_name(grad.dtype()), " for ", N, " rows");
+  if (scale.defined()) check_buffer(op, "scale", scale, logits, 1, sd);
+  check_buffer(op, "dlogits", dlogits, logits, N * V, logits.dtype());
+  if (N == 0 || V == 0) return;
+  const int device = logits.device().index;
+  DeviceGuard guard(device);
+  dispatch_index(targets.dtype(), op, [&]<class I>() {
+    dispatch_float(logits.dtype(), op, [&]<class T>() {
+      using S = Lse<T>;
+      const T* px = static_cast<const T*>(logits.data_ptr());
+      T* pd = static_cast<T*>(dlogits.data_ptr());
+      const bool vec = V % kVec<T> == 0 && aligned16(px) && aligned16(pd);
+      cross_entropy_backward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, current_stream(device)>>>(
+          px, static_cast<const I*>(targets.data_ptr()), static_cast<const S*>(lse.data_ptr()),
+          static_cast<const T*>(grad.data_ptr()), grad.dim() == 0 ? 0 : 1,
+          scale.defined() ? static_cast<const S*>(scale.data_ptr()) : nullptr, N, V, ignore_index, vec, pd);
+      FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
+                              targets.shape(), " ", dtype_name(targets.dtype()));
+    });
+  });
+}
+
+}  // namespace forge::cuda

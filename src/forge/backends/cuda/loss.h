@@ -1,0 +1,37 @@
+#pragma once
+// CUDA cross-entropy over the last (class) dim, fused with log-softmax, and its fused
+// backward: the counterparts of backends/cpu/loss.h (see loss.cu for the math, the memory
+// contract and Note [cross-entropy on the device]).
+//
+// Unlike the CPU kernel, which returns the reduced loss as host numbers
+// (cpu::CrossEntropyTotals), the CUDA forward reduces on the device and writes the result
+// and the backward's scale into device tensors, so neither the op nor its backward
+// synchronises with the host. Out-of-range targets fail a device-side check (Note
+// [device-side index checks] in reduce.cuh) instead of throwing.
+#include <cstdint>
+
+#include "forge/core/tensor.h"
+
+namespace forge::cuda {
+
+// loss_n = logsumexp_j(logits[n, j]) - logits[n, targets[n]], 0 where targets[n] == ignore_index.
+//   logits  (N, V)  contiguous, floating (any shape (..., V) with N rows)
+//   targets (N)     contiguous, i32/i64 (any shape of N elements)
+//   loss    (N)     contiguous, logits' dtype; overwritten, or undefined (not written)
+//   lse     (N)     contiguous, cpu::cross_entropy_lse_dtype(logits); overwritten (0 for ignored rows)
+//   total   ()      logits' dtype; overwritten with sum_n loss_n, divided by the number of
+//                   counted rows when `mean` (NaN when none is counted); or undefined
+//   scale   ()      lse's dtype; overwritten with the backward's scale: 1 / count for mean
+//                   (0 when none is counted), else 1; or undefined
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean,
+                           Tensor& loss, Tensor& lse, Tensor& total, Tensor& scale);
+
+// dlogits[n, j] = (softmax(logits[n])_j - [j == targets[n]]) * grad_n * scale, zero rows where
+// targets[n] == ignore_index.
+//   grad    ()  or (N)  contiguous, logits' dtype: one upstream gradient for every row, or one per row
+//   scale   ()          lse's dtype on the device (the forward's), or undefined for 1
+//   dlogits (N, V)      contiguous, logits' dtype; overwritten
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
+                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits);
+
+}  // namespace forge::cuda
