@@ -1,6 +1,6 @@
 // Gradient-check rows for the neural-network ops: embedding (repeated ids, i32/i64, any ids
-// shape, non-contiguous weights), layer_norm / rms_norm (2-D and 3-D, with and without
-// weight/bias, non-contiguous inputs, one feature), dropout (a fixed Generator seeded inside
+// shape, non-contiguous weights), layer_norm / add_layer_norm / rms_norm (2-D and 3-D, with and
+// without weight/bias, non-contiguous inputs, one feature), dropout (a fixed Generator seeded inside
 // the function, so every evaluation draws the same mask) and cross_entropy (mean/sum/none,
 // ignore_index present or custom, (N, V) and (B, T, V), non-contiguous and shifted logits).
 #include <string>
@@ -71,6 +71,34 @@ void norm_cases(std::vector<GradCase>& c) {
                [] { return TensorList{arg({3, 4}, 67)}; }, [](const TensorList& in) {
                  Generator g(68);
                  return layer_norm(in[0], randn({4}, {.dtype = DType::f64}, &g), randn({4}, {.dtype = DType::f64}, &g));
+               }});
+
+  // add_layer_norm: inputs (x, residual, weight, bias); both outputs are checked at once by
+  // stacking them, so every element of h and of y gets its own random weight in the check.
+  auto aln = [](const TensorList& in) {
+    const ops::AddLayerNorm r = ops::add_layer_norm(in[0], in[1], in[2], in[3]);
+    return ops::stack({r.h, r.y});
+  };
+  auto xrwb = [](Shape x, uint64_t seed) {
+    return [x, seed] {
+      const int64_t C = x.back();
+      return TensorList{arg(x, seed), arg(x, seed + 1), arg({C}, seed + 2), arg({C}, seed + 3)};
+    };
+  };
+  c.push_back({"add_layer_norm", "[4,6] h and y, with weight and bias", xrwb({4, 6}, 90), aln});
+  c.push_back({"add_layer_norm", "[2,3,5] (B, T, C) h and y", xrwb({2, 3, 5}, 94), aln});
+  c.push_back({"add_layer_norm", "transposed [5,4] x, strided residual",
+               [] {
+                 return TensorList{arg_transposed({5, 4}, 98), arg_strided({5, 4}, 99), arg({4}, 100), arg({4}, 101)};
+               },
+               aln});
+  c.push_back({"add_layer_norm", "[3,4] y only, no weight or bias",
+               [] { return TensorList{arg({3, 4}, 102), arg({3, 4}, 103)}; },
+               [](const TensorList& in) { return ops::add_layer_norm(in[0], in[1]).y; }});
+  c.push_back({"add_layer_norm", "[3,5] h used again: y + h * h (gradients into h summed)", xrwb({3, 5}, 104),
+               [](const TensorList& in) {
+                 const ops::AddLayerNorm r = ops::add_layer_norm(in[0], in[1], in[2], in[3], 0.1);
+                 return ops::add(r.y, ops::mul(r.h, r.h));
                }});
 
   // rms_norm: inputs (x, weight).

@@ -1,6 +1,8 @@
 #include "forge/nn/gpt.h"
 
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
@@ -9,6 +11,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/matmul.h"
+#include "forge/ops/norm.h"
 #include "forge/ops/view.h"
 
 namespace forge::nn {
@@ -38,9 +41,40 @@ GPTBlock::GPTBlock(const GPTConfig& c) {
   mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout));
 }
 
+// Note [fused residual + layer norm in GPT]: every residual add of the stream is followed by a
+// LayerNorm (ln_2 after the attention's add; the next block's ln_1, or ln_f, after the MLP's
+// add), so each pair runs as one ops::add_layer_norm: one pass over memory instead of two, the
+// values and gradients of add + layer_norm (bit for bit on the CPU: tests/ops/
+// test_add_layer_norm.cpp). Parameters and their names are untouched. GPTBlock::forward
+// fuses the add after attention with ln_2; GPT::forward also carries the MLP output of each
+// block as a pending residual into the next block's ln_1 (or ln_f), except with activation
+// checkpointing, whose regions take and return the stream itself.
+namespace {
+
+ops::AddLayerNorm add_norm(const LayerNorm& ln, const Tensor& x, const Tensor& residual) {
+  return ops::add_layer_norm(x, residual, ln.weight, ln.bias, ln.eps);
+}
+
+// The block on the stream x + pending (pending undefined: x alone); returns the new stream as
+// {h, mlp output}, whose sum the caller fuses with the next LayerNorm.
+std::pair<Tensor, Tensor> block_pending(const GPTBlock& b, const Tensor& x, const Tensor& pending) {
+  Tensor stream = x, a;
+  if (pending.defined()) {
+    ops::AddLayerNorm r = add_norm(*b.ln_1, x, pending);
+    stream = r.h;
+    a = r.y;
+  } else {
+    a = b.ln_1->forward(x);
+  }
+  ops::AddLayerNorm r = add_norm(*b.ln_2, stream, b.attn->forward(a));
+  return {r.h, b.mlp->forward(r.y)};
+}
+
+}  // namespace
+
 Tensor GPTBlock::forward(const Tensor& x) const {
-  Tensor h = ops::add(x, attn->forward(ln_1->forward(x)));
-  return ops::add(h, mlp->forward(ln_2->forward(h)));
+  auto [h, m] = block_pending(*this, x, Tensor());
+  return ops::add(h, m);
 }
 
 GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
@@ -77,15 +111,17 @@ Tensor GPT::forward(const Tensor& idx) const {
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
   Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
   Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));  // (B, T, C)
-  for (const auto& block : h) {
-    if (config.checkpoint_activations && is_training()) {
+  if (config.checkpoint_activations && is_training()) {
+    for (const auto& block : h) {
       const GPTBlock* b = block.get();
       x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
-    } else {
-      x = block->forward(x);
     }
+    x = ln_f->forward(x);
+  } else {
+    Tensor pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
+    for (const auto& block : h) std::tie(x, pending) = block_pending(*block, x, pending);
+    x = add_norm(*ln_f, x, pending).y;
   }
-  x = ln_f->forward(x);
   return ops::matmul(x, ops::transpose(wte->weight, 0, 1));  // tied head: (B, T, V)
 }
 

@@ -1,5 +1,5 @@
-// conv2d and max_pool2d: checks, output sizes, the CPU kernels (backends/cpu/conv.h) and
-// their backward.
+// conv2d and max_pool2d: checks, output sizes, the kernels (backends/cpu/conv.h,
+// backends/cuda/conv.h) and their backward.
 #include "forge/ops/conv.h"
 
 #include "forge/autograd/node.h"
@@ -7,6 +7,10 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/conv.h"
+#endif
 
 namespace forge::ops {
 
@@ -59,24 +63,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   check_geometry(op, x, kernel, stride, padding);
   const int64_t Ho = out_size(op, x, 2, x.size(2), kernel[0], stride[0], padding[0], kernel, stride, padding);
   const int64_t Wo = out_size(op, x, 3, x.size(3), kernel[1], stride[1], padding[1], kernel, stride, padding);
-  if (!x.is_cpu()) detail::throw_not_on_cuda(op);
 
   const cpu::Conv2dParams p{stride[0], stride[1], padding[0], padding[1]};
   const Tensor xd = x.detach(), wd = contiguous(weight.detach()), bd = bias.defined() ? bias.detach() : Tensor();
   Tensor out = empty({x.size(0), Cout, Ho, Wo}, {.dtype = x.dtype(), .device = x.device()});
-  cpu::conv2d_forward(xd, wd, bd, p, out);
+  if (x.is_cpu()) cpu::conv2d_forward(xd, wd, bd, p, out);
+  else FORGE_ON_CUDA(op, cuda::conv2d_forward(xd, wd, bd, p, out));
 
   // x is needed for dweight, weight for dx; save each only when the other needs a gradient.
   const Tensor x_saved = weight.requires_grad() ? xd : Tensor();
   const Tensor w_saved = wd;  // its shape is needed either way; the handle is cheap
   const Shape x_shape = x.shape();
   record(op, out, {x, weight, bias}, [x_saved, w_saved, x_shape, p](const Tensor& g, const GradMask& need) {
-    if (!g.is_cpu()) detail::throw_not_on_cuda("conv2d");
     const TensorOptions opt{.dtype = g.dtype(), .device = g.device()};
     Tensor dx = need[0] ? empty(x_shape, opt) : Tensor();
     Tensor dw = need[1] ? empty(w_saved.shape(), opt) : Tensor();
     Tensor db = need[2] ? empty({w_saved.size(0)}, opt) : Tensor();
-    cpu::conv2d_backward(contiguous(g), x_saved, x_shape, w_saved, p, dx, dw, db);
+    const Tensor gc = contiguous(g);
+    if (gc.is_cpu()) cpu::conv2d_backward(gc, x_saved, x_shape, w_saved, p, dx, dw, db);
+    else FORGE_ON_CUDA("conv2d", cuda::conv2d_backward(gc, x_saved, x_shape, w_saved, p, dx, dw, db));
     return TensorList{dx, dw, db};
   }, {x_saved, w_saved});
   return out;
@@ -94,18 +99,18 @@ ValuesIndices max_pool2d_with_indices(const Tensor& x, Size2 kernel, Size2 strid
               " must be at most half the kernel ", pair_shape(kernel), " (input shape ", x.shape(), ")");
   const int64_t Ho = out_size(op, x, 2, x.size(2), kernel[0], stride[0], padding[0], kernel, stride, padding);
   const int64_t Wo = out_size(op, x, 3, x.size(3), kernel[1], stride[1], padding[1], kernel, stride, padding);
-  if (!x.is_cpu()) detail::throw_not_on_cuda(op);
 
   const cpu::Pool2dParams p{kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1]};
   const Shape out_shape{x.size(0), x.size(1), Ho, Wo};
   Tensor out = empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
   Tensor indices = empty(out_shape, {.dtype = DType::i64, .device = x.device()});
-  cpu::max_pool2d_forward(x.detach(), p, out, indices);
+  if (x.is_cpu()) cpu::max_pool2d_forward(x.detach(), p, out, indices);
+  else FORGE_ON_CUDA(op, cuda::max_pool2d_forward(x.detach(), p, out, indices));
   const Shape x_shape = x.shape();
-  record(op, out, {x}, [indices, x_shape](const Tensor& g, const GradMask&) {
-    if (!g.is_cpu()) detail::throw_not_on_cuda("max_pool2d");
+  record(op, out, {x}, [indices, x_shape, p](const Tensor& g, const GradMask&) {
     Tensor dx = empty(x_shape, {.dtype = g.dtype(), .device = g.device()});
-    cpu::max_pool2d_backward(g, indices, dx);
+    if (g.is_cpu()) cpu::max_pool2d_backward(g, indices, dx);
+    else FORGE_ON_CUDA("max_pool2d", cuda::max_pool2d_backward(g, indices, p, dx));
     return TensorList{dx};
   }, {indices});
   return {out, indices};

@@ -13,8 +13,8 @@
 // gradient to the element it selected: the first maximum of its window, a NaN if any).
 // Sizes that leave no output (a kernel larger than the padded input), non-positive
 // strides/kernels, negative padding and channel mismatches are errors naming the op and
-// the shapes. Dtypes: f32, f64, bf16, f16 (16-bit convolutions accumulate in f32). CPU only
-// so far.
+// the shapes. Dtypes: f32, f64, bf16, f16 (16-bit convolutions accumulate in f32). CPU
+// (im2col + GEMM) and CUDA (direct kernels, Note [CUDA conv kernels]).
 #include <array>
 #include <cstdint>
 

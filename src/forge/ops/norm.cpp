@@ -1,5 +1,6 @@
-// layer_norm and rms_norm: argument checks, the CPU kernels (backends/cpu/norm.h) and the
-// backward, which is one fused kernel producing dx, dweight and dbias together.
+// layer_norm, add_layer_norm and rms_norm: argument checks, the kernels (backends/cpu/norm.h,
+// backends/cuda/norm.h) and the backward, which is one fused kernel producing dx, dweight and
+// dbias together.
 #include "forge/ops/norm.h"
 
 #include <cmath>
@@ -9,6 +10,10 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/norm.h"
+#endif
 
 namespace forge::ops {
 
@@ -46,10 +51,28 @@ int64_t rows_of(const Tensor& x) {
   return r;
 }
 
+// Records y as the layer norm of `x` (the autograd input) with the forward's saved state: xs
+// (x's values, contiguous), ws (the weight, contiguous or undefined), mean and rstd.
+// Backward (fused, {cpu,cuda}::layer_norm_backward): with xhat = (x - mean) * rstd, g = dy * w,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy.
+void record_layer_norm(const char* name, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Tensor& xs, const Tensor& ws, const Tensor& mean, const Tensor& rstd) {
+  record(name, y, {x, weight, bias}, [xs, ws, mean, rstd](const Tensor& g, const GradMask& need) {
+    const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
+    const int64_t C = xs.shape().back();
+    cpu::NormGrads grads;
+    if (need[0]) grads.dx = empty(xs.shape(), opt);
+    if (need[1]) grads.dweight = empty({C}, opt);
+    if (need[2]) grads.dbias = empty({C}, opt);
+    const Tensor gc = contiguous(g);
+    if (xs.is_cpu()) cpu::layer_norm_backward(gc, xs, ws, mean, rstd, grads);
+    else FORGE_ON_CUDA("layer_norm", cuda::layer_norm_backward(gc, xs, ws, mean, rstd, grads));
+    return TensorList{grads.dx, grads.dweight, grads.dbias};
+  }, {xs, ws, mean, rstd});
+}
+
 }  // namespace
 
-// Backward (fused, cpu::layer_norm_backward): with xhat = (x - mean) * rstd and g = dy * w,
-//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_norm_args("layer_norm", x, weight, bias, eps);
   const int64_t R = rows_of(x);
@@ -57,40 +80,61 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   Tensor mean = empty({R}, {.dtype = sd, .device = x.device()});
   Tensor rstd = empty({R}, {.dtype = sd, .device = x.device()});
-  if (!y.is_cpu()) detail::throw_not_on_cuda("layer_norm");
   const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight), bs = detached_contiguous(bias);
-  cpu::layer_norm_forward(xs, ws, bs, eps, y, mean, rstd);
-  record("layer_norm", y, {x, weight, bias}, [xs, ws, mean, rstd](const Tensor& g, const GradMask& need) {
-    const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
-    const int64_t C = xs.shape().back();
-    cpu::NormGrads grads;
-    if (need[0]) grads.dx = empty(xs.shape(), opt);
-    if (need[1]) grads.dweight = empty({C}, opt);
-    if (need[2]) grads.dbias = empty({C}, opt);
-    if (!xs.is_cpu()) detail::throw_not_on_cuda("layer_norm");
-    cpu::layer_norm_backward(contiguous(g), xs, ws, mean, rstd, grads);
-    return TensorList{grads.dx, grads.dweight, grads.dbias};
-  }, {xs, ws, mean, rstd});
+  if (xs.is_cpu()) cpu::layer_norm_forward(xs, ws, bs, eps, y, mean, rstd);
+  else FORGE_ON_CUDA("layer_norm", cuda::layer_norm_forward(xs, ws, bs, eps, y, mean, rstd));
+  record_layer_norm("layer_norm", y, x, weight, bias, xs, ws, mean, rstd);
   return y;
 }
 
-// Backward (fused, cpu::rms_norm_backward): with xhat = x * rstd and g = dy * w,
+// Forward: one fused kernel (h and y). Backward: two nodes, as the unfused pair would record
+// them: h = x + residual (gradient g to both) and y = layer_norm(h) (record_layer_norm), so the
+// engine adds the layer norm's dx to whatever else flows into h before it reaches x and residual.
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                            double eps) {
+  constexpr const char* op = "add_layer_norm";
+  check_norm_args(op, x, weight, bias, eps);
+  FORGE_CHECK(residual.defined(), op, ": residual must be a defined tensor");
+  detail::check_same_device(op, {x, residual});
+  FORGE_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op,
+              ": x and residual must have one shape and dtype, got x ", x.shape(), " ", dtype_name(x.dtype()),
+              " and residual ", residual.shape(), " ", dtype_name(residual.dtype()));
+  const int64_t R = rows_of(x);
+  const DType sd = cpu::norm_stat_dtype(x.dtype());
+  const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
+  AddLayerNorm out{empty(x.shape(), opt), empty(x.shape(), opt)};
+  Tensor mean = empty({R}, {.dtype = sd, .device = x.device()});
+  Tensor rstd = empty({R}, {.dtype = sd, .device = x.device()});
+  const Tensor xs = contiguous(x.detach()), rs = contiguous(residual.detach());
+  const Tensor ws = detached_contiguous(weight), bs = detached_contiguous(bias);
+  if (xs.is_cpu()) cpu::add_layer_norm_forward(xs, rs, ws, bs, eps, out.h, out.y, mean, rstd);
+  else FORGE_ON_CUDA(op, cuda::add_layer_norm_forward(xs, rs, ws, bs, eps, out.h, out.y, mean, rstd));
+  const Tensor hs = out.h.detach();  // saved by the norm node (before out.h gets its grad_fn)
+  record(op, out.h, {x, residual}, [](const Tensor& g, const GradMask& need) {
+    return TensorList{need[0] ? g : Tensor(), need[1] ? g : Tensor()};
+  });
+  record_layer_norm(op, out.y, out.h, weight, bias, hs, ws, mean, rstd);
+  return out;
+}
+
+// Backward (fused, {cpu,cuda}::rms_norm_backward): with xhat = x * rstd and g = dy * w,
 //   dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_args("rms_norm", x, weight, Tensor(), eps);
   const int64_t R = rows_of(x);
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   Tensor rstd = empty({R}, {.dtype = cpu::norm_stat_dtype(x.dtype()), .device = x.device()});
-  if (!y.is_cpu()) detail::throw_not_on_cuda("rms_norm");
   const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight);
-  cpu::rms_norm_forward(xs, ws, eps, y, rstd);
+  if (xs.is_cpu()) cpu::rms_norm_forward(xs, ws, eps, y, rstd);
+  else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_forward(xs, ws, eps, y, rstd));
   record("rms_norm", y, {x, weight}, [xs, ws, rstd](const Tensor& g, const GradMask& need) {
     const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
     cpu::NormGrads grads;
     if (need[0]) grads.dx = empty(xs.shape(), opt);
     if (need[1]) grads.dweight = empty({xs.shape().back()}, opt);
-    if (!xs.is_cpu()) detail::throw_not_on_cuda("rms_norm");
-    cpu::rms_norm_backward(contiguous(g), xs, ws, rstd, grads);
+    const Tensor gc = contiguous(g);
+    if (xs.is_cpu()) cpu::rms_norm_backward(gc, xs, ws, rstd, grads);
+    else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_backward(gc, xs, ws, rstd, grads));
     return TensorList{grads.dx, grads.dweight};
   }, {xs, ws, rstd});
   return y;

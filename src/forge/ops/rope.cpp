@@ -1,4 +1,5 @@
-// rope: checks, the CPU kernel (backends/cpu/rope.h) and the backward (the inverse rotation).
+// rope: checks, the kernels (backends/cpu/rope.h, backends/cuda/rope.h) and the backward (the
+// inverse rotation).
 #include "forge/ops/rope.h"
 
 #include <cmath>
@@ -7,6 +8,10 @@
 #include "forge/backends/cpu/rope.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/rope.h"
+#endif
 
 namespace forge::ops {
 
@@ -19,7 +24,7 @@ namespace {
 Tensor rotate(const Tensor& x, int64_t position_offset, double theta, bool inverse) {
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (x.is_cpu()) cpu::rope(x, out, position_offset, theta, inverse);
-  else detail::throw_not_on_cuda("rope");
+  else FORGE_ON_CUDA("rope", cuda::rope(x, out, position_offset, theta, inverse));
   return out;
 }
 

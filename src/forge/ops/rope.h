@@ -10,7 +10,8 @@
 // of transformers' apply_rotary_pos_emb, so LLaMA checkpoints in HF format load as they are.
 // position_offset (>= 0) is the position of query row 0: the length of the KV cache when
 // decoding. Differentiable; the backward is the inverse rotation. Any strides; f32, f64,
-// bf16, f16 (cos/sin in double). CPU only so far.
+// bf16, f16. CPU (cos/sin in f64) and CUDA (angles in f64, reduced to [-pi, pi], then f32
+// sincos: Note [CUDA rope precision]).
 #include <cstdint>
 
 #include "forge/core/tensor.h"

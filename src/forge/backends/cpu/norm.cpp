@@ -24,9 +24,13 @@
 // the stat dtype (f32 for 16-bit inputs, else the input's dtype) once, and the forward's
 // normalisation uses the rounded values, so forward and backward see the same statistics.
 //
+// add_layer_norm_forward first forms h_rj = T(x_rj + residual_rj) (the rounding of ops::add) and
+// normalises h exactly as layer_norm_forward normalises x, so add + layer_norm and the fused op
+// agree bit for bit.
+//
 // Memory contract:
-//   x, weight, bias, mean, rstd, dy   read only; all contiguous
-//   forward   overwrites y (R, C), mean (R), rstd (R)
+//   x, residual, weight, bias, mean, rstd, dy   read only; all contiguous
+//   forward   overwrites y (R, C), mean (R), rstd (R) (and h (R, C) for add_layer_norm)
 //   backward  overwrites each defined member of NormGrads: dx (R, C), dweight (C), dbias (C);
 //             nothing is accumulated into caller memory (the autograd engine accumulates)
 //   scratch   the backward's column partial sums: parts x C doubles per weight/bias gradient
@@ -40,6 +44,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "forge/backends/cpu/loops.h"
@@ -92,13 +97,17 @@ void check_param(const char* op, const char* what, const Tensor& p, const Tensor
               p.shape(), " ", dtype_name(p.dtype()));
 }
 
+// With `h` non-null (add_layer_norm), each row is first h = x + residual, rounded to T as the
+// binary add kernel rounds it, written to `h` and normalised from there.
 template <class T, bool kRms>
-void forward_rows(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& y, Tensor* mean,
-                  Tensor& rstd, Rows rc) {
+void forward_rows(const Tensor& x, const Tensor& residual, Tensor* h, const Tensor& weight, const Tensor& bias,
+                  double eps, Tensor& y, Tensor* mean, Tensor& rstd, Rows rc) {
   using M = acc_t<T>;  // elementwise math
   using S = acc_t<T>;  // stat dtype
   const auto [R, C] = rc;
   const T* px = x.data<T>();
+  const T* pres = h ? residual.data<T>() : nullptr;
+  T* ph = h ? h->data<T>() : nullptr;
   T* py = y.data<T>();
   const T* pw = weight.defined() ? weight.data<T>() : nullptr;
   const T* pb = bias.defined() ? bias.data<T>() : nullptr;
@@ -108,6 +117,12 @@ void forward_rows(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 #pragma omp parallel for schedule(static) if (R * C >= kParallelGrain && R > 1)
   for (int64_t r = 0; r < R; ++r) {
     const T* xr = px + r * C;
+    if (pres) {
+      const T* rr = pres + r * C;
+      T* hr = ph + r * C;
+      for (int64_t j = 0; j < C; ++j) hr[j] = convert<T>(convert<M>(xr[j]) + convert<M>(rr[j]));
+      xr = hr;
+    }
     T* yr = py + r * C;
     M mu = 0;
     if constexpr (!kRms) {
@@ -216,7 +231,23 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
                   mean.is_contiguous(),
               "layer_norm: bad output buffers for x of shape ", x.shape());
   dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
-    forward_rows<T, false>(x, weight, bias, eps, y, &mean, rstd, rc);
+    forward_rows<T, false>(x, Tensor(), nullptr, weight, bias, eps, y, &mean, rstd, rc);
+  });
+}
+
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                            double eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const Rows rc = rows_of("add_layer_norm", x, rstd);
+  check_param("add_layer_norm", "weight", weight, x, rc.C);
+  check_param("add_layer_norm", "bias", bias, x, rc.C);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&residual, &h, &y})
+    FORGE_CHECK(t->is_contiguous() && t->numel() == x.numel() && t->dtype() == x.dtype(),
+                "add_layer_norm: residual, h and y must be contiguous with x's size and dtype (x ", x.shape(), " ",
+                dtype_name(x.dtype()), "), got ", t->shape(), " ", dtype_name(t->dtype()));
+  FORGE_CHECK(mean.numel() == rc.R && mean.is_contiguous(), "add_layer_norm: bad mean buffer for x of shape ",
+              x.shape());
+  dispatch_float(x.dtype(), "add_layer_norm", [&]<class T>() {
+    forward_rows<T, false>(x, residual, &h, weight, bias, eps, y, &mean, rstd, rc);
   });
 }
 
@@ -239,7 +270,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor&
   FORGE_CHECK(y.is_contiguous() && y.numel() == x.numel() && y.dtype() == x.dtype(),
               "rms_norm: bad output buffer for x of shape ", x.shape());
   dispatch_float(x.dtype(), "rms_norm", [&]<class T>() {
-    forward_rows<T, true>(x, weight, Tensor(), eps, y, nullptr, rstd, rc);
+    forward_rows<T, true>(x, Tensor(), nullptr, weight, Tensor(), eps, y, nullptr, rstd, rc);
   });
 }
 

@@ -31,6 +31,15 @@ struct NormGrads {
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& y,
                         Tensor& mean, Tensor& rstd);
 
+// Fused residual add + layer norm (ops::add_layer_norm): h = x + residual, rounded to x's
+// dtype exactly as ops::add rounds it, then layer_norm_forward(h) into y, mean, rstd (bit for
+// bit what add followed by layer_norm gives).
+//   x, residual (R, C)  contiguous, x's dtype
+//   h           (R, C)  contiguous, x's dtype; overwritten
+//   others as layer_norm_forward
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                            double eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
+
 // From dy (R, C) and what the forward saved: dx, dweight, dbias in one pass over the rows.
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, NormGrads& grads);

@@ -1,0 +1,13 @@
+#pragma once
+// CUDA rotary position embedding (RoPE), the counterpart of backends/cpu/rope.h: same
+// signature, math ("rotate_half" layout) and memory contract (x read through its strides,
+// out contiguous and overwritten). Plain C++ declaration; the kernel is in rope.cu.
+#include <cstdint>
+
+#include "forge/core/tensor.h"
+
+namespace forge::cuda {
+
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, bool inverse);
+
+}  // namespace forge::cuda

@@ -1,0 +1,223 @@
+// The CUDA norm kernels (backends/cuda/norm.cu) against the CPU backend: layer_norm,
+// rms_norm and add_layer_norm, forward and backward through autograd, in f32, bf16, f16 and
+// f64. Widths 768 (GPT-2), 1000 and 999 (999: not a multiple of any vector width, so the
+// scalar path runs; 1000 is a multiple of 8 and takes the vector path), 3 and 4096 (wider than
+// the 1024 columns a warp keeps in registers: the re-reading path and the separate
+// weight/bias-gradient kernel); 1 and 513 rows, and 70001 rows (more rows than the backward's
+// 1024 partial sums: warps walk several rows). Non-contiguous, unaligned and parameter-less
+// inputs, and every combination of needed gradients.
+//
+// Every comparison is ||gpu - cpu|| / ||cpu|| with the tolerances of cuda_testing.h (f32 1e-5,
+// bf16/f16 1e-2, f64 1e-12), on random inputs (never zeros).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_testing.h"
+#include "forge/forge.h"
+
+namespace forge {
+namespace {
+
+using namespace cuda_testing;
+
+using Fn = std::function<Tensor(const TensorList&)>;
+
+// Runs fn on device d over fresh leaves made from `hosts` (an undefined host stays undefined;
+// leaves listed in `grads_of` require grad), back-propagates `g` (a host tensor of the output's
+// shape), and returns the output followed by the leaves' gradients.
+TensorList run_on(Device d, const TensorList& hosts, const std::vector<bool>& grads_of, const Tensor& g, const Fn& fn) {
+  TensorList leaves;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    Tensor t = hosts[i].defined() ? hosts[i].to(d).detach() : Tensor();
+    if (t.defined() && grads_of[i]) t.requires_grad_();
+    leaves.push_back(t);
+  }
+  Tensor y = fn(leaves);
+  TensorList out{y.detach()};
+  if (y.requires_grad()) y.backward(g.to(d));
+  for (size_t i = 0; i < leaves.size(); ++i)
+    out.push_back(leaves[i].defined() && grads_of[i] ? leaves[i].grad() : Tensor());
+  return out;
+}
+
+// fn on both devices: output and every requested gradient within `tol`.
+void expect_same_on_gpu(const std::string& what, const TensorList& hosts, const std::vector<bool>& grads_of,
+                        const Fn& fn, DType dt, double tol, uint64_t seed) {
+  SCOPED_TRACE(what);
+  Tensor y_host;
+  {
+    NoGradGuard no_grad;
+    TensorList plain;
+    for (const Tensor& h : hosts) plain.push_back(h);
+    y_host = fn(plain);
+  }
+  const Tensor g = host_input(y_host.shape(), Domain::real, dt, seed);
+  const TensorList cpu = run_on(Device::cpu(), hosts, grads_of, g, fn);
+  const TensorList gpu = run_on(kGpu, hosts, grads_of, g, fn);
+  const char* names[] = {"y", "d input 0", "d input 1", "d input 2", "d input 3"};
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_EQ(cpu[i].defined(), gpu[i].defined()) << names[i];
+    if (cpu[i].defined()) expect_close(gpu[i], cpu[i], tol, what + ": " + names[i]);
+  }
+}
+
+class CudaNorm : public ::testing::TestWithParam<DType> {};
+
+const Fn kLayerNorm = [](const TensorList& in) { return ops::layer_norm(in[0], in[1], in[2]); };
+const Fn kRmsNorm = [](const TensorList& in) { return ops::rms_norm(in[0], in[1]); };
+
+TEST_P(CudaNorm, LayerNormWidthsAndRows) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 100;
+  for (int64_t C : {768, 1000, 999, 3, 4096})
+    for (int64_t R : {1, 513}) {
+      const TensorList hosts{host_input({R, C}, Domain::real, dt, seed),
+                             host_input({C}, Domain::positive, dt, seed + 1),
+                             host_input({C}, Domain::real, dt, seed + 2)};
+      expect_same_on_gpu("layer_norm [" + std::to_string(R) + ", " + std::to_string(C) + "]", hosts,
+                         {true, true, true}, kLayerNorm, dt, tolerance(dt), seed + 3);
+      seed += 4;
+    }
+}
+
+TEST_P(CudaNorm, RmsNormWidthsAndRows) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 200;
+  for (int64_t C : {768, 1000, 999, 3, 4096})
+    for (int64_t R : {1, 513}) {
+      const TensorList hosts{host_input({R, C}, Domain::real, dt, seed),
+                             host_input({C}, Domain::positive, dt, seed + 1)};
+      expect_same_on_gpu("rms_norm [" + std::to_string(R) + ", " + std::to_string(C) + "]", hosts, {true, true},
+                         kRmsNorm, dt, tolerance(dt), seed + 2);
+      seed += 3;
+    }
+}
+
+TEST_P(CudaNorm, LayerNormManyRowsWalkedByEachWarp) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  // 70001 rows > 64 x 1024: the backward's 1024 blocks each walk several rows per warp. The
+  // weight/bias gradients sum 70001 rows; f32 partials keep ||err|| / ||ref|| near 1e-6.
+  const int64_t R = 70001;
+  for (int64_t C : {40, 37}) {
+    const TensorList hosts{host_input({R, C}, Domain::real, dt, 300 + C), host_input({C}, Domain::positive, dt, 301),
+                           host_input({C}, Domain::real, dt, 302)};
+    expect_same_on_gpu("layer_norm [70001, " + std::to_string(C) + "]", hosts, {true, true, true}, kLayerNorm, dt,
+                       tolerance(dt), 303);
+    expect_same_on_gpu("rms_norm [70001, " + std::to_string(C) + "]", {hosts[0], hosts[1]}, {true, true}, kRmsNorm,
+                       dt, tolerance(dt), 304);
+  }
+}
+
+TEST_P(CudaNorm, LayerNormParameterAndGradientVariants) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  for (int64_t C : {768, 999, 4096}) {
+    const std::string w = " C=" + std::to_string(C);
+    const Tensor x = host_input({2, 37, C}, Domain::real, dt, 400 + C);
+    const Tensor wt = host_input({C}, Domain::positive, dt, 401), b = host_input({C}, Domain::real, dt, 402);
+    const double tol = tolerance(dt);
+    expect_same_on_gpu("no weight, no bias" + w, {x}, {true},
+                       [](const TensorList& in) { return ops::layer_norm(in[0]); }, dt, tol, 403);
+    expect_same_on_gpu("weight only" + w, {x, wt}, {true, true},
+                       [](const TensorList& in) { return ops::layer_norm(in[0], in[1]); }, dt, tol, 404);
+    expect_same_on_gpu("bias only" + w, {x, b}, {true, true},
+                       [](const TensorList& in) { return ops::layer_norm(in[0], Tensor(), in[1]); }, dt, tol, 405);
+    expect_same_on_gpu("dx only (weight and bias constants)" + w, {x, wt, b}, {true, false, false}, kLayerNorm, dt,
+                       tol, 406);
+    expect_same_on_gpu("dweight and dbias only (x constant)" + w, {x, wt, b}, {false, true, true}, kLayerNorm, dt,
+                       tol, 407);
+    expect_same_on_gpu("dbias only" + w, {x, wt, b}, {false, false, true}, kLayerNorm, dt, tol, 408);
+    expect_same_on_gpu("rms dweight only" + w, {x, wt}, {false, true}, kRmsNorm, dt, tol, 409);
+    expect_same_on_gpu("rms without weight" + w, {x}, {true},
+                       [](const TensorList& in) { return ops::rms_norm(in[0]); }, dt, tol, 410);
+  }
+}
+
+TEST_P(CudaNorm, NonContiguousAndUnalignedInputs) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const double tol = tolerance(dt);
+  for (int64_t C : {768, 999}) {
+    const std::string w = " C=" + std::to_string(C);
+    const Tensor wt = host_input({C}, Domain::positive, dt, 501), b = host_input({C}, Domain::real, dt, 502);
+    // x = the transpose of a (C, 65) tensor: made contiguous by the op, gradient through the view.
+    const Tensor xt = host_input({C, 65}, Domain::real, dt, 503);
+    expect_same_on_gpu("transposed x" + w, {xt, wt, b}, {true, true, true},
+                       [](const TensorList& in) { return ops::layer_norm(in[0].t(), in[1], in[2]); }, dt, tol, 504);
+    expect_same_on_gpu("rms transposed x" + w, {xt, wt}, {true, true},
+                       [](const TensorList& in) { return ops::rms_norm(in[0].t(), in[1]); }, dt, tol, 505);
+    // x contiguous but starting one element into its storage: no 16-byte alignment, scalar path.
+    const Tensor flat = host_input({65 * C + 1}, Domain::real, dt, 506);
+    auto unaligned = [C](const Tensor& t) { return t.narrow(0, 1, 65 * C).view({65, C}); };
+    expect_same_on_gpu("unaligned x" + w, {flat, wt, b}, {true, true, true},
+                       [unaligned](const TensorList& in) { return ops::layer_norm(unaligned(in[0]), in[1], in[2]); },
+                       dt, tol, 507);
+    // weight every other element of a wider tensor (made contiguous by the op).
+    const Tensor w2 = host_input({2 * C}, Domain::positive, dt, 508);
+    expect_same_on_gpu("strided weight" + w, {host_input({9, C}, Domain::real, dt, 509), w2}, {true, true},
+                       [C](const TensorList& in) { return ops::layer_norm(in[0], in[1].slice(0, 0, 2 * C, 2)); }, dt,
+                       tol, 510);
+  }
+}
+
+TEST_P(CudaNorm, AddLayerNormMatchesTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 600;
+  for (int64_t C : {768, 999, 3, 4096})
+    for (int64_t R : {1, 513}) {
+      const std::string w = " [" + std::to_string(R) + ", " + std::to_string(C) + "]";
+      const TensorList hosts{host_input({R, C}, Domain::real, dt, seed), host_input({R, C}, Domain::real, dt, seed + 1),
+                             host_input({C}, Domain::positive, dt, seed + 2),
+                             host_input({C}, Domain::real, dt, seed + 3)};
+      // Both outputs at once (stacked), so h's own gradient is added to the norm's in backward.
+      expect_same_on_gpu("add_layer_norm h and y" + w, hosts, {true, true, true, true},
+                         [](const TensorList& in) {
+                           const ops::AddLayerNorm r = ops::add_layer_norm(in[0], in[1], in[2], in[3]);
+                           return ops::stack({r.h, r.y});
+                         },
+                         dt, tolerance(dt), seed + 4);
+      expect_same_on_gpu("add_layer_norm y only, no parameters" + w, {hosts[0], hosts[1]}, {true, true},
+                         [](const TensorList& in) { return ops::add_layer_norm(in[0], in[1]).y; }, dt, tolerance(dt),
+                         seed + 5);
+      seed += 6;
+    }
+}
+
+TEST_P(CudaNorm, AddLayerNormIsAddThenLayerNormOnTheGpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  for (int64_t C : {768, 999}) {
+    const Tensor x = host_input({3, 41, C}, Domain::real, dt, 700).to(kGpu);
+    const Tensor r = host_input({3, 41, C}, Domain::real, dt, 701).to(kGpu);
+    const Tensor w = host_input({C}, Domain::positive, dt, 702).to(kGpu);
+    const Tensor b = host_input({C}, Domain::real, dt, 703).to(kGpu);
+    const ops::AddLayerNorm fused = ops::add_layer_norm(x, r, w, b);
+    const Tensor h = ops::add(x, r);
+    expect_equal(fused.h, h, "h is exactly x + residual (C=" + std::to_string(C) + ")");
+    // The same arithmetic as the plain kernel; allow for the compiler contracting differently
+    // (which could flip the last bit of a few 16-bit results).
+    const double tol = dt == DType::f64 ? 1e-14 : (dt == DType::f32 ? 1e-6 : 1e-3);
+    expect_close(fused.y, ops::layer_norm(h, w, b), tol, "y = layer_norm(h) (C=" + std::to_string(C) + ")");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaNorm, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+TEST(CudaNormErrors, MixedDevicesAreRefused) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const Tensor x = host_input({4, 8}, Domain::real, DType::f32, 800).to(kGpu);
+  const Tensor w_cpu = host_input({8}, Domain::real, DType::f32, 801);
+  EXPECT_THROW(ops::layer_norm(x, w_cpu), Error);
+  EXPECT_THROW(ops::add_layer_norm(x, x.to(Device::cpu())), Error);
+}
+
+}  // namespace
+}  // namespace forge
