@@ -10,6 +10,9 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/optim.h"
+#endif
 
 namespace forge::optim {
 namespace {
@@ -52,10 +55,6 @@ void AdamW::validate(const ParamGroup& g, size_t index) const {
   if (!(std::isfinite(eps) && eps > 0)) throw_invalid("eps", eps, index, "must be finite and > 0");
 }
 
-void AdamW::check_param(const Tensor& p) const {
-  if (!p.is_cpu()) ops::detail::throw_not_on_cuda("AdamW step");
-}
-
 std::vector<std::pair<std::string, double>> AdamW::hyper_params(const ParamGroup& g) const {
   return {{"beta1", g.beta1.value_or(options_.beta1)},
           {"beta2", g.beta2.value_or(options_.beta2)},
@@ -79,7 +78,8 @@ DType AdamW::state_dtype(const Tensor& p, const std::string&) const {
   return p.dtype() == DType::f64 ? DType::f64 : DType::f32;
 }
 
-void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) {
+// The state of p's update, created at its first: (exp_avg, exp_avg_sq, master or undefined).
+std::tuple<Tensor, Tensor, Tensor> AdamW::state_of(const Tensor& p, ParamState& s) const {
   const DType sd = state_dtype(p, "exp_avg");
   Tensor& m = state_tensor(s, "exp_avg", p, sd);
   Tensor& v = state_tensor(s, "exp_avg_sq", p, sd);
@@ -89,6 +89,11 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamStat
     if (!mt.defined()) mt = ops::to(p, DType::f32);  // a new contiguous f32 copy
     master = mt;
   }
+  return {m, v, master};
+}
+
+void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) {
+  auto [m, v, master] = state_of(p, s);
   const Tensor g_c = grad.is_contiguous() ? grad : ops::contiguous(grad);
   // The kernel wants a contiguous parameter: a strided one is updated in a copy, written back.
   Tensor p_c = p.is_contiguous() ? p : ops::contiguous(p);
@@ -97,6 +102,31 @@ void AdamW::update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamStat
                    .step = s.step});
   if (p_c.is_same(p)) p.storage()->bump_version();
   else ops::copy_(p, p_c);
+}
+
+void AdamW::update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip) {
+#ifdef FORGE_WITH_CUDA
+  std::vector<cuda::AdamWParam> params;
+  params.reserve(items.size());
+  for (const DeviceUpdate& u : items) {
+    auto [m, v, master] = state_of(u.param, *u.state);
+    // The kernels want contiguous tensors: a strided parameter is updated in a copy, written back.
+    const Tensor g_c = u.grad.is_contiguous() ? u.grad : ops::contiguous(u.grad);
+    const Tensor p_c = u.param.is_contiguous() ? u.param : ops::contiguous(u.param);
+    params.push_back({p_c, g_c, m, v, master, u.state->step, u.slot});
+  }
+  cuda::adamw_step(params, {.lr = *g.lr, .beta1 = *g.beta1, .beta2 = *g.beta2, .eps = *g.eps, .weight_decay = *g.weight_decay},
+                   skip.flag, skip.skipped);
+  for (size_t i = 0; i < items.size(); ++i) {
+    Tensor p = items[i].param;
+    if (params[i].p.is_same(p)) p.storage()->bump_version();
+    else ops::copy_(p, params[i].p);
+  }
+#else
+  (void)g;
+  (void)skip;
+  if (!items.empty()) ops::detail::throw_no_cuda("AdamW step");
+#endif
 }
 
 }  // namespace forge::optim

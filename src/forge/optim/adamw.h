@@ -8,9 +8,20 @@
 //   v = b2 * v + (1 - b2) * g^2
 //   p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // State: "exp_avg" (m) and "exp_avg_sq" (v), f32 (f64 for an f64 parameter), and for a
-// bf16/f16 parameter "master" (f32), per Note [bf16 master weights]. The step runs as one
-// fused pass per tensor (backends/cpu/optim.h: reads p|master, g, m, v; writes p, m, v,
-// master), OpenMP over elements. CUDA parameters are refused for now (no kernel yet).
+// bf16/f16 parameter "master" (f32), per Note [bf16 master weights]. The scalars
+// lr / (1 - b1^t) and sqrt(1 - b2^t) are computed in double and rounded once to the
+// state precision; b^t by binary exponentiation (Note [optimizer rounding]).
+//
+// Kernels. On the CPU the step runs as one fused pass per tensor (backends/cpu/optim.h:
+// reads p|master, g, m, v; writes p, m, v, master), OpenMP over elements. On a GPU all
+// parameters of a param group, device and dtype are updated by one multi-tensor kernel
+// launch (backends/cuda/optim.h; one launch per 48 tensors, Note [multi-tensor launches]),
+// with lr, betas, eps and weight decay as kernel arguments (a schedule changes lr freely)
+// and each tensor's step in the launch's parameter table: no host synchronisation, no
+// per-step copy to the device. Both backends run the same element code
+// (backends/optim_functors.h), so a CUDA step equals the CPU step bit for bit. With a
+// skip flag on the GPU (Optimizer::step(skip_if)) the kernel itself skips, and the
+// parameter's step count t does not advance (Note [skipped steps on the device]).
 //
 // Note [bf16 master weights]
 // A bf16 weight w cannot take an update smaller than half the spacing of bf16 numbers
@@ -28,6 +39,7 @@
 //
 // Checked (forge::Error "AdamW: invalid <field> <value> in param group <i> (...)"):
 // lr >= 0, weight_decay >= 0, beta1 and beta2 in [0, 1), eps > 0, all finite.
+#include <tuple>
 #include <vector>
 
 #include "forge/optim/optimizer.h"
@@ -52,12 +64,13 @@ class AdamW final : public Optimizer {
  private:
   void resolve(ParamGroup& g, size_t index) const override;
   void validate(const ParamGroup& g, size_t index) const override;
-  void check_param(const Tensor& p) const override;
   std::vector<std::pair<std::string, double>> hyper_params(const ParamGroup& g) const override;
   void set_hyper_param(ParamGroup& g, const std::string& name, double value) const override;
   std::vector<StateSpec> state_specs(const ParamGroup& g, const Tensor& p) const override;
   DType state_dtype(const Tensor& p, const std::string& name) const override;
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) override;
+  void update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip) override;
+  std::tuple<Tensor, Tensor, Tensor> state_of(const Tensor& p, ParamState& s) const;
 
   AdamWOptions options_;
 };

@@ -89,9 +89,12 @@ void Optimizer::check_groups(const std::vector<ParamGroup>& groups) const {
   FORGE_CHECK(!seen.empty(), name_, ": got no parameters to optimize (every param group is empty)");
 }
 
-void Optimizer::step() {
+void Optimizer::step() { step(Tensor()); }
+
+void Optimizer::step(const Tensor& skip_if) {
   check_groups(groups_);
   // Every check before the first parameter changes, so a bad step leaves all of them as they were.
+  bool cpu_grads = false;
   for (size_t i = 0; i < groups_.size(); ++i) {
     for (const Tensor& p : groups_[i].params) {
       const Tensor& g = p.grad();
@@ -101,21 +104,116 @@ void Optimizer::step() {
                   " on ", g.device().str(), " but the parameter is ", p.shape(), " ", dtype_name(p.dtype()), " on ",
                   p.device().str());
       check_param(p);
+      cpu_grads = cpu_grads || p.is_cpu();
     }
   }
+  if (skip_if.defined())
+    FORGE_CHECK(skip_if.numel() == 1, name_, ": skip_if must be a one-element tensor, got shape ", skip_if.shape());
   NoGradGuard no_grad;
+  // The skip decision is made on the host unless the flag is on a GPU and every parameter
+  // that takes part is on a GPU too (then each kernel reads it).
+  bool skip = false;
+  bool flag_on_device = skip_if.defined() && skip_if.is_cuda();
+  if (skip_if.defined() && (!flag_on_device || cpu_grads)) {
+    skip = skip_if.item<double>() != 0;  // for a flag on a GPU: one synchronisation
+    flag_on_device = false;
+  }
+  if (skip) {
+    ++step_count_;
+    return;
+  }
+  const size_t n_params = num_params();
+  if (maybe_skipped_.size() != n_params) maybe_skipped_.resize(n_params, 0);
+  int64_t slot = 0;
   for (const ParamGroup& group : groups_) {
+    std::map<int, std::vector<DeviceUpdate>> on_device;  // CUDA parameters by device
     for (const Tensor& param : group.params) {
+      const int64_t k = slot++;
       const Tensor grad = param.grad();
       if (!grad.defined()) continue;
       ParamState& s = state_[param.impl()];
       if (!s.param.defined()) s.param = param;
       ++s.step;
-      Tensor p = param;
-      update(group, p, grad, s);
+      if (param.is_cpu()) {
+        Tensor p = param;
+        update(group, p, grad, s);
+      } else {
+        on_device[param.device().index].push_back({param, grad, &s, k});
+      }
+    }
+    for (auto& [device, items] : on_device) {
+      DeviceSkip ds;
+      if (flag_on_device) {
+        ds.flag = skip_if.to(Device::cuda(device), DType::f32).contiguous();  // no copy when it is already so
+        ds.skipped = skip_counters(device);
+      } else if (auto it = skip_counters_.find(device); it != skip_counters_.end()) {
+        ds.skipped = it->second;  // earlier flags: the kernels need the counts for t
+      }
+      update_cuda(group, items, ds);
+      if (flag_on_device) {
+        for (const DeviceUpdate& u : items) maybe_skipped_[static_cast<size_t>(u.slot)] = 1;
+        skips_pending_ = true;
+      }
     }
   }
   ++step_count_;
+}
+
+void Optimizer::update_cuda(const ParamGroup&, std::vector<DeviceUpdate>& items, const DeviceSkip&) {
+  FORGE_CHECK(items.empty(), name_, ": updating parameters on ", items[0].param.device().str(),
+              " is not supported by this optimizer");
+}
+
+size_t Optimizer::num_params() const {
+  size_t n = 0;
+  for (const ParamGroup& g : groups_) n += g.params.size();
+  return n;
+}
+
+Tensor& Optimizer::skip_counters(int device) {
+  Tensor& t = skip_counters_[device];
+  if (!t.defined()) t = zeros({static_cast<int64_t>(num_params())}, {.dtype = DType::i64, .device = Device::cuda(device)});
+  return t;
+}
+
+bool Optimizer::may_have_skipped_steps(int64_t slot) const {
+  return slot >= 0 && static_cast<size_t>(slot) < maybe_skipped_.size() && maybe_skipped_[static_cast<size_t>(slot)];
+}
+
+void Optimizer::fold_skipped_steps() const {
+  if (!skips_pending_) return;
+  NoGradGuard no_grad;
+  std::vector<const TensorImpl*> by_slot;
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& p : g.params) by_slot.push_back(p.impl());
+  for (auto& [device, counters] : skip_counters_) {
+    const std::vector<int64_t> skipped = counters.to_vector<int64_t>();  // waits for the device
+    for (size_t k = 0; k < skipped.size() && k < by_slot.size(); ++k) {
+      if (skipped[k] == 0) continue;
+      auto it = state_.find(by_slot[k]);
+      if (it == state_.end()) continue;
+      ParamState& s = it->second;
+      s.step -= skipped[k];
+      if (s.step <= 0) {  // every update of this parameter was skipped: as if it never had one
+        state_.erase(it);
+        continue;
+      }
+      // A tensor whose first use lies beyond the updates applied was made for an update that
+      // was skipped: drop it (it is made again when needed). (During a step, s.step already
+      // counts the update under way, so a tensor made for that one is kept.)
+      for (auto f = s.first_use.begin(); f != s.first_use.end();) {
+        if (f->second > s.step) {
+          s.tensors.erase(f->first);
+          f = s.first_use.erase(f);
+        } else {
+          ++f;
+        }
+      }
+    }
+    counters.zero_();
+  }
+  std::fill(maybe_skipped_.begin(), maybe_skipped_.end(), 0);
+  skips_pending_ = false;
 }
 
 void Optimizer::zero_grad() {
@@ -125,11 +223,13 @@ void Optimizer::zero_grad() {
 
 const ParamState* Optimizer::state(const Tensor& p) const {
   if (!p.defined()) return nullptr;
+  fold_skipped_steps();
   auto it = state_.find(p.impl());
   return it == state_.end() ? nullptr : &it->second;
 }
 
 StateDict Optimizer::state_dict() const {
+  fold_skipped_steps();
   StateDict sd;
   sd.scalars["step"] = static_cast<double>(step_count_);
   size_t k = 0;
@@ -227,6 +327,10 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   groups_ = std::move(groups);
   state_ = std::move(state);
   step_count_ = static_cast<int64_t>(step);
+  // The skip counts belonged to the replaced state.
+  skip_counters_.clear();
+  maybe_skipped_.assign(maybe_skipped_.size(), 0);
+  skips_pending_ = false;
 }
 
 std::vector<ParamGroup> decay_groups(const std::vector<std::pair<std::string, Tensor>>& named_params,

@@ -37,6 +37,21 @@
 // Divide each micro-batch's loss by K (without it the gradient is K times too large:
 // clipping and SGD see that, AdamW mostly hides it), and zero_grad only after the step.
 //
+// Skipping a step. step(skip_if) takes a one-element flag tensor: where it is non-zero the
+// step changes nothing (no parameter, no state, no per-parameter step count; step_count()
+// still counts the call). The guard of mixed-precision training passes the non-finite flag
+// of the gradient norm (clip.h: found_non_finite) or of the loss scaler (loss_scale.h).
+// A flag on the CPU is read on the host. A flag on a GPU is read by the update kernels
+// themselves, so the step never waits for the device (Note [skipped steps on the device],
+// backends/cuda/optim.h): the host counts every attempted update of a parameter, the GPU
+// counts the skipped ones, and the two are folded together (one device-to-host copy) when
+// the counts are asked for: state(), state_dict(). Parameters on the CPU with a flag on a
+// GPU make step() read the flag on the host (one synchronisation).
+//
+// Devices. CPU parameters are updated one at a time by update(); CUDA parameters are
+// updated by update_cuda(), once per param group and device, which launches multi-tensor
+// kernels (AdamW: one launch per ~48 tensors of a dtype; SGD likewise).
+//
 // state_dict(): a flat map, names as below (k is the index of a parameter counted over
 // all groups in order, as torch does), and load_state_dict() its inverse:
 //   scalars  "step"                     the number of step() calls so far
@@ -79,8 +94,14 @@ struct ParamGroup {
 // One parameter's optimizer state.
 struct ParamState {
   Tensor param;      // the parameter itself (keeps the identity this state is keyed by alive)
-  int64_t step = 0;  // updates applied to this parameter
+  int64_t step = 0;  // updates applied to this parameter (attempts, until the optimizer folds in
+                     // the updates a device flag skipped: state() and state_dict() always do)
   std::map<std::string, Tensor> tensors;
+  // State tensors made for an update of a CUDA parameter that a device flag may skip: name
+  // -> the step count at which the tensor is first used (SGD's momentum buffer starts as
+  // d then; the kernel compares the parameter's true step with it). If that update was
+  // skipped, folding the skip counts drops the tensor again. Not part of state_dict.
+  std::map<std::string, int64_t> first_use;
 };
 
 struct StateDict {
@@ -98,6 +119,9 @@ class Optimizer {
 
   // One update of every parameter that has a gradient.
   void step();
+  // The same, unless `skip_if` (a one-element tensor of any dtype, on any device) is
+  // non-zero: then nothing changes. See "Skipping a step" above.
+  void step(const Tensor& skip_if);
   // Drops every parameter's .grad (sets it to undefined, like set_to_none=True).
   void zero_grad();
 
@@ -108,9 +132,10 @@ class Optimizer {
   // do not add or remove parameters after the first step.
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // The state of parameter `p`, or null before its first update.
+  // The state of parameter `p`, or null before its first update. Folds in the updates a
+  // device flag skipped (a device-to-host copy when there are any).
   const ParamState* state(const Tensor& p) const;
-  // Number of step() calls so far (restored by load_state_dict).
+  // Number of step() calls so far, skipped ones included (restored by load_state_dict).
   int64_t step_count() const { return step_count_; }
   const std::string& name() const { return name_; }
 
@@ -139,8 +164,34 @@ class Optimizer {
   virtual std::vector<StateSpec> state_specs(const ParamGroup& g, const Tensor& p) const = 0;
   virtual DType state_dtype(const Tensor& p, const std::string& name) const = 0;
   // Updates p (and s.tensors) from grad; s.step already counts this update. Runs under
-  // NoGradGuard; grad has p's shape, dtype and device.
+  // NoGradGuard; grad has p's shape, dtype and device. CPU parameters only.
   virtual void update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) = 0;
+
+  // One parameter of a CUDA update: slot is its index over all groups (state_dict's k).
+  struct DeviceUpdate {
+    Tensor param;
+    Tensor grad;
+    ParamState* state;  // state->step already counts this update (an attempt, when skip.flag is set)
+    int64_t slot;
+  };
+  // The skip flag of a CUDA update and the device's skip counters (i64, one per slot), on
+  // the parameters' GPU; either may be undefined (no flag this step / never a flag on this
+  // device). Note [skipped steps on the device] in backends/cuda/optim.h.
+  struct DeviceSkip {
+    Tensor flag;
+    Tensor skipped;
+  };
+  // Updates every parameter of `items` (all of group g, all on one GPU, each with a
+  // gradient) in as few kernel launches as possible, under NoGradGuard. The default throws.
+  virtual void update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip);
+
+  // Whether the parameter of `slot` may have skipped device updates not yet folded into its
+  // ParamState::step, and the fold itself (a device-to-host copy of the skip counters; a
+  // no-op when nothing is pending). After the fold every ParamState::step is exact; a state
+  // whose every update was skipped is dropped, and so is every tensor of `first_use` whose
+  // first use was skipped.
+  bool may_have_skipped_steps(int64_t slot) const;
+  void fold_skipped_steps() const;
 
   // A hyper-parameter that must be set (throws naming the optimizer, group and field).
   double require(const std::optional<double>& v, const char* field, size_t index) const;
@@ -149,10 +200,17 @@ class Optimizer {
 
  private:
   void check_groups(const std::vector<ParamGroup>& groups) const;
+  size_t num_params() const;
+  // The skip counters of CUDA device `device` (created zeroed at the first flag there).
+  Tensor& skip_counters(int device);
 
   std::string name_;
   std::vector<ParamGroup> groups_;
-  std::unordered_map<const TensorImpl*, ParamState> state_;
+  // Mutable: folding skipped device updates into the step counts is logically const.
+  mutable std::unordered_map<const TensorImpl*, ParamState> state_;
+  mutable std::map<int, Tensor> skip_counters_;  // by CUDA device index
+  mutable std::vector<char> maybe_skipped_;      // by slot: was in a step with a device flag since the last fold
+  mutable bool skips_pending_ = false;           // any maybe_skipped_
   int64_t step_count_ = 0;
 };
 

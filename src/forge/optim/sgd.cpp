@@ -7,6 +7,11 @@
 
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/dispatch_device.h"
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/optim.h"
+#endif
 
 namespace forge::optim {
 
@@ -73,6 +78,52 @@ void SGD::update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState&
     d = *g.nesterov ? ops::add(d, b, mu) : b;
   }
   ops::add_(p, d, -lr);
+}
+
+void SGD::update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip) {
+#ifdef FORGE_WITH_CUDA
+  const bool momentum = *g.momentum != 0;
+  // A new momentum buffer is first used (b = d) at this update's true step t, which the
+  // host knows unless the parameter has skipped updates not folded in yet: fold them first
+  // (a device-to-host copy, only when a parameter gets its buffer after such a skip).
+  bool fold = false;
+  for (const DeviceUpdate& u : items)
+    fold = fold || (momentum && !u.state->tensors.count("momentum_buffer") && may_have_skipped_steps(u.slot));
+  if (fold) fold_skipped_steps();
+  std::vector<cuda::SGDParam> params;
+  params.reserve(items.size());
+  for (const DeviceUpdate& u : items) {
+    ParamState& s = *u.state;
+    Tensor buf;
+    int64_t first = 0;
+    if (momentum) {
+      Tensor& b = s.tensors["momentum_buffer"];
+      if (!b.defined()) {
+        b = zeros(u.param.shape(), {.dtype = u.param.dtype(), .device = u.param.device()});
+        s.first_use["momentum_buffer"] = s.step;
+      }
+      buf = b;
+      if (auto it = s.first_use.find("momentum_buffer"); it != s.first_use.end()) first = it->second;
+    }
+    const Tensor g_c = u.grad.is_contiguous() ? u.grad : ops::contiguous(u.grad);
+    const Tensor p_c = u.param.is_contiguous() ? u.param : ops::contiguous(u.param);
+    params.push_back({p_c, g_c, buf, s.step, u.slot, first});
+  }
+  cuda::sgd_step(params,
+                 {.lr = *g.lr, .weight_decay = *g.weight_decay, .momentum = *g.momentum, .dampening = *g.dampening,
+                  .nesterov = *g.nesterov},
+                 skip.flag, skip.skipped);
+  for (size_t i = 0; i < items.size(); ++i) {
+    Tensor p = items[i].param;
+    if (params[i].p.is_same(p)) p.storage()->bump_version();
+    else ops::copy_(p, params[i].p);
+    if (params[i].buf.defined()) params[i].buf.storage()->bump_version();
+  }
+#else
+  (void)g;
+  (void)skip;
+  if (!items.empty()) ops::detail::throw_no_cuda("SGD step");
+#endif
 }
 
 }  // namespace forge::optim

@@ -10,9 +10,13 @@
 //     d = nesterov ? d + mu * b : b
 //   p = p - lr * d
 // State: "momentum_buffer" (b, p's dtype and device), made at the first update with
-// mu != 0 (a state without one, e.g. after momentum was 0, starts it again from d). The update runs as
-// ops on p's device; for bf16/f16 parameters it rounds to their dtype at every op, so
-// train 16-bit weights with AdamW (which keeps f32 master weights) rather than SGD.
+// mu != 0 (a state without one, e.g. after momentum was 0, starts it again from d).
+// On the CPU the update runs as ops; for bf16/f16 parameters it rounds to their dtype at
+// every op, so train 16-bit weights with AdamW (which keeps f32 master weights) rather
+// than SGD. On a GPU all parameters of a group, device and dtype are updated by one
+// multi-tensor kernel launch (backends/cuda/optim.h, one per 56 tensors) that computes
+// exactly what those ops compute, rounding included, so both backends agree bit for bit;
+// it honours a skip flag on the device (Optimizer::step(skip_if)) without a host sync.
 //
 // Checked (forge::Error "SGD: invalid <field> <value> in param group <i> (...)"):
 // lr >= 0, weight_decay >= 0, momentum >= 0, dampening in [0, 1], all finite; Nesterov
@@ -46,6 +50,7 @@ class SGD final : public Optimizer {
   std::vector<StateSpec> state_specs(const ParamGroup& g, const Tensor& p) const override;
   DType state_dtype(const Tensor& p, const std::string& name) const override;
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) override;
+  void update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip) override;
 
   SGDOptions options_;
 };

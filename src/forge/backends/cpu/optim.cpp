@@ -1,5 +1,6 @@
-// CPU optimizer kernels: the fused AdamW step and the clipping passes. See optim.h for the
-// math and the memory contract.
+// CPU optimizer kernels: the fused AdamW step, the clipping passes and the counterparts of
+// the CUDA norm / flag / loss-scale primitives. See optim.h for the math and the memory
+// contract.
 #include "forge/backends/cpu/optim.h"
 
 #include <algorithm>
@@ -8,46 +9,22 @@
 #include <vector>
 
 #include "forge/backends/cpu/loops.h"
+#include "forge/backends/optim_functors.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 
 namespace forge::cpu {
 namespace {
 
-// Per-tensor constants of one AdamW step, in the state precision S.
-template <class S> struct AdamWScalars {
-  S decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bias_correction2_sqrt, eps;
-};
-
-template <class S> AdamWScalars<S> adamw_scalars(const AdamWStepArgs& a) {
-  const double t = static_cast<double>(a.step);
-  const double bias_correction1 = 1.0 - std::pow(a.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(a.beta2, t);
-  return {static_cast<S>(1.0 - a.lr * a.weight_decay),
-          static_cast<S>(a.beta1),
-          static_cast<S>(1.0 - a.beta1),
-          static_cast<S>(a.beta2),
-          static_cast<S>(1.0 - a.beta2),
-          static_cast<S>(a.lr / bias_correction1),
-          static_cast<S>(std::sqrt(bias_correction2)),
-          static_cast<S>(a.eps)};
-}
-
 // p, g: (n) T; m, v: (n) S; master: (n) float for 16-bit T, else unused (null).
 template <class T, class S>
-void adamw_kernel(T* p, const T* g, S* m, S* v, float* master, int64_t n, const AdamWScalars<S>& c) {
+void adamw_kernel(T* p, const T* g, S* m, S* v, float* master, int64_t n, const fn::AdamWScalars<S>& c) {
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    const S gi = convert<S>(g[i]);
     S x;
     if constexpr (is_half_v<T>) x = master[i];
     else x = p[i];
-    x *= c.decay;
-    const S mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
-    const S vi = c.beta2 * v[i] + c.one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    x -= c.step_size * mi / (std::sqrt(vi) / c.bias_correction2_sqrt + c.eps);
+    fn::adamw_update<S>(x, m[i], v[i], convert<S>(g[i]), c);
     if constexpr (is_half_v<T>) {
       master[i] = x;
       p[i] = convert<T>(x);
@@ -82,7 +59,9 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& master
       FORGE_CHECK(!master.defined(), "cpu::adamw_step: a ", dtype_name(p.dtype()),
                   " parameter takes no master copy (it is updated in place)");
     }
-    adamw_kernel<T, S>(p.data<T>(), g.data<T>(), m.data<S>(), v.data<S>(), mp, n, adamw_scalars<S>(args));
+    const fn::AdamWHyper hp{.lr = args.lr, .beta1 = args.beta1, .beta2 = args.beta2, .eps = args.eps,
+                            .weight_decay = args.weight_decay};
+    adamw_kernel<T, S>(p.data<T>(), g.data<T>(), m.data<S>(), v.data<S>(), mp, n, fn::adamw_scalars<S>(hp, args.step));
   });
 }
 
@@ -117,6 +96,80 @@ void scale_(Tensor& t, double s) {
 #pragma omp parallel for schedule(static) if (n >= kParallelGrain)
     for (int64_t i = 0; i < n; ++i) d[i] = convert<T>(convert<double>(d[i]) * s);
   });
+}
+
+namespace {
+
+void check_cpu_scalar(const Tensor& t, DType dtype, const char* op, const char* what) {
+  FORGE_CHECK(t.defined() && t.is_cpu() && t.numel() == 1 && t.dtype() == dtype, op, ": ", what,
+              " must be a one-element ", dtype_name(dtype), " CPU tensor");
+}
+
+}  // namespace
+
+void total_norm(const std::vector<Tensor>& ts, const Tensor& loss_scale, Tensor& norm, Tensor& found) {
+  check_cpu_scalar(norm, DType::f32, "total_norm", "norm");
+  if (found.defined()) check_cpu_scalar(found, DType::f32, "total_norm", "found");
+  double inv_scale = 1.0;
+  if (loss_scale.defined()) {
+    check_cpu_scalar(loss_scale, DType::f32, "total_norm", "loss_scale");
+    // torch.amp.GradScaler: inv_scale = scale.double().reciprocal().float()
+    inv_scale = static_cast<double>(static_cast<float>(1.0 / static_cast<double>(*loss_scale.data<float>())));
+  }
+  double total = 0;
+  for (const Tensor& t : ts) {
+    FORGE_CHECK(t.is_cpu() && t.is_contiguous(), "cpu::total_norm: expected contiguous CPU tensors, got shape ",
+                t.shape(), " on ", t.device().str());
+    if (loss_scale.defined()) {
+      Tensor w = t;
+      scale_(w, inv_scale);
+    }
+    total += sum_of_squares(t);
+  }
+  *norm.data<float>() = static_cast<float>(std::sqrt(total));
+  if (found.defined()) *found.data<float>() = std::isfinite(total) ? 0.0f : 1.0f;
+}
+
+void clip_with_norm_(const std::vector<Tensor>& ts, const Tensor& norm, double max_norm) {
+  check_cpu_scalar(norm, DType::f32, "clip_with_norm_", "norm");
+  const double n = static_cast<double>(*norm.data<float>());
+  if (!(std::isfinite(n) && n > max_norm)) return;
+  const double coef = max_norm / (n + 1e-6);
+  for (const Tensor& t : ts) {
+    FORGE_CHECK(t.is_cpu() && t.is_contiguous(), "cpu::clip_with_norm_: expected contiguous CPU tensors, got shape ",
+                t.shape(), " on ", t.device().str());
+    Tensor w = t;
+    scale_(w, coef);
+  }
+}
+
+void non_finite_flag(const Tensor& x, Tensor& flag) {
+  check_cpu_scalar(x, DType::f32, "non_finite_flag", "x");
+  check_cpu_scalar(flag, DType::f32, "non_finite_flag", "flag");
+  *flag.data<float>() = std::isfinite(*x.data<float>()) ? 0.0f : 1.0f;
+}
+
+void update_loss_scale(Tensor& scale, Tensor& growth_tracker, const Tensor& found, double growth_factor,
+                       double backoff_factor, int64_t growth_interval) {
+  check_cpu_scalar(scale, DType::f32, "update_loss_scale", "scale");
+  check_cpu_scalar(growth_tracker, DType::i32, "update_loss_scale", "growth_tracker");
+  check_cpu_scalar(found, DType::f32, "update_loss_scale", "found");
+  float& s = *scale.data<float>();
+  int32_t& tracker = *growth_tracker.data<int32_t>();
+  // As torch._amp_update_scale_ (and cuda::update_loss_scale, bit for bit).
+  if (*found.data<float>() != 0.0f) {
+    s = static_cast<float>(static_cast<double>(s) * backoff_factor);
+    tracker = 0;
+  } else {
+    const int64_t successful = static_cast<int64_t>(tracker) + 1;
+    if (successful == growth_interval) {
+      const float grown = static_cast<float>(static_cast<double>(s) * growth_factor);
+      if (std::isfinite(grown)) s = grown;
+      tracker = 0;
+    } else {
+      tracker = static_cast<int32_t>(successful);
+    }
+  }
 }
 
 }  // namespace forge::cpu
