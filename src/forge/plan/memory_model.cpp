@@ -1,0 +1,195 @@
+#include "forge/plan/memory_model.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "forge/core/error.h"
+#include "forge/plan/names.h"
+
+namespace forge::plan {
+
+const char* optimizer_name(Optimizer o) { return o == Optimizer::adamw ? "adamw" : "sgd"; }
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
+}
+const char* schedule_name(Schedule s) { return s == Schedule::one_f_one_b ? "1f1b" : "gpipe"; }
+
+Optimizer parse_optimizer(const std::string& s) {
+  const std::string n = normalize_name(s);
+  if (n == "adamw" || n == "adam") return Optimizer::adamw;
+  if (n == "sgd") return Optimizer::sgd;
+  FORGE_THROW("unknown optimizer '", s, "'; use adamw or sgd (with momentum)");
+}
+
+Checkpointing parse_checkpointing(const std::string& s) {
+  const std::string n = normalize_name(s);
+  if (n == "none" || n == "off" || n == "no") return Checkpointing::none;
+  if (n == "selective") return Checkpointing::selective;
+  if (n == "full" || n == "on" || n == "yes") return Checkpointing::full;
+  FORGE_THROW("unknown activation checkpointing '", s,
+              "'; use none, selective (recompute the attention core) or full (recompute each block)");
+}
+
+Schedule parse_schedule(const std::string& s) {
+  const std::string n = normalize_name(s);
+  if (n == "1f1b") return Schedule::one_f_one_b;
+  if (n == "gpipe") return Schedule::gpipe;
+  FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b or gpipe");
+}
+
+std::string Layout::describe() const {
+  std::ostringstream os;
+  os << "dp " << dp << ", tp " << tp << (sequence_parallel && tp > 1 ? " (+sp)" : "") << ", pp " << pp;
+  if (pp > 1 && schedule == Schedule::gpipe) os << " (gpipe)";
+  os << ", micro-batch " << micro_batch << " x " << grad_accum << ", ZeRO-" << zero << (offload ? " + offload" : "")
+     << ", checkpointing " << checkpointing_name(checkpointing);
+  return os.str();
+}
+
+BytesPerParam bytes_per_param(Precision p, Optimizer o) {
+  BytesPerParam b;
+  const bool full = p == Precision::fp32 || p == Precision::tf32;
+  b.param = full ? 4 : 2;
+  b.grad = full ? 4 : 2;
+  b.activation = full ? 4 : 2;
+  if (o == Optimizer::adamw) b.optimizer = full ? 8 : 12;  // (master +) m + v
+  else b.optimizer = full ? 4 : 8;                          // (master +) momentum
+  return b;
+}
+
+MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, double capacity) {
+  const BytesPerParam bp = bytes_per_param(setup.precision, setup.optimizer);
+  ActivationOptions ao = setup.activations;
+  ao.act_bytes = bp.activation;
+  const SavedTensors saved = saved_tensors(m, ao, l.tp);
+  const int64_t b = l.micro_batch, s = m.seq_len, t = l.tp, p = l.pp, d = l.dp;
+  const bool sp = l.sequence_parallel && t > 1;
+  const bool forge_model = ao.model == ActivationModel::forge;
+  const double layer_full = activation_bytes(saved.layer, b, s, t, sp);
+  const double layer_selective = activation_bytes(saved.layer, b, s, t, sp, /*skip_core=*/true);
+  const double layer_ckpt = activation_bytes({saved.checkpoint}, b, s, t, sp);
+  const double embedding = activation_bytes(saved.embedding, b, s, t, sp);
+  const double head = activation_bytes(saved.head, b, s, t, sp);
+  const double head_transient = activation_bytes(saved.head_transient, b, s, t, sp);
+  const double grad_io = 2.0 * static_cast<double>(b * s * m.d_model) * bp.activation / (sp ? static_cast<double>(t) : 1.0);
+  const double layer_stored = l.checkpointing == Checkpointing::full        ? layer_ckpt
+                              : l.checkpointing == Checkpointing::selective ? layer_selective
+                                                                            : layer_full;
+  // The working set while a recomputed block runs its backward, on top of the stored inputs.
+  // Megatron-style: the block's activations plus the gradients entering and leaving it.
+  // forge (traced through its autograd, nn::GPT / nn::Llama under autograd::checkpoint, whose
+  // backward holds the recomputed output y and the incoming gradient until it returns):
+  //   GPT: the recomputed block (GPTBlock::forward) keeps its layer list (whose input is
+  //        already stored: -h), the MLP output and the residual sum (+2h); the add's backward
+  //        frees the MLP output (-h; the sum is y), the gradient entering the block lives on
+  //        (+h) and the MLP's backward then holds a gradient of width f: layer + f + h.
+  //   LLaMA: the add's backward frees the down projection's output (-h; the sum is y, which
+  //        the list already counts), the gradient entering the block lives on (+h) and the
+  //        SwiGLU product's backward holds three f-wide gradients (its incoming one and one
+  //        per input): layer + 3f.
+  const double tokens = static_cast<double>(b * s);
+  const double f_gpu = static_cast<double>((m.ffn_hidden + t - 1) / t);
+  const double h_gpu = static_cast<double>(m.d_model) / (sp ? static_cast<double>(t) : 1.0);
+  const double forge_extra =
+      (m.arch == Arch::gpt ? f_gpu + h_gpu : 3.0 * f_gpu) * bp.activation * tokens;
+  const double full_working = forge_model ? layer_full + std::max(0.0, forge_extra) : layer_full + grad_io;
+  const double recompute = l.checkpointing == Checkpointing::full        ? full_working
+                           : l.checkpointing == Checkpointing::selective ? layer_full - layer_selective
+                                                                         : 0.0;
+  const int64_t layers = m.n_layer / p;
+  const double dd = static_cast<double>(d);
+
+  MemoryBreakdown best;
+  best.total = -1;
+  for (int64_t i = 0; i < p; ++i) {
+    MemoryBreakdown r;
+    r.stage = i;
+    r.layers_on_stage = layers;
+    r.params_on_gpu = stage_parameters(m, t, p, i);
+    const double P = static_cast<double>(r.params_on_gpu);
+    r.in_flight = l.schedule == Schedule::gpipe ? l.grad_accum : std::min(p - i, l.grad_accum);
+    const bool first = i == 0, last = i == p - 1;
+    const double in_flight = static_cast<double>(r.in_flight);
+    const double head_copies = last ? (l.schedule == Schedule::gpipe ? static_cast<double>(l.grad_accum) : 1.0) : 0.0;
+    const double stored_blocks = in_flight * static_cast<double>(layers) * layer_stored + (first ? in_flight * embedding : 0.0);
+    const double stored = stored_blocks + head_copies * head;
+    r.params = P * bp.param / (l.zero >= 3 ? dd : 1.0);
+    const double grads_all = P * bp.grad / (l.zero >= 2 ? dd : 1.0);
+    r.optimizer = l.offload ? 0.0 : P * bp.optimizer / (l.zero >= 1 ? dd : 1.0);
+    r.host_bytes = l.offload ? P * bp.optimizer / (l.zero >= 1 ? dd : 1.0) : 0.0;
+    r.layer_full = layer_full;
+    r.layer_checkpointed = layer_ckpt;
+    r.layer_selective = layer_selective;
+    r.stage_no_checkpointing = in_flight * static_cast<double>(layers) * layer_full + (first ? in_flight * embedding : 0.0) +
+                               head_copies * head;
+    r.stage_full_checkpointing = in_flight * static_cast<double>(layers) * layer_ckpt +
+                                 (first ? in_flight * embedding : 0.0) + head_copies * head;
+
+    if (!forge_model) {
+      // Megatron-style: gradient buffers live for the whole step; the peak is the start of
+      // the backward of the last micro-batch, plus the larger of the output layer's
+      // transient and one recomputed layer.
+      r.grads = grads_all;
+      r.activations = stored;
+      r.transient = std::max(last ? head_transient : 0.0, recompute);
+      r.peak_phase = "start of the last micro-batch's backward (gradient buffers allocated)";
+    } else {
+      // forge: zero_grad() frees the gradients, so they exist at the backward's start only
+      // when micro-batches accumulate; with checkpointing the peak can come later, while the
+      // last block is recomputed (the head's activations are gone, its gradients and one
+      // block's are there).
+      const double grads_at_start = l.grad_accum > 1 ? grads_all : 0.0;
+      const double phase_a = stored + (last ? head_transient : 0.0) + grads_at_start;
+      double phase_b = 0;
+      if (l.checkpointing != Checkpointing::none) {
+        const double head_params = last ? static_cast<double>(m.vocab_size * m.d_model) / static_cast<double>(t) : 0.0;
+        const double partial = l.grad_accum > 1 ? grads_all
+                                                : (head_params + static_cast<double>(layer_parameters_per_gpu(m, t))) *
+                                                      bp.grad / (l.zero >= 2 ? dd : 1.0);
+        phase_b = stored_blocks + recompute + partial;
+      }
+      const double phase_c = grads_all;  // the optimizer step
+      if (phase_a >= phase_b && phase_a >= phase_c) {
+        r.grads = grads_at_start;
+        r.activations = stored;
+        r.transient = last ? head_transient : 0.0;
+        r.peak_phase = "start of backward (forge frees gradients in zero_grad)";
+      } else if (phase_b >= phase_c) {
+        r.grads = phase_b - stored_blocks - recompute;
+        r.activations = stored_blocks;
+        r.transient = recompute;
+        r.peak_phase = "backward of the last block (recomputed)";
+      } else {
+        r.grads = grads_all;
+        r.activations = 0;
+        r.transient = 0;
+        r.peak_phase = "optimizer step";
+      }
+    }
+
+    // Communication buffers.
+    if (d > 1) {
+      if (l.zero >= 3) {
+        const double layer_p = static_cast<double>(layer_parameters_per_gpu(m, t));
+        r.comm_buffers += 2.0 * layer_p * bp.param + layer_p * bp.grad;  // gathered current + prefetched layer, its grads
+      } else {
+        r.comm_buffers += 2.0 * std::min(setup.bucket_bytes, grads_all);  // a bucket reducing, one filling
+      }
+    }
+    const double hidden_bytes = static_cast<double>(b * s * m.d_model) * bp.activation;
+    if (sp) r.comm_buffers += hidden_bytes;  // one layer input all-gathered
+    if (p > 1) r.comm_buffers += 2.0 * hidden_bytes / (sp ? static_cast<double>(t) : 1.0);  // send + receive
+
+    r.subtotal = r.params + r.grads + r.optimizer + r.activations + r.transient + r.comm_buffers;
+    r.margin = setup.margin * r.subtotal;
+    r.reserve = setup.reserve_bytes;
+    r.total = r.subtotal + r.margin + r.reserve;
+    r.capacity = capacity;
+    r.headroom = capacity - r.total;
+    r.fits = r.headroom >= 0;
+    if (r.total > best.total) best = r;
+  }
+  return best;
+}
+
+}  // namespace forge::plan

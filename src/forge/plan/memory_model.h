@@ -1,0 +1,83 @@
+#pragma once
+// Memory per GPU for one parallel layout: parameters, gradients and optimizer state (with
+// ZeRO sharding and CPU offload), activations (activations.h, per pipeline stage and
+// micro-batches in flight), communication buffers, an allocator margin and a runtime reserve.
+//
+// Bytes per parameter (Rajbhandari et al. 2020, "ZeRO", Section 3.1: "2 + 2 + 12" for mixed
+// precision Adam):
+//   precision        params  grads  AdamW state                 SGD (momentum) state
+//   bf16/fp16/fp8       2      2    12 (f32 master, m, v)       8 (f32 master, momentum)
+//   fp32/tf32           4      4     8 (m, v)                   4 (momentum)
+// ZeRO stage z over the data-parallel degree d divides optimizer state (z >= 1), gradients
+// (z >= 2) and parameters (z = 3) by d. Offload moves the optimizer state to host memory.
+#include <cstdint>
+#include <string>
+
+#include "forge/plan/activations.h"
+#include "forge/plan/gpu_catalog.h"
+#include "forge/plan/model_spec.h"
+
+namespace forge::plan {
+
+enum class Optimizer { adamw, sgd };
+enum class Checkpointing { none, selective, full };
+enum class Schedule { one_f_one_b, gpipe };
+const char* optimizer_name(Optimizer o);
+const char* checkpointing_name(Checkpointing c);
+const char* schedule_name(Schedule s);
+Optimizer parse_optimizer(const std::string& s);
+Checkpointing parse_checkpointing(const std::string& s);
+Schedule parse_schedule(const std::string& s);
+
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t micro_batch = 1;   // sequences per micro-batch
+  int64_t grad_accum = 1;    // micro-batches per optimizer step per data-parallel rank
+  int zero = 0;              // ZeRO stage 0..3 over the data-parallel group
+  bool offload = false;      // optimizer state and step on the host (ZeRO-Offload)
+  Checkpointing checkpointing = Checkpointing::none;
+  bool sequence_parallel = false;
+  Schedule schedule = Schedule::one_f_one_b;
+  int64_t gpus() const { return dp * tp * pp; }
+  int64_t global_batch() const { return dp * micro_batch * grad_accum; }
+  std::string describe() const;  // "dp 8 tp 1 pp 1, micro-batch 4 x 32, ZeRO-1, checkpointing full"
+};
+
+struct TrainingSetup {
+  Precision precision = Precision::bf16;
+  Optimizer optimizer = Optimizer::adamw;
+  ActivationOptions activations;   // act_bytes is set from the precision by bytes_per_param()
+  double margin = 0.10;            // allocator fragmentation, a fraction of the subtotal
+  double reserve_bytes = 1e9;      // outside the allocator: CUDA context, cuBLAS/NCCL workspaces
+  double bucket_bytes = 25e6;      // data-parallel gradient bucket (PyTorch DDP's default)
+};
+
+struct BytesPerParam {
+  double param = 2, grad = 2, optimizer = 12, activation = 2;
+};
+BytesPerParam bytes_per_param(Precision p, Optimizer o);
+
+struct MemoryBreakdown {
+  int64_t stage = 0;                // the stage with the largest total (what must fit)
+  int64_t params_on_gpu = 0;        // parameters of that stage on one GPU, before ZeRO sharding
+  int64_t layers_on_stage = 0;
+  int64_t in_flight = 1;            // micro-batches whose activations the stage holds at once
+  double params = 0, grads = 0, optimizer = 0;
+  double activations = 0;           // stored activations at the peak
+  double transient = 0;             // at the peak on top of them: dlogits or one recomputed layer
+  double comm_buffers = 0;
+  double subtotal = 0, margin = 0, reserve = 0, total = 0;
+  double capacity = 0, headroom = 0;  // headroom = capacity - total (negative: does not fit)
+  bool fits = false;
+  double host_bytes = 0;            // host memory per GPU for offloaded optimizer state
+  // Activations per layer per micro-batch, and the stage's totals, both ways.
+  double layer_full = 0, layer_checkpointed = 0, layer_selective = 0;
+  double stage_no_checkpointing = 0, stage_full_checkpointing = 0;
+  std::string peak_phase;           // which moment of the step the total describes
+};
+
+// Memory per GPU (the worst pipeline stage) for model m under layout l. `capacity_bytes` is
+// the device memory. Layout divisibility is checked by the caller (plan.h).
+MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, double capacity_bytes);
+
+}  // namespace forge::plan

@@ -1,0 +1,187 @@
+#include "forge/plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "forge/core/error.h"
+
+namespace forge::plan {
+
+namespace {
+
+double log2_steps(int64_t n) { return std::ceil(std::log2(static_cast<double>(n))); }
+
+double allreduce_time(double bytes, int64_t n, const Link& k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return ring_allreduce_bytes(bytes, n) / k.bandwidth + 2 * log2_steps(n) * k.latency;
+}
+
+// Reduce-scatter and all-gather move the same bytes.
+double half_collective_time(double bytes, int64_t n, const Link& k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return ring_reduce_scatter_bytes(bytes, n) / k.bandwidth + log2_steps(n) * k.latency;
+}
+
+// Bytes the optimizer step reads and writes per parameter (grad, state, weights).
+// AdamW in bf16: 2 + 2 * 12 + 2 = 28 bytes; in fp32: 4 + 2 * 8 + 4 + 4 = 28; SGD: 20.
+double optimizer_bytes_touched(const BytesPerParam& bp) {
+  const bool has_master = bp.param < 4;
+  // read grad + read/write state (+ read the weight when there is no master) + write weight
+  return bp.grad + 2 * bp.optimizer + (has_master ? 0 : bp.param) + bp.param;
+}
+
+}  // namespace
+
+double ring_allreduce_bytes(double bytes, int64_t n) {
+  return n <= 1 ? 0 : 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) * bytes;
+}
+double ring_reduce_scatter_bytes(double bytes, int64_t n) {
+  return n <= 1 ? 0 : static_cast<double>(n - 1) / static_cast<double>(n) * bytes;
+}
+double bubble_fraction(int64_t p, int64_t m) {
+  return static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
+}
+
+Link group_link(const Cluster& c, int64_t n, int64_t stride) {
+  Link k;
+  if (n <= 1) {
+    k.name = "none";
+    return k;
+  }
+  const int64_t gpn = std::max<int64_t>(1, c.gpus_per_node);
+  if (n * stride <= gpn) {
+    k.bandwidth = c.intra_gbs * 1e9 * c.link_efficiency;
+    k.latency = c.latency_intra_s;
+    k.name = c.intra_name;
+    return k;
+  }
+  const int64_t per_node = stride >= gpn ? 1 : std::min(n, gpn / stride);
+  k.bandwidth = std::min(c.intra_gbs, static_cast<double>(per_node) * c.inter_gbs) * 1e9 * c.link_efficiency;
+  k.latency = c.latency_inter_s;
+  k.name = "network x" + std::to_string(per_node) + " NIC" + (per_node > 1 ? "s" : "");
+  k.crosses_nodes = true;
+  return k;
+}
+
+TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const Cluster& c, double mfu,
+                        double tokens) {
+  FORGE_CHECK(mfu > 0 && mfu <= 1, "--mfu must be in (0, 1], got ", mfu);
+  const BytesPerParam bp = bytes_per_param(setup.precision, setup.optimizer);
+  const FlopsPerToken F = flops_per_token(m);
+  const int64_t t = l.tp, p = l.pp, d = l.dp, mb = l.grad_accum;
+  const bool sp = l.sequence_parallel && t > 1;
+  const double peak = c.gpu.peak_flops(setup.precision);
+  const double rate = peak * mfu;
+  const double tokens_mb = static_cast<double>(l.micro_batch * m.seq_len);
+  const double hidden_bytes = tokens_mb * static_cast<double>(m.d_model) * bp.activation;
+  const int64_t layers = m.n_layer / p;
+  const double tt = static_cast<double>(t);
+
+  TimeBreakdown r;
+  r.peak_flops = peak;
+  r.tp_link = group_link(c, t, 1);
+  r.dp_link = group_link(c, d, t);
+  r.pp_link = group_link(c, p, t * d);
+  if (p > 1 && r.pp_link.crosses_nodes) {  // a send goes through one NIC
+    r.pp_link.bandwidth = std::min(c.intra_gbs, c.inter_gbs) * 1e9 * c.link_efficiency;
+    r.pp_link.name = "network x1 NIC";
+  }
+
+  double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0;
+  int64_t max_stage_params = 0;
+  for (int64_t i = 0; i < p; ++i) {
+    const bool first = i == 0, last = i == p - 1;
+    max_stage_params = std::max(max_stage_params, stage_parameters(m, t, p, i));
+    const double model_flops =
+        tokens_mb * 3.0 * (static_cast<double>(layers) * F.layer_forward + (last ? F.head_forward : 0.0)) / tt;
+    double recompute_flops = 0;
+    if (l.checkpointing == Checkpointing::full) {
+      recompute_flops = tokens_mb * static_cast<double>(layers) * F.layer_forward / tt;
+    } else if (l.checkpointing == Checkpointing::selective && setup.activations.attention == AttentionKind::naive) {
+      recompute_flops = tokens_mb * static_cast<double>(layers) * F.attention_forward / tt;
+    }
+    const double compute = model_flops / rate, recompute = recompute_flops / rate;
+    double tp = 0;
+    if (t > 1) {
+      const double n = static_cast<double>(layers * (l.checkpointing == Checkpointing::full ? 6 : 4) + (first ? 1 : 0) +
+                                           (last ? 1 : 0));
+      tp = n * allreduce_time(hidden_bytes, t, r.tp_link);
+    }
+    double p2p = 0;
+    if (p > 1) {
+      const double msgs = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
+      p2p = msgs * (hidden_bytes / (sp ? tt : 1.0) / r.pp_link.bandwidth + r.pp_link.latency);
+    }
+    const double stage = compute + recompute + tp + p2p;
+    if (stage > worst) {
+      worst = stage;
+      r.stage = i;
+      w_compute = compute, w_recompute = recompute, w_tp = tp, w_p2p = p2p;
+    }
+  }
+  r.stage_time = worst;
+  const double m_d = static_cast<double>(mb);
+  r.compute = m_d * w_compute;
+  r.recompute = m_d * w_recompute;
+  r.tp_comm = m_d * w_tp;
+  r.pp_p2p = m_d * w_p2p;
+  r.bubble = static_cast<double>(p - 1) * worst;
+
+  // Data parallelism.
+  const double P = static_cast<double>(max_stage_params);
+  if (d > 1) {
+    const double Sg = P * bp.grad, Sp = P * bp.param;
+    const double w_b = 2.0 / 3.0 * w_compute + w_recompute;  // the backward of one micro-batch
+    const double w_f = 1.0 / 3.0 * w_compute;                // the forward of one micro-batch
+    const double bucket = std::min(setup.bucket_bytes, Sg);
+    const double ar = allreduce_time(Sg, d, r.dp_link);
+    const double rs = half_collective_time(Sg, d, r.dp_link);
+    const double ag = half_collective_time(Sp, d, r.dp_link);
+    auto hidden_under = [](double comm, double window) { return std::max(0.0, comm - window); };
+    switch (l.zero) {
+      case 0:
+        r.dp_comm = ar;
+        r.dp_exposed = hidden_under(ar, w_b) + std::min(ar, allreduce_time(bucket, d, r.dp_link));
+        break;
+      case 1:
+        r.dp_comm = rs + ag;
+        r.dp_exposed = hidden_under(rs, w_b) + std::min(rs, half_collective_time(bucket, d, r.dp_link)) +
+                       hidden_under(ag, w_f);
+        break;
+      case 2:  // gradients are reduce-scattered after every micro-batch (they are sharded)
+        r.dp_comm = m_d * rs + ag;
+        r.dp_exposed = m_d * (hidden_under(rs, w_b) + std::min(rs, half_collective_time(bucket, d, r.dp_link))) +
+                       hidden_under(ag, w_f);
+        break;
+      default: {  // 3: parameters gathered for forward and backward of every micro-batch
+        const double first_layer = ag / static_cast<double>(std::max<int64_t>(1, layers));
+        r.dp_comm = m_d * (2 * ag + rs);
+        r.dp_exposed = m_d * (hidden_under(ag, w_f) + hidden_under(ag + rs, w_b) + 2 * first_layer);
+        break;
+      }
+    }
+  }
+
+  // Optimizer step.
+  const double shard = P / (l.zero >= 1 ? static_cast<double>(d) : 1.0);
+  const double touched = optimizer_bytes_touched(bp);
+  if (l.offload) {
+    r.offload = shard * (bp.grad + bp.param) / (c.pcie_gbs * 1e9 * c.link_efficiency) + shard * touched / (c.host_gbs * 1e9);
+  } else {
+    r.optimizer = shard * touched / (c.gpu.memory_bw_gbs * 1e9 * c.hbm_efficiency);
+  }
+
+  r.step = r.compute + r.recompute + r.tp_comm + r.pp_p2p + r.bubble + r.dp_exposed + r.optimizer + r.offload;
+  r.tokens_per_step = static_cast<double>(l.global_batch() * m.seq_len);
+  r.tokens_per_s = r.tokens_per_step / r.step;
+  const double gpus = static_cast<double>(l.gpus());
+  r.mfu = F.model * r.tokens_per_step / (r.step * gpus * peak);
+  r.steps = static_cast<int64_t>(std::ceil(tokens / r.tokens_per_step));
+  r.time_to_train_s = static_cast<double>(r.steps) * r.step;
+  r.gpu_hours = r.time_to_train_s * gpus / 3600.0;
+  r.ideal_gpu_hours = tokens * F.model / rate / 3600.0;
+  r.ideal_time_s = r.ideal_gpu_hours * 3600.0 / gpus;
+  return r;
+}
+
+}  // namespace forge::plan

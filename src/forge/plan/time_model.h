@@ -1,0 +1,87 @@
+#pragma once
+// Step time for one parallel layout: compute at the given utilisation, the communication the
+// layout cannot hide, the pipeline bubble, and the optimizer step.
+//
+//   stage time per micro-batch = compute (model FLOPs / (peak * mfu)) + recomputation
+//                                + tensor-parallel all-reduces + pipeline sends/receives
+//   pipeline = (m + p - 1) * slowest stage time          bubble fraction (p-1)/(m+p-1)
+//              (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+//               Clusters Using Megatron-LM", Section 2.2)
+//   step = pipeline + exposed data-parallel communication + optimizer step (+ offload)
+//
+// Collectives are ring collectives (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"): an
+// all-reduce of S bytes over n ranks moves 2(n-1)/n * S per rank, reduce-scatter and
+// all-gather (n-1)/n * S each; time = bytes / (link bandwidth * efficiency) + latency.
+// Data-parallel communication overlaps the backward pass of the micro-batch it follows
+// (DDP buckets, ZeRO prefetch); what does not fit under it is exposed.
+#include <cstdint>
+#include <string>
+
+#include "forge/plan/gpu_catalog.h"
+#include "forge/plan/memory_model.h"
+#include "forge/plan/model_spec.h"
+
+namespace forge::plan {
+
+struct Cluster {
+  GpuSpec gpu;
+  int64_t gpus = 1;
+  int64_t gpus_per_node = 8;
+  double intra_gbs = 0;         // GPU-GPU within a node, per GPU per direction (NVLink or PCIe)
+  std::string intra_name;       // "NVLink", "PCIe", "HCCS"
+  double inter_gbs = 25;        // per-GPU network bandwidth across nodes (InfiniBand/RoCE NIC per GPU)
+  double pcie_gbs = 32;         // host link (offload)
+  double host_gbs = 25;         // host memory bandwidth available per GPU (CPU optimizer step)
+  double link_efficiency = 0.8; // achievable fraction of a link's peak in collectives
+  double hbm_efficiency = 0.8;  // achievable fraction of device memory bandwidth (optimizer step)
+  double latency_intra_s = 10e-6;
+  double latency_inter_s = 30e-6;
+};
+
+// Bytes each rank sends in a ring all-reduce / reduce-scatter / all-gather of `bytes`.
+double ring_allreduce_bytes(double bytes, int64_t n);
+double ring_reduce_scatter_bytes(double bytes, int64_t n);
+// The pipeline bubble's share of the pipeline time: (p - 1) / (m + p - 1).
+double bubble_fraction(int64_t p, int64_t m);
+
+// The bandwidth (bytes/s, after efficiency) and latency a communication group sees: n ranks
+// whose global ranks are `stride` apart (tp: 1, dp: tp, pp: tp*dp; Megatron's rank order).
+// Within one node: the intra-node link. Across nodes: k of the group's ranks share each
+// node, so a hierarchical ring gets k NICs' worth, capped by the intra-node link.
+struct Link {
+  double bandwidth = 0;  // bytes/s
+  double latency = 0;    // s per collective step
+  std::string name;      // "NVLink", "InfiniBand x1", ...
+  bool crosses_nodes = false;
+};
+Link group_link(const Cluster& c, int64_t n, int64_t stride);
+
+struct TimeBreakdown {
+  int64_t stage = 0;             // the slowest stage
+  double stage_time = 0;         // its time per micro-batch (compute + recompute + tp + p2p)
+  double compute = 0;            // per step: m micro-batches of model FLOPs on the slowest stage
+  double recompute = 0;
+  double tp_comm = 0;
+  double pp_p2p = 0;
+  double bubble = 0;
+  double dp_comm = 0;            // all data-parallel traffic per step (hidden or not)
+  double dp_exposed = 0;
+  double optimizer = 0;          // the optimizer step (memory-bound)
+  double offload = 0;            // host transfers and the CPU optimizer step
+  double step = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;                // effective: model FLOPs / (step * gpus * peak)
+  double peak_flops = 0;         // per GPU, the precision's dense peak
+  int64_t steps = 0;
+  double time_to_train_s = 0;
+  double gpu_hours = 0;
+  double ideal_time_s = 0;       // model FLOPs at the given MFU only: no comm, bubble or recompute
+  double ideal_gpu_hours = 0;
+  Link tp_link, dp_link, pp_link;
+};
+
+TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const Cluster& c, double mfu,
+                        double tokens);
+
+}  // namespace forge::plan

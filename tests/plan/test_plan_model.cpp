@@ -1,0 +1,344 @@
+// forge plan's memory, time and cost models: the 16-byte split and ZeRO, Korthikanti et al.'s
+// activation formula, ring all-reduce bytes, the pipeline bubble, Meta's LLaMA-2 70B
+// GPU-hours, the layout search and its rejections, bad input, the JSON keys.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "forge/core/error.h"
+#include "forge/plan/plan.h"
+
+namespace forge::plan {
+namespace {
+
+PlanInput llama7b_on(const std::string& gpu, int64_t gpus) {
+  PlanInput in;
+  in.model = find_preset("llama2-7b").spec;
+  in.tokens = 1e12;
+  in.global_batch = 1024;
+  in.cluster = make_cluster(find_gpu(gpu), gpus);
+  in.layout.dp = gpus;
+  in.layout.micro_batch = 1;
+  in.layout.grad_accum = 1024 / gpus;
+  return in;
+}
+
+std::string error_of(const PlanInput& in) {
+  try {
+    check_input(in);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+TEST(PlanMemory, SixteenBytesPerParameterForMixedPrecisionAdamW) {
+  const BytesPerParam b = bytes_per_param(Precision::bf16, Optimizer::adamw);
+  EXPECT_EQ(b.param, 2);      // bf16 weights
+  EXPECT_EQ(b.grad, 2);       // bf16 gradients
+  EXPECT_EQ(b.optimizer, 12); // f32 master + m + v
+  EXPECT_EQ(b.param + b.grad + b.optimizer, 16);
+  const BytesPerParam f = bytes_per_param(Precision::fp32, Optimizer::adamw);
+  EXPECT_EQ(f.param + f.grad + f.optimizer, 16);  // 4 + 4 + 8 (no master copy)
+  EXPECT_EQ(bytes_per_param(Precision::bf16, Optimizer::sgd).optimizer, 8);
+
+  PlanInput in = llama7b_on("h100", 8);
+  const double N = static_cast<double>(count_parameters(in.model).total);
+  in.layout.zero = 0;
+  const MemoryBreakdown z0 = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_DOUBLE_EQ(z0.params + z0.grads + z0.optimizer, 16 * N);
+  EXPECT_DOUBLE_EQ(z0.optimizer, 12 * N);
+  // ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 the parameters too.
+  in.layout.zero = 1;
+  const MemoryBreakdown z1 = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_DOUBLE_EQ(z1.optimizer, 12 * N / 8);
+  EXPECT_DOUBLE_EQ(z1.grads, 2 * N);
+  in.layout.zero = 2;
+  const MemoryBreakdown z2 = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_DOUBLE_EQ(z2.grads, 2 * N / 8);
+  EXPECT_DOUBLE_EQ(z2.params, 2 * N);
+  in.layout.zero = 3;
+  const MemoryBreakdown z3 = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_DOUBLE_EQ(z3.params + z3.grads + z3.optimizer, 16 * N / 8);
+  in.layout.offload = true;
+  const MemoryBreakdown off = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_EQ(off.optimizer, 0);
+  EXPECT_DOUBLE_EQ(off.host_bytes, 12 * N / 8);
+}
+
+TEST(PlanMemory, TotalIsTheSumWithMarginAndReserve) {
+  PlanInput in = llama7b_on("a100-80gb", 8);
+  in.layout.zero = 1;
+  const MemoryBreakdown m = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  EXPECT_DOUBLE_EQ(m.subtotal, m.params + m.grads + m.optimizer + m.activations + m.transient + m.comm_buffers);
+  EXPECT_DOUBLE_EQ(m.total, m.subtotal * (1 + in.setup.margin) + in.setup.reserve_bytes);
+  EXPECT_DOUBLE_EQ(m.headroom, 80e9 - m.total);
+  EXPECT_EQ(m.fits, m.headroom >= 0);
+}
+
+// Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) bytes per GPT layer with 16-bit activations,
+// dropout and materialised attention; with tensor parallelism 10 + 24/t (+ 5as/(ht)); with
+// sequence parallelism 34/t; 2*s*b*h per layer with full recomputation.
+TEST(PlanMemory, KorthikantiActivationFormula) {
+  ModelSpec m = find_preset("gpt2-xl").spec;  // h 1600, a 25
+  m.n_head = 32, m.n_kv_head = 32;            // a divides by 2, 4, 8
+  m.d_model = 2048, m.ffn_hidden = 4 * 2048;
+  const int64_t s = m.seq_len, b = 4, h = m.d_model, a = m.n_head;
+  ActivationOptions o;
+  o.model = ActivationModel::megatron;
+  o.attention = AttentionKind::naive;
+  o.dropout = true;
+  o.act_bytes = 2;
+  for (int64_t t : {1, 2, 8}) {
+    const SavedTensors saved = saved_tensors(m, o, t);
+    EXPECT_DOUBLE_EQ(activation_bytes(saved.layer, b, s, t, false), korthikanti_layer_bytes(s, b, h, a, t, false))
+        << "t " << t;
+    EXPECT_DOUBLE_EQ(activation_bytes(saved.layer, b, s, t, true), korthikanti_layer_bytes(s, b, h, a, t, true))
+        << "t " << t;
+  }
+  const double sbh = static_cast<double>(s * b * h);
+  EXPECT_DOUBLE_EQ(korthikanti_layer_bytes(s, b, h, a, 1, false), sbh * (34 + 5.0 * a * s / h));
+  const SavedTensors saved = saved_tensors(m, o, 1);
+  EXPECT_DOUBLE_EQ(activation_bytes({saved.checkpoint}, b, s, 1, false), 2 * sbh);
+  // Selective recomputation drops exactly the 5as/h term.
+  EXPECT_DOUBLE_EQ(activation_bytes(saved.layer, b, s, 1, false, true), 34 * sbh);
+  // Flash attention keeps no s x s matrix: only the f32 logsumexp per head and token.
+  o.attention = AttentionKind::flash;
+  EXPECT_DOUBLE_EQ(activation_bytes(saved_tensors(m, o, 1).layer, b, s, 1, false), 34 * sbh + 4.0 * a * s * b);
+}
+
+TEST(PlanMemory, ForgeModelCountsWhatForgeKeeps) {
+  ModelSpec m = find_preset("gpt2").spec;
+  ActivationOptions o;
+  o.model = ActivationModel::forge;
+  o.act_bytes = 4;
+  auto wide = [&](const ModelSpec& spec) {
+    double width = 0;
+    for (const auto& t : saved_tensors(spec, o, 1).layer)
+      if (t.bytes == 4 && t.width >= spec.d_model) width += t.width;
+    return width;
+  };
+  // A GPT block keeps 17 h-wide tensors per token (ops::linear and the fused add + LayerNorm
+  // keep no bias-add or residual-add copies), with or without biases.
+  EXPECT_EQ(wide(m), 17 * m.d_model);
+  m.bias = false;
+  EXPECT_EQ(wide(m), 17 * m.d_model);
+  // A LLaMA block: 9h + 2 kv*d + 4f (unfused residual adds keep their sums).
+  const ModelSpec l = find_preset("llama2-7b").spec;
+  EXPECT_EQ(wide(l), 9 * 4096 + 2 * 4096 + 4 * 11008);
+}
+
+// ---- time -----------------------------------------------------------------------------------------
+
+TEST(PlanTime, RingAllReduceMovesTwoNMinusOneOverNOfTheBytes) {
+  EXPECT_DOUBLE_EQ(ring_allreduce_bytes(1e9, 8), 2.0 * 7 / 8 * 1e9);
+  EXPECT_DOUBLE_EQ(ring_reduce_scatter_bytes(1e9, 8), 7.0 / 8 * 1e9);
+  EXPECT_EQ(ring_allreduce_bytes(1e9, 1), 0);
+  // The data-parallel all-reduce of the plan is exactly that over the group's link.
+  PlanInput in = llama7b_on("h100", 8);
+  in.layout.zero = 0;
+  const TimeBreakdown t = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double bytes = 2.0 * static_cast<double>(count_parameters(in.model).total);
+  const double bw = 450e9 * 0.8;  // NVLink per direction x efficiency, 8 GPUs in one node
+  EXPECT_EQ(t.dp_link.name, "NVLink");
+  EXPECT_NEAR(t.dp_comm, ring_allreduce_bytes(bytes, 8) / bw + 2 * 3 * 10e-6, 1e-9);
+}
+
+TEST(PlanTime, PipelineBubbleIsPMinusOneOverMPlusPMinusOne) {
+  EXPECT_DOUBLE_EQ(bubble_fraction(4, 12), 3.0 / 15.0);
+  EXPECT_DOUBLE_EQ(bubble_fraction(1, 8), 0.0);
+  PlanInput in = llama7b_on("a100-80gb", 32);
+  in.layout.dp = 8, in.layout.pp = 4, in.layout.micro_batch = 2, in.layout.grad_accum = 1024 / (8 * 2);
+  const TimeBreakdown t = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double m = static_cast<double>(in.layout.grad_accum);
+  const double pipeline = t.compute + t.recompute + t.tp_comm + t.pp_p2p + t.bubble;
+  EXPECT_NEAR(pipeline, (m + 3) * t.stage_time, 1e-9 * pipeline);
+  EXPECT_NEAR(t.bubble / pipeline, bubble_fraction(4, in.layout.grad_accum), 1e-12);
+}
+
+TEST(PlanTime, ComputeIsModelFlopsAtTheGivenUtilisation) {
+  PlanInput in;
+  in.model = find_preset("gpt2").spec;
+  in.tokens = 1e9;
+  in.global_batch = 8;
+  in.cluster = make_cluster(find_gpu("h100"), 1);
+  in.layout.micro_batch = 8;
+  in.mfu = 0.5;
+  const PlanResult r = evaluate(in);
+  const double flops = 8.0 * 1024 * flops_per_token(in.model).model;
+  EXPECT_NEAR(r.time.compute, flops / (989.4e12 * 0.5), 1e-12);
+  EXPECT_EQ(r.time.recompute, 0);
+  EXPECT_EQ(r.time.tp_comm + r.time.pp_p2p + r.time.bubble + r.time.dp_comm, 0);
+  EXPECT_NEAR(r.time.mfu, 0.5 * r.time.compute / r.time.step, 1e-12);
+  // Full checkpointing recomputes one forward: a third of the model FLOPs again.
+  in.layout.checkpointing = Checkpointing::full;
+  const PlanResult c = evaluate(in);
+  EXPECT_NEAR(c.time.recompute, (r.time.compute - 8.0 * 1024 * 3 * flops_per_token(in.model).head_forward / (989.4e12 * 0.5)) / 3,
+              1e-9);
+}
+
+// Meta trained LLaMA-2 70B on 2T tokens in 1,720,320 A100-80GB GPU-hours (Touvron et al. 2023,
+// Table 2). At the MFU that implies (46%: 4.45e11 FLOPs per token, 312 TFLOP/s) the planner's
+// compute-only GPU-hours must come out at that figure.
+TEST(PlanTime, Llama2_70bOnTwoTrillionTokensMatchesMetasGpuHours) {
+  PlanInput in;
+  in.model = find_preset("llama2-70b").spec;
+  in.tokens = 2e12;
+  in.global_batch = 1024;
+  in.cluster = make_cluster(find_gpu("a100-80gb"), 2048);
+  in.layout.dp = 64, in.layout.tp = 8, in.layout.pp = 4, in.layout.micro_batch = 1, in.layout.grad_accum = 16;
+  in.layout.zero = 1;
+  in.layout.sequence_parallel = true;
+  in.mfu = 0.46;
+  const PlanResult r = evaluate(in);
+  EXPECT_NEAR(r.time.ideal_gpu_hours, 1720320.0, 0.02 * 1720320.0);
+  EXPECT_NEAR(r.flops.model, 4.445e11, 0.001e11);
+  // The full plan adds what this layout cannot hide (bubble, TP all-reduces): more hours.
+  EXPECT_GT(r.time.gpu_hours, r.time.ideal_gpu_hours);
+  EXPECT_TRUE(r.memory.fits);
+}
+
+// ---- cost -------------------------------------------------------------------------------------------
+
+TEST(PlanCost, RentBuyAndBreakEven) {
+  CostInputs c;
+  c.rent_per_hour = 2.0;
+  c.price_per_gpu = 20000;
+  c.power_w = 1000;
+  c.pue = 1.25;
+  c.electricity = 0.10;
+  c.years = 5;
+  c.utilisation = 0.5;
+  const CostBreakdown r = run_cost(c, 1000, 8, 8, 700);
+  EXPECT_DOUBLE_EQ(r.rent_total, 2000);
+  EXPECT_DOUBLE_EQ(r.energy_per_gpu_hour, 0.125);
+  EXPECT_DOUBLE_EQ(r.capex_total, 160000);
+  EXPECT_DOUBLE_EQ(r.owned_per_gpu_hour, 20000 / (5 * 8760 * 0.5) + 0.125);
+  EXPECT_DOUBLE_EQ(r.break_even_hours, 20000 / (2.0 - 0.125));
+  c.price_per_gpu = 0;
+  c.price_per_server = 160000;  // 8 GPUs per server
+  EXPECT_DOUBLE_EQ(run_cost(c, 1000, 8, 8, 700).capex_per_gpu, 20000);
+}
+
+// ---- search and bad input ---------------------------------------------------------------------------
+
+TEST(PlanSearch, RanksLayoutsThatFitAndGivesEachRejectionItsReason) {
+  PlanInput in;
+  in.model = find_preset("llama2-13b").spec;  // 40 heads, 40 layers
+  in.tokens = 1e11;
+  in.global_batch = 256;
+  in.cluster = make_cluster(find_gpu("a100-80gb"), 16);
+  const SearchResult s = search(in);
+  ASSERT_FALSE(s.fits.empty());
+  EXPECT_EQ(static_cast<int64_t>(s.fits.size() + s.rejected.size()), s.considered);
+  for (size_t i = 1; i < s.fits.size(); ++i) {
+    EXPECT_LE(s.fits[i - 1].time.time_to_train_s, s.fits[i].time.time_to_train_s * 1.001);
+    EXPECT_TRUE(s.fits[i].memory.fits);
+  }
+  bool heads = false, layers = false, memory = false, unsupported = false;
+  for (const auto& r : s.rejected) {
+    EXPECT_FALSE(r.reason.empty());
+    heads |= r.reason.find("heads = 40 are not divisible by tp = 16") != std::string::npos;
+    layers |= r.reason.find("layers = 40 are not divisible by pp = 16") != std::string::npos;
+    memory |= r.kind == "memory" && r.reason.find("does not fit: needs") != std::string::npos;
+    unsupported |= r.kind == "unsupported";
+  }
+  EXPECT_TRUE(heads);
+  EXPECT_TRUE(layers);
+  EXPECT_TRUE(memory);  // e.g. dp 16 without sharding: 16 bytes x 13B parameters per GPU
+  EXPECT_TRUE(unsupported);
+  // A fixed dimension is not varied.
+  SearchSpace fixed;
+  fixed.tp = 4;
+  for (const auto& r : search(in, fixed).fits) EXPECT_EQ(r.layout.tp, 4);
+}
+
+TEST(PlanErrors, BadLayoutsAreClearErrors) {
+  PlanInput in = llama7b_on("h100", 8);
+  EXPECT_EQ(error_of(in), "");
+  PlanInput bad = in;
+  bad.model = find_preset("gpt2-xl").spec;  // 25 heads
+  bad.layout.dp = 4, bad.layout.tp = 2, bad.layout.grad_accum = 256;
+  EXPECT_NE(error_of(bad).find("heads = 25 are not divisible by tp = 2"), std::string::npos) << error_of(bad);
+  EXPECT_NE(error_of(bad).find("tp can be 1, 5, 25"), std::string::npos) << error_of(bad);
+  bad = in;
+  bad.layout.dp = 2, bad.layout.pp = 4, bad.layout.grad_accum = 512;
+  bad.model.n_layer = 30;
+  EXPECT_NE(error_of(bad).find("layers = 30 are not divisible by pp = 4"), std::string::npos) << error_of(bad);
+  bad = in;
+  bad.global_batch = 1000;  // 1000 % (micro-batch 1 x dp 8 = 8) == 0, but 3 x 8 does not divide it
+  bad.layout.micro_batch = 3;
+  EXPECT_NE(error_of(bad).find("not divisible by micro-batch x dp = 3 x 8 = 24"), std::string::npos) << error_of(bad);
+  bad = in;
+  bad.layout.dp = 4;  // 4 GPUs of 8
+  EXPECT_NE(error_of(bad).find("--gpus is 8"), std::string::npos) << error_of(bad);
+  bad = in;
+  bad.cluster = make_cluster(find_gpu("v100"), 8);  // no bf16
+  EXPECT_NE(error_of(bad).find("has no bf16"), std::string::npos) << error_of(bad);
+  bad = in;
+  bad.mfu = 1.5;
+  EXPECT_NE(error_of(bad).find("--mfu"), std::string::npos);
+}
+
+TEST(PlanErrors, UnknownGpuSuggestsNearestNames) {
+  try {
+    find_gpu("h1000");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown GPU 'h1000'; did you mean 'h100'"), std::string::npos) << msg;
+  }
+  try {
+    find_gpu("a100");
+    FAIL() << "no error";
+  } catch (const Error& e) {  // ambiguous: both memory sizes
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'a100-40gb' or 'a100-80gb'"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(find_gpu("H100 SXM").name, "H100 SXM");
+  EXPECT_EQ(find_gpu("rtx-4090").name, "RTX 4090");
+}
+
+TEST(PlanCatalog, EveryEntryHasASourceAndADensePeak) {
+  const std::vector<std::string> required = {"v100", "a100-40gb", "a100-80gb", "a800", "h100", "h100-pcie", "h800",
+                                             "h20",  "h200",      "l40",       "rtx3090ti", "rtx4090", "910b"};
+  for (const auto& n : required) {
+    const GpuSpec& g = find_gpu(n);
+    EXPECT_FALSE(g.source.empty()) << n;
+    EXPECT_GT(g.memory_gb, 0) << n;
+    EXPECT_GT(std::max(g.bf16_tflops, g.fp16_tflops), 0) << n;
+  }
+  // Dense, not the 2:4-sparse figures.
+  EXPECT_DOUBLE_EQ(find_gpu("h100").peak_flops(Precision::bf16), 989.4e12);
+  EXPECT_DOUBLE_EQ(find_gpu("a100-80gb").peak_flops(Precision::bf16), 312e12);
+}
+
+// ---- JSON -------------------------------------------------------------------------------------------
+
+TEST(PlanJson, PlanAndSearchCarryTheirKeys) {
+  PlanInput in = llama7b_on("h100", 8);
+  in.layout.zero = 1;
+  const nlohmann::json j = plan_json(in, evaluate(in));
+  for (const char* k : {"model", "parameters", "flops", "hardware", "training", "layout", "memory", "time", "cost"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["parameters"]["total"], 6738415616);
+  for (const char* k : {"params", "grads", "optimizer", "activations", "comm_buffers", "margin", "reserve", "total",
+                        "capacity", "headroom", "fits", "activations_per_layer", "activations_stage"})
+    EXPECT_TRUE(j["memory"].contains(k)) << k;
+  for (const char* k : {"compute", "tp_comm", "pp_p2p", "bubble", "dp_exposed", "optimizer", "step", "tokens_per_s",
+                        "mfu", "time_to_train_s", "gpu_hours", "ideal_gpu_hours"})
+    EXPECT_TRUE(j["time"].contains(k)) << k;
+  for (const char* k : {"rent", "buy", "break_even_hours_per_gpu"}) EXPECT_TRUE(j["cost"].contains(k)) << k;
+  EXPECT_EQ(j["layout"]["zero"], 1);
+
+  const nlohmann::json s = search_json(in, search(in));
+  for (const char* k : {"fits", "rejected", "rejected_counts", "best", "considered"}) EXPECT_TRUE(s.contains(k)) << k;
+  ASSERT_FALSE(s["fits"].empty());
+  EXPECT_TRUE(s["fits"][0].contains("layout"));
+  EXPECT_TRUE(s["best"].contains("memory"));
+}
+
+}  // namespace
+}  // namespace forge::plan
