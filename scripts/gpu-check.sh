@@ -3,6 +3,7 @@
 #
 #   scripts/gpu-check.sh            # from anywhere inside the repository
 #   BUILD_DIR=build-gpu JOBS=16 BUILD_TYPE=Release scripts/gpu-check.sh
+#   SKIP_ALL=1 CUDA_JOBS=8 scripts/gpu-check.sh   # only the CUDA-labelled tests, 8 at a time
 #
 # Steps: configure (-DFORGE_CUDA=ON) into build-gpu, build, `ctest -L cuda` (the CUDA
 # backend against the CPU backend), then the full ctest. The CUDA tests skip themselves
@@ -24,6 +25,8 @@ record() {  # record NAME RC [detail]
   if [[ "$2" -eq 0 ]]; then SUMMARY+=("PASS  $1${3:+  ($3)}"); else SUMMARY+=("FAIL  $1${3:+  ($3)}"); STATUS=1; fi
 }
 finish() {
+  # On the device tool's machine, $OUT comes back: leave the logs there.
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp -r "$LOG_DIR" "$OUT/" 2>/dev/null || true; fi
   echo
   echo "==== gpu-check summary ===="
   for line in "${SUMMARY[@]}"; do echo "  $line"; done
@@ -73,7 +76,7 @@ record "build" "$rc" "$((SECONDS - start)) s, $warnings warning line(s)"
 [[ "$rc" -eq 0 ]] || finish
 
 step "ctest -L cuda"
-(cd "$BUILD_DIR" && ctest --output-on-failure -L cuda) 2>&1 | tee "$LOG_DIR/ctest-cuda.log"
+(cd "$BUILD_DIR" && ctest --output-on-failure -L cuda -j "${CUDA_JOBS:-8}") 2>&1 | tee "$LOG_DIR/ctest-cuda.log"
 rc=${PIPESTATUS[0]}
 cuda_line=$(grep -E "tests passed|tests failed" "$LOG_DIR/ctest-cuda.log" | tail -1)
 # Skipped CUDA tests mean the GPU was not visible (except the peer copy on one GPU).
@@ -89,6 +92,7 @@ if [[ "$total_cuda" -eq 0 ]]; then
 fi
 record "ctest -L cuda" "$rc" "${cuda_line:-no result}; $skipped unexpected skip(s)"
 
+if [[ "${SKIP_ALL:-0}" == 1 ]]; then finish; fi
 step "ctest (all)"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS") 2>&1 | tee "$LOG_DIR/ctest-all.log"
 rc=${PIPESTATUS[0]}

@@ -13,7 +13,9 @@
 namespace forge::app {
 
 int run_train(const TrainArgs& args) {
-  const train::RunConfig cfg = train::load_config(args.config, args.overrides);
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.device.empty()) overrides.push_back("--run.device=" + args.device);
+  const train::RunConfig cfg = train::load_config(args.config, overrides);
   if (args.print_config) {
     std::cout << train::config_to_toml(cfg);
     return 0;

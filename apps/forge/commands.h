@@ -13,6 +13,7 @@ struct TrainArgs {
   bool resume = false;
   std::string resume_from;             // "" = the run's latest checkpoint
   bool print_config = false;           // print the resolved config and stop
+  std::string device;                  // --device: the same as --run.device=... ("" = the config's)
 };
 int run_train(const TrainArgs& args);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "plan_command.h"
 #include "forge/core/error.h"
 #include "forge/train/config.h"
 
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
                                    "continue from the run's latest checkpoint, or from PATH (a checkpoint or run directory)")
                      ->expected(0, 1)
                      ->type_name("[PATH]");
+  train->add_option("--device", train_args.device,
+                    "where to train: auto (the first GPU if any), cpu, cuda or cuda:N (= --run.device=...)");
   train->add_flag("--print-config", train_args.print_config, "print the resolved config (TOML) and stop");
   train->footer(kTrainFooter);
 
@@ -68,6 +71,8 @@ int main(int argc, char** argv) {
   tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");
   tok_encode->add_option("files", tok_encode_args.files, "text files, glob patterns or directories")->required();
 
+  auto* plan = forge::app::add_plan_command(app);
+
   auto* demo = app.add_subcommand("autograd-demo", "fit a small MLP with forge's autograd (the worked example)");
   demo->allow_extras();
   demo->prefix_command();
@@ -79,7 +84,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> rest(split.rest.rbegin(), split.rest.rend());  // CLI11 takes them reversed
     app.parse(rest);
     if (app.got_subcommand("train")) help_cmd = "train ";
-    if (!split.overrides.empty() && !app.got_subcommand("train"))
+    if (!split.overrides.empty() && !app.got_subcommand("train") && !app.got_subcommand("plan"))
       return usage_error("config overrides (" + split.overrides.front() + ") are options of 'forge train'", help_cmd);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
@@ -90,7 +95,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode})
+    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     return usage_error(e.what(), cmd);
   }
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
       return forge::app::run_train(train_args);
     }
     if (sample->parsed()) return forge::app::run_sample(sample_args);
+    if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
     if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
     if (demo->parsed()) {

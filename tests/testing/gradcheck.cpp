@@ -131,15 +131,15 @@ const std::vector<std::string>& differentiable_ops() {
       // reductions, softmax
       "sum", "mean", "var", "amax", "amin", "max", "min", "softmax", "log_softmax",
       // matmul
-      "matmul", "mm", "bmm",
+      "matmul", "mm", "bmm", "linear", "linear_gelu",
       // joins and indexing
       "cat", "stack", "split", "chunk", "index_select", "gather", "scatter_add",
       // views and copies
       "reshape", "view", "flatten", "transpose", "permute", "narrow", "slice", "select", "expand", "squeeze",
       "unsqueeze", "contiguous", "clone", "to",
       // neural-network ops
-      "embedding", "layer_norm", "rms_norm", "dropout", "cross_entropy", "scaled_dot_product_attention", "rope",
-      "conv2d", "max_pool2d"};
+      "embedding", "layer_norm", "add_layer_norm", "rms_norm", "dropout", "cross_entropy",
+      "scaled_dot_product_attention", "rope", "conv2d", "max_pool2d"};
   return ops;
 }
 

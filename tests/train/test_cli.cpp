@@ -70,6 +70,15 @@ TEST_F(CliTest, CliTrainParsesOverrides) {
   EXPECT_NE(r.output.find("lr = 0.01\n"), std::string::npos) << r.output;
 }
 
+TEST_F(CliTest, CliTrainDeviceFlagIsRunDevice) {
+  const CliRun r = run_forge({"train", config, "--device", "cuda:1", "--print-config"});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("device = 'cuda:1'\n"), std::string::npos) << r.output;
+  const CliRun bad = run_forge({"train", config, "--device=gpu0"});
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("run.device = 'gpu0' is not a device"), std::string::npos) << bad.output;
+}
+
 TEST_F(CliTest, CliErrorsExitOneAndUsageErrorsTwo) {
   const CliRun typo = run_forge({"train", config, "--train.stpes=5"});
   EXPECT_EQ(typo.status, 1) << typo.output;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "forge/core/error.h"
+#include "forge/ops/creation.h"
 #include "forge/train/config.h"
 #include "train_testing.h"
 
@@ -62,6 +63,23 @@ TEST_F(ConfigTest, IntegerIsAcceptedForAFloatKey) {
   EXPECT_DOUBLE_EQ(parse_config(toml, "t").optim.lr, 1.0);
 }
 
+TEST(RunDevice, AutoCpuCudaAndClearErrors) {
+  EXPECT_EQ(resolve_run_device("cpu"), Device::cpu());
+  EXPECT_EQ(resolve_run_device("auto"), cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu());
+  if (cuda_device_count() == 0) {
+    std::string err;
+    try {
+      resolve_run_device("cuda:1");
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find("run.device = 'cuda:1' but no CUDA device is visible"), std::string::npos) << err;
+  }
+  EXPECT_EQ(resolve_run_dtype("auto", Device::cpu()), DType::f32);
+  EXPECT_EQ(resolve_run_dtype("auto", Device::cuda(0)), DType::bf16);
+  EXPECT_EQ(resolve_run_dtype("f16", Device::cpu()), DType::f16);
+}
+
 TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
   std::set<std::string> seen;
   for (const auto& k : config_keys()) {
@@ -69,7 +87,8 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
     EXPECT_FALSE(k.doc.empty()) << k.key;
     EXPECT_FALSE(k.default_value.empty()) << k.key;
   }
-  for (const char* key : {"run.name", "run.dir", "run.seed", "run.device", "model.type", "model.vocab_size",
+  for (const char* key : {"run.name", "run.dir", "run.seed", "run.device", "run.dtype", "data.source",
+                          "train.max_bad_steps", "model.type", "model.vocab_size",
                           "model.block_size", "model.n_layer", "model.n_head", "model.n_embd", "model.dropout",
                           "model.bias", "model.checkpoint_activations", "model.n_kv_head", "model.dim",
                           "model.ffn_hidden", "model.rope_theta", "model.norm_eps", "data.files", "data.tokenizer",
@@ -208,7 +227,12 @@ TEST_F(ConfigTest, ShapeAndSizeChecksNameTheKeyAndTheFix) {
   EXPECT_NE(error(base(), {"--train.steps=0"}).find("train.steps must be > 0"), std::string::npos);
   EXPECT_NE(error(base(), {"--train.grad_accum=0"}).find("train.grad_accum must be > 0"), std::string::npos);
   EXPECT_NE(error(base(), {"--model.type=bert"}).find("model.type = 'bert'"), std::string::npos);
-  EXPECT_NE(error(base(), {"--run.device=cuda"}).find("set run.device = \"cpu\""), std::string::npos);
+  EXPECT_NE(error(base(), {"--run.device=gpu0"}).find("run.device = 'gpu0' is not a device; use \"auto\", \"cpu\""),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--run.dtype=fp8"}).find("run.dtype = 'fp8' is unknown"), std::string::npos);
+  EXPECT_NE(error(base(), {"--train.max_bad_steps=0"}).find("train.max_bad_steps must be >= 1"), std::string::npos);
+  EXPECT_NE(error(base(), {"--data.source=web"}).find("data.source = 'web' is unknown"), std::string::npos);
+  EXPECT_NE(error(base(), {"--data.source=random"}).find("needs model.vocab_size > 0"), std::string::npos);
   EXPECT_NE(error(base(), {"--schedule.kind=step"}).find("schedule.kind = 'step' is unknown"), std::string::npos);
   EXPECT_NE(error(base(), {"--schedule.min_lr=1"}).find("schedule.min_lr = 1 must be in [0, optim.lr"),
             std::string::npos);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
@@ -209,6 +211,54 @@ TEST_F(TrainerTest, TrainLlamaAndGivenTokenizer) {
   EXPECT_NE(error_of([&] { train(config("small", 2, {"--data.tokenizer=" + scratch.str("tok.json"), "--model.vocab_size=260"})); })
                 .find("model.vocab_size = 260 is smaller than the tokenizer's vocabulary (280 tokens)"),
             std::string::npos);
+}
+
+// Note [non-finite guard]: an absurd learning rate makes the weights overflow after the first
+// update; every later step has a NaN loss, is skipped and counted, and the third in a row
+// stops the run with the key to change. The checkpoint of the last good step stays the latest.
+TEST_F(TrainerTest, NonFiniteStepsAreSkippedThenStopTheRun) {
+  const RunConfig c = config("diverge", 10,
+                             {"--optim.lr=1e30", "--schedule.kind=constant", "--schedule.warmup_steps=0",
+                              "--schedule.min_lr=0", "--checkpoint.every=1", "--train.max_bad_steps=3"});
+  const std::string err = error_of([&] { train(c); });
+  EXPECT_NE(err.find("3 steps in a row had a non-finite loss or gradient norm (last at step 4)"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("The last good checkpoint is untouched"), std::string::npos) << err;
+  const auto cks = io::list_checkpoints(c.run_dir());
+  ASSERT_FALSE(cks.empty());
+  EXPECT_EQ(cks.back().first, 1);  // step 1 was the last good one
+  // Each skip is in metrics.jsonl.
+  std::ifstream in(fs::path(c.run_dir()) / "metrics.jsonl");
+  int skipped = 0;
+  for (std::string line; std::getline(in, line);)
+    if (nlohmann::json::parse(line).value("skipped", false)) ++skipped;
+  EXPECT_EQ(skipped, 3);
+}
+
+TEST_F(TrainerTest, RandomTokensNeedNoDataFiles) {
+  const RunConfig c = config("random", 6, {"--data.source=random", "--model.vocab_size=500"});
+  const TrainResult r = train(c);
+  ASSERT_EQ(r.losses.size(), 6u);
+  // Uniform random targets: the loss starts near ln(500) and cannot go far below it.
+  EXPECT_NEAR(r.losses.front(), std::log(500.0), 0.3);
+  EXPECT_TRUE(std::isnan(r.final_val_loss));  // no validation split for random tokens
+}
+
+// run.dtype on the CPU: bf16 and f16 parameters with f32 masters train; f16 goes through the
+// loss scaler (its scale is in metrics.jsonl) and nothing is skipped at this scale.
+TEST_F(TrainerTest, SixteenBitDtypesTrain) {
+  for (const char* dtype : {"bf16", "f16"}) {
+    const RunConfig c = config(std::string("dt-") + dtype, 12, {std::string("--run.dtype=") + dtype});
+    const TrainResult r = train(c);
+    ASSERT_EQ(r.losses.size(), 12u) << dtype;
+    EXPECT_EQ(r.skipped_steps, 0) << dtype;
+    for (double l : r.losses) EXPECT_TRUE(std::isfinite(l)) << dtype;
+    EXPECT_LT(mean(r.losses, 9, 12), mean(r.losses, 0, 3)) << dtype;
+    std::ifstream in(fs::path(c.run_dir()) / "metrics.jsonl");
+    bool has_scale = false;
+    for (std::string line; std::getline(in, line);) has_scale |= nlohmann::json::parse(line).contains("loss_scale");
+    EXPECT_EQ(has_scale, std::string(dtype) == "f16") << dtype;
+  }
 }
 
 TEST_F(TrainerTest, TrainRejectsTooLittleValidationData) {

@@ -80,7 +80,7 @@ inline std::vector<std::string> write_corpus(const fs::path& dir, size_t bytes =
 // A tiny GPT run over the corpus in `root`/corpus, its run directory `root`/runs/<name>.
 inline std::string tiny_toml(const fs::path& root, const std::string& name = "tiny", int64_t steps = 30) {
   return "[run]\nname = \"" + name + "\"\ndir = \"" + (root / "runs").string() +
-         "\"\nseed = 7\n"
+         "\"\nseed = 7\ndevice = \"cpu\"\n"  // the CPU's exact numbers, also on a GPU machine
          "[model]\ntype = \"gpt\"\nblock_size = 32\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
          "[data]\nfiles = [\"" + (root / "corpus").string() + "\"]\nvocab_size = 300\nval_fraction = 0.1\n"
          "[optim]\nlr = 3e-3\n"

@@ -96,6 +96,11 @@ std::string progress_line(const Progress& p) {
                 static_cast<long long>(p.total_steps), p.loss, p.lr);
   std::ostringstream os;
   os << head << " | " << format_count(p.tokens_per_s) << " tok/s";
+  if (p.mfu >= 0) {
+    char mfu[32];
+    std::snprintf(mfu, sizeof(mfu), "MFU %.1f%%", 100.0 * p.mfu);
+    os << " | " << mfu;
+  }
   if (p.memory_bytes >= 0) os << " | " << format_bytes(static_cast<double>(p.memory_bytes));
   os << " | " << format_duration(p.elapsed_s) << " elapsed | ETA " << format_duration(p.eta_s);
   return os.str();

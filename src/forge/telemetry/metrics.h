@@ -55,6 +55,7 @@ struct Progress {
   double elapsed_s = 0.0;
   double eta_s = 0.0;
   int64_t memory_bytes = -1;  // < 0: not shown
+  double mfu = -1.0;          // model FLOPs utilisation in [0, 1] (Note [MFU]); < 0: not shown
 };
 std::string progress_line(const Progress& p);
 

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "forge/core/error.h"
+#include "forge/ops/creation.h"
 
 namespace forge::train {
 
@@ -60,7 +61,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, name, "the run's name; its directory is <run.dir>/<run.name>"),
       FORGE_FIELD(run, dir, "the parent directory of run directories"),
       FORGE_FIELD(run, seed, "seeds model initialisation, data order and dropout (>= 0)"),
-      FORGE_FIELD(run, device, "\"cpu\" (the trainer runs on the CPU for now)"),
+      FORGE_FIELD(run, device, "\"auto\" (cuda:0 when a GPU is visible, else cpu), \"cpu\", \"cuda\" or \"cuda:N\""),
+      FORGE_FIELD(run, dtype,
+                  "compute dtype of parameters and activations: \"auto\" (bf16 on a GPU, f32 on the CPU), \"f32\", "
+                  "\"bf16\" or \"f16\" (16-bit: f32 master weights and moments; f16 adds dynamic loss scaling)"),
       FORGE_FIELD(run, overwrite,
                   "a fresh run (no --resume) may replace the checkpoints and metrics an earlier run left in the run "
                   "directory"),
@@ -79,6 +83,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(model, rope_theta, "LLaMA: rotary embedding base"),
       FORGE_FIELD(model, norm_eps, "LLaMA: RMSNorm epsilon"),
       FORGE_FIELD(model, init_std, "LLaMA: standard deviation of the weight init"),
+      FORGE_FIELD(data, source,
+                  "language models: \"files\" (data.files, tokenized) or \"random\" (uniform random tokens of "
+                  "model.vocab_size, for benchmarks; no tokenizer, no validation)"),
       FORGE_FIELD(data, files,
                   "language models: text files, glob patterns or directories (their files, not recursive)"),
       FORGE_FIELD(data, exclude, "glob patterns of files to skip when expanding globs and directories"),
@@ -107,6 +114,8 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(train, seq_len, "tokens per sequence, <= model.block_size"),
       FORGE_FIELD(train, grad_accum, "micro-batches per optimizer step (each loss divided by grad_accum)"),
       FORGE_FIELD(train, log_every, "steps between progress lines and metrics.jsonl records"),
+      FORGE_FIELD(train, max_bad_steps,
+                  "consecutive steps with a non-finite loss or gradient norm (each skipped) before the run stops (>= 1)"),
       FORGE_FIELD(train, epochs, "lenet: passes over the training images"),
       FORGE_FIELD(train, eval_batch_size, "lenet: images per evaluation batch"),
       FORGE_FIELD(eval, every, "steps between validation passes (0 = only at the end)"),
@@ -609,14 +618,43 @@ std::vector<std::string> resolve_data_files(const DataSection& data) {
   return unique;
 }
 
+std::string check_run_device_syntax(const std::string& device) {
+  if (device == "auto") return device;
+  try {
+    return Device::parse(device).str();
+  } catch (const Error&) {
+    FORGE_THROW("run.device = '", device, "' is not a device; use \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+  }
+}
+
+Device resolve_run_device(const std::string& device) {
+  check_run_device_syntax(device);
+  const int gpus = cuda_device_count();
+  if (device == "auto") return gpus > 0 ? Device::cuda(0) : Device::cpu();
+  const Device d = Device::parse(device);
+  FORGE_CHECK(d.is_cpu() || d.index < gpus, "run.device = '", device, "' but ",
+              gpus == 0 ? std::string("no CUDA device is visible") : std::to_string(gpus) + " CUDA device(s) are visible",
+              "; use run.device = \"auto\" or \"cpu\"", gpus > 0 ? std::string(", or cuda:0..cuda:") + std::to_string(gpus - 1) : "");
+  return d;
+}
+
+DType resolve_run_dtype(const std::string& dtype, Device device) {
+  if (dtype == "auto") return device.is_cuda() ? DType::bf16 : DType::f32;
+  if (dtype == "f32") return DType::f32;
+  if (dtype == "bf16") return DType::bf16;
+  if (dtype == "f16") return DType::f16;
+  FORGE_THROW("run.dtype = '", dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
+}
+
 void validate(const RunConfig& c) {
   // [run]
   FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
               "run.name must be a non-empty name without '/', got '", c.run.name, "'");
   FORGE_CHECK(!c.run.dir.empty(), "run.dir must not be empty (use \".\" for the current directory)");
   FORGE_CHECK(c.run.seed >= 0, "run.seed must be >= 0, got ", c.run.seed);
-  FORGE_CHECK(c.run.device == "cpu", "run.device = '", c.run.device,
-              "' is not supported: the trainer runs on the CPU for now; set run.device = \"cpu\"");
+  check_run_device_syntax(c.run.device);  // the syntax; whether the GPU exists is checked when the run starts
+  FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
+              "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
 
   // [model]
   const auto& m = c.model;
@@ -677,6 +715,7 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(t.seq_len <= m.block_size, "train.seq_len = ", t.seq_len, " exceeds model.block_size = ", m.block_size,
                 "; lower train.seq_len or raise model.block_size");
     FORGE_CHECK(t.grad_accum > 0, "train.grad_accum must be > 0, got ", t.grad_accum);
+    FORGE_CHECK(t.max_bad_steps >= 1, "train.max_bad_steps must be >= 1, got ", t.max_bad_steps);
   } else {
     FORGE_CHECK(t.epochs > 0, "train.epochs must be > 0, got ", t.epochs);
     FORGE_CHECK(t.eval_batch_size > 0, "train.eval_batch_size must be > 0, got ", t.eval_batch_size);
@@ -689,9 +728,14 @@ void validate(const RunConfig& c) {
   // [data]
   const auto& d = c.data;
   if (lm) {
+    FORGE_CHECK(d.source == "files" || d.source == "random", "data.source = '", d.source,
+                "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)");
     FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
     std::error_code ec;
-    if (d.tokenizer.empty()) {
+    if (d.source == "random") {
+      FORGE_CHECK(m.vocab_size > 0, "data.source = \"random\" needs model.vocab_size > 0 (there is no tokenizer to "
+                  "take it from); set model.vocab_size, e.g. 50304");
+    } else if (d.tokenizer.empty()) {
       FORGE_CHECK(d.vocab_size >= 256, "data.vocab_size = ", d.vocab_size,
                   " is smaller than 256 (a byte-level BPE vocabulary starts with the 256 bytes); set data.vocab_size "
                   ">= 256, e.g. 1024");
@@ -702,7 +746,7 @@ void validate(const RunConfig& c) {
       FORGE_CHECK(fs::is_regular_file(d.tokenizer, ec), "data.tokenizer: '", d.tokenizer,
                   "' does not exist; give a tokenizer written by `forge tokenize train`, or \"\" to train one");
     }
-    resolve_data_files(d);
+    if (d.source == "files") resolve_data_files(d);
   } else {
     FORGE_CHECK(d.max_train_samples >= 0, "data.max_train_samples must be >= 0 (0 = all), got ", d.max_train_samples);
     FORGE_CHECK(d.max_test_samples >= 0, "data.max_test_samples must be >= 0 (0 = all), got ", d.max_test_samples);

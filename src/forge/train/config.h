@@ -6,15 +6,16 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, overwrite
+//   [run]        name, dir, seed, device, dtype, overwrite
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations (GPT); n_kv_head, dim,
 //                ffn_hidden, rope_theta, norm_eps, init_std (LLaMA)
-//   [data]       files, exclude, tokenizer, vocab_size, val_fraction, shards_dir (language
+//   [data]       source, files, exclude, tokenizer, vocab_size, val_fraction, shards_dir (language
 //                models); dir, max_train_samples, max_test_samples (lenet)
 //   [optim]      name, lr, weight_decay, beta1, beta2, eps, momentum, nesterov, grad_clip
 //   [schedule]   kind, warmup_steps, min_lr, decay_steps
-//   [train]      steps, batch_size, seq_len, grad_accum, log_every; epochs, eval_batch_size (lenet)
+//   [train]      steps, batch_size, seq_len, grad_accum, log_every, max_bad_steps; epochs,
+//                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, keep_last
 //
@@ -35,13 +36,17 @@
 #include <utility>
 #include <vector>
 
+#include "forge/core/device.h"
+#include "forge/core/dtype.h"
+
 namespace forge::train {
 
 struct RunSection {
   std::string name = "run";        // the run's name: its directory is <dir>/<name>
   std::string dir = "runs";        // parent directory of run directories
   int64_t seed = 1337;             // model initialisation, data order, dropout
-  std::string device = "cpu";      // "cpu" (the only device the trainer runs on for now)
+  std::string device = "auto";     // "auto" (cuda:0 when a GPU is visible, else cpu) | "cpu" | "cuda" | "cuda:N"
+  std::string dtype = "auto";      // compute dtype: "auto" (bf16 on a GPU, f32 on the CPU) | "f32" | "bf16" | "f16"
   bool overwrite = false;          // a fresh run may replace an earlier run's checkpoints and metrics
 };
 
@@ -70,6 +75,7 @@ struct DataSection {
   int64_t vocab_size = 1024;       // the vocabulary of a tokenizer trained on the fly
   double val_fraction = 0.1;       // the last part of each file held out for validation
   std::string shards_dir;          // where token shards go ("" : <run dir>/data)
+  std::string source = "files";    // "files" (data.files, tokenized) | "random" (uniform random tokens: benchmarks)
   std::string dir = "/usr/share/datasets/fashion-mnist";  // lenet: the IDX files
   int64_t max_train_samples = 0;   // lenet: first N training images (0: all)
   int64_t max_test_samples = 0;    // lenet: first N test images (0: all)
@@ -100,6 +106,7 @@ struct TrainSection {
   int64_t seq_len = 256;           // tokens per sequence (<= model.block_size)
   int64_t grad_accum = 1;          // micro-batches per optimizer step
   int64_t log_every = 10;          // steps between progress lines and metrics records
+  int64_t max_bad_steps = 5;       // consecutive skipped (non-finite) steps before the run stops
   int64_t epochs = 3;              // lenet
   int64_t eval_batch_size = 1000;  // lenet
 };
@@ -175,6 +182,14 @@ std::string config_to_toml(const RunConfig& cfg);
 // path that does not exist, a pattern that matches nothing, an explicitly listed empty
 // file, or no non-empty file at all.
 std::vector<std::string> resolve_data_files(const DataSection& data);
+
+// run.device: "auto" is the first GPU when one is visible, else the CPU; "cpu", "cuda" and
+// "cuda:N" name a device. parse_run_device checks the spelling only (an error names run.device
+// and the accepted forms); resolve_run_device also checks that the GPU exists.
+std::string check_run_device_syntax(const std::string& device);
+Device resolve_run_device(const std::string& device);
+// run.dtype for `device`: "auto" is bf16 on a GPU and f32 on the CPU.
+DType resolve_run_dtype(const std::string& dtype, Device device);
 
 // Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -123,8 +123,9 @@ Evaluation evaluate(nn::LeNet& model, const data::ImageDataset& ds, int64_t batc
   const int64_t n = ds.size();
   for (int64_t start = 0; start < n; start += batch_size) {
     const int64_t len = std::min(batch_size, n - start);
-    const Tensor x = ds.images.narrow(0, start, len);  // (len, 1, 28, 28)
-    const Tensor y = ds.labels.narrow(0, start, len);  // (len)
+    const Device device = model.parameters().front().device();
+    const Tensor x = ds.images.narrow(0, start, len).to(device);  // (len, 1, 28, 28)
+    const Tensor y = ds.labels.narrow(0, start, len).to(device);  // (len)
     const Tensor logits = model.forward(x);            // (len, 10)
     loss_sum += ops::cross_entropy(logits, y, -100, ops::Reduction::sum).item<double>();
     correct += ops::sum(ops::eq(ops::argmax(logits, 1), y)).item<int64_t>();
@@ -253,6 +254,7 @@ ImageTrainResult train_image_classifier(const ImageTrainOptions& opt, std::ostre
 
   // ---- model, optimizer, schedule ----------------------------------------------------------
   nn::LeNet model(train_set.num_classes, opt.seed);
+  model.to(opt.device);
   model.train();
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(opt, model);
   const optim::LRSchedule schedule{.kind = schedule_kind(opt.schedule),
@@ -295,8 +297,8 @@ ImageTrainResult train_image_classifier(const ImageTrainOptions& opt, std::ostre
       const double lr = schedule.lr_at(step);
       schedule.apply(*optimizer, step);
 
-      const Tensor logits = model.forward(batch->inputs);              // (B, 10)
-      const Tensor loss = ops::cross_entropy(logits, batch->targets);  // mean over the batch
+      const Tensor logits = model.forward(batch->inputs.to(opt.device));              // (B, 10)
+      const Tensor loss = ops::cross_entropy(logits, batch->targets.to(opt.device));  // mean over the batch
       loss.backward();
       if (opt.grad_clip > 0) optim::clip_grad_norm(params, opt.grad_clip);
       optimizer->step();

@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/device.h"
+
 namespace forge::train {
 
 // Each field names the config key it comes from. The defaults are the recipe of
@@ -75,6 +77,7 @@ struct ImageTrainOptions {
   int64_t log_every = 100;         // train.log_every: steps between progress lines (0 = per epoch only)
   // [run]
   uint64_t seed = 0;    // run.seed: model initialisation and data order
+  Device device = Device::cpu();      // run.device (resolved); the model trains in f32 on it
   std::string run_dir;  // <run.dir>/<run.name>: metrics.jsonl and the final checkpoint ("" = none)
 };
 

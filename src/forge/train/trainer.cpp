@@ -21,12 +21,18 @@
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/join.h"
 #include "forge/ops/loss.h"
 #include "forge/optim/adamw.h"
 #include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
 #include "forge/optim/schedule.h"
 #include "forge/optim/sgd.h"
 #include "forge/telemetry/metrics.h"
+#include "forge/telemetry/mfu.h"
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/memory.h"
+#endif
 
 namespace forge::train {
 
@@ -165,6 +171,49 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTok
   return paths;
 }
 
+// Parameters that take part in a matmul (Note [MFU]): all but the look-up-only embedding
+// tables, GPT's positions (transformer.wpe) and LLaMA's input embedding (model.embed_tokens).
+int64_t matmul_parameters(const nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& [name, p] : m.named_parameters())
+    if (name.find("wpe.") == std::string::npos && name.find("embed_tokens.") == std::string::npos) n += p.numel();
+  return n;
+}
+
+int64_t peak_memory(Device d) {
+#ifdef FORGE_WITH_CUDA
+  if (d.is_cuda()) return cuda::memory_stats(d.index).peak_allocated;
+#endif
+  (void)d;
+  return cpu_memory_stats().peak_allocated;
+}
+
+void reset_peak_memory(Device d) {
+#ifdef FORGE_WITH_CUDA
+  if (d.is_cuda()) return cuda::reset_peak_memory_stats(d.index);
+#endif
+  (void)d;
+  reset_cpu_peak_memory();
+}
+
+// data.source = "random": uniform random tokens of model.vocab_size in one shard of the run
+// directory, from the run's seed (a resumed run rewrites the same tokens). 8 Mi tokens: enough
+// windows that a benchmark never sees the same batch twice in practice; 16-32 MB on disk.
+std::string write_random_shard(const RunConfig& cfg, std::ostream& log) {
+  constexpr int64_t kTokens = int64_t{1} << 23;
+  const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FORGE_CHECK(!ec, "cannot create the shard directory '", dir.string(), "': ", ec.message());
+  Generator gen(static_cast<uint64_t>(cfg.run.seed) ^ kDataSeedSalt);
+  const Tensor ids = randint(0, cfg.model.vocab_size, {kTokens}, {.dtype = DType::i32}, &gen);
+  const std::string path = (dir / "random_tokens.bin").string();
+  data::write_shard(path, std::span<const int32_t>(ids.data<int32_t>(), static_cast<size_t>(kTokens)), cfg.model.vocab_size);
+  log << "data: " << telemetry::format_count(static_cast<double>(kTokens)) << " uniform random tokens in [0, "
+      << cfg.model.vocab_size << ") -> " << path << "\n";
+  return path;
+}
+
 // ---- evaluation ------------------------------------------------------------------------------
 
 // Mean cross-entropy per target token over the first `max_batches` batches (0 = all).
@@ -177,7 +226,8 @@ double evaluate(const LanguageModel& model, data::SequentialWindows& windows, in
   for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
     auto batch = windows.next();
     if (!batch) break;
-    const Tensor loss = ops::cross_entropy(model.forward(batch->inputs), batch->targets, -100, ops::Reduction::sum);
+    const Tensor loss = ops::cross_entropy(model.forward(batch->inputs.to(model.device())),
+                                           batch->targets.to(model.device()), -100, ops::Reduction::sum);
     sum += loss.item();
     count += batch->targets.numel();
   }
@@ -295,17 +345,26 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
   }
 
-  // 2. Tokenizer, model (checked against the checkpoint before any data work), shards.
-  const auto files = resolve_data_files(cfg.data);
+  // 2. Device, tokenizer, model (checked against the checkpoint before any data work), shards.
+  const Device device = resolve_run_device(cfg.run.device);
+  const DType dtype = resolve_run_dtype(cfg.run.dtype, device);
+  const bool random_data = cfg.data.source == "random";
+  std::optional<data::BpeTokenizer> tok;
   std::optional<fs::path> resume_tok;
-  if (ck) resume_tok = ck_path.parent_path().parent_path() / kTokenizerFile;
-  data::BpeTokenizer tok = load_or_train_tokenizer(cfg, files, resume_tok, log);
-  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = tok.vocab_size();
-  FORGE_CHECK(cfg.model.vocab_size >= tok.vocab_size(), "model.vocab_size = ", cfg.model.vocab_size,
-              " is smaller than the tokenizer's vocabulary (", tok.vocab_size(), " tokens); set model.vocab_size = 0 or >= ",
-              tok.vocab_size());
+  std::vector<std::string> shard_paths;
+  if (!random_data) {
+    const auto files = resolve_data_files(cfg.data);
+    if (ck) resume_tok = ck_path.parent_path().parent_path() / kTokenizerFile;
+    tok = load_or_train_tokenizer(cfg, files, resume_tok, log);
+    if (cfg.model.vocab_size == 0) cfg.model.vocab_size = tok->vocab_size();
+    FORGE_CHECK(cfg.model.vocab_size >= tok->vocab_size(), "model.vocab_size = ", cfg.model.vocab_size,
+                " is smaller than the tokenizer's vocabulary (", tok->vocab_size(),
+                " tokens); set model.vocab_size = 0 or >= ", tok->vocab_size());
+  }
   manual_seed(static_cast<uint64_t>(cfg.run.seed));
   LanguageModel model = build_language_model(cfg);
+  // Initialised on the CPU (the same weights whatever the device), then moved and cast once.
+  model.module->to(device, dtype);
   auto optimizer = make_optimizer(cfg, *model.module);
   if (ck) {
     try {
@@ -315,11 +374,18 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
                   (ck_path / "state.json").string(), ")");
     }
-    const std::string tok_hash = fnv1a_hex(tok.to_json());
-    FORGE_CHECK(!ck->extra.is_object() || ck->extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
-                ck_path.string(), "' was trained with another tokenizer than '", resume_tok->string(), "'");
+    if (tok) {
+      const std::string tok_hash = fnv1a_hex(tok->to_json());
+      FORGE_CHECK(!ck->extra.is_object() || ck->extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
+                  ck_path.string(), "' was trained with another tokenizer than '", resume_tok->string(), "'");
+    }
   }
-  const auto shard_paths = prepare_shards(cfg, tok, files, log);
+  if (random_data) {
+    shard_paths = {write_random_shard(cfg, log)};
+    cfg.data.val_fraction = 0.0;  // random tokens have nothing to validate
+  } else {
+    shard_paths = prepare_shards(cfg, *tok, resolve_data_files(cfg.data), log);
+  }
 
   // 3. Train/val split and batches.
   const auto shards = data::open_shards(shard_paths);
@@ -364,7 +430,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
 
   const json config_json = config_to_json(cfg);
   io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
-  const json extra_base = {{"tokenizer", fnv1a_hex(tok.to_json())}};
+  const json extra_base = tok ? json{{"tokenizer", fnv1a_hex(tok->to_json())}} : json{{"data", "random"}};
   telemetry::JsonlWriter metrics(metrics_path);
 
   log << "model: " << cfg.model.type << ", " << telemetry::format_count(static_cast<double>(result.num_parameters))
@@ -391,34 +457,99 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   int64_t interval_steps = 0, steps_this_call = 0;
   // Training tokens seen by the run, across resumes.
   int64_t tokens_done = ck && ck->extra.is_object() ? ck->extra.value("tokens", int64_t{0}) : 0;
-  reset_cpu_peak_memory();
+  // f16: dynamic loss scaling, its state carried in checkpoints (extra.loss_scaler).
+  std::optional<optim::LossScaler> scaler;
+  if (dtype == DType::f16) {
+    scaler.emplace(device);
+    if (ck && ck->extra.is_object() && ck->extra.contains("loss_scaler")) {
+      optim::StateDict sd;
+      for (const auto& [k, v] : ck->extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
+      scaler->load_state_dict(sd);
+    }
+  }
   auto checkpoint_now = [&](int64_t at) {
     json extra = extra_base;
     extra["tokens"] = tokens_done;
+    if (scaler) extra["loss_scaler"] = scaler->state_dict().scalars;
     const fs::path dir = save_run_checkpoint(run_dir, at, {&model, optimizer.get(), loader.state(), config_json, extra},
                                              cfg.checkpoint.keep_last);
     result.last_checkpoint = dir.string();
     return dir;
   };
+  // Throughput figures: model FLOPs per token (telemetry/mfu.h) over the device's dense peak
+  // for the compute dtype (unknown for CPUs and unlisted GPUs: no MFU then).
+  const double flops_per_token = telemetry::transformer_flops_per_token(
+      static_cast<double>(matmul_parameters(*model.module)), cfg.model.n_layer, T,
+      cfg.model.type == "gpt" ? cfg.model.n_embd : cfg.model.dim);
+  const std::optional<double> peak_flops = telemetry::device_peak_flops(device, dtype);
+  if (device.is_cuda())
+    log << "device: " << device.str() << " (" << telemetry::device_name(device) << "), " << dtype_name(dtype)
+        << (dtype == DType::f32 ? "" : " parameters and activations, f32 master weights and moments")
+        << (peak_flops ? ", dense peak " + fixed(*peak_flops / 1e12, 1) + " TFLOP/s" : std::string(", peak unknown: no MFU"))
+        << "\n";
+  int64_t bad_in_a_row = 0;
+  reset_peak_memory(device);
   model.module->train();
   while (step < cfg.train.steps) {
     const auto t0 = Clock::now();
     schedule.apply(*optimizer, step);
     const double lr = schedule.lr_at(step);
-    double loss_sum = 0.0;
+    Tensor loss_sum;  // on the device: read once per step
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
-      const Tensor loss = ops::cross_entropy(model.forward(batch->inputs), batch->targets);
-      (K == 1 ? loss : loss / static_cast<double>(K)).backward();
-      loss_sum += loss.item();
+      // To a GPU through pinned host memory: the copy is queued on the stream, no host wait.
+      const Tensor inputs = device.is_cuda() ? batch->inputs.pin_memory().to(device, true) : batch->inputs;
+      const Tensor targets = device.is_cuda() ? batch->targets.pin_memory().to(device, true) : batch->targets;
+      const Tensor loss = ops::cross_entropy(model.forward(inputs), targets);
+      Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
+      if (scaler) scaled = scaler->scale_loss(scaled);
+      scaled.backward();
+      const Tensor l = loss.detach().to(DType::f32);
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
     }
-    const double loss_value = loss_sum / static_cast<double>(K);
-    FORGE_CHECK(std::isfinite(loss_value), "train: the loss is not finite (", loss_value, ") at step ", step + 1,
-                "; lower optim.lr, raise schedule.warmup_steps or set optim.grad_clip");
-    const double gnorm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(params, cfg.optim.grad_clip) : optim::grad_norm(params);
-    optimizer->step();
+    // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
+    // all run on the device; the loss and the norm come back to the host together once, after
+    // the update is queued.
+    const Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+    Tensor norm = scaler ? scaler->unscale_(params) : optim::total_grad_norm(params);
+    if (cfg.optim.grad_clip > 0) optim::clip_grads_with_norm_(params, cfg.optim.grad_clip, norm);
+    // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss).
+    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+    if (scaler) {
+      scaler->step(*optimizer);  // skips on the scaler's own overflow flag
+      scaler->update();
+    } else {
+      optimizer->step(bad);
+    }
+    const std::vector<double> host = ops::stack({mean_loss.reshape({}), norm.to(DType::f32).reshape({}),
+                                                 bad.reshape({})})
+                                         .to_vector<double>();
+    const double loss_value = host[0], gnorm = host[1];
+    // Note [non-finite guard]: a step whose loss or gradient norm is inf/NaN is skipped (the
+    // update above did nothing), logged and counted; max_bad_steps of them in a row stop the run
+    // without writing a checkpoint, so the last good one stays the latest. With f16 the loss
+    // scaler's overflow skips (finite loss, inf gradients) are how it finds its scale and do
+    // not count.
+    const bool skipped = host[2] != 0.0 && !(scaler && std::isfinite(loss_value));
     optimizer->zero_grad();
+    if (skipped) {
+      ++result.skipped_steps;
+      ++bad_in_a_row;
+      log << "step " << step + 1 << ": skipped (loss " << loss_value << ", gradient norm " << gnorm << "), "
+          << bad_in_a_row << " in a row of train.max_bad_steps = " << cfg.train.max_bad_steps << std::endl;
+      metrics.write({{"step", step + 1}, {"skipped", true}, {"loss", loss_value}, {"grad_norm", gnorm}});
+      result.losses.push_back(loss_value);
+      tokens_done += tokens_per_step;
+      FORGE_CHECK(bad_in_a_row < cfg.train.max_bad_steps, "train: ", bad_in_a_row,
+                  " steps in a row had a non-finite loss or gradient norm (last at step ", step + 1,
+                  "); stopping. The last good checkpoint is untouched",
+                  result.last_checkpoint.empty() ? std::string() : " (" + result.last_checkpoint + ")",
+                  ". Lower optim.lr, raise schedule.warmup_steps, set optim.grad_clip, or use run.dtype = \"bf16\"");
+      ++step;
+      continue;
+    }
+    bad_in_a_row = 0;
     ++step;
     result.losses.push_back(loss_value);
     const double dt = seconds_since(t0);
@@ -432,12 +563,18 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       const double tps = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
       const double elapsed = seconds_since(t_start);
       const double eta = static_cast<double>(cfg.train.steps - step) * interval_seconds / static_cast<double>(interval_steps);
-      const int64_t mem = cpu_memory_stats().peak_allocated;
+      const int64_t mem = peak_memory(device);
+      const double mfu = peak_flops ? tps * flops_per_token / *peak_flops : -1.0;
       log << telemetry::progress_line({.step = step, .total_steps = cfg.train.steps, .loss = loss_value, .lr = lr,
-                                       .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta, .memory_bytes = mem})
+                                       .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta, .memory_bytes = mem,
+                                       .mfu = mfu})
           << std::endl;
-      metrics.write({{"step", step}, {"loss", loss_value}, {"lr", lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
-                     {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}});
+      json rec = {{"step", step}, {"loss", loss_value}, {"lr", lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
+                  {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
+                  {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
+      if (mfu >= 0) rec["mfu"] = mfu;
+      if (scaler) rec["loss_scale"] = scaler->scale();
+      metrics.write(rec);
       interval_seconds = 0.0;
       interval_steps = 0;
     }
@@ -464,7 +601,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     result.evals.push_back({step, result.final_val_loss});
     final_record["val_loss"] = result.final_val_loss;
     if (cfg.eval.bigram_baseline) {
-      result.bigram_val_loss = bigram_baseline(split.train, eval_windows(), cfg.eval.batches, tok.vocab_size());
+      result.bigram_val_loss = bigram_baseline(split.train, eval_windows(), cfg.eval.batches, tok->vocab_size());
       final_record["bigram_val_loss"] = result.bigram_val_loss;
       log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
           << " (step " << step << ")" << std::endl;
@@ -514,6 +651,11 @@ int32_t pick_token(std::vector<double> logits, double temperature, int64_t top_k
 }  // namespace
 
 // ---- public ----------------------------------------------------------------------------------
+
+Device LanguageModel::device() const {
+  const auto ps = module->parameters();
+  return ps.empty() ? Device::cpu() : ps.front().device();
+}
 
 LanguageModel build_language_model(const RunConfig& cfg) {
   const auto& m = cfg.model;
@@ -581,6 +723,7 @@ ImageTrainOptions image_options(const RunConfig& cfg) {
   o.log_every = cfg.train.log_every;
   o.seed = static_cast<uint64_t>(cfg.run.seed);
   o.run_dir = cfg.run_dir();
+  o.device = resolve_run_device(cfg.run.device);
   return o;
 }
 
@@ -670,7 +813,7 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
   for (int64_t i = 0; i < n; ++i) {
     const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
     std::vector<int64_t> window(ids.end() - ctx, ids.end());
-    const Tensor logits = model.forward(from_vector(window, {1, ctx}));  // (1, T, V)
+    const Tensor logits = model.forward(from_vector(window, {1, ctx}).to(model.device()));  // (1, T, V)
     ids.push_back(pick_token(logits.select(0, 0).select(0, ctx - 1).to_vector<double>(), temperature, top_k, gen));
   }
   model.module->train(was_training);

@@ -57,6 +57,7 @@ struct LanguageModel {
   std::function<Tensor(const Tensor&)> forward;  // (B, T) i64 token ids -> (B, T, vocab_size) logits
   int64_t vocab_size = 0;
   int64_t block_size = 0;
+  Device device() const;  // where its parameters are
 };
 // Builds the model cfg.model describes, initialised from run.seed; cfg.model.vocab_size
 // must be resolved (> 0).
@@ -76,7 +77,7 @@ struct TrainResult {
   std::string run_dir;
   int64_t start_step = 0;      // steps already done when the call began (the checkpoint's, on resume)
   int64_t final_step = 0;
-  std::vector<double> losses;  // losses[i]: the training loss of step start_step + i + 1
+  std::vector<double> losses;  // losses[i]: the training loss of step start_step + i + 1 (non-finite: skipped)
   std::vector<EvalRecord> evals;
   double final_val_loss = std::numeric_limits<double>::quiet_NaN();
   double bigram_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN unless eval.bigram_baseline
@@ -85,6 +86,7 @@ struct TrainResult {
   int64_t train_tokens = 0, val_tokens = 0;
   double seconds = 0.0;        // the whole call
   double tokens_per_s = 0.0;   // training tokens per second of the training steps
+  int64_t skipped_steps = 0;   // steps skipped for a non-finite loss or gradient norm (Note [non-finite guard])
   std::optional<ImageTrainResult> image;  // model.type = "lenet"
 };
 
