@@ -4,6 +4,7 @@
 #   scripts/gpu-check.sh            # from anywhere inside the repository
 #   BUILD_DIR=build-gpu JOBS=16 BUILD_TYPE=Release scripts/gpu-check.sh
 #   SKIP_ALL=1 CUDA_JOBS=8 scripts/gpu-check.sh   # only the CUDA-labelled tests, 8 at a time
+#   BUILD_ONLY=1 scripts/gpu-check.sh             # configure and build (e.g. before benchmarks)
 #
 # Steps: configure (-DFORGE_CUDA=ON) into build-gpu, build, `ctest -L cuda` (the CUDA
 # backend against the CPU backend), then the full ctest. The CUDA tests skip themselves
@@ -75,6 +76,7 @@ warnings=$(grep -c -i "warning" "$LOG_DIR/build.log" || true)
 record "build" "$rc" "$((SECONDS - start)) s, $warnings warning line(s)"
 [[ "$rc" -eq 0 ]] || finish
 
+if [[ "${BUILD_ONLY:-0}" == 1 ]]; then finish; fi
 step "ctest -L cuda"
 (cd "$BUILD_DIR" && ctest --output-on-failure -L cuda -j "${CUDA_JOBS:-8}") 2>&1 | tee "$LOG_DIR/ctest-cuda.log"
 rc=${PIPESTATUS[0]}
