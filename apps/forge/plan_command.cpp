@@ -102,7 +102,7 @@ CLI::App* add_plan_command(CLI::App& app) {
   auto* c = app.add_subcommand("plan", "the cost model of a training run: memory per GPU, time, GPU-hours, cost");
   a.cmd = c;
   c->footer(kFooter);
-  c->add_option("model", a.model, "a model preset (forge plan --list-models), e.g. gpt2, llama2-7b");
+  c->add_option("preset", a.model, "a model preset (forge plan --list-models), e.g. gpt2, llama2-7b");
   c->add_option("--model", a.model_flag, "the same as the positional MODEL");
   c->add_option("--config", a.config, "a forge run config (TOML): its [model], batch and sequence length");
   c->add_option("--arch", a.arch, "gpt or llama (with --layers --width --heads: a model by its shape)");

@@ -54,7 +54,7 @@ if command -v ncu >/dev/null 2>&1; then
     ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 0 --launch-count 100000 \
       "$FORGE" train configs/gpt2-124m.toml --run.dir="$WORK/runs" --run.name=forge-count --train.batch_size=16 \
       --train.steps=2 --train.log_every=2 > "$WORK/count.csv" 2>/dev/null || true
-    PER_STEP=$(( $(grep -c '"gpu__time_duration.sum"' "$WORK/count.csv" || echo 0) / 2 ))
+    N=$(grep -c '"gpu__time_duration.sum"' "$WORK/count.csv" || true); PER_STEP=$(( ${N:-0} / 2 ))
   fi
   if [[ "$PER_STEP" -gt 0 ]]; then
     ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip $((2 * PER_STEP)) --launch-count $((2 * PER_STEP)) \

@@ -48,9 +48,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   FORGE_CHECK(targets.shape() == lead, "cross_entropy: targets of shape ", targets.shape(),
               " do not match logits of shape ", logits.shape(), ": expected targets of shape ", lead,
               " (the logits' shape without the class dim, which is last)");
-  const TensorOptions opt{.dtype = logits.dtype(), .device = logits.device()};
-  Tensor loss = reduction == Reduction::none ? empty(targets.shape(), opt) : Tensor();
+  // Note [loss dtype]: the loss is f32 for bf16/f16 logits (the dtype of the log-sum-exp it
+  // accumulates in), as under torch.autocast: a 16-bit loss of ~10 would be rounded to steps of
+  // 0.06. f32 and f64 logits give a loss of their own dtype.
   const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
+  const TensorOptions opt{.dtype = lse_dtype, .device = logits.device()};
+  Tensor loss = reduction == Reduction::none ? empty(targets.shape(), opt) : Tensor();
   Tensor lse = empty({targets.numel()}, {.dtype = lse_dtype, .device = logits.device()});
   const Tensor ls = contiguous(logits.detach()), ts = contiguous(targets.detach());
   double scale = 1;  // CPU: the backward's scale

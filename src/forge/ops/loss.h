@@ -16,7 +16,9 @@ enum class Reduction { mean, sum, none };
 //   loss_n = logsumexp(logits[n, :]) - logits[n, targets[n]], and 0 where targets[n] == ignore_index.
 //   mean: sum of the losses / number of non-ignored targets (NaN when all are ignored, like
 //   torch); sum: their sum; none: the per-position losses, of targets' shape. The result has
-//   the logits' dtype. For 2-D logits this is torch.nn.functional.cross_entropy(logits,
+//   the logits' dtype for f32/f64 logits and is f32 for bf16/f16 logits (Note [loss dtype]:
+//   as torch.autocast computes it; the log-sum-exp is accumulated in f32 either way and
+//   dlogits keep the logits' dtype). For 2-D logits this is torch.nn.functional.cross_entropy(logits,
 //   targets, ignore_index=..., reduction=...); for (B, T, V) it equals torch's on
 //   logits.view(-1, V) and targets.view(-1) (torch itself would take dim 1 as the class dim).
 // A target outside [0, V) that is not ignore_index throws forge::Error naming it (on CUDA

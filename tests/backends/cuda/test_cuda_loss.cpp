@@ -45,8 +45,10 @@ void check_cross_entropy(const Tensor& logits_h, const Tensor& targets_h, ops::R
   const DType dt = logits_h.dtype();
   const std::string name = what + " reduction " + ops::reduction_name(reduction);
   // The upstream gradient: a scalar for mean/sum (not 1, to exercise the scaling), one per row for none.
-  const Tensor gh = reduction == ops::Reduction::none ? host_input(targets_h.shape(), Domain::real, dt, 41)
-                                                      : full({}, 0.75, {.dtype = dt});
+  // It has the loss's dtype: f32 for 16-bit logits (Note [loss dtype] in ops/loss.cpp).
+  const DType lt = dt == DType::bf16 || dt == DType::f16 ? DType::f32 : dt;
+  const Tensor gh = reduction == ops::Reduction::none ? host_input(targets_h.shape(), Domain::real, lt, 41)
+                                                      : full({}, 0.75, {.dtype = lt});
   struct Result {
     Tensor loss, dlogits;
   };

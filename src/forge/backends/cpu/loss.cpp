@@ -92,7 +92,8 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
   const auto [N, V] = nv;
   FORGE_CHECK(lse.is_contiguous() && lse.numel() == N && lse.dtype() == cross_entropy_lse_dtype(logits.dtype()),
               "cross_entropy: bad lse buffer");
-  FORGE_CHECK(!loss.defined() || (loss.is_contiguous() && loss.numel() == N && loss.dtype() == logits.dtype()),
+  FORGE_CHECK(!loss.defined() ||
+                  (loss.is_contiguous() && loss.numel() == N && loss.dtype() == cross_entropy_lse_dtype(logits.dtype())),
               "cross_entropy: bad loss buffer");
   CrossEntropyTotals totals;
   dispatch_index(targets.dtype(), "cross_entropy", [&]<class I>() {
@@ -103,7 +104,7 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
       using S = acc_t<T>;
       const T* px = logits.data<T>();
       S* pl = lse.data<S>();
-      T* po = loss.defined() ? loss.data<T>() : nullptr;
+      S* po = loss.defined() ? loss.data<S>() : nullptr;
       std::vector<double> row_loss(static_cast<size_t>(N));
 #pragma omp parallel for schedule(static) if (N * V >= kParallelGrain && N > 1)
       for (int64_t n = 0; n < N; ++n) {
@@ -126,7 +127,7 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
           l = row_lse - static_cast<double>(convert<M>(xr[t]));
         }
         row_loss[static_cast<size_t>(n)] = l;
-        if (po) po[n] = convert<T>(l);
+        if (po) po[n] = static_cast<S>(l);
       }
       double sum = 0;
       for (int64_t n = 0; n < N; ++n) sum += row_loss[static_cast<size_t>(n)];
@@ -142,8 +143,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const auto [N, V] = nv;
   FORGE_CHECK(lse.is_contiguous() && lse.numel() == N && lse.dtype() == cross_entropy_lse_dtype(logits.dtype()),
               "cross_entropy_backward: bad lse buffer");
-  FORGE_CHECK(grad.is_contiguous() && grad.dtype() == logits.dtype() && (grad.dim() == 0 || grad.numel() == N),
-              "cross_entropy_backward: grad must be 0-d or hold one value per row, contiguous, of the logits' dtype; "
+  FORGE_CHECK(grad.is_contiguous() && grad.dtype() == cross_entropy_lse_dtype(logits.dtype()) &&
+                  (grad.dim() == 0 || grad.numel() == N),
+              "cross_entropy_backward: grad must be 0-d or hold one value per row, contiguous, of the loss dtype; "
               "got ", grad.shape(), " ", dtype_name(grad.dtype()), " for ", N, " rows");
   FORGE_CHECK(dlogits.is_contiguous() && dlogits.numel() == N * V && dlogits.dtype() == logits.dtype(),
               "cross_entropy_backward: bad dlogits buffer");
@@ -155,7 +157,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       using S = acc_t<T>;
       const T* px = logits.data<T>();
       const S* pl = lse.data<S>();
-      const T* pg = grad.data<T>();
+      const S* pg = grad.data<S>();
       const int64_t gstep = grad.dim() == 0 ? 0 : 1;
       T* pd = dlogits.data<T>();
       const T zero = convert<T>(0.0);
@@ -168,7 +170,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
           continue;
         }
         const T* xr = px + n * V;
-        const M gs = static_cast<M>(static_cast<double>(convert<M>(pg[n * gstep])) * scale);
+        const M gs = static_cast<M>(static_cast<double>(pg[n * gstep]) * scale);
         const M l = static_cast<M>(pl[n]);
         for (int64_t j = 0; j < V; ++j) dr[j] = convert<T>(std::exp(convert<M>(xr[j]) - l) * gs);
         dr[t] = convert<T>((std::exp(convert<M>(xr[t]) - l) - M(1)) * gs);

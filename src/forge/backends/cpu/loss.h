@@ -19,14 +19,14 @@ struct CrossEntropyTotals {
 // loss_n = logsumexp_j(logits[n, j]) - logits[n, targets[n]], 0 where targets[n] == ignore_index.
 //   logits  (N, V)  contiguous, floating (any shape (..., V) with N rows)
 //   targets (N)     contiguous, i32/i64 (any shape of N elements)
-//   loss    (N)     contiguous, logits' dtype; overwritten, or undefined (not written)
+//   loss    (N)     contiguous, cross_entropy_lse_dtype (f32 for 16-bit logits); overwritten, or undefined (not written)
 //   lse     (N)     contiguous, cross_entropy_lse_dtype; overwritten (0 for ignored rows)
 CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                          Tensor& loss, Tensor& lse);
 
 // dlogits[n, j] = (softmax(logits[n])_j - [j == targets[n]]) * grad_n * scale, zero rows where
 // targets[n] == ignore_index.
-//   grad    ()  or (N)  contiguous, logits' dtype: one upstream gradient for every row, or one per row
+//   grad    ()  or (N)  contiguous, cross_entropy_lse_dtype: one upstream gradient for every row, or one per row
 //   dlogits (N, V)      contiguous, logits' dtype; overwritten
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             double scale, int64_t ignore_index, Tensor& dlogits);

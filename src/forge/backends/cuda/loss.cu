@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kReduceThreads)
                                  int64_t N, int64_t V, int64_t ignore_index, bool vec,
                                  Lse<T>* __restrict__ lse,       // (N)
                                  Lse<T>* __restrict__ row_loss,  // (N)
-                                 T* __restrict__ loss) {         // (N) or null
+                                 Lse<T>* __restrict__ loss) {    // (N) or null
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
   constexpr bool kFast = is_half_v<T>;
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kReduceThreads)
       if (threadIdx.x == 0) {
         lse[row] = Lse<T>(0);
         row_loss[row] = Lse<T>(0);
-        if (loss) loss[row] = convert<T>(0.0f);
+        if (loss) loss[row] = Lse<T>(0);
       }
       continue;
     }
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kReduceThreads)
       const M l = row_lse - convert<M>(xr[t]);
       lse[row] = row_lse;
       row_loss[row] = l;
-      if (loss) loss[row] = convert<T>(l);
+      if (loss) loss[row] = l;
     }
   }
 }
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kTotalThreads)
     cross_entropy_total_kernel(const Lse<T>* __restrict__ row_loss,  // (N)
                                const I* __restrict__ targets,        // (N)
                                int64_t N, int64_t ignore_index, bool mean,
-                               T* __restrict__ total,        // () or null
+                               Lse<T>* __restrict__ total,   // () or null
                                Lse<T>* __restrict__ scale) {  // () or null
   __shared__ double warp_sum[kTotalThreads / 32];
   __shared__ long long warp_count[kTotalThreads / 32];
@@ -145,10 +145,12 @@ __global__ void __launch_bounds__(kTotalThreads)
     count += warp_count[w];
   }
   if (mean) {
-    if (total) total[0] = convert<T>(count > 0 ? sum / static_cast<double>(count) : __longlong_as_double(0x7ff8000000000000LL));
+    if (total)
+      total[0] = static_cast<Lse<T>>(count > 0 ? sum / static_cast<double>(count)
+                                               : __longlong_as_double(0x7ff8000000000000LL));
     if (scale) scale[0] = static_cast<Lse<T>>(count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
   } else {
-    if (total) total[0] = convert<T>(sum);
+    if (total) total[0] = static_cast<Lse<T>>(sum);
     if (scale) scale[0] = Lse<T>(1);
   }
 }
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kReduceThreads)
     cross_entropy_backward_kernel(const T* __restrict__ logits,   // (N, V)
                                   const I* __restrict__ targets,  // (N)
                                   const Lse<T>* __restrict__ lse,  // (N)
-                                  const T* __restrict__ grad,     // () or (N): grad[n * gstep]
+                                  const Lse<T>* __restrict__ grad,  // () or (N): grad[n * gstep]
                                   int64_t gstep,
                                   const Lse<T>* __restrict__ scale,  // () or null (= 1)
                                   int64_t N, int64_t V, int64_t ignore_index, bool vec,
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kReduceThreads)
     FORGE_KERNEL_CHECK(t >= 0 && t < V,
                        "cross_entropy_backward: target %lld at row %lld is out of range for %lld classes",
                        static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
-    const M gs = convert<M>(grad[row * gstep]) * sc;
+    const M gs = static_cast<M>(grad[row * gstep]) * sc;
     const M l = static_cast<M>(lse[row]);
     if (vec) {
       const Vec<T, W>* xv = reinterpret_cast<const Vec<T, W>*>(xr);
@@ -240,8 +242,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
   const auto [N, V] = rows_of(op, logits, targets);
   const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
   check_buffer(op, "lse", lse, logits, N, sd);
-  if (loss.defined()) check_buffer(op, "loss", loss, logits, N, logits.dtype());
-  if (total.defined()) check_buffer(op, "total", total, logits, 1, logits.dtype());
+  if (loss.defined()) check_buffer(op, "loss", loss, logits, N, sd);
+  if (total.defined()) check_buffer(op, "total", total, logits, 1, sd);
   if (scale.defined()) check_buffer(op, "scale", scale, logits, 1, sd);
   const int device = logits.device().index;
   DeviceGuard guard(device);
@@ -256,14 +258,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
         const bool vec = V % kVec<T> == 0 && aligned16(px);
         cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, stream>>>(
             px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
-            loss.defined() ? static_cast<T*>(loss.data_ptr()) : nullptr);
+            loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
         FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
                                 targets.shape(), " ", dtype_name(targets.dtype()));
       }
       if (total.defined() || scale.defined()) {
         cross_entropy_total_kernel<T, I><<<1, kTotalThreads, 0, stream>>>(
             static_cast<const S*>(row_loss.data_ptr()), pt, N, ignore_index, mean,
-            total.defined() ? static_cast<T*>(total.data_ptr()) : nullptr,
+            total.defined() ? static_cast<S*>(total.data_ptr()) : nullptr,
             scale.defined() ? static_cast<S*>(scale.data_ptr()) : nullptr);
         FORGE_CUDA_LAUNCH_CHECK(op, " (total): ", N, " rows");
       }
@@ -277,9 +279,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const auto [N, V] = rows_of(op, logits, targets);
   const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
   check_buffer(op, "lse", lse, logits, N, sd);
-  FORGE_CHECK(grad.device() == logits.device() && grad.is_contiguous() && grad.dtype() == logits.dtype() &&
+  FORGE_CHECK(grad.device() == logits.device() && grad.is_contiguous() && grad.dtype() == sd &&
                   (grad.dim() == 0 || grad.numel() == N),
-              op, ": grad must be 0-d or hold one value per row, contiguous, of the logits' dtype, on ",
+              op, ": grad must be 0-d or hold one value per row, contiguous, of the loss dtype (", dtype_name(sd), "), on ",
               logits.device().str(), "; got ", grad.shape(), " ", dtype_name(grad.dtype()), " for ", N, " rows");
   if (scale.defined()) check_buffer(op, "scale", scale, logits, 1, sd);
   check_buffer(op, "dlogits", dlogits, logits, N * V, logits.dtype());
@@ -294,7 +296,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       const bool vec = V % kVec<T> == 0 && aligned16(px) && aligned16(pd);
       cross_entropy_backward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, current_stream(device)>>>(
           px, static_cast<const I*>(targets.data_ptr()), static_cast<const S*>(lse.data_ptr()),
-          static_cast<const T*>(grad.data_ptr()), grad.dim() == 0 ? 0 : 1,
+          static_cast<const S*>(grad.data_ptr()), grad.dim() == 0 ? 0 : 1,
           scale.defined() ? static_cast<const S*>(scale.data_ptr()) : nullptr, N, V, ignore_index, vec, pd);
       FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
                               targets.shape(), " ", dtype_name(targets.dtype()));
