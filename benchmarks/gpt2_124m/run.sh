@@ -46,18 +46,19 @@ done
 
 # Per-kernel breakdown: Nsight Compute times every kernel of a window of launches (steps 3-4 of
 # a short forge run: past the first step's cuBLASLt heuristics and allocator growth). Each
-# kernel is timed alone (ncu serialises), so the sum is GPU busy time without overlap.
+# kernel is timed alone (ncu serialises; clocks left as they are, --clock-control none), so the
+# sum is GPU busy time without overlap.
 if command -v ncu >/dev/null 2>&1; then
   echo "== ncu: per-kernel breakdown of forge, batch 16"
   PER_STEP="${KERNELS_PER_STEP:-0}"
   if [[ "$PER_STEP" == 0 ]]; then  # count one step's launches first
-    ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 0 --launch-count 100000 \
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --launch-skip 0 --launch-count 100000 \
       "$FORGE" train configs/gpt2-124m.toml --run.dir="$WORK/runs" --run.name=forge-count --train.batch_size=16 \
       --train.steps=2 --train.log_every=2 > "$WORK/count.csv" 2>/dev/null || true
     N=$(grep -c '"gpu__time_duration.sum"' "$WORK/count.csv" || true); PER_STEP=$(( ${N:-0} / 2 ))
   fi
   if [[ "$PER_STEP" -gt 0 ]]; then
-    ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip $((2 * PER_STEP)) --launch-count $((2 * PER_STEP)) \
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --launch-skip $((2 * PER_STEP)) --launch-count $((2 * PER_STEP)) \
       "$FORGE" train configs/gpt2-124m.toml --run.dir="$WORK/runs" --run.name=forge-prof --train.batch_size=16 \
       --train.steps=5 --train.log_every=5 > "$RAW/forge-ncu.csv" 2>/dev/null || true
     echo "$PER_STEP kernels per step" > "$RAW/forge-ncu.steps"
