@@ -36,6 +36,12 @@
 //
 // Memory: forward one (chunk, G*T, S) scratch; backward two. Nothing of size (T, S) is
 // saved between forward and backward: P is recomputed from the lse.
+//
+// bf16 / f16 problems with D == Dv in {64, 128}, no explicit mask and 16-byte aligned rows
+// do not come here: attention_forward / attention_backward hand them to the fused kernels of
+// flash_attention.cu (Note [flash attention]) unless FORGE_FLASH_ATTENTION=0. Forward and
+// backward decide independently (same lse contract), e.g. a misaligned upstream gradient
+// sends only the backward down this path.
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
@@ -45,6 +51,7 @@
 
 #include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/blaslt.h"
+#include "forge/backends/cuda/flash_attention.h"
 #include "forge/backends/cuda/loops.cuh"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
@@ -429,6 +436,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     fill(lse, -std::numeric_limits<double>::infinity());
     return;
   }
+  if (flash_attention_applies(q, k, v, mask) && flash_attention_layout_ok(out)) {  // Note [flash attention]
+    flash_attention_forward(q, k, v, causal, scale, out, lse);
+    return;
+  }
   const Stack Q = stacked_input(q, p.G), K = stacked_input(k, 1), Vs = stacked_input(v, 1);
   const Stack O = stacked_output(out, p.G);
   const Walk w = plan_walk(p.B, p.Hkv, {&Q, &K, &Vs, &O});
@@ -495,6 +506,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   }
   const bool need_q = dq.defined(), need_k = dk.defined(), need_v = dv.defined(), need_ds = need_q || need_k;
   if (!need_q && !need_k && !need_v) return;
+  if (flash_attention_applies(q, k, v, mask) && flash_attention_layout_ok(dout) && flash_attention_layout_ok(out) &&
+      flash_attention_layout_ok(dq) && flash_attention_layout_ok(dk) && flash_attention_layout_ok(dv)) {
+    flash_attention_backward(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
+    return;
+  }
   const Stack Q = stacked_input(q, p.G), K = stacked_input(k, 1), Vs = stacked_input(v, 1);
   const Stack dO = stacked_input(dout, p.G);
   Stack dQ, dK, dV;

@@ -4,7 +4,9 @@
 // ops/attention.h: GQA, bottom-right causal, bool mask, a zero row where no key is allowed).
 // Plain C++ declarations; the kernels and the decomposition are in attention.cu.
 //
-// Composed of cuBLASLt GEMMs and a fused softmax (a flash-attention kernel is later work):
+// bf16 / f16 with head dim 64 or 128 and no mask run the fused flash-attention kernels
+// (flash_attention.h; FORGE_FLASH_ATTENTION=0 disables them). Everything else is
+// composed of cuBLASLt GEMMs and a fused softmax:
 //   forward   S = scale q k^T (GEMM), P = softmax(S masked) with lse (one kernel), O = P v (GEMM)
 //   backward  S again (GEMM), dP = dO v^T (GEMM), P = exp(S - lse) and dS = P (dP - delta)
 //             with delta = rowsum(dO * O) (one kernel), dv = P^T dO, dq = scale dS k,
