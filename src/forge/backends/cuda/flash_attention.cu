@@ -27,7 +27,8 @@
 //
 // Forward (flash_fwd_kernel): one CTA of 4 warps per (query block of Br = 64 rows, b, h);
 // warp w owns query rows 16w..16w+15 and keeps their Q fragments in registers. For each key
-// block of Bc = 64 keys (K and V staged in shared memory with plain 16-byte loads): S = Q K^T (16 x 64 per warp), masked to -inf where not allowed, online
+// block of Bc = 64 keys (K and V staged in shared memory by cp.async, double buffered: block
+// kb + 1 loads while block kb computes): S = Q K^T (16 x 64 per warp), masked to -inf where not allowed, online
 // softmax per row (running max m and sum l in f32; the four lanes of a quad share a row and
 // combine with two shuffles), O = O * exp2(m_old - m_new) + P V. Causal: key blocks past the
 // block's last allowed key are never loaded, and the per-element mask runs only on blocks
@@ -40,7 +41,8 @@
 // their dK and dV (16 x D each) in registers while it walks every query head of the group
 // and every query block (Br = 64 rows for D = 64, 32 for D = 128 to bound registers) that
 // can see the key block (causal: from the block of the first query allowed to see key
-// kbase). Per query block, with Q, dO, lse and D_i staged in shared memory:
+// kbase). Per query block, with Q, dO, lse and D_i staged in shared memory (double buffered:
+// cp.async for Q and dO, registers for lse and D_i, the next block's loads overlap this one):
 //   S^T  = K Q^T              (16 keys x Br per warp)
 //   P^T  = exp2(S^T * c - lse * log2 e), 0 where not allowed (lse = -inf rows: 0 too)
 //   dP^T = V dO^T
@@ -88,14 +90,14 @@ template <int D> constexpr int br_bwd() { return D == 64 ? 64 : 32; }
 
 // Shared memory (bytes) of the kernels, in 16-bit elements then floats.
 template <int D> constexpr size_t fwd_smem() {
-  return sizeof(uint16_t) * (size_t(kBrFwd) + 2 * size_t(kBc)) * (D + 8);  // Q, K, V
+  return sizeof(uint16_t) * (size_t(kBrFwd) + 4 * size_t(kBc)) * (D + 8);  // Q, 2 x (K, V)
 }
 template <int D> constexpr size_t bwd_smem() {
   constexpr int Br = br_bwd<D>();
   return sizeof(uint16_t) * (2 * size_t(kBc) * (D + 8)    // K, V
-                             + 2 * size_t(Br) * (D + 8)   // Q, dO
+                             + 4 * size_t(Br) * (D + 8)   // 2 stages of Q, dO
                              + size_t(Br) * (kBc + 8)) +  // dS
-         sizeof(float) * 2 * Br;                          // lse, D_i
+         sizeof(float) * 4 * Br;                          // 2 stages of lse, D_i
 }
 
 // ---- 16-bit element types ----------------------------------------------------------------
@@ -205,6 +207,33 @@ __device__ __forceinline__ void load_tile(const uint16_t* __restrict__ src, int6
   }
 }
 
+// cp.async: 16 bytes global -> shared without a register round trip; zero-filled when !valid
+// (the source is then not read). A committed group completes at cp_async_wait<N>.
+__device__ __forceinline__ void cp_async16(uint16_t* smem, const uint16_t* gmem, bool valid) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// load_tile through cp.async (the caller commits and waits): rows >= nrows are zero-filled.
+template <int R, int D>
+__device__ __forceinline__ void load_tile_async(const uint16_t* __restrict__ src, int64_t ld, int row0, int nrows,
+                                                uint16_t* dst, int ds) {
+  constexpr int kChunks = D / 8;
+  static_assert((R * kChunks) % kThreads == 0, "tile must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < R * kChunks / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int r = idx / kChunks, col = (idx % kChunks) * 8;
+    const bool ok = row0 + r < nrows;
+    cp_async16(dst + r * ds + col, ok ? src + static_cast<int64_t>(row0 + r) * ld + col : src, ok);
+  }
+}
+
 extern __shared__ __align__(16) unsigned char flash_smem[];
 
 // ---- forward -----------------------------------------------------------------------------
@@ -223,9 +252,9 @@ template <class Tag, int D>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) {
   constexpr int Br = kBrFwd, Bc = kBc, KS = D + 8;
   constexpr int ND = D / 8, NK = D / 16, NS = Bc / 8;
+  // Q, then two stages of (K, V): stage i's K at sKV + 2i * Bc * KS, its V after it.
   uint16_t* sQ = reinterpret_cast<uint16_t*>(flash_smem);  // [Br][KS]
-  uint16_t* sK = sQ + Br * KS;                              // [Bc][KS]
-  uint16_t* sV = sK + Bc * KS;                              // [Bc][KS]
+  uint16_t* sKV = sQ + Br * KS;                             // 2 x ([Bc][KS] K, [Bc][KS] V)
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int64_t BH = static_cast<int64_t>(p.B) * p.H;
   const int64_t bid = blockIdx.x;
@@ -245,7 +274,15 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
   }
   const int n_kb = (kend + Bc - 1) / Bc;
 
-  load_tile<Br, D>(qbase, p.q_st, q0, T, sQ, KS);
+  // Pipeline: Q and key block 0 first; the loads of block kb + 1 (cp.async into the other
+  // stage) run while block kb is computed.
+  load_tile_async<Br, D>(qbase, p.q_st, q0, T, sQ, KS);
+  if (n_kb > 0) {
+    load_tile_async<Bc, D>(kbase_p, p.k_st, 0, S, sKV, KS);
+    load_tile_async<Bc, D>(vbase_p, p.v_st, 0, S, sKV + Bc * KS, KS);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   uint32_t qa[NK][4];
 #pragma unroll
@@ -260,10 +297,15 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
 
   for (int kb = 0; kb < n_kb; ++kb) {
     const int kbase = kb * Bc;
-    __syncthreads();  // the previous block's K, V reads are done
-    load_tile<Bc, D>(kbase_p, p.k_st, kbase, S, sK, KS);
-    load_tile<Bc, D>(vbase_p, p.v_st, kbase, S, sV, KS);
-    __syncthreads();
+    const bool prefetch = kb + 1 < n_kb;
+    if (prefetch) {  // the other stage was last read in iteration kb - 1, which ended with a barrier
+      uint16_t* next = sKV + ((kb + 1) & 1) * 2 * Bc * KS;
+      load_tile_async<Bc, D>(kbase_p, p.k_st, kbase + Bc, S, next, KS);
+      load_tile_async<Bc, D>(vbase_p, p.v_st, kbase + Bc, S, next + Bc * KS, KS);
+      cp_async_commit();
+    }
+    const uint16_t* sK = sKV + (kb & 1) * 2 * Bc * KS;
+    const uint16_t* sV = sK + Bc * KS;
 
     // S = Q K^T: B[k = d][n = key] = K[key][d], K row-major.
     float s[NS][4];
@@ -338,6 +380,8 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
         mma<Tag>(o[n], pa, b0, b1);
       }
     }
+    if (prefetch) cp_async_wait<0>();
+    __syncthreads();  // block kb + 1 visible to all; block kb's stage free for kb + 2
   }
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -421,13 +465,12 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
   constexpr int Br = br_bwd<D>(), Bc = kBc;
   constexpr int KS = D + 8, DSS = Bc + 8;
   constexpr int ND = D / 8, NK = D / 16, NQ = Br / 8;
+  // K, V; two stages of (Q, dO); dS; two stages of (lse in log2 units (+inf: P = 0), D_i).
   uint16_t* sK = reinterpret_cast<uint16_t*>(flash_smem);  // [Bc][KS]
   uint16_t* sV = sK + Bc * KS;                              // [Bc][KS]
-  uint16_t* sQ = sV + Bc * KS;                              // [Br][KS]
-  uint16_t* sdO = sQ + Br * KS;                             // [Br][KS]
-  uint16_t* sdS = sdO + Br * KS;                            // [Br][DSS]
-  float* sL = reinterpret_cast<float*>(sdS + Br * DSS);     // [Br] lse in log2 units (+inf: P = 0)
-  float* sDi = sL + Br;                                     // [Br]
+  uint16_t* sQdO = sV + Bc * KS;                            // 2 x ([Br][KS] Q, [Br][KS] dO)
+  uint16_t* sdS = sQdO + 4 * Br * KS;                       // [Br][DSS]
+  float* sLD = reinterpret_cast<float*>(sdS + Br * DSS);    // 2 x ([Br] lse, [Br] D_i)
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int64_t BK = static_cast<int64_t>(p.B) * p.Hkv;
@@ -438,8 +481,6 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
   const int kbase = kb * Bc, T = p.T, S = p.S, shift = S - T;
   const bool need_dq = p.dq_acc != nullptr;
 
-  load_tile<Bc, D>(p.k + b * p.k_sb + hk * p.k_sh, p.k_st, kbase, S, sK, KS);
-  load_tile<Bc, D>(p.v + b * p.v_sb + hk * p.v_sh, p.v_st, kbase, S, sV, KS);
 
   float dk[ND][4], dv[ND][4];
 #pragma unroll
@@ -455,28 +496,52 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
   constexpr int MT = Br / 16, WPM = 4 / MT, NPW = ND / WPM;
   const int mt = warp / WPM, nb = (warp % WPM) * NPW;
 
-  for (int hg = 0; hg < p.G; ++hg) {
-    const int h = hk * p.G + hg;
-    const int64_t bh = static_cast<int64_t>(b) * p.H + h;
-    const uint16_t* qb_p = p.q + b * p.q_sb + h * p.q_sh;
-    const uint16_t* dob_p = p.dout + b * p.do_sb + h * p.do_sh;
-    for (int q0 = qstart * Br; q0 < T; q0 += Br) {
-      __syncthreads();  // the previous block's reads of sQ, sdO, sdS, sL, sDi are done
-      load_tile<Br, D>(qb_p, p.q_st, q0, T, sQ, KS);
-      load_tile<Br, D>(dob_p, p.do_st, q0, T, sdO, KS);
-      if (tid < Br) {
-        const int t = q0 + tid;
-        float L = INFINITY, Di = 0.f;
-        if (t < T) {
-          const float l = p.lse[bh * T + t];
-          L = l == -INFINITY ? INFINITY : l * kLog2e;  // a row with no key: P = exp2(-inf) = 0
-          Di = p.delta[bh * T + t];
-        }
-        sL[tid] = L;
-        sDi[tid] = Di;
-      }
-      __syncthreads();
+  // The iterations: every query block that can see this key block, of every query head of the
+  // group (it = hg * nq + block). The loads of iteration it + 1 (cp.async into the other stage;
+  // lse and D_i through registers) run while iteration it is computed.
+  const int nq = max(0, (T + Br - 1) / Br - qstart), total = p.G * nq;
+  auto issue = [&](int it, int st) {
+    const int h = hk * p.G + it / nq, q0 = (qstart + it % nq) * Br;
+    uint16_t* dst = sQdO + 2 * st * Br * KS;
+    load_tile_async<Br, D>(p.q + b * p.q_sb + h * p.q_sh, p.q_st, q0, T, dst, KS);
+    load_tile_async<Br, D>(p.dout + b * p.do_sb + h * p.do_sh, p.do_st, q0, T, dst + Br * KS, KS);
+  };
+  auto fetch_rows = [&](int it, float& L, float& Di) {  // threads tid < Br: row tid of iteration it
+    const int h = hk * p.G + it / nq, t = (qstart + it % nq) * Br + tid;
+    L = INFINITY;
+    Di = 0.f;
+    if (t < T) {
+      const int64_t i = (static_cast<int64_t>(b) * p.H + h) * T + t;
+      const float l = p.lse[i];
+      L = l == -INFINITY ? INFINITY : l * kLog2e;  // a row with no key: P = exp2(-inf) = 0
+      Di = p.delta[i];
+    }
+  };
 
+  load_tile_async<Bc, D>(p.k + b * p.k_sb + hk * p.k_sh, p.k_st, kbase, S, sK, KS);
+  load_tile_async<Bc, D>(p.v + b * p.v_sb + hk * p.v_sh, p.v_st, kbase, S, sV, KS);
+  if (total > 0) issue(0, 0);
+  cp_async_commit();
+  if (total > 0 && tid < Br) fetch_rows(0, sLD[tid], sLD[Br + tid]);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  for (int it = 0; it < total; ++it) {
+    const int st = it & 1;
+    const int h = hk * p.G + it / nq, q0 = (qstart + it % nq) * Br;
+    const int64_t bh = static_cast<int64_t>(b) * p.H + h;
+    const bool prefetch = it + 1 < total;
+    float next_L = 0.f, next_Di = 0.f;
+    if (prefetch) {  // the other stage was last read in iteration it - 1, which ended with a barrier
+      issue(it + 1, st ^ 1);
+      cp_async_commit();
+      if (tid < Br) fetch_rows(it + 1, next_L, next_Di);
+    }
+    const uint16_t* sQ = sQdO + 2 * st * Br * KS;
+    const uint16_t* sdO = sQ + Br * KS;
+    const float* sL = sLD + 2 * st * Br;
+    const float* sDi = sL + Br;
+    {
       // S^T = K Q^T and dP^T = V dO^T: A = K / V rows of this warp, B[k = d][n = t] = Q[t][d].
       float s[NQ][4], dp[NQ][4];
 #pragma unroll
@@ -571,6 +636,14 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
         }
       }
     }
+    if (prefetch) {
+      if (tid < Br) {
+        sLD[2 * (st ^ 1) * Br + tid] = next_L;
+        sLD[2 * (st ^ 1) * Br + Br + tid] = next_Di;
+      }
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // iteration it + 1's stage visible to all; this stage and dS free
   }
 
   // dK = scale dS^T Q, dV = P^T dO for keys j0, j1 of this thread.
