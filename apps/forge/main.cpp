@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "info_command.h"
 #include "plan_command.h"
 #include "forge/core/error.h"
 #include "forge/train/config.h"
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   tok_encode->add_option("files", tok_encode_args.files, "text files, glob patterns or directories")->required();
 
   auto* plan = forge::app::add_plan_command(app);
+  auto* info = forge::app::add_info_command(app);
 
   auto* demo = app.add_subcommand("autograd-demo", "fit a small MLP with forge's autograd (the worked example)");
   demo->allow_extras();
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan})
+    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan, info})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     return usage_error(e.what(), cmd);
   }
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
     }
     if (sample->parsed()) return forge::app::run_sample(sample_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
+    if (info->parsed()) return forge::app::run_info();
     if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
     if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
     if (demo->parsed()) {

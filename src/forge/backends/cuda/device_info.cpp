@@ -21,7 +21,28 @@ DeviceProperties device_properties(int device) {
   FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&out.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
   out.l2_bytes = p.l2CacheSize;
   out.shared_per_block_optin = static_cast<int64_t>(p.sharedMemPerBlockOptin);
+  char bus_id[64] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof(bus_id)), device) == cudaSuccess) out.pci_bus_id = bus_id;
+  else (void)cudaGetLastError();
   return out;
+}
+
+int driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+int runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
 }
 
 }  // namespace forge::cuda

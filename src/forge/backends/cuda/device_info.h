@@ -18,9 +18,15 @@ struct DeviceProperties {
   int memory_bus_bits = 0;     // global memory bus width
   int l2_bytes = 0;
   int64_t shared_per_block_optin = 0;  // bytes a block may opt in to
+  std::string pci_bus_id;      // "0000:3b:00.0" (cudaDeviceGetPCIBusId), to find the device in NVML
 };
 
 // Throws forge::Error for an index that is not a visible device.
 DeviceProperties device_properties(int device);
+
+// cudaDriverGetVersion / cudaRuntimeGetVersion as 1000*major + 10*minor (12040 = 12.4);
+// 0 when there is no driver (or the call fails). Never throw.
+int driver_version();
+int runtime_version();
 
 }  // namespace forge::cuda
