@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_command.h"
 #include "commands.h"
 #include "info_command.h"
 #include "plan_command.h"
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
 
   auto* plan = forge::app::add_plan_command(app);
   auto* info = forge::app::add_info_command(app);
+  auto* bench = forge::app::add_bench_command(app);
 
   auto* demo = app.add_subcommand("autograd-demo", "fit a small MLP with forge's autograd (the worked example)");
   demo->allow_extras();
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
     std::string cmd;
     for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan, info})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
+    if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
   }
 
@@ -111,6 +114,7 @@ int main(int argc, char** argv) {
     if (sample->parsed()) return forge::app::run_sample(sample_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();
+    if (bench->parsed()) return forge::app::run_bench(*bench);
     if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
     if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
     if (demo->parsed()) {

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""torch.matmul GEMM throughput, timed the way `forge bench gemm` times forge (docs/bench.md).
+
+C = A @ B with row-major A (M x K), B (K x N), randn inputs (rotating among up to 3 (A, B) pairs
+when 3 pairs take <= 2 GiB), warm-up (>= WARMUP runs and >= 50 ms, synchronising after each),
+then REPEATS runs back to back, each between two torch.cuda.Event(enable_timing=True); the median
+is reported. FLOPs = 2*M*N*K. tf32 = f32 storage with torch.backends.cuda.matmul.allow_tf32.
+
+  python3 benchmarks/bench/gemm_vs_torch.py --sizes 128,1024 --dtype bf16,f32 > torch.json
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+DTYPES = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def sizes_arg(spec):
+    out = []
+    for item in spec.split(","):
+        if ".." in item:
+            lo, hi = (int(x) for x in item.split(".."))
+            v = lo
+            while v <= hi:
+                out.append(v)
+                v *= 2
+        else:
+            out.append(int(item))
+    return out
+
+
+def bench(m, n, k, name, repeats, warmup, warmup_ms):
+    dt = DTYPES[name]
+    set_bytes = (m * k + k * n) * torch.finfo(dt).bits // 8
+    sets = 3 if 3 * set_bytes <= 2 * 2**30 else 1
+    a = [torch.randn(m, k, device="cuda", dtype=dt) for _ in range(sets)]
+    b = [torch.randn(k, n, device="cuda", dtype=dt) for _ in range(sets)]
+    out = torch.empty(m, n, device="cuda", dtype=dt)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+    try:
+        i = 0
+        t0 = time.perf_counter()
+        while i < warmup or (time.perf_counter() - t0) * 1e3 < warmup_ms:
+            torch.matmul(a[i % sets], b[i % sets], out=out)
+            torch.cuda.synchronize()
+            i += 1
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        for r in range(repeats):
+            starts[r].record()
+            torch.matmul(a[r % sets], b[r % sets], out=out)
+            stops[r].record()
+        stops[-1].synchronize()
+        ms = [s.elapsed_time(e) for s, e in zip(starts, stops)]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    med = statistics.median(ms)
+    flops = 2.0 * m * n * k
+    return {"dtype": name, "m": m, "n": n, "k": k, "flops": flops, "median_ms": med, "min_ms": min(ms),
+            "max_ms": max(ms), "tflops": flops / (med * 1e-3) / 1e12, "input_sets": sets}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="128..16384", help="square sizes: 128,1024 or 128..16384 (powers of two)")
+    p.add_argument("--mnk", action="append", default=[], help="MxNxK (repeatable)")
+    p.add_argument("--dtype", default="f32,tf32,bf16,f16")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup-ms", type=float, default=50)
+    args = p.parse_args()
+    shapes = [(s, s, s) for s in sizes_arg(args.sizes)] if args.sizes else []
+    shapes += [tuple(int(x) for x in s.lower().split("x")) for s in args.mnk]
+    results, skipped = [], []
+    for name in args.dtype.split(","):
+        if name not in DTYPES:
+            skipped.append({"dtype": name, "shape": "", "reason": "not timed by this script"})
+            continue
+        for m, n, k in shapes:
+            try:
+                results.append(bench(m, n, k, name, args.repeats, args.warmup, args.warmup_ms))
+            except torch.cuda.OutOfMemoryError as e:
+                skipped.append({"dtype": name, "shape": f"{m}x{n}x{k}", "reason": str(e).splitlines()[0]})
+            torch.cuda.empty_cache()
+    print(json.dumps({"benchmark": "gemm", "framework": "torch " + torch.__version__,
+                      "device_name": torch.cuda.get_device_name(0),
+                      "method": {"timer": "torch.cuda.Event", "warmup_runs": args.warmup, "warmup_ms": args.warmup_ms,
+                                 "repeats": args.repeats, "statistic": "median", "flops": "2*M*N*K"},
+                      "results": results, "skipped": skipped}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
