@@ -1,21 +1,22 @@
 // forge bench gemm: size/shape/dtype parsing, FLOP counting, the median, a CPU run on tiny
 // sizes, and `forge bench gemm --json` run on this machine (runs <build>/forge).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "forge/bench/gemm.h"
 #include "forge/core/error.h"
+#include "testing/cli_testing.h"
 
 namespace forge::bench {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::run_forge;
+using testing::Stderr;
 
 // The message of the forge::Error `fn` throws ("" when it does not throw).
 template <class F>
@@ -114,37 +115,12 @@ TEST(BenchGemm, CpuTinySizes) {
 
 // ---- the forge binary ---------------------------------------------------------------------
 
-fs::path forge_binary() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "forge"; }
-
-struct ForgeRun {
-  int status = -1;
-  std::string out;  // stdout only
-};
-
-ForgeRun run_forge(const std::string& args) {
-  ForgeRun r;
-  std::string cmd = "'";  // appended piecewise: GCC 12 warns (-Wrestrict, falsely) on "'" + string
-  cmd.append(forge_binary().string()).append("' ").append(args).append(" 2>/dev/null");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-class BenchGemmCliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::is_regular_file(forge_binary()))
-        << "the forge executable is not built at " << forge_binary() << " (build the 'forge' target)";
-  }
-};
+using BenchGemmCliTest = testing::ForgeCliTest;
 
 TEST_F(BenchGemmCliTest, CpuJson) {
-  const ForgeRun r = run_forge("bench gemm --device cpu --sizes 64,128 --dtype f32 --repeats 3 --warmup-ms 0 --json");
+  const CliRun r = run_forge({"bench", "gemm", "--device", "cpu", "--sizes", "64,128", "--dtype", "f32", "--repeats", "3",
+                              "--warmup-ms", "0", "--json"},
+                             Stderr::dropped);
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   for (const char* k : {"benchmark", "device", "device_name", "catalogue", "method", "results", "skipped", "forge_version"})
@@ -167,18 +143,20 @@ TEST_F(BenchGemmCliTest, CpuJson) {
 }
 
 TEST_F(BenchGemmCliTest, TableMnkAndUsageErrors) {
-  const ForgeRun r = run_forge("bench gemm --device cpu --mnk 64x32x16 --mnk 8x8x8 --repeats 2 --warmup-ms 0");
+  const CliRun r = run_forge({"bench", "gemm", "--device", "cpu", "--mnk", "64x32x16", "--mnk", "8x8x8", "--repeats", "2",
+                              "--warmup-ms", "0"},
+                             Stderr::dropped);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("GFLOP/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("f64"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("     64      32      16"), std::string::npos) << r.out;
-  EXPECT_EQ(run_forge("bench gemm --sizes 12a").status, 2);
-  EXPECT_EQ(run_forge("bench gemm --mnk 4096x4096").status, 2);
-  EXPECT_EQ(run_forge("bench gemm --repeats 0").status, 2);
-  EXPECT_EQ(run_forge("bench gemm --bogus").status, 2);
-  EXPECT_EQ(run_forge("bench").status, 2);
-  EXPECT_EQ(run_forge("bench gemm --help").status, 0);
-  EXPECT_EQ(run_forge("bench gemm --device cpu --dtype bf16 --sizes 8").status, 1);  // not on the CPU
+  EXPECT_EQ(run_forge({"bench", "gemm", "--sizes", "12a"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"bench", "gemm", "--mnk", "4096x4096"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"bench", "gemm", "--repeats", "0"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"bench", "gemm", "--bogus"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"bench"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"bench", "gemm", "--help"}, Stderr::dropped).status, 0);
+  EXPECT_EQ(run_forge({"bench", "gemm", "--device", "cpu", "--dtype", "bf16", "--sizes", "8"}, Stderr::dropped).status, 1);  // not on the CPU
 }
 
 }  // namespace

@@ -1,11 +1,8 @@
 // forge info's readers: the host CPU on a fake sysfs/procfs tree, the bandwidth formula, and
 // `forge info --json` run on this machine (a CPU box: no GPU; runs <build>/forge).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,11 +11,15 @@
 #include "forge/bench/gpu_info.h"
 #include "forge/bench/host_info.h"
 #include "forge/core/error.h"
+#include "testing/cli_testing.h"
 
 namespace forge::bench {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::run_forge;
+using testing::Stderr;
 
 void write(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
@@ -144,36 +145,10 @@ TEST(GpuInfoTest, TheoreticalBandwidthMatchesDatasheets) {
 
 // ---- the forge binary ---------------------------------------------------------------------
 
-fs::path forge_binary() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "forge"; }
-
-struct InfoRun {
-  int status = -1;
-  std::string out;  // stdout only
-};
-
-InfoRun run_forge(const std::string& args) {
-  InfoRun r;
-  const std::string cmd = "'" + forge_binary().string() + "' " + args + " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-class InfoCliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::is_regular_file(forge_binary()))
-        << "the forge executable is not built at " << forge_binary() << " (build the 'forge' target)";
-  }
-};
+using InfoCliTest = testing::ForgeCliTest;
 
 TEST_F(InfoCliTest, JsonHasEveryKey) {
-  const InfoRun r = run_forge("info --json");
+  const CliRun r = run_forge({"info", "--json"}, Stderr::dropped);
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   for (const char* k : {"host", "gpus", "driver", "cuda_runtime", "nvml", "note", "cuda_build", "forge_version"})
@@ -193,13 +168,13 @@ TEST_F(InfoCliTest, JsonHasEveryKey) {
 }
 
 TEST_F(InfoCliTest, TableAndUsageErrors) {
-  const InfoRun r = run_forge("info");
+  const CliRun r = run_forge({"info"}, Stderr::dropped);
   ASSERT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("sockets/cores/threads"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("runtime"), std::string::npos) << r.out;
-  EXPECT_EQ(run_forge("info --bogus").status, 2);
-  EXPECT_EQ(run_forge("info extra-arg").status, 2);
-  EXPECT_EQ(run_forge("info --help").status, 0);
+  EXPECT_EQ(run_forge({"info", "--bogus"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"info", "extra-arg"}, Stderr::dropped).status, 2);
+  EXPECT_EQ(run_forge({"info", "--help"}, Stderr::dropped).status, 0);
 }
 
 }  // namespace

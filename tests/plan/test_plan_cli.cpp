@@ -1,68 +1,31 @@
 // `forge plan` end to end: runs the binary built next to this test (<build>/forge) and checks
 // its JSON, its tables and its errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "testing/cli_testing.h"
+
 namespace forge::plan {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path forge_binary() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "forge"; }
-
-struct CliRun {
-  int status = -1;
-  std::string out;  // stdout only
-  std::string all;  // stdout and stderr
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-CliRun run_forge(const std::vector<std::string>& args, bool merge_stderr) {
-  std::string cmd = quote(forge_binary().string());
-  for (const auto& a : args) {
-    cmd += ' ';
-    cmd += quote(a);
-  }
-  cmd += merge_stderr ? " 2>&1" : " 2>/dev/null";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.all = r.out;
-  return r;
-}
+using testing::CliRun;
+using testing::run_forge;
+using testing::Stderr;
 
 nlohmann::json json_of(const std::vector<std::string>& args) {
-  const CliRun r = run_forge(args, false);
+  const CliRun r = run_forge(args, Stderr::dropped);
   EXPECT_EQ(r.status, 0) << r.out;
   return nlohmann::json::parse(r.out);
 }
 
-class PlanCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::is_regular_file(forge_binary()))
-        << "the forge executable is not built at " << forge_binary() << " (build the 'forge' target)";
-  }
-};
+using PlanCli = testing::ForgeCliTest;
 
 TEST_F(PlanCli, PlanAsJson) {
   const auto j = json_of({"plan", "llama2-7b", "--tokens", "2T", "--gpu", "h100", "--gpus", "8", "--micro-batch", "1",
@@ -81,17 +44,17 @@ TEST_F(PlanCli, SearchAsJsonAndAsATable) {
   const auto j = json_of({"plan", "gpt2", "--tokens", "10B", "--gpu", "rtx4090", "--gpus", "4", "--search", "--json"});
   ASSERT_FALSE(j["fits"].empty());
   EXPECT_EQ(j["gpus"], 4);
-  const CliRun t = run_forge({"plan", "gpt2", "--tokens", "10B", "--gpu", "rtx4090", "--gpus", "4", "--search"}, true);
-  EXPECT_EQ(t.status, 0) << t.all;
-  EXPECT_NE(t.all.find("fastest layouts that fit"), std::string::npos) << t.all;
-  EXPECT_NE(t.all.find("best: "), std::string::npos) << t.all;
+  const CliRun t = run_forge({"plan", "gpt2", "--tokens", "10B", "--gpu", "rtx4090", "--gpus", "4", "--search"});
+  EXPECT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("fastest layouts that fit"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("best: "), std::string::npos) << t.out;
 }
 
 TEST_F(PlanCli, SummaryListsModulesWithTotals) {
-  const CliRun r = run_forge({"plan", "gpt2", "--summary"}, true);
-  EXPECT_EQ(r.status, 0) << r.all;
-  EXPECT_NE(r.all.find("transformer.h.0.attn.c_attn"), std::string::npos) << r.all;
-  EXPECT_NE(r.all.find("124,439,808"), std::string::npos) << r.all;
+  const CliRun r = run_forge({"plan", "gpt2", "--summary"});
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("transformer.h.0.attn.c_attn"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("124,439,808"), std::string::npos) << r.out;
   const auto j = json_of({"plan", "llama2-7b", "--summary", "--json"});
   EXPECT_EQ(j["total_params"], 6738415616);
 }
@@ -118,23 +81,23 @@ TEST_F(PlanCli, ReadsAForgeConfigWithOverrides) {
 }
 
 TEST_F(PlanCli, BadInputIsAClearError) {
-  CliRun r = run_forge({"plan", "llama2-7b", "--gpu", "h1000"}, true);
+  CliRun r = run_forge({"plan", "llama2-7b", "--gpu", "h1000"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.all.find("forge: error: unknown GPU 'h1000'; did you mean 'h100'"), std::string::npos) << r.all;
-  r = run_forge({"plan", "llama2-8b"}, true);
+  EXPECT_NE(r.out.find("forge: error: unknown GPU 'h1000'; did you mean 'h100'"), std::string::npos) << r.out;
+  r = run_forge({"plan", "llama2-8b"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.all.find("did you mean"), std::string::npos) << r.all;
-  r = run_forge({"plan", "gpt2", "--gpus", "5", "--tp", "5"}, true);
+  EXPECT_NE(r.out.find("did you mean"), std::string::npos) << r.out;
+  r = run_forge({"plan", "gpt2", "--gpus", "5", "--tp", "5"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.all.find("heads = 12 are not divisible by tp = 5"), std::string::npos) << r.all;
-  r = run_forge({"plan", "llama2-7b", "--pp", "3", "--gpus", "3"}, true);
+  EXPECT_NE(r.out.find("heads = 12 are not divisible by tp = 5"), std::string::npos) << r.out;
+  r = run_forge({"plan", "llama2-7b", "--pp", "3", "--gpus", "3"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.all.find("layers = 32 are not divisible by pp = 3"), std::string::npos) << r.all;
-  r = run_forge({"plan", "gpt2", "--gpus", "8", "--micro-batch", "3"}, true);
+  EXPECT_NE(r.out.find("layers = 32 are not divisible by pp = 3"), std::string::npos) << r.out;
+  r = run_forge({"plan", "gpt2", "--gpus", "8", "--micro-batch", "3"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.all.find("not divisible by micro-batch x dp = 3 x 8 = 24"), std::string::npos) << r.all;
-  r = run_forge({"plan", "gpt2", "--no-such-flag"}, true);
-  EXPECT_EQ(r.status, 2) << r.all;
+  EXPECT_NE(r.out.find("not divisible by micro-batch x dp = 3 x 8 = 24"), std::string::npos) << r.out;
+  r = run_forge({"plan", "gpt2", "--no-such-flag"});
+  EXPECT_EQ(r.status, 2) << r.out;
 }
 
 }  // namespace
