@@ -10,20 +10,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-BUILD_DIR="${BUILD_DIR:-build-gpu}"
 SIZES="${SIZES:-128..16384}"
 DTYPES="${DTYPES:-f32,tf32,bf16,f16}"
 REPEATS="${REPEATS:-20}"
-FORGE="$BUILD_DIR/forge"
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  for p in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
-    if command -v "$p" >/dev/null 2>&1 && "$p" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY="$p"; break; fi
-  done
-fi
-[[ -x "$FORGE" ]] || { echo "run_gemm.sh: $FORGE not found; build first (scripts/gpu-check.sh)"; exit 2; }
-[[ -n "$PY" ]] || { echo "run_gemm.sh: no Python with CUDA-enabled torch found; set PYTHON=..."; exit 2; }
-GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
+source benchmarks/common.sh
+bench_setup run_gemm.sh
 RAW="benchmarks/results/raw"
 mkdir -p "$RAW"
 FORGE_JSON="$RAW/bench_gemm_forge_$GPU.json"

@@ -12,23 +12,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-BUILD_DIR="${BUILD_DIR:-build-gpu}"
 STEPS="${STEPS:-40}"
 WARMUP="${WARMUP:-10}"
 BATCHES="${BATCHES:-16 32}"
-FORGE="$BUILD_DIR/forge"
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  for p in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
-    if command -v "$p" >/dev/null 2>&1 && "$p" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then PY="$p"; break; fi
-  done
-fi
-[[ -x "$FORGE" ]] || { echo "run.sh: $FORGE not found; build first (scripts/gpu-check.sh)"; exit 2; }
-[[ -n "$PY" ]] || { echo "run.sh: no Python with CUDA-enabled torch found; set PYTHON=..."; exit 2; }
+source benchmarks/common.sh
+bench_setup run.sh
 WORK="$(mktemp -d)"
 RAW="$WORK/raw"
 mkdir -p "$RAW"
-GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_' )"
 echo "gpt2_124m: $GPU, forge $FORGE, python $PY, steps $STEPS (+$WARMUP warm-up), batches $BATCHES"
 
 for B in $BATCHES; do
