@@ -140,15 +140,7 @@ class CachingAllocator final : public DeviceAllocator {
       FORGE_CUDA_CHECK(err);
       return e;
     };
-    b.event_done = [](BlockPool::EventId e) {
-      const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
-      if (err == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        return false;
-      }
-      FORGE_CUDA_CHECK(err);
-      return true;
-    };
+    b.event_done = [](BlockPool::EventId e) { return event_completed(static_cast<cudaEvent_t>(e)); };
     b.wait_event = [](BlockPool::EventId e) { FORGE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); };
     b.release_event = [this](BlockPool::EventId e) {
       try {

@@ -76,15 +76,7 @@ class PinnedAllocator final : public Allocator {
     };
     // Pinned blocks only get events through add_event (record_use); record_stream is not
     // used, so record_event stays empty.
-    b.event_done = [](BlockPool::EventId e) {
-      const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
-      if (err == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        return false;
-      }
-      FORGE_CUDA_CHECK(err);
-      return true;
-    };
+    b.event_done = [](BlockPool::EventId e) { return event_completed(static_cast<cudaEvent_t>(e)); };
     b.wait_event = [](BlockPool::EventId e) { FORGE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); };
     b.release_event = [](BlockPool::EventId e) {
       if (cudaEventDestroy(static_cast<cudaEvent_t>(e)) != cudaSuccess) (void)cudaGetLastError();

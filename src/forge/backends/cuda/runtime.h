@@ -66,6 +66,18 @@ class DeviceGuard {
 // to it (Note [caching allocator] in core/block_pool.h). Cheap: a thread-local load.
 cudaStream_t current_stream(int device);
 
+// Whether all work recorded before `e` has finished (cudaEventQuery; "not ready" is false, not
+// an error). Used by the caching allocators to decide when a block may be reused.
+inline bool event_completed(cudaEvent_t e) {
+  const cudaError_t err = cudaEventQuery(e);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  FORGE_CUDA_CHECK(err);
+  return true;
+}
+
 // Streaming multiprocessors of `device` (cached after the first query).
 int multiprocessor_count(int device);
 
