@@ -13,6 +13,7 @@ packages=(
   libtomlplusplus-dev        # TOML run configs (used header-only)
   libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
+  libopenmpi-dev openmpi-bin # forge::dist on CPU tensors and multi-node start-up (mpirun)
   fortunes                   # the demo corpus (configs/tiny.toml)
   dataset-fashion-mnist      # the CNN demo (configs/fashion-mnist.toml)
   python3 python3-numpy python3-torch   # reference checks against PyTorch

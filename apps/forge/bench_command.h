@@ -1,6 +1,8 @@
 #pragma once
-// `forge bench <what>`: measurements of this machine (docs/bench.md). Today: `forge bench gemm`,
-// the TFLOP/s of forge's matrix product (src/forge/bench/gemm.h).
+// `forge bench <what>`: measurements of this machine (docs/bench.md): gemm (TFLOP/s of forge's
+// matrix product), memory (bandwidth), layer (a GPT block by part), roofline (all of them against
+// the measured ceilings, with an SVG plot) and burn (sustained GEMM load with result checking);
+// the measurements are in src/forge/bench/.
 namespace CLI {
 class App;
 }

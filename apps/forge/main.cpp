@@ -9,6 +9,7 @@
 #include "bench_command.h"
 #include "commands.h"
 #include "info_command.h"
+#include "launch_command.h"
 #include "plan_command.h"
 #include "forge/core/error.h"
 #include "forge/train/config.h"
@@ -29,8 +30,11 @@ int usage_error(const std::string& message, const std::string& help_cmd) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  // Config overrides (--section.key=value) are taken out before CLI11 sees the line.
-  const forge::train::SplitArgs split = forge::train::split_overrides(args);
+  // Config overrides (--section.key=value) are taken out before CLI11 sees the line (not for
+  // `forge launch`, whose command line is the ranks' and keeps its overrides).
+  const bool is_launch = !args.empty() && args.front() == "launch";
+  const forge::train::SplitArgs split =
+      is_launch ? forge::train::SplitArgs{{}, args} : forge::train::split_overrides(args);
 
   CLI::App app{"forge " FORGE_VERSION " - train GPT- and LLaMA-style models from one CPU to a GPU cluster", "forge"};
   app.require_subcommand(0, 1);
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
   auto* plan = forge::app::add_plan_command(app);
   auto* info = forge::app::add_info_command(app);
   auto* bench = forge::app::add_bench_command(app);
+  auto* launch = forge::app::add_launch_command(app);
 
   auto* demo = app.add_subcommand("autograd-demo", "fit a small MLP with forge's autograd (the worked example)");
   demo->allow_extras();
@@ -99,7 +104,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan, info})
+    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -115,6 +120,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();
     if (bench->parsed()) return forge::app::run_bench(*bench);
+    if (launch->parsed()) return forge::app::run_launch(*launch);
     if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
     if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
     if (demo->parsed()) {

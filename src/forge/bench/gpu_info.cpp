@@ -1,11 +1,10 @@
 // The GPUs for `forge info` (contract in gpu_info.h; fields and sources in docs/bench.md).
 #include "forge/bench/gpu_info.h"
 
-#include <dlfcn.h>
-
 #include <cstdio>
 #include <exception>
 
+#include "forge/bench/nvml.h"
 #include "forge/ops/creation.h"
 #include "forge/plan/gpu_catalog.h"
 #include "forge/telemetry/mfu.h"
@@ -15,72 +14,6 @@
 
 namespace forge::bench {
 namespace {
-
-// ---- NVML, loaded at run time -------------------------------------------------------------
-// The few declarations forge needs, written from NVML's documented C API (no nvml.h on the
-// machines): every function returns nvmlReturn_t (0 = NVML_SUCCESS), devices are opaque handles.
-using nvmlReturn_t = int;
-using nvmlDevice_t = struct nvmlDevice_st*;
-constexpr nvmlReturn_t kNvmlSuccess = 0;
-constexpr int kNvmlFeatureEnabled = 1;     // nvmlEnableState_t NVML_FEATURE_ENABLED
-constexpr int kNvmlP2pCapsNvlink = 2;      // nvmlGpuP2PCapsIndex_t NVML_P2P_CAPS_INDEX_NVLINK
-constexpr int kNvmlP2pStatusOk = 0;        // nvmlGpuP2PStatus_t NVML_P2P_STATUS_OK
-constexpr unsigned kNvmlMaxLinks = 18;     // NVML_NVLINK_MAX_LINKS
-
-struct Nvml {
-  void* lib = nullptr;
-  nvmlReturn_t (*init)() = nullptr;
-  nvmlReturn_t (*shutdown)() = nullptr;
-  nvmlReturn_t (*driver_version)(char*, unsigned) = nullptr;
-  nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t*) = nullptr;
-  nvmlReturn_t (*by_bus_id)(const char*, nvmlDevice_t*) = nullptr;
-  nvmlReturn_t (*nvlink_state)(nvmlDevice_t, unsigned, int*) = nullptr;
-  nvmlReturn_t (*nvlink_version)(nvmlDevice_t, unsigned, unsigned*) = nullptr;
-  nvmlReturn_t (*pcie_gen)(nvmlDevice_t, unsigned*) = nullptr;
-  nvmlReturn_t (*pcie_width)(nvmlDevice_t, unsigned*) = nullptr;
-  nvmlReturn_t (*pcie_max_gen)(nvmlDevice_t, unsigned*) = nullptr;
-  nvmlReturn_t (*pcie_max_width)(nvmlDevice_t, unsigned*) = nullptr;
-  nvmlReturn_t (*common_ancestor)(nvmlDevice_t, nvmlDevice_t, int*) = nullptr;
-  nvmlReturn_t (*p2p_status)(nvmlDevice_t, nvmlDevice_t, int, int*) = nullptr;
-
-  template <class F>
-  void sym(F& f, const char* name) {
-    f = reinterpret_cast<F>(::dlsym(lib, name));
-  }
-  // Loads and initialises NVML; "" on success, else why not.
-  std::string open() {
-    lib = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return "NVML not available (libnvidia-ml.so.1 not found)";
-    sym(init, "nvmlInit_v2");
-    sym(shutdown, "nvmlShutdown");
-    sym(driver_version, "nvmlSystemGetDriverVersion");
-    sym(by_index, "nvmlDeviceGetHandleByIndex_v2");
-    sym(by_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");
-    sym(nvlink_state, "nvmlDeviceGetNvLinkState");
-    sym(nvlink_version, "nvmlDeviceGetNvLinkVersion");
-    sym(pcie_gen, "nvmlDeviceGetCurrPcieLinkGeneration");
-    sym(pcie_width, "nvmlDeviceGetCurrPcieLinkWidth");
-    sym(pcie_max_gen, "nvmlDeviceGetMaxPcieLinkGeneration");
-    sym(pcie_max_width, "nvmlDeviceGetMaxPcieLinkWidth");
-    sym(common_ancestor, "nvmlDeviceGetTopologyCommonAncestor");
-    sym(p2p_status, "nvmlDeviceGetP2PStatus");
-    if (init == nullptr || shutdown == nullptr) return close("NVML not available (no nvmlInit_v2)");
-    const nvmlReturn_t r = init();
-    if (r != kNvmlSuccess) return close("NVML not available (nvmlInit_v2 returned " + std::to_string(r) + ")");
-    return "";
-  }
-  std::string close(std::string why = "") {
-    if (lib != nullptr) ::dlclose(lib);
-    lib = nullptr;
-    return why;
-  }
-  ~Nvml() {
-    if (lib != nullptr) {
-      shutdown();
-      close();
-    }
-  }
-};
 
 // nvmlGpuTopologyLevel_t -> nvidia-smi topo -m's names.
 std::string topology_name(int level) {
@@ -96,10 +29,9 @@ std::string topology_name(int level) {
 }
 
 void query_nvml(GpuSystemInfo& s) {
-  Nvml nv;
-  const std::string why = nv.open();
-  if (!why.empty()) {
-    s.nvml_note = why;
+  const Nvml nv;
+  if (!nv.ok()) {
+    s.nvml_note = nv.note();
     return;
   }
   s.nvml = true;
@@ -110,11 +42,7 @@ void query_nvml(GpuSystemInfo& s) {
   for (size_t i = 0; i < n; ++i) {
     GpuInfo& g = s.gpus[i];
     // By PCI bus id: CUDA's order (and CUDA_VISIBLE_DEVICES) need not match NVML's.
-    nvmlDevice_t h = nullptr;
-    if (nv.by_bus_id == nullptr || g.pci_bus_id.empty() || nv.by_bus_id(g.pci_bus_id.c_str(), &h) != kNvmlSuccess) {
-      h = nullptr;
-      if (nv.by_index == nullptr || nv.by_index(static_cast<unsigned>(g.index), &h) != kNvmlSuccess) h = nullptr;
-    }
+    const nvmlDevice_t h = nv.device(g.pci_bus_id, g.index);
     handles[i] = h;
     if (h == nullptr) continue;
     unsigned v = 0;

@@ -138,6 +138,11 @@ void save_checkpoint(const fs::path& dir, const CheckpointData& data) {
   replace_directory_atomic(dir, [&](const fs::path& tmp) {
     save_safetensors(tmp / kModelFile, data.model.items(), model_meta);
     save_safetensors(tmp / kOptimizerFile, data.optimizer.items(), {{"forge_step", std::to_string(data.step)}});
+    for (const auto& f : data.move_in) {
+      std::error_code ec;
+      fs::rename(f, tmp / f.filename(), ec);
+      FORGE_CHECK(!ec, "save_checkpoint '", dir.string(), "': cannot move '", f.string(), "' into it: ", ec.message());
+    }
     write_file_atomic(tmp / kStateFile, text);
   });
 }

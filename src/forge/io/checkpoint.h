@@ -56,6 +56,9 @@ struct CheckpointData {
   nlohmann::json data_loader;  // the data loader's position; any JSON
   nlohmann::json config;       // the run config: a JSON object, or its text as a string
   nlohmann::json extra;        // anything else to restore (optimizer scalars, loss scale, ...)
+  // save_checkpoint only: files (on the same file system) moved into the directory before it
+  // is published, so they appear atomically with the rest (the shard files of other ranks).
+  std::vector<std::filesystem::path> move_in;
   // Set by load_checkpoint from state.json; save_checkpoint writes the running forge's.
   std::string forge_version;
   int format_version = kCheckpointFormatVersion;

@@ -18,6 +18,7 @@
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, keep_last
+//   [dist]       zero_stage, offload_optimizer, bucket_mb (data parallel; docs/dist.md)
 //
 // The schema is one table (config_keys()): each key has a type (integer, float, boolean,
 // string, list of strings), a default and a line of documentation. Loading is strict:
@@ -122,6 +123,12 @@ struct CheckpointSection {
   int64_t keep_last = 3;           // checkpoints kept in <run dir>/checkpoints
 };
 
+struct DistSection {
+  int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients
+  bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
+  double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
+};
+
 struct RunConfig {
   RunSection run;
   ModelSection model;
@@ -131,6 +138,7 @@ struct RunConfig {
   TrainSection train;
   EvalSection eval;
   CheckpointSection checkpoint;
+  DistSection dist;
   std::string source;  // the file it came from ("" when built in code)
 
   // <run.dir>/<run.name>

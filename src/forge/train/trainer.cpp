@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,8 +17,15 @@
 #include "forge/core/error.h"
 #include "forge/core/generator.h"
 #include "forge/data/shards.h"
+#include "forge/dist/data_parallel.h"
+#include "forge/dist/env.h"
+#include "forge/dist/numa.h"
+#include "forge/dist/sharded_state.h"
+#include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
+#include "forge/io/hf_names.h"
+#include "forge/io/safetensors.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
 #include "forge/ops/creation.h"
@@ -199,9 +207,10 @@ void reset_peak_memory(Device d) {
 // data.source = "random": uniform random tokens of model.vocab_size in one shard of the run
 // directory, from the run's seed (a resumed run rewrites the same tokens). 8 Mi tokens: enough
 // windows that a benchmark never sees the same batch twice in practice; 16-32 MB on disk.
-std::string write_random_shard(const RunConfig& cfg, std::ostream& log) {
+std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write = true) {
   constexpr int64_t kTokens = int64_t{1} << 23;
   const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  if (!write) return (dir / "random_tokens.bin").string();  // another rank wrote it
   std::error_code ec;
   fs::create_directories(dir, ec);
   FORGE_CHECK(!ec, "cannot create the shard directory '", dir.string(), "': ", ec.message());
@@ -264,6 +273,66 @@ fs::path save_run_checkpoint(const fs::path& run_dir, int64_t step, const Checkp
   return dir;
 }
 
+// Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
+// every rank (ZeRO-1/2 shard only the optimizer), so rank 0 writes model.safetensors; the
+// optimizer is saved by parameter ranges (dist/sharded_state.h), one shard file per rank
+// (DDP: rank 0's alone). Every rank writes its file into a staging directory next to the
+// checkpoint (a name prune_checkpoints treats as a temporary); rank 0 then moves them into
+// the checkpoint it publishes with replace_directory_atomic, so the checkpoint appears
+// whole or not at all: a crash mid-save leaves the previous one intact. state.json's
+// extra.dist names the files and the layout that wrote them; any other world size or stage
+// reshards on load.
+fs::path save_data_parallel_checkpoint(const fs::path& run_dir, int64_t step, const CheckpointInputs& in,
+                                       const dist::DataParallel& dp, const std::string& optimizer_name,
+                                       int64_t keep_last) {
+  dist::ProcessGroup& pg = *dp.group();
+  const bool rank0 = pg.rank() == 0;
+  const fs::path dir = io::checkpoint_path(run_dir, step);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
+  const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+  std::error_code ec;
+  if (rank0) {
+    fs::remove_all(staging, ec);
+    fs::create_directories(staging, ec);
+    FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
+  }
+  pg.barrier()->synchronize();
+  const bool sharded = dp.options().zero_stage > 0;
+  auto file_of = [](int r) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
+    return std::string(name);
+  };
+  if (sharded || rank0)
+    dist::write_optimizer_shard(staging / file_of(pg.rank()), dp.pieces(), dp.piece_state(), dp.piece_steps());
+  pg.barrier()->synchronize();
+  if (rank0) {
+    io::CheckpointData d;
+    d.step = step;
+    d.model = io::NamedTensors(in.model->module->state_dict());
+    io::capture_rng(d);
+    d.data_loader = json::parse(in.sampler.to_json());
+    d.config = in.config;
+    d.extra = in.extra;
+    d.extra["optimizer"] = {{"name", optimizer_name}, {"scalars", {{"step", dp.step_count()}}}};
+    json files = json::array();
+    for (int r = 0; r < (sharded ? pg.size() : 1); ++r) {
+      files.push_back(file_of(r));
+      d.move_in.push_back(staging / file_of(r));
+    }
+    d.extra["dist"] = {{"world_size", pg.size()},
+                       {"zero_stage", dp.options().zero_stage},
+                       {"offload_optimizer", dp.options().offload_optimizer},
+                       {"files", files}};
+    io::save_checkpoint(dir, d);
+    fs::remove_all(staging, ec);
+    io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+  }
+  pg.barrier()->synchronize();
+  return dir;
+}
+
 // A checkpoint directory, or the latest checkpoint of a run directory.
 fs::path resolve_checkpoint(const fs::path& p, const char* who) {
   std::error_code ec;
@@ -274,8 +343,7 @@ fs::path resolve_checkpoint(const fs::path& p, const char* who) {
               "' is neither a checkpoint directory (with state.json) nor a run directory with checkpoints");
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& cfg, const nn::Module& model) {
-  auto groups = optim::decay_groups(model.named_parameters(), cfg.optim.weight_decay);
+std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::vector<optim::ParamGroup> groups) {
   if (cfg.optim.name == "sgd") {
     optim::SGDOptions o;
     o.lr = cfg.optim.lr;
@@ -293,13 +361,79 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& cfg, const nn:
   return std::make_unique<optim::AdamW>(std::move(groups), o);
 }
 
-void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const std::string& where) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& cfg, const nn::Module& model) {
+  return make_optimizer_for(cfg, optim::decay_groups(model.named_parameters(), cfg.optim.weight_decay));
+}
+
+// The optimizer's slots in order (slot k of its state_dict is the k-th parameter over its
+// groups), by name: optim::decay_groups' order.
+std::vector<std::pair<std::string, Tensor>> optimizer_slots(const RunConfig& cfg, const nn::Module& model) {
+  const auto named = model.named_parameters();
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& [n, t] : named) name_of.emplace(t.impl(), n);
+  std::vector<std::pair<std::string, Tensor>> slots;
+  for (const auto& g : optim::decay_groups(named, cfg.optim.weight_decay))
+    for (const Tensor& t : g.params) slots.emplace_back(name_of.at(t.impl()), t);
+  return slots;
+}
+
+// The optimizer state of a checkpoint by parameter ranges (dist/sharded_state.h): the shard
+// files of a data-parallel run (extra.dist.files), or a single process's optimizer.safetensors.
+dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const fs::path& ck_path,
+                                         const std::vector<std::pair<std::string, Tensor>>& slots) {
+  dist::RangedState rs;
+  if (ck.extra.is_object() && ck.extra.contains("dist")) {
+    for (const auto& f : ck.extra["dist"].value("files", json::array())) {
+      const fs::path file = ck_path / f.get<std::string>();
+      std::error_code ec;
+      FORGE_CHECK(fs::is_regular_file(file, ec), "--resume: checkpoint '", ck_path.string(), "' lacks its shard file '",
+                  file.filename().string(), "'");
+      rs.add_shard_file(file);
+    }
+    return rs;
+  }
+  const json& o = ck.extra.is_object() && ck.extra.contains("optimizer") ? ck.extra["optimizer"] : json();
+  std::map<std::string, double> scalars;
+  if (o.is_object() && o.contains("scalars"))
+    for (const auto& [k, v] : o["scalars"].items()) scalars[k] = v.get<double>();
+  std::vector<std::string> names;
+  for (const auto& [n, t] : slots) names.push_back(n);
+  rs.add_full_state(ck.optimizer, scalars, names);
+  return rs;
+}
+
+void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const fs::path& ck_path,
+                       const std::vector<std::pair<std::string, Tensor>>& slots) {
+  const std::string where = ck_path.string();
   const json& o = ck.extra.is_object() && ck.extra.contains("optimizer") ? ck.extra["optimizer"] : json();
   FORGE_CHECK(o.is_object() && o.contains("scalars"), "--resume: checkpoint '", where,
               "' has no optimizer scalars (extra.optimizer); it was not written by `forge train`");
   const std::string name = o.value("name", std::string());
   FORGE_CHECK(name == opt.name(), "--resume: checkpoint '", where, "' holds ", name, " state but optim.name makes a ",
               opt.name(), "; set optim.name to match the checkpoint");
+  if (ck.extra.contains("dist")) {
+    // Written by a data-parallel run: reassemble every parameter's state from the shards.
+    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, slots);
+    optim::StateDict sd = opt.state_dict();  // the group scalars of this optimizer
+    for (auto it = sd.scalars.begin(); it != sd.scalars.end();)
+      it = it->first.rfind("state.", 0) == 0 ? sd.scalars.erase(it) : std::next(it);
+    sd.tensors.clear();
+    sd.scalars["step"] = o["scalars"].value("step", 0.0);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const auto& [pname, p] = slots[k];
+      const int64_t steps = rs.step(pname, 0, p.numel());
+      if (steps <= 0) continue;
+      const std::string pre = "state." + std::to_string(k) + ".";
+      sd.scalars[pre + "step"] = static_cast<double>(steps);
+      for (const auto& sname : rs.state_names()) {
+        if (sname == "master" && p.dtype() == DType::f32) continue;
+        const Tensor t = rs.get(pname, sname, 0, p.numel());
+        if (t.defined()) sd.tensors[pre + sname] = t.reshape(p.shape());
+      }
+    }
+    opt.load_state_dict(sd);
+    return;
+  }
   optim::StateDict sd;
   for (const auto& [k, v] : o["scalars"].items()) sd.scalars[k] = v.get<double>();
   for (const auto& [k, t] : ck.optimizer) sd.tensors[k] = t;
@@ -308,10 +442,21 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
 
 // ---- the language-model loop -----------------------------------------------------------------
 
-TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& log) {
+TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
   const auto t_start = Clock::now();
   RunConfig cfg = cfg_in;
   const fs::path run_dir = cfg.run_dir();
+  // 0. Data parallel (Note [data-parallel runs]): this process's place in the job, checked
+  // before any work.
+  const dist::LaunchEnv denv = dist::launch_env();
+  const int world_size = denv.world_size;
+  const bool rank0 = denv.rank == 0;
+  const bool data_parallel = world_size > 1 || cfg.dist.zero_stage > 0;
+  FORGE_CHECK(cfg.train.batch_size % world_size == 0, "train.batch_size = ", cfg.train.batch_size,
+              " is not divisible by the world size ", world_size, " (", dist::launcher_name(denv.launcher),
+              "); train.batch_size is the global batch: make it a multiple of ", world_size);
+  std::ostream null_log(nullptr);
+  std::ostream& log = rank0 ? rank_log : null_log;  // rank 0 speaks for the job
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   FORGE_CHECK(!ec, "run.dir: cannot create the run directory '", run_dir.string(), "': ", ec.message());
@@ -333,7 +478,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     FORGE_CHECK(ck->step < cfg.train.steps, "--resume: checkpoint '", ck_path.string(), "' is at step ", ck->step,
                 ", and train.steps = ", cfg.train.steps, "; raise train.steps (e.g. --train.steps=", 2 * ck->step,
                 ") to train further");
-  } else {
+  } else if (rank0) {
     const auto existing = io::list_checkpoints(run_dir);
     if (!existing.empty() || fs::exists(metrics_path, ec)) {
       FORGE_CHECK(cfg.run.overwrite, "run directory '", run_dir.string(), "' already holds a run",
@@ -346,8 +491,26 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   }
 
   // 2. Device, tokenizer, model (checked against the checkpoint before any data work), shards.
-  const Device device = resolve_run_device(cfg.run.device);
+  Device device = resolve_run_device(cfg.run.device);
+  if (data_parallel && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = resolve_run_dtype(cfg.run.dtype, device);
+  FORGE_CHECK(!data_parallel || dtype != DType::f16, "run.dtype = \"f16\" is not supported with data parallelism or "
+              "ZeRO yet (its loss scaler is per rank); use run.dtype = \"bf16\"");
+  dist::ProcessGroupPtr pg;
+  if (data_parallel) {
+    // Threads and host memory of this rank near its GPU (or spread over the nodes for CPU
+    // ranks), before the data loader's thread starts (dist/numa.h; FORGE_BIND=none|numa|auto).
+    if (denv.distributed()) {
+      const auto bound = dist::bind_current_rank(denv, device, dist::bind_mode_from_env());
+      if (bound.bound) log << "numa: " << bound.message << "\n";
+    }
+    pg = dist::world() ? dist::world() : dist::init_world(denv, device);
+  }
+  // Rank 0 prepares the run directory, tokenizer and shards; the other ranks then reuse them.
+  auto barrier = [&] {
+    if (pg) pg->barrier()->synchronize();
+  };
+  if (!rank0) barrier();
   const bool random_data = cfg.data.source == "random";
   std::optional<data::BpeTokenizer> tok;
   std::optional<fs::path> resume_tok;
@@ -365,7 +528,9 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   LanguageModel model = build_language_model(cfg);
   // Initialised on the CPU (the same weights whatever the device), then moved and cast once.
   model.module->to(device, dtype);
-  auto optimizer = make_optimizer(cfg, *model.module);
+  // One process: the optimizer over the whole model. Data parallel: dist::DataParallel makes its
+  // own (over the shards it owns, for ZeRO) once the weights are final (step 4).
+  std::unique_ptr<optim::Optimizer> optimizer = data_parallel ? nullptr : make_optimizer(cfg, *model.module);
   if (ck) {
     try {
       io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck->model,
@@ -381,11 +546,12 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
   }
   if (random_data) {
-    shard_paths = {write_random_shard(cfg, log)};
+    shard_paths = {write_random_shard(cfg, log, rank0)};
     cfg.data.val_fraction = 0.0;  // random tokens have nothing to validate
   } else {
     shard_paths = prepare_shards(cfg, *tok, resolve_data_files(cfg.data), log);
   }
+  if (rank0) barrier();
 
   // 3. Train/val split and batches.
   const auto shards = data::open_shards(shard_paths);
@@ -411,11 +577,48 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   int64_t step = 0;
   if (ck) {
     model.module->load_state_dict(ck->model.items());
-    restore_optimizer(*optimizer, *ck, ck_path.string());
+    if (!data_parallel) restore_optimizer(*optimizer, *ck, ck_path, optimizer_slots(cfg, *model.module));
     io::restore_rng(*ck);
     sampler->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
     step = ck->step;
-    telemetry::truncate_jsonl_after_step(metrics_path, step);
+    if (rank0) telemetry::truncate_jsonl_after_step(metrics_path, step);
+  }
+  std::unique_ptr<dist::DataParallel> dp;
+  if (data_parallel) {
+    // After the weights are final (DataParallel's shards are views of the parameters).
+    const auto slots = optimizer_slots(cfg, *model.module);
+    std::vector<std::pair<std::string, Tensor>> trainable;
+    {
+      std::unordered_map<const TensorImpl*, bool> seen;  // tied weights: once, under their first name
+      for (const auto& [n, t] : model.module->named_parameters())
+        if (t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
+    }
+    dp = std::make_unique<dist::DataParallel>(
+        trainable, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay),
+        [&](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg, std::move(groups)); }, pg,
+        dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+                                  .offload_optimizer = cfg.dist.offload_optimizer,
+                                  .bucket_mb = cfg.dist.bucket_mb});
+    dp->broadcast_parameters();
+    if (ck) {
+      const json& o = ck->extra.is_object() && ck->extra.contains("optimizer") ? ck->extra["optimizer"] : json();
+      FORGE_CHECK(o.is_object() && o.contains("scalars"), "--resume: checkpoint '", ck_path.string(),
+                  "' has no optimizer scalars (extra.optimizer); it was not written by `forge train`");
+      const std::string name = o.value("name", std::string());
+      const std::string want = cfg.optim.name == "sgd" ? "SGD" : "AdamW";
+      FORGE_CHECK(name == want, "--resume: checkpoint '", ck_path.string(), "' holds ", name,
+                  " state but optim.name makes ", want, "; set optim.name to match the checkpoint");
+      const dist::RangedState rs = ranged_optimizer_state(*ck, ck_path, slots);
+      dp->load_piece_state(
+          [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+          [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+      dp->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
+    }
+    log << "data parallel: " << world_size << " rank(s) (" << dist::launcher_name(denv.launcher) << ", "
+        << pg->backend() << "), " << (cfg.dist.zero_stage == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(cfg.dist.zero_stage))
+        << (cfg.dist.offload_optimizer ? " with the optimizer on the CPU" : "") << ", " << dp->num_buckets()
+        << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << B / world_size << " of the " << B
+        << " sequences per micro-batch on each rank\n";
   }
   result.start_step = step;
   result.num_parameters = model.module->num_parameters();
@@ -429,9 +632,11 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   schedule.validate();
 
   const json config_json = config_to_json(cfg);
-  io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
+  if (rank0)
+    io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
   const json extra_base = tok ? json{{"tokenizer", fnv1a_hex(tok->to_json())}} : json{{"data", "random"}};
-  telemetry::JsonlWriter metrics(metrics_path);
+  // Rank 0 writes the metrics; the other ranks' writer goes to /dev/null.
+  telemetry::JsonlWriter metrics(rank0 ? metrics_path : fs::path("/dev/null"));
 
   log << "model: " << cfg.model.type << ", " << telemetry::format_count(static_cast<double>(result.num_parameters))
       << " parameters (" << cfg.model.n_layer << " layers, " << cfg.model.n_head << " heads, width "
@@ -471,8 +676,11 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     json extra = extra_base;
     extra["tokens"] = tokens_done;
     if (scaler) extra["loss_scaler"] = scaler->state_dict().scalars;
-    const fs::path dir = save_run_checkpoint(run_dir, at, {&model, optimizer.get(), loader.state(), config_json, extra},
-                                             cfg.checkpoint.keep_last);
+    const fs::path dir =
+        dp ? save_data_parallel_checkpoint(run_dir, at, {&model, nullptr, loader.state(), config_json, extra}, *dp,
+                                           cfg.optim.name == "sgd" ? "SGD" : "AdamW", cfg.checkpoint.keep_last)
+           : save_run_checkpoint(run_dir, at, {&model, optimizer.get(), loader.state(), config_json, extra},
+                                 cfg.checkpoint.keep_last);
     result.last_checkpoint = dir.string();
     return dir;
   };
@@ -490,33 +698,65 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   int64_t bad_in_a_row = 0;
   reset_peak_memory(device);
   model.module->train();
+  // FORGE_TEST_ABORT_AT=<rank>:<step>: that rank aborts at the start of that step (the
+  // failure tests of data-parallel jobs: the launcher must end the job, never hang).
+  std::optional<std::pair<int, int64_t>> abort_at;
+  if (const char* a = std::getenv("FORGE_TEST_ABORT_AT")) {
+    int r = -1;
+    long long s = -1;
+    FORGE_CHECK(std::sscanf(a, "%d:%lld", &r, &s) == 2, "FORGE_TEST_ABORT_AT='", a, "' is not <rank>:<step>");
+    abort_at = std::make_pair(r, static_cast<int64_t>(s));
+  }
   while (step < cfg.train.steps) {
     const auto t0 = Clock::now();
-    schedule.apply(*optimizer, step);
+    if (abort_at && abort_at->first == denv.rank && abort_at->second == step + 1) {
+      std::fprintf(stderr, "forge train: FORGE_TEST_ABORT_AT: rank %d aborts at step %lld\n", denv.rank,
+                   static_cast<long long>(step + 1));
+      std::abort();
+    }
     const double lr = schedule.lr_at(step);
+    if (dp) dp->set_lr(lr);
+    else schedule.apply(*optimizer, step);
     Tensor loss_sum;  // on the device: read once per step
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
+      if (world_size > 1) {
+        // Every rank draws the same global batch and trains on its own rows of it.
+        const int64_t b = B / world_size;
+        batch->inputs = batch->inputs.narrow(0, denv.rank * b, b).contiguous();
+        batch->targets = batch->targets.narrow(0, denv.rank * b, b).contiguous();
+      }
       // To a GPU through pinned host memory: the copy is queued on the stream, no host wait.
       const Tensor inputs = device.is_cuda() ? batch->inputs.pin_memory().to(device, true) : batch->inputs;
       const Tensor targets = device.is_cuda() ? batch->targets.pin_memory().to(device, true) : batch->targets;
       const Tensor loss = ops::cross_entropy(model.forward(inputs), targets);
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
       if (scaler) scaled = scaler->scale_loss(scaled);
+      if (dp) dp->begin_backward(/*sync=*/k == K - 1);
       scaled.backward();
+      if (dp) dp->end_backward();
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
     }
     // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
     // all run on the device; the loss and the norm come back to the host together once, after
     // the update is queued.
-    const Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
-    Tensor norm = scaler ? scaler->unscale_(params) : optim::total_grad_norm(params);
-    if (cfg.optim.grad_clip > 0) optim::clip_grads_with_norm_(params, cfg.optim.grad_clip, norm);
+    Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+    if (pg && world_size > 1) {
+      mean_loss = mean_loss.contiguous();
+      pg->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();  // the loss of the global batch
+    }
+    Tensor norm = dp ? dp->grad_norm() : scaler ? scaler->unscale_(params) : optim::total_grad_norm(params);
+    if (cfg.optim.grad_clip > 0) {
+      if (dp) dp->clip_grads(cfg.optim.grad_clip, norm);
+      else optim::clip_grads_with_norm_(params, cfg.optim.grad_clip, norm);
+    }
     // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss).
     const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
-    if (scaler) {
+    if (dp) {
+      dp->step(bad);
+    } else if (scaler) {
       scaler->step(*optimizer);  // skips on the scaler's own overflow flag
       scaler->update();
     } else {
@@ -532,7 +772,8 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     // scaler's overflow skips (finite loss, inf gradients) are how it finds its scale and do
     // not count.
     const bool skipped = host[2] != 0.0 && !(scaler && std::isfinite(loss_value));
-    optimizer->zero_grad();
+    if (dp) dp->zero_grad();
+    else optimizer->zero_grad();
     if (skipped) {
       ++result.skipped_steps;
       ++bad_in_a_row;
@@ -579,7 +820,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       interval_steps = 0;
     }
     const bool last = step == cfg.train.steps;
-    if (has_val && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
+    if (has_val && rank0 && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
       const double v = evaluate(model, eval_windows(), cfg.eval.batches);
       result.evals.push_back({step, v});
       log << "eval step " << step << ": val loss " << fixed(v) << std::endl;
@@ -596,7 +837,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   // 6. The end: validation, the bigram baseline, the final checkpoint.
   json final_record = {{"step", step}, {"final", true}};
   if (!result.losses.empty()) final_record["train_loss"] = result.losses.back();
-  if (has_val) {
+  if (has_val && rank0) {
     result.final_val_loss = evaluate(model, eval_windows(), cfg.eval.batches);
     result.evals.push_back({step, result.final_val_loss});
     final_record["val_loss"] = result.final_val_loss;
@@ -818,6 +1059,65 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
   }
   model.module->train(was_training);
   return ids;
+}
+
+ExportResult export_model(const ExportOptions& opt) {
+  FORGE_CHECK(!opt.checkpoint.empty(), "export: --checkpoint is required (a checkpoint or a run directory)");
+  FORGE_CHECK(!opt.out.empty(), "export: --out is required (the directory to write the model to)");
+  std::optional<DType> dtype;
+  if (!opt.dtype.empty()) {
+    FORGE_CHECK(opt.dtype == "f32" || opt.dtype == "bf16" || opt.dtype == "f16", "export: --dtype '", opt.dtype,
+                "' is not one of f32, bf16, f16 (or omit it to keep the trained dtype)");
+    dtype = parse_dtype(opt.dtype);
+  }
+  const fs::path dir = resolve_checkpoint(opt.checkpoint, "export: --checkpoint");
+  const io::CheckpointData ck = io::load_checkpoint(dir);
+  const RunConfig cfg = config_from_json(ck.config, (dir / "state.json").string() + " (config)");
+  FORGE_CHECK(cfg.is_language_model(), "export: checkpoint '", dir.string(), "' holds a ", cfg.model.type,
+              " model; only language models (gpt, llama) have a Hugging Face layout");
+  // Checked against the architecture before anything is written.
+  LanguageModel model = build_language_model(cfg);
+  io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
+                       "checkpoint '" + dir.string() + "'");
+  io::TensorItems state = ck.model.items();
+  json hf;
+  const auto& m = cfg.model;
+  if (m.type == "gpt") {
+    state = io::gpt2_to_hf(state);
+    hf = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
+          {"n_positions", m.block_size}, {"n_ctx", m.block_size}, {"n_embd", m.n_embd}, {"n_layer", m.n_layer},
+          {"n_head", m.n_head}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+          {"resid_pdrop", m.dropout}, {"embd_pdrop", m.dropout}, {"attn_pdrop", m.dropout},
+          {"tie_word_embeddings", true}};
+    FORGE_CHECK(m.bias, "export: a GPT without biases (model.bias = false) has no GPT2LMHeadModel layout");
+  } else {
+    const int64_t ffn = m.ffn_hidden > 0 ? m.ffn_hidden : (8 * m.dim / 3 + 31) / 32 * 32;
+    hf = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
+          {"hidden_size", m.dim}, {"intermediate_size", ffn}, {"num_hidden_layers", m.n_layer},
+          {"num_attention_heads", m.n_head}, {"num_key_value_heads", m.n_kv_head == 0 ? m.n_head : m.n_kv_head},
+          {"max_position_embeddings", m.block_size}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
+          {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+  }
+  ExportResult r;
+  r.checkpoint = dir.string();
+  r.step = ck.step;
+  for (auto& [name, t] : state) {
+    if (dtype && is_floating(t.dtype())) t = t.to(*dtype);
+    r.parameters += t.numel();
+  }
+  r.tensors = static_cast<int64_t>(state.size());
+  hf["torch_dtype"] = dtype ? (*dtype == DType::bf16 ? "bfloat16" : *dtype == DType::f16 ? "float16" : "float32")
+                            : (state.empty() || state.front().second.dtype() == DType::f32 ? "float32"
+                               : state.front().second.dtype() == DType::bf16             ? "bfloat16"
+                                                                                          : "float16");
+  const fs::path tok = dir.parent_path().parent_path() / kTokenizerFile;
+  io::replace_directory_atomic(opt.out, [&](const fs::path& tmp) {
+    io::save_safetensors(tmp / "model.safetensors", state, {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
+    io::write_file_atomic(tmp / "config.json", hf.dump(2) + "\n");
+    std::error_code ec;
+    if (fs::is_regular_file(tok, ec)) fs::copy_file(tok, tmp / "forge_tokenizer.json", ec);
+  });
+  return r;
 }
 
 SampleResult sample(const SampleOptions& opt) {

@@ -1,0 +1,82 @@
+// forge launch: the command line of dist::launch (src/forge/dist/launch.h).
+#include "launch_command.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "forge/dist/launch.h"
+
+namespace forge::app {
+
+namespace {
+
+struct LaunchArgs {
+  std::string nproc = "1";
+  std::string device = "auto";
+  std::string bind = "auto";
+  std::string spawn = "auto";
+  double grace_seconds = 5;
+  int master_port = 0;
+  bool no_prefix = false;
+};
+
+LaunchArgs g_args;
+std::vector<std::string> g_command;
+
+constexpr const char* kFooter =
+    "Examples:\n"
+    "  forge launch --nproc-per-node gpu -- forge train configs/gpt2.toml   one rank per GPU\n"
+    "  forge launch --nproc-per-node 4 --device cpu forge train configs/tiny.toml --run.device=cpu\n"
+    "                                                 four CPU ranks, started through mpirun\n"
+    "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE (and FORGE_NCCL_ID for GPU ranks).\n"
+    "If a rank fails, the others are stopped and its exit code is returned. docs/dist.md, \"Launching\".";
+
+}  // namespace
+
+CLI::App* add_launch_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("launch", "start the ranks of a distributed job on this host");
+  cmd->add_option("--nproc-per-node", g_args.nproc, "ranks to start: a number, or gpu (one per visible GPU)")
+      ->capture_default_str();
+  cmd->add_option("--device", g_args.device, "auto (cuda when a GPU is visible), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--bind", g_args.bind, "NUMA binding of the ranks: auto (on with 2+ NUMA nodes), numa or none")
+      ->check(CLI::IsMember({"auto", "numa", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--spawn", g_args.spawn,
+                  "how ranks start: direct (fork/exec, the default for GPU ranks), mpirun (the default for CPU ranks) "
+                  "or auto")
+      ->check(CLI::IsMember({"auto", "direct", "mpirun"}))
+      ->capture_default_str();
+  cmd->add_option("--grace-seconds", g_args.grace_seconds, "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--master-port", g_args.master_port, "reserved for multi-host rendezvous (unused)");
+  cmd->add_flag("--no-prefix", g_args.no_prefix, "do not prefix the ranks' output lines with [rank N]");
+  // The first word that is not one of the options above starts the command, which keeps
+  // everything after it (its own options included); `--` may separate the two.
+  cmd->add_option("command", g_command, "the ranks' command line, e.g. forge train configs/gpt2.toml");
+  cmd->prefix_command();
+  cmd->positionals_at_end();
+  cmd->footer(kFooter);
+  return cmd;
+}
+
+int run_launch(CLI::App& launch) {
+  dist::LaunchOptions opt;
+  opt.nproc_per_node = g_args.nproc;
+  opt.device = dist::parse_launch_device(g_args.device);
+  opt.bind = dist::parse_bind_mode(g_args.bind);
+  opt.spawn = dist::parse_spawn_mode(g_args.spawn);
+  opt.grace_seconds = g_args.grace_seconds;
+  opt.master_port = g_args.master_port;
+  opt.prefix_output = !g_args.no_prefix;
+  opt.command = g_command;
+  for (const auto& a : launch.remaining())  // CLI11 leaves the `--` separator there
+    if (a != "--") opt.command.push_back(a);
+  return dist::launch(opt, std::cerr);
+}
+
+}  // namespace forge::app

@@ -1,0 +1,419 @@
+// forge::dist on NCCL (CUDA tensors): Note [NCCL groups] in nccl_group.h.
+#include "forge/backends/cuda/nccl_group.h"
+
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "forge/backends/cuda/runtime.h"
+#include "forge/backends/cuda/stream.h"
+#include "forge/core/error.h"
+#include "forge/ops/creation.h"
+
+namespace forge::cuda {
+
+namespace {
+
+using dist::ReduceOp;
+using dist::WorkPtr;
+
+std::string result_text(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') s += std::string(" (") + last + ")";
+  return s;
+}
+
+// FORGE_DIST_TIMEOUT: seconds a Work::synchronize() waits before aborting (default 300).
+double timeout_seconds() {
+  const char* v = std::getenv("FORGE_DIST_TIMEOUT");
+  if (v == nullptr || *v == '\0') return 300.0;
+  char* end = nullptr;
+  const double t = std::strtod(v, &end);
+  FORGE_CHECK(end != v && *end == '\0' && t > 0, "FORGE_DIST_TIMEOUT='", v,
+              "' is not a positive number of seconds; unset it for the default (300)");
+  return t;
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+    default: FORGE_THROW("NCCL: dtype ", dtype_name(t), " has no NCCL datatype");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  FORGE_THROW("NCCL: unknown ReduceOp");
+}
+
+char* bytes(const Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const char* a0 = bytes(a);
+  const char* b0 = bytes(b);
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// Whether `part` is exactly slice `r` (of n elements) of `whole` (NCCL's in-place layout);
+// any other overlap is refused.
+bool own_slot(const Tensor& whole, const Tensor& part, int r, int64_t n, const char* op, const char* whole_name) {
+  if (!overlaps(whole, part)) return false;
+  FORGE_CHECK(bytes(part) == bytes(whole) + static_cast<size_t>(r) * n * part.element_size(), op,
+              ": the single-rank tensor overlaps the ", whole_name, " other than at this rank's slice [", r * n, ", ",
+              (r + 1) * n, "); pass that exact slice (in place) or separate memory");
+  return true;
+}
+
+// One communicator. Destroyed with the last group or Work that uses it; aborted (once) when
+// an operation fails or times out, after which every use throws.
+struct NcclComm {
+  ncclComm_t comm = nullptr;
+  int device = 0, rank = 0, size = 1;
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::string abort_reason;
+
+  NcclComm(ncclComm_t c, int dev, int r, int s) : comm(c), device(dev), rank(r), size(s) {}
+  ~NcclComm() {
+    if (comm == nullptr || aborted.load()) return;
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    ncclCommDestroy(comm);
+    if (previous >= 0) cudaSetDevice(previous);
+    (void)cudaGetLastError();
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  std::string where(const char* op) const {
+    return forge::detail::concat("NCCL: ", op, " on rank ", rank, " of ", size, " (cuda:", device, ")");
+  }
+  // Aborts the communicator (its kernels exit) and throws `why`.
+  [[noreturn]] void abort_and_throw(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!aborted.exchange(true)) {
+        abort_reason = why;
+        DeviceGuard g(device);
+        ncclCommAbort(comm);
+      }
+    }
+    throw Error(why + "; the communicator was aborted");
+  }
+  void check_usable(const char* op) {
+    if (!aborted.load()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    FORGE_THROW(where(op), ": the communicator was aborted after an earlier failure (", abort_reason,
+                "); create a new group (a new job)");
+  }
+  void check(ncclResult_t r, const char* op) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    abort_and_throw(where(op) + " failed: " + result_text(r, comm));
+  }
+  // A peer's failure or a network error reported while operations run.
+  void check_async(const char* op) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) abort_and_throw(where(op) + ": ncclCommGetAsyncError failed: " + result_text(r, comm));
+    if (async != ncclSuccess && async != ncclInProgress)
+      abort_and_throw(where(op) + " failed asynchronously (a peer died or the network failed): " +
+                      result_text(async, comm));
+  }
+};
+
+class NcclWork final : public dist::Work {
+ public:
+  NcclWork(std::shared_ptr<NcclComm> comm, const char* op, std::vector<Tensor> tensors, bool host_wait)
+      : comm_(std::move(comm)), op_(op), tensors_(std::move(tensors)), host_wait_(host_wait) {}
+
+  Event& done_event() { return done_; }
+
+  void wait() override {
+    if (host_wait_) {
+      synchronize();
+      return;
+    }
+    comm_->check_usable(op_);
+    comm_->check_async(op_);
+    done_.wait(Stream::current(comm_->device));
+  }
+
+  void synchronize() override {
+    const double limit = timeout_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      comm_->check_usable(op_);
+      if (done_.query()) break;
+      comm_->check_async(op_);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (waited > limit)
+        comm_->abort_and_throw(forge::detail::concat(comm_->where(op_), " did not complete within ", limit,
+                                              " s (FORGE_DIST_TIMEOUT): a peer is dead, stuck or never made the "
+                                              "matching call"));
+      // Spin briefly for short operations, then poll about once a millisecond.
+      if (polls < 200) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    tensors_.clear();
+  }
+
+  bool is_completed() override {
+    comm_->check_usable(op_);
+    if (done_.query()) return true;
+    comm_->check_async(op_);
+    return false;
+  }
+
+ private:
+  std::shared_ptr<NcclComm> comm_;
+  const char* op_;
+  std::vector<Tensor> tensors_;  // alive until synchronize(); record_stream guards reuse anyway
+  bool host_wait_;
+  Event done_;
+};
+
+class NcclGroup final : public dist::ProcessGroup {
+ public:
+  explicit NcclGroup(std::shared_ptr<NcclComm> comm)
+      : ProcessGroup(comm->rank, comm->size), comm_(std::move(comm)), stream_(Stream::create(comm_->device)) {
+    // The barrier's one element belongs to the communication stream (allocated while it is current).
+    StreamGuard g(stream_);
+    barrier_buf_ = forge::zeros({1}, {.dtype = DType::f32, .device = device()});
+  }
+
+  std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(comm_->device); }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
+    dist::detail::check_tensor(*this, "all_reduce", "t", t);
+    dist::detail::check_reduce_op("all_reduce", op, t.dtype());
+    return run("all_reduce", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      if (t.numel() == 0) return ncclSuccess;
+      return ncclAllReduce(t.data_ptr(), t.data_ptr(), count(t), nccl_type(t.dtype()), nccl_op(op), c, s);
+    });
+  }
+
+  WorkPtr reduce(const Tensor& t, int root, ReduceOp op) override {
+    dist::detail::check_rank(*this, "reduce", "root", root);
+    dist::detail::check_tensor(*this, "reduce", "t", t);
+    dist::detail::check_reduce_op("reduce", op, t.dtype());
+    return run("reduce", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      if (t.numel() == 0) return ncclSuccess;
+      return ncclReduce(t.data_ptr(), t.data_ptr(), count(t), nccl_type(t.dtype()), nccl_op(op), root, c, s);
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    dist::detail::check_rank(*this, "broadcast", "root", root);
+    dist::detail::check_tensor(*this, "broadcast", "t", t);
+    return run("broadcast", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      if (t.numel() == 0) return ncclSuccess;
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), count(t), nccl_type(t.dtype()), root, c, s);
+    });
+  }
+
+  WorkPtr all_gather(const Tensor& output, const Tensor& input) override {
+    dist::detail::check_all_gather(*this, output, input);
+    own_slot(output, input, rank(), input.numel(), "all_gather", "output");  // in place is NCCL's own layout
+    return run("all_gather", {output, input}, [&](ncclComm_t c, cudaStream_t s) {
+      if (input.numel() == 0) return ncclSuccess;
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), count(input), nccl_type(input.dtype()), c, s);
+    });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
+    dist::detail::check_reduce_scatter(*this, output, input, op);
+    own_slot(input, output, rank(), output.numel(), "reduce_scatter", "input");
+    return run("reduce_scatter", {output, input}, [&](ncclComm_t c, cudaStream_t s) {
+      if (output.numel() == 0) return ncclSuccess;
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), count(output), nccl_type(input.dtype()),
+                               nccl_op(op), c, s);
+    });
+  }
+
+  WorkPtr gather(const Tensor& output, const Tensor& input, int root) override {
+    dist::detail::check_gather(*this, output, input, root);
+    const bool is_root = rank() == root;
+    if (is_root) own_slot(output, input, rank(), input.numel(), "gather", "output");
+    const size_t n = count(input), slice = n * input.element_size();
+    const ncclDataType_t dt = nccl_type(input.dtype());
+    return run("gather", {is_root ? output : Tensor(), input}, [&](ncclComm_t c, cudaStream_t s) {
+      if (n == 0) return ncclSuccess;
+      if (!is_root) return ncclSend(input.data_ptr(), n, dt, root, c, s);
+      char* own = bytes(output) + root * slice;
+      if (own != bytes(input)) FORGE_CUDA_CHECK(cudaMemcpyAsync(own, input.data_ptr(), slice, cudaMemcpyDeviceToDevice, s));
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p)
+        if (p != root) r = ncclRecv(bytes(output) + p * slice, n, dt, p, c, s);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
+  WorkPtr scatter(const Tensor& output, const Tensor& input, int root) override {
+    dist::detail::check_scatter(*this, output, input, root);
+    const bool is_root = rank() == root;
+    if (is_root) own_slot(input, output, rank(), output.numel(), "scatter", "input");
+    const size_t n = count(output), slice = n * output.element_size();
+    const ncclDataType_t dt = nccl_type(output.dtype());
+    return run("scatter", {output, is_root ? input : Tensor()}, [&](ncclComm_t c, cudaStream_t s) {
+      if (n == 0) return ncclSuccess;
+      if (!is_root) return ncclRecv(output.data_ptr(), n, dt, root, c, s);
+      const char* own = bytes(input) + root * slice;
+      if (own != bytes(output)) FORGE_CUDA_CHECK(cudaMemcpyAsync(output.data_ptr(), own, slice, cudaMemcpyDeviceToDevice, s));
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p)
+        if (p != root) r = ncclSend(bytes(input) + p * slice, n, dt, p, c, s);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
+  WorkPtr send(const Tensor& t, int dst, int) override {
+    dist::detail::check_peer(*this, "send", "dst", dst);
+    dist::detail::check_tensor(*this, "send", "t", t);
+    return run("send", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      return t.numel() == 0 ? ncclSuccess : ncclSend(t.data_ptr(), count(t), nccl_type(t.dtype()), dst, c, s);
+    });
+  }
+
+  WorkPtr recv(const Tensor& t, int src, int) override {
+    dist::detail::check_peer(*this, "recv", "src", src);
+    dist::detail::check_tensor(*this, "recv", "t", t);
+    return run("recv", {t}, [&](ncclComm_t c, cudaStream_t s) {
+      return t.numel() == 0 ? ncclSuccess : ncclRecv(t.data_ptr(), count(t), nccl_type(t.dtype()), src, c, s);
+    });
+  }
+
+  WorkPtr barrier() override {
+    const Tensor& b = barrier_buf_;
+    return run(
+        "barrier", {b},
+        [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(b.data_ptr(), b.data_ptr(), 1, ncclFloat32, ncclSum, c, s); },
+        /*host_wait=*/true);
+  }
+
+  std::shared_ptr<dist::ProcessGroup> new_group(const std::vector<int>& ranks) override {
+    const std::vector<int> members = dist::detail::check_group_ranks(*this, ranks);
+    comm_->check_usable("new_group");
+    const auto it = std::find(members.begin(), members.end(), rank());
+    const bool member = it != members.end();
+    DeviceGuard g(comm_->device);
+    ncclComm_t sub = nullptr;
+    comm_->check(ncclCommSplit(comm_->comm, member ? 0 : NCCL_SPLIT_NOCOLOR,
+                               member ? static_cast<int>(it - members.begin()) : 0, &sub, nullptr),
+                 "new_group (ncclCommSplit)");
+    if (!member) return nullptr;
+    FORGE_CHECK(sub != nullptr, comm_->where("new_group"), ": ncclCommSplit returned no communicator");
+    int r = 0, s = 0;
+    ncclCommUserRank(sub, &r);
+    ncclCommCount(sub, &s);
+    return std::make_shared<NcclGroup>(std::make_shared<NcclComm>(sub, comm_->device, r, s));
+  }
+
+ private:
+  static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+  // The common path of every operation (Note [NCCL groups]).
+  template <class Launch>
+  WorkPtr run(const char* op, std::vector<Tensor> tensors, Launch&& launch, bool host_wait = false) {
+    comm_->check_usable(op);
+    DeviceGuard g(comm_->device);
+    Event ready;
+    ready.record(Stream::current(comm_->device));
+    ready.wait(stream_);
+    for (const Tensor& t : tensors)
+      if (t.defined()) record_stream(t, stream_);
+    comm_->check(launch(comm_->comm, stream_.handle()), op);
+    auto w = std::make_shared<NcclWork>(comm_, op, std::move(tensors), host_wait);
+    w->done_event().record(stream_);
+    return w;
+  }
+
+  std::shared_ptr<NcclComm> comm_;
+  Stream stream_;
+  Tensor barrier_buf_;
+};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+ncclUniqueId decode_id(const std::string& hex) {
+  check_nccl_id_hex(hex, "NCCL id");
+  ncclUniqueId id;
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; ++i)
+    id.internal[i] = static_cast<char>(hex_value(hex[2 * i]) * 16 + hex_value(hex[2 * i + 1]));
+  return id;
+}
+
+}  // namespace
+
+std::string new_nccl_id_hex() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  FORGE_CHECK(r == ncclSuccess, "NCCL: ncclGetUniqueId failed: ", result_text(r, nullptr),
+              " (NCCL needs a usable network interface for its bootstrap, even on one host; see NCCL_SOCKET_IFNAME)");
+  static const char* digits = "0123456789abcdef";
+  std::string hex(2 * NCCL_UNIQUE_ID_BYTES, '0');
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; ++i) {
+    const auto b = static_cast<unsigned char>(id.internal[i]);
+    hex[2 * i] = digits[b >> 4];
+    hex[2 * i + 1] = digits[b & 15];
+  }
+  return hex;
+}
+
+void check_nccl_id_hex(const std::string& hex, const char* where) {
+  FORGE_CHECK(hex.size() == 2 * NCCL_UNIQUE_ID_BYTES, where, ": expected a hex-encoded NCCL id of ",
+              2 * NCCL_UNIQUE_ID_BYTES, " digits, got ", hex.size(), " characters");
+  for (size_t i = 0; i < hex.size(); ++i)
+    FORGE_CHECK(hex_value(hex[i]) >= 0, where, ": character ", i, " ('", hex[i], "') is not a hex digit");
+}
+
+dist::ProcessGroupPtr make_nccl_group(const std::string& id_hex, int rank, int size, int device) {
+  const ncclUniqueId id = decode_id(id_hex);
+  FORGE_CHECK(size >= 1 && rank >= 0 && rank < size, "NCCL: rank ", rank, " outside a group of ", size);
+  DeviceGuard g(device);
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, size, id, rank);
+  FORGE_CHECK(r == ncclSuccess, "NCCL: ncclCommInitRank (rank ", rank, " of ", size, " on cuda:", device,
+              ") failed: ", result_text(r, comm),
+              "; check that every rank got the same id and uses its own GPU (NCCL_DEBUG=INFO tells more)");
+  return std::make_shared<NcclGroup>(std::make_shared<NcclComm>(comm, device, rank, size));
+}
+
+std::string nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace forge::cuda

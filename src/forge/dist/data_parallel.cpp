@@ -1,0 +1,470 @@
+#include "forge/dist/data_parallel.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/error.h"
+#include "forge/ops/creation.h"
+#include "forge/optim/clip.h"
+
+namespace forge::dist {
+
+struct DataParallel::Param {
+  std::string name;
+  Tensor t;
+  int bucket = -1;
+  int64_t offset = 0;  // element offset in its bucket
+  int64_t numel = 0;
+};
+
+struct DataParallel::Bucket {
+  std::vector<int> params;  // indices into params_
+  int64_t numel = 0;        // sum of the parameters' numel
+  int64_t padded = 0;       // numel rounded up to a multiple of W
+  int64_t shard = 0;        // padded / W
+  DType dtype = DType::f32;
+  Tensor grads;             // (padded,): stages 0/1 persistent; stage 2 while filling
+  Tensor rs_out;            // stage 2: this micro-step's reduce-scattered slice (shard,)
+  Tensor owned;             // stage 2: the owned slice accumulated over micro-steps (shard,)
+  bool owned_fresh = true;  // stage 2: the next reduced slice replaces `owned` (first micro-step)
+  int ready = 0;
+  bool launched = false;
+  WorkPtr work;
+};
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+Tensor zeros_like_device(int64_t n, DType dtype, Device device) {
+  return zeros({n}, {.dtype = dtype, .device = device});
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_params,
+                           std::vector<optim::ParamGroup> groups, const OptimizerFactory& make_optimizer,
+                           ProcessGroupPtr group, DataParallelOptions options)
+    : group_(std::move(group)), options_(options) {
+  FORGE_CHECK(group_ != nullptr, "DataParallel: no process group");
+  FORGE_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2, "DataParallel: zero_stage = ", options_.zero_stage,
+              " is not supported here; use 0 (DDP), 1 or 2");
+  FORGE_CHECK(!options_.offload_optimizer || options_.zero_stage >= 1,
+              "DataParallel: offload_optimizer needs zero_stage = 1 or 2 (the offloaded optimizer is the sharded one)");
+  FORGE_CHECK(options_.bucket_mb > 0, "DataParallel: bucket_mb must be > 0, got ", options_.bucket_mb);
+  FORGE_CHECK(!named_params.empty(), "DataParallel: no parameters");
+  device_ = named_params.front().second.device();
+  FORGE_CHECK(group_->device() == device_, "DataParallel: the parameters are on ", device_.str(), " but the ",
+              group_->backend(), " group communicates ", group_->device().str(), " tensors");
+  for (auto& [name, t] : named_params) {
+    FORGE_CHECK(t.device() == device_, "DataParallel: parameter '", name, "' is on ", t.device().str(), ", not ",
+                device_.str());
+    FORGE_CHECK(t.is_contiguous(), "DataParallel: parameter '", name, "' is not contiguous");
+    params_.push_back({name, t, -1, 0, t.numel()});
+  }
+  build_buckets();
+  // Hooks: fire when a parameter's gradient is final for this backward. They hold the
+  // parameter index only; a destroyed DataParallel must not be called, so the hooks check
+  // the registry below.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int idx = static_cast<int>(i);
+    params_[i].t.register_grad_hook([this, idx, alive = std::weak_ptr<int>(alive_)](Tensor&) {
+      if (alive.lock()) on_grad_ready(idx);
+    });
+  }
+  build_pieces(groups, make_optimizer);
+}
+
+DataParallel::~DataParallel() {
+  alive_.reset();
+  for (auto& b : buckets_)
+    if (b->work) b->work->synchronize();
+}
+
+void DataParallel::build_buckets() {
+  const int64_t W = group_->size();
+  const auto cap = static_cast<int64_t>(options_.bucket_mb * 1e6);
+  auto open = [&] {
+    buckets_.push_back(std::make_unique<Bucket>());
+    return buckets_.back().get();
+  };
+  Bucket* cur = nullptr;
+  int64_t bytes = 0;
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    Param& p = params_[static_cast<size_t>(i)];
+    const auto pb = static_cast<int64_t>(p.t.nbytes());
+    if (cur == nullptr || (bytes > 0 && bytes + pb > cap) || cur->dtype != p.t.dtype()) {
+      cur = open();
+      cur->dtype = p.t.dtype();
+      bytes = 0;
+    }
+    p.bucket = static_cast<int>(buckets_.size()) - 1;
+    p.offset = cur->numel;
+    cur->params.push_back(i);
+    cur->numel += p.numel;
+    bytes += pb;
+  }
+  for (auto& b : buckets_) {
+    b->padded = round_up(std::max<int64_t>(b->numel, 1), W);
+    b->shard = b->padded / W;
+  }
+}
+
+void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, const OptimizerFactory& make_optimizer) {
+  NoGradGuard no_grad;
+  std::unordered_map<const TensorImpl*, int> index_of;
+  for (size_t i = 0; i < params_.size(); ++i) index_of[params_[i].t.impl()] = static_cast<int>(i);
+  std::vector<optim::ParamGroup> piece_groups;
+  if (options_.zero_stage == 0) {
+    // DDP: the whole optimizer on every rank, over the parameters themselves.
+    for (const auto& g : groups) {
+      optim::ParamGroup pg = g;
+      for (const Tensor& t : g.params) {
+        auto it = index_of.find(t.impl());
+        FORGE_CHECK(it != index_of.end(), "DataParallel: an optimizer parameter of shape ", t.shape(),
+                    " is not among the named parameters");
+        const Param& p = params_[static_cast<size_t>(it->second)];
+        pieces_.push_back({p.name, 0, p.numel});
+        piece_params_.push_back(p.t);
+        piece_views_.push_back(p.t);
+      }
+      piece_groups.push_back(std::move(pg));
+    }
+    optimizer_ = make_optimizer(std::move(piece_groups));
+    return;
+  }
+  // ZeRO: the owned slice [r*s, (r+1)*s) of every bucket, cut at parameter boundaries.
+  const int64_t r = group_->rank();
+  std::unordered_map<int, std::vector<int>> pieces_of_param;  // param index -> piece indices
+  std::vector<int> param_order;
+  for (auto& bp : buckets_) {
+    const Bucket& b = *bp;
+    const int64_t lo = r * b.shard, hi = lo + b.shard;
+    for (int pi : b.params) {
+      const Param& p = params_[static_cast<size_t>(pi)];
+      const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (a >= e) continue;
+      ShardPiece piece{p.name, a - p.offset, e - p.offset};
+      Tensor view = p.t.detach().reshape({-1}).narrow(0, piece.lo, piece.hi - piece.lo);
+      pieces_of_param[pi].push_back(static_cast<int>(pieces_.size()));
+      pieces_.push_back(piece);
+      piece_views_.push_back(view);
+      if (options_.offload_optimizer) {
+        // The master weights: f32 on the CPU (pinned host memory next to a GPU).
+        Tensor master = view.to(Device::cpu(), DType::f32);
+        if (master.storage() == view.storage()) master = master.clone();  // f32 CPU parameters: a copy all the same
+        if (device_.is_cuda()) master = master.pin_memory();
+        piece_params_.push_back(master);
+      } else {
+        piece_params_.push_back(view);
+      }
+    }
+  }
+  // Groups of pieces in the order of the caller's groups (so weight decay and lr carry over);
+  // within a group, the order of its parameters. The optimizer's slot k is the k-th piece so
+  // listed: remember the mapping.
+  std::vector<int> order;
+  for (const auto& g : groups) {
+    optim::ParamGroup pg = g;
+    pg.params.clear();
+    for (const Tensor& t : g.params) {
+      auto it = index_of.find(t.impl());
+      FORGE_CHECK(it != index_of.end(), "DataParallel: an optimizer parameter of shape ", t.shape(),
+                  " is not among the named parameters");
+      for (int k : pieces_of_param[it->second]) {
+        pg.params.push_back(piece_params_[static_cast<size_t>(k)]);
+        order.push_back(k);
+      }
+    }
+    if (!pg.params.empty()) piece_groups.push_back(std::move(pg));
+  }
+  FORGE_CHECK(order.size() == pieces_.size(), "DataParallel: ", pieces_.size() - order.size(),
+              " owned parameter piece(s) belong to no optimizer group");
+  // Reorder the pieces into the optimizer's slot order.
+  auto permute = [&](auto& v) {
+    auto old = v;
+    for (size_t k = 0; k < order.size(); ++k) v[k] = old[static_cast<size_t>(order[k])];
+  };
+  permute(pieces_);
+  permute(piece_params_);
+  permute(piece_views_);
+  if (!piece_groups.empty()) optimizer_ = make_optimizer(std::move(piece_groups));
+  // Gradient views of the pieces (stage 1: into the buckets; stage 2: into the owned slices).
+  std::unordered_map<std::string, int> param_by_name;
+  for (size_t i = 0; i < params_.size(); ++i) param_by_name[params_[i].name] = static_cast<int>(i);
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    if (options_.zero_stage == 1) b.grads = zeros_like_device(b.padded, b.dtype, device_);
+    else b.owned = zeros_like_device(b.shard, b.dtype, device_);
+  }
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Param& p = params_[static_cast<size_t>(param_by_name.at(pieces_[k].param))];
+    Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
+    const int64_t n = pieces_[k].hi - pieces_[k].lo;
+    Tensor g = options_.zero_stage == 1 ? b.grads.narrow(0, p.offset + pieces_[k].lo, n)
+                                        : b.owned.narrow(0, p.offset + pieces_[k].lo - r * b.shard, n);
+    piece_grad_views_.push_back(g);
+    piece_views_[k].set_grad(g);
+  }
+}
+
+void DataParallel::broadcast_parameters() {
+  NoGradGuard no_grad;
+  std::vector<WorkPtr> works;
+  for (auto& p : params_) works.push_back(group_->broadcast(p.t.detach(), 0));
+  for (auto& w : works) w->wait();
+}
+
+void DataParallel::attach_bucket_grads() {
+  NoGradGuard no_grad;
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    if (b.grads.defined()) b.grads.zero_();
+    else b.grads = zeros_like_device(b.padded, b.dtype, device_);
+    for (int pi : b.params) {
+      Param& p = params_[static_cast<size_t>(pi)];
+      p.t.set_grad(b.grads.narrow(0, p.offset, p.numel).view(p.t.shape()));
+    }
+  }
+  grads_attached_ = true;
+}
+
+void DataParallel::begin_backward(bool sync) {
+  FORGE_CHECK(!in_backward_, "DataParallel::begin_backward: the previous micro-step's end_backward() was not called");
+  for (auto& b : buckets_) FORGE_CHECK(b->work == nullptr, "DataParallel::begin_backward: a reduction is still pending");
+  if (options_.zero_stage <= 1 && !grads_attached_) attach_bucket_grads();
+  if (options_.zero_stage == 2 && !grads_attached_) {
+    for (auto& b : buckets_) b->owned_fresh = true;
+    grads_attached_ = true;
+  }
+  sync_ = sync || options_.zero_stage == 2;
+  in_backward_ = true;
+  next_to_launch_ = 0;
+  for (auto& b : buckets_) {
+    b->ready = 0;
+    b->launched = false;
+  }
+}
+
+void DataParallel::on_grad_ready(int param_index) {
+  if (!in_backward_) return;
+  Param& p = params_[static_cast<size_t>(param_index)];
+  Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
+  if (options_.zero_stage == 2) {
+    NoGradGuard no_grad;
+    const Tensor& g = p.t.grad();
+    if (g.defined()) {
+      if (!b.grads.defined()) b.grads = zeros_like_device(b.padded, b.dtype, device_);
+      b.grads.narrow(0, p.offset, p.numel).copy_(g.reshape({-1}));
+      p.t.set_grad(Tensor());  // ZeRO-2 keeps no full gradient
+    }
+  }
+  ++b.ready;
+  launch_ready_buckets();
+}
+
+void DataParallel::launch_ready_buckets() {
+  if (!sync_) return;
+  while (next_to_launch_ < num_buckets()) {
+    Bucket& b = *buckets_[static_cast<size_t>(next_to_launch_)];
+    if (b.ready < static_cast<int>(b.params.size())) break;
+    launch(b);
+    ++next_to_launch_;
+  }
+}
+
+void DataParallel::launch(Bucket& b) {
+  NoGradGuard no_grad;
+  if (options_.zero_stage <= 1) {
+    b.work = group_->all_reduce(b.grads, ReduceOp::avg);
+  } else {
+    if (!b.grads.defined()) b.grads = zeros_like_device(b.padded, b.dtype, device_);
+    b.rs_out = empty({b.shard}, {.dtype = b.dtype, .device = device_});
+    b.work = group_->reduce_scatter(b.rs_out, b.grads, ReduceOp::avg);
+    b.grads = Tensor();  // the work holds it until the reduction is done
+  }
+  b.launched = true;
+}
+
+void DataParallel::finish_bucket(Bucket& b) {
+  if (!b.work) return;
+  b.work->wait();
+  b.work = nullptr;
+  if (options_.zero_stage == 2) {
+    NoGradGuard no_grad;
+    if (b.owned_fresh) b.owned.copy_(b.rs_out);
+    else b.owned.add_(b.rs_out);
+    b.owned_fresh = false;
+    b.rs_out = Tensor();
+  }
+}
+
+void DataParallel::end_backward() {
+  FORGE_CHECK(in_backward_, "DataParallel::end_backward without begin_backward");
+  in_backward_ = false;
+  if (!sync_) return;
+  // Buckets whose every gradient did not arrive (unused parameters) are reduced now, in order.
+  for (int i = next_to_launch_; i < num_buckets(); ++i) launch(*buckets_[static_cast<size_t>(i)]);
+  next_to_launch_ = num_buckets();
+  for (auto& b : buckets_) finish_bucket(*b);
+}
+
+std::vector<Tensor> DataParallel::norm_tensors() const {
+  if (options_.zero_stage == 2) return piece_views_;
+  std::vector<Tensor> ts;
+  for (const auto& p : params_) ts.push_back(p.t);
+  return ts;
+}
+
+Tensor DataParallel::grad_norm() {
+  NoGradGuard no_grad;
+  if (options_.zero_stage <= 1) return optim::total_grad_norm(norm_tensors());
+  Tensor local = piece_views_.empty() ? zeros({}, {.dtype = DType::f32, .device = device_})
+                                      : optim::total_grad_norm(piece_views_);
+  Tensor sq = (local * local).contiguous();
+  group_->all_reduce(sq, ReduceOp::sum)->wait();
+  return sq.pow(0.5);
+}
+
+void DataParallel::clip_grads(double max_norm, const Tensor& norm) {
+  if (max_norm <= 0) return;
+  NoGradGuard no_grad;
+  if (options_.zero_stage == 0) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
+  else if (!piece_views_.empty()) optim::clip_grads_with_norm_(piece_views_, max_norm, norm);
+}
+
+void DataParallel::step(const Tensor& skip_if) {
+  NoGradGuard no_grad;
+  ++step_count_;
+  if (optimizer_) {
+    if (options_.offload_optimizer) {
+      for (size_t k = 0; k < piece_params_.size(); ++k)
+        piece_params_[k].set_grad(piece_grad_views_[k].to(Device::cpu(), DType::f32));
+      optimizer_->step(skip_if);
+      for (size_t k = 0; k < piece_params_.size(); ++k) {
+        piece_views_[k].copy_(piece_params_[k].to(device_, piece_views_[k].dtype()));
+        piece_params_[k].set_grad(Tensor());
+      }
+    } else {
+      optimizer_->step(skip_if);
+    }
+  }
+  if (options_.zero_stage == 0) return;
+  // All-gather every bucket's owned slice into every rank's parameters; two buckets in flight.
+  const int64_t r = group_->rank();
+  std::unordered_map<std::string, int> param_by_name;
+  for (size_t i = 0; i < params_.size(); ++i) param_by_name[params_[i].name] = static_cast<int>(i);
+  std::vector<std::vector<int>> pieces_in_bucket(buckets_.size());
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    pieces_in_bucket[static_cast<size_t>(params_[static_cast<size_t>(param_by_name.at(pieces_[k].param))].bucket)]
+        .push_back(static_cast<int>(k));
+  struct InFlight {
+    int bucket;
+    Tensor out;
+    WorkPtr work;
+  };
+  std::vector<InFlight> flying;
+  auto land = [&](InFlight& f) {
+    f.work->wait();
+    const Bucket& b = *buckets_[static_cast<size_t>(f.bucket)];
+    for (int pi : b.params) {
+      Param& p = params_[static_cast<size_t>(pi)];
+      p.t.detach().reshape({-1}).copy_(f.out.narrow(0, p.offset, p.numel));
+    }
+  };
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = *buckets_[bi];
+    Tensor mine = zeros_like_device(b.shard, b.dtype, device_);
+    for (int k : pieces_in_bucket[bi]) {
+      const Param& p = params_[static_cast<size_t>(param_by_name.at(pieces_[static_cast<size_t>(k)].param))];
+      const ShardPiece& pc = pieces_[static_cast<size_t>(k)];
+      mine.narrow(0, p.offset + pc.lo - r * b.shard, pc.hi - pc.lo).copy_(piece_views_[static_cast<size_t>(k)]);
+    }
+    Tensor out = empty({b.padded}, {.dtype = b.dtype, .device = device_});
+    flying.push_back({static_cast<int>(bi), out, group_->all_gather(out, mine)});
+    if (flying.size() > 1) {
+      land(flying.front());
+      flying.erase(flying.begin());
+    }
+  }
+  for (auto& f : flying) land(f);
+}
+
+void DataParallel::zero_grad() {
+  for (auto& p : params_) p.t.set_grad(Tensor());
+  grads_attached_ = false;
+}
+
+void DataParallel::set_lr(double lr) {
+  if (!optimizer_) return;
+  for (auto& g : optimizer_->param_groups()) g.lr = lr;
+}
+
+std::vector<std::map<std::string, Tensor>> DataParallel::piece_state() const {
+  std::vector<std::map<std::string, Tensor>> out(pieces_.size());
+  if (!optimizer_) return out;
+  const optim::StateDict sd = optimizer_->state_dict();
+  for (const auto& [key, t] : sd.tensors) {
+    // "state.<k>.<name>"
+    const auto dot = key.find('.', 6);
+    const auto k = static_cast<size_t>(std::stoll(key.substr(6, dot - 6)));
+    out[k][key.substr(dot + 1)] = t.reshape({-1});
+  }
+  if (options_.offload_optimizer) {
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      if (piece_views_[k].dtype() != DType::f32 && !out[k].empty()) out[k]["master"] = piece_params_[k];
+  }
+  return out;
+}
+
+std::vector<int64_t> DataParallel::piece_steps() const {
+  std::vector<int64_t> steps(pieces_.size(), 0);
+  if (!optimizer_) return steps;
+  const optim::StateDict sd = optimizer_->state_dict();
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    auto it = sd.scalars.find("state." + std::to_string(k) + ".step");
+    if (it != sd.scalars.end()) steps[k] = static_cast<int64_t>(it->second);
+  }
+  return steps;
+}
+
+void DataParallel::load_piece_state(const std::function<Tensor(const ShardPiece&, const std::string&)>& lookup,
+                                    const std::function<int64_t(const ShardPiece&)>& step_of) {
+  NoGradGuard no_grad;
+  if (!optimizer_) return;
+  optim::StateDict sd = optimizer_->state_dict();
+  // Keep the group scalars; replace the per-parameter state.
+  for (auto it = sd.scalars.begin(); it != sd.scalars.end();)
+    it = it->first.rfind("state.", 0) == 0 ? sd.scalars.erase(it) : std::next(it);
+  sd.tensors.clear();
+  sd.scalars["step"] = static_cast<double>(step_count_);
+  static const char* kNames[] = {"exp_avg", "exp_avg_sq", "master", "momentum_buffer"};
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const int64_t steps = step_of(pieces_[k]);
+    if (steps <= 0) continue;
+    const std::string pre = "state." + std::to_string(k) + ".";
+    sd.scalars[pre + "step"] = static_cast<double>(steps);
+    for (const char* name : kNames) {
+      Tensor t = lookup(pieces_[k], name);
+      if (!t.defined()) continue;
+      if (std::string(name) == "master" && options_.offload_optimizer) {
+        piece_params_[k].copy_(t.to(DType::f32));
+        continue;
+      }
+      if (std::string(name) == "master" && piece_params_[k].dtype() == DType::f32) continue;
+      sd.tensors[pre + name] = t.reshape(piece_params_[k].shape());
+    }
+  }
+  optimizer_->load_state_dict(sd);
+}
+
+int64_t DataParallel::optimizer_state_bytes() const {
+  int64_t n = 0;
+  for (const auto& m : piece_state())
+    for (const auto& [name, t] : m) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+}  // namespace forge::dist

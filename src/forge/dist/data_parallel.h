@@ -1,0 +1,173 @@
+#pragma once
+// DataParallel: data-parallel training of one model replicated on every rank of a group,
+// with the optimizer state optionally sharded (ZeRO stage 1), the gradients too (stage 2),
+// and the sharded optimizer optionally on the CPU (offload).
+//
+//   dist::DataParallel dp(named_params, groups, make_optimizer, world, {.zero_stage = 2});
+//   dp.broadcast_parameters();                      // rank 0's weights everywhere
+//   for each step:
+//     dp.set_lr(schedule.lr_at(step));
+//     for k in micro-batches:
+//       dp.begin_backward(/*sync=*/k == K - 1);
+//       (loss_k / K).backward();                    // buckets reduce while backward runs
+//       dp.end_backward();
+//     Tensor norm = dp.grad_norm();                 // the global norm, on the device
+//     dp.clip_grads(max_norm, norm);
+//     dp.step(optim::found_non_finite(norm));       // sharded update + all-gather of the weights
+//     dp.zero_grad();
+//
+// Buckets (Note [gradient buckets]). The parameters are packed, in REVERSE order (roughly
+// the order backward produces their gradients), into buckets of about bucket_mb megabytes
+// (a parameter is never split; one larger than the limit gets a bucket of its own). Each
+// bucket is a flat buffer of numel rounded up to a multiple of the world size W, so that
+// rank r owns the slice [r*s, (r+1)*s) of every bucket, s = padded / W. A post-accumulate
+// hook on every parameter counts the bucket's ready gradients; when a bucket is complete and
+// every earlier bucket has been started (so every rank starts the same collectives in the
+// same order), its reduction starts at once, asynchronously, on the group's communication
+// stream, overlapping the rest of backward.
+//   stage 0 (DDP) and 1: each parameter's .grad is a view into its bucket (attached, zeroed,
+//     before the first micro-step of a step), so backward accumulates straight into the
+//     buckets; the bucket is all-reduced (avg) on the last micro-step only (begin_backward
+//     with sync = false: no communication, like DDP's no_sync()).
+//   stage 2: gradients are not kept: the hook copies a parameter's gradient into its bucket
+//     (allocated when the bucket's first gradient arrives) and drops .grad; the complete
+//     bucket is reduce-scattered (avg) and only the owned slice is kept, accumulated over
+//     micro-steps (stage 2 communicates on every micro-step, as DeepSpeed does).
+//
+// Sharded optimizer (stages 1 and 2). The owned slice of each bucket is cut into "pieces",
+// one per parameter it overlaps: a piece is a 1-D view of the parameter's elements
+// [lo, hi) (row-major), and its gradient the matching view of the reduced gradient. The
+// optimizer (any optim::Optimizer: AdamW, SGD; built by make_optimizer from groups of pieces
+// that keep their parameter's group, so weight decay and lr are the same) updates only the
+// pieces: f32 master weights and moments exist only for the owned 1/W of the model. After
+// the update, each bucket's owned slice is all-gathered into every rank's parameters.
+// AdamW and SGD are elementwise, so sharding changes no arithmetic: a ZeRO run computes the
+// same update as DDP from the same reduced gradients.
+//   offload_optimizer: the pieces' optimizer runs on the CPU (OpenMP) on f32 copies of the
+//     pieces (the master weights); each step copies the owned gradient slice down (f32),
+//     updates, and copies the new weights up (converted to the parameter dtype) before the
+//     all-gather. Host buffers are pinned when the parameters are on a GPU.
+//   stage 0: every rank holds the whole optimizer (make_optimizer over the full parameters).
+//
+// The gradient norm is global: stages 0 and 1 compute it from the (identical, reduced)
+// full gradients; stage 2 all-reduces the owned slices' sums of squares.
+//
+// Requirements: every rank builds the same parameters (names, shapes, dtypes, order) on its
+// device; the group's device must be the parameters'. A parameter that got no gradient in a
+// step's backward contributes zeros (its bucket is reduced at end_backward).
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "forge/core/tensor.h"
+#include "forge/dist/process_group.h"
+#include "forge/optim/optimizer.h"
+
+namespace forge::dist {
+
+struct DataParallelOptions {
+  int zero_stage = 0;              // 0 (DDP), 1, 2
+  bool offload_optimizer = false;  // stages 1 and 2: the optimizer on the CPU
+  double bucket_mb = 25.0;         // bucket size in MB (1e6 bytes) of gradients
+};
+
+// Builds the optimizer over the given groups (their hyper-parameters already set).
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+
+// One contiguous part of a parameter's flattened elements held by this rank's optimizer.
+struct ShardPiece {
+  std::string param;  // the parameter's name
+  int64_t lo = 0;     // [lo, hi) of its row-major elements
+  int64_t hi = 0;
+};
+
+class DataParallel {
+ public:
+  // named_params: every trainable parameter, by name, in model order. groups: the optimizer's
+  // parameter groups over the same tensors (optim::decay_groups), hyper-parameters set.
+  DataParallel(std::vector<std::pair<std::string, Tensor>> named_params, std::vector<optim::ParamGroup> groups,
+               const OptimizerFactory& make_optimizer, ProcessGroupPtr group, DataParallelOptions options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Copies rank 0's parameters to every rank (collective).
+  void broadcast_parameters();
+
+  // Before each micro-step's backward; sync = reduce this time (the last micro-step).
+  void begin_backward(bool sync);
+  // After each micro-step's backward: starts what the hooks did not, and (on a sync step)
+  // waits until the reduced gradients may be used on the current stream.
+  void end_backward();
+
+  // The global L2 norm of the (reduced) gradients: a 0-d f32 tensor on the device.
+  Tensor grad_norm();
+  // Scales the gradients the optimizer will read by max_norm / (norm + 1e-6) when norm > max_norm.
+  void clip_grads(double max_norm, const Tensor& norm);
+  // The optimizer step (skipped where the one-element skip_if is non-zero), then, for ZeRO,
+  // the all-gather of the updated weights.
+  void step(const Tensor& skip_if);
+  // Drops the gradients (and, for ZeRO-2, the owned gradient slices).
+  void zero_grad();
+  // Sets every param group's lr.
+  void set_lr(double lr);
+
+  // The optimizer state this rank holds, by piece: ranged_state()[i] belongs to pieces()[i].
+  // Names: the optimizer's state names ("exp_avg", "exp_avg_sq", "master", "momentum_buffer");
+  // each tensor is 1-D with hi - lo elements. steps()[i] is the piece's update count.
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  std::vector<std::map<std::string, Tensor>> piece_state() const;
+  std::vector<int64_t> piece_steps() const;
+  // Restores the state of every piece from `lookup(piece, state_name) -> 1-D tensor or
+  // undefined` and `step_of(piece)`; the state names are the optimizer's. Throws if a required
+  // state is missing.
+  void load_piece_state(const std::function<Tensor(const ShardPiece&, const std::string&)>& lookup,
+                        const std::function<int64_t(const ShardPiece&)>& step_of);
+  // Number of optimizer step() calls (skipped ones included).
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t n) { step_count_ = n; }
+
+  const DataParallelOptions& options() const { return options_; }
+  const ProcessGroupPtr& group() const { return group_; }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Bytes of optimizer state and gradients this rank holds (for reports and tests).
+  int64_t optimizer_state_bytes() const;
+
+ private:
+  struct Bucket;
+  struct Param;
+  void on_grad_ready(int param_index);
+  void launch_ready_buckets();
+  void launch(Bucket& b);
+  void finish_bucket(Bucket& b);
+  void build_buckets();
+  void build_pieces(const std::vector<optim::ParamGroup>& groups, const OptimizerFactory& make_optimizer);
+  void attach_bucket_grads();
+  std::vector<Tensor> norm_tensors() const;
+
+  std::vector<Param> params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  ProcessGroupPtr group_;
+  DataParallelOptions options_;
+  Device device_;
+  // The optimizer over pieces (stages 1, 2) or over the parameters (stage 0); null when this
+  // rank owns no element (more ranks than elements in every bucket).
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::vector<ShardPiece> pieces_;
+  std::vector<Tensor> piece_params_;  // what the optimizer updates (views, or CPU masters when offloaded)
+  std::vector<Tensor> piece_views_;   // views of the parameters (== piece_params_ unless offloaded)
+  std::vector<Tensor> piece_grad_views_;  // views of the reduced gradients (stage 0/1: into buckets; 2: into owned slices)
+  bool sync_ = false;
+  bool in_backward_ = false;
+  bool grads_attached_ = false;
+  int next_to_launch_ = 0;
+  int64_t step_count_ = 0;
+  // Expires when this object is destroyed: the parameters' hooks outlive it and check it.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+};
+
+}  // namespace forge::dist

@@ -1,0 +1,303 @@
+// Data parallel and ZeRO on CPU ranks (MPI), end to end through `forge train` under mpirun:
+// every layout must reproduce the single-process run with the same global batch.
+//
+// Each test starts real processes: `mpirun --oversubscribe -np W forge train ...` with one
+// OpenMP thread per rank. The reference is a plain `forge train` of the same config (one
+// process, no dist). Compared: the loss of every step (metrics.jsonl, written by rank 0) and
+// every parameter of the final checkpoint (model.safetensors), as max |a - b| / max |b| per
+// tensor, which must be <= 1e-6 (f32).
+//
+// Note [AdamW and summation order]. With SGD every layout matches the single process to
+// ~5e-8. With AdamW the losses do too, but a few weights differ by up to ~1.5e-5 (relative
+// to their tensor's largest entry, lr 3e-4, 20 steps): AdamW divides each gradient element
+// by its own running RMS, so an element whose gradient is mostly cancellation (near zero,
+// dominated by f32 rounding) takes a ±lr step whose sign follows the rounding. The same
+// happens WITHOUT any parallelism: one process at batch 4 x 2 accumulated micro-batches
+// differs from batch 8 by 4.3e-6 in the same way. So for AdamW the parameters are held to
+// 1e-6 against DDP at the same world size (ZeRO's sharding must change no arithmetic), and
+// to 5e-5 against the single process; SGD checks the gradient averaging itself at 1e-6.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "forge/io/checkpoint.h"
+#include "forge/io/safetensors.h"
+#include "testing/cli_testing.h"
+
+namespace fs = std::filesystem;
+using forge::testing::forge_binary;
+using forge::testing::shell_quote;
+
+namespace {
+
+struct ShellRun {
+  int status = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+ShellRun shell(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ShellRun r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// The environment every rank runs with: one thread per rank (2 cores, up to 4 ranks), Open MPI
+// allowed to run as root (CI containers), shared memory without ptrace-based single copy.
+std::string rank_env() {
+  return "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 ";
+}
+
+fs::path test_root() {
+  const fs::path d = fs::temp_directory_path() / ("forge_dp_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+// A small GPT on random tokens, f32 on the CPU; small buckets so that there are several.
+std::vector<std::string> base_args(const fs::path& dir, const std::string& name, int64_t steps,
+                                   const std::string& optim = "sgd") {
+  return {"--optim.name=" + optim, "--run.dir=" + dir.string(), "--run.name=" + name, "--run.device=cpu", "--run.dtype=f32",
+          "--run.overwrite=true", "--model.type=gpt", "--model.vocab_size=256", "--model.block_size=16",
+          "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.bias=false", "--data.source=random",
+          "--train.steps=" + std::to_string(steps), "--train.batch_size=8", "--train.seq_len=16",
+          "--train.log_every=1", "--optim.lr=3e-4", "--optim.momentum=0.9", "--optim.grad_clip=0.5", "--schedule.warmup_steps=3", "--schedule.decay_steps=20",
+          "--eval.every=0", "--dist.bucket_mb=0.004"};
+}
+
+// Every key is given on the command line; the config file itself is empty.
+fs::path empty_config() {
+  const fs::path p = test_root() / "dp.toml";
+  if (!fs::exists(p)) std::ofstream(p) << "# every key comes from the command line (test_data_parallel.cpp)\n";
+  return p;
+}
+
+std::string forge_cmd(const std::vector<std::string>& args) {
+  std::string cmd = shell_quote(forge_binary().string()) + " train " + shell_quote(empty_config().string());
+  for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
+  return cmd;
+}
+
+ShellRun run_single(const std::vector<std::string>& args) { return shell(rank_env() + forge_cmd(args)); }
+
+ShellRun run_mpi(int ranks, const std::vector<std::string>& args) {
+  return shell(rank_env() + "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " " +
+               forge_cmd(args));
+}
+
+std::map<int64_t, double> losses(const fs::path& run_dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("final")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+forge::io::NamedTensors final_params(const fs::path& run_dir) {
+  const auto latest = forge::io::find_latest_checkpoint(run_dir);
+  if (!latest) return {};
+  return forge::io::load_safetensors(*latest / "model.safetensors").tensors;
+}
+
+double max_rel(const forge::Tensor& a, const forge::Tensor& b) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return scale == 0 ? diff : diff / scale;
+}
+
+// Compares run `got` with `want`: every step's loss and every final parameter within `tol`.
+void expect_same_run(const fs::path& got, const fs::path& want, int64_t from_step, double tol, double param_tol,
+                     const std::string& what) {
+  const auto lg = losses(got), lw = losses(want);
+  ASSERT_FALSE(lg.empty()) << what << ": no losses in " << got;
+  int64_t compared = 0;
+  for (const auto& [step, l] : lg) {
+    if (step < from_step) continue;
+    ASSERT_TRUE(lw.count(step)) << what << ": the reference has no loss at step " << step;
+    EXPECT_LE(std::abs(l - lw.at(step)) / std::abs(lw.at(step)), tol)
+        << what << ": loss at step " << step << " is " << l << ", the reference's " << lw.at(step);
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int64_t>(lw.size()) - (from_step - 1)) << what;
+  const auto pg = final_params(got), pw = final_params(want);
+  ASSERT_EQ(pg.size(), pw.size()) << what;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, t] : pw) {
+    const forge::Tensor* o = pg.find(name);
+    ASSERT_NE(o, nullptr) << what << ": no parameter " << name;
+    const double e = max_rel(*o, t);
+    if (getenv("FORGE_DP_DEBUG")) {
+      const auto va = o->to_vector<double>(), vb = t.to_vector<double>();
+      size_t wi = 0;
+      for (size_t i = 0; i < va.size(); ++i)
+        if (std::abs(va[i] - vb[i]) > std::abs(va[wi] - vb[wi])) wi = i;
+      std::printf("%s %s: worst [%zu] %.9g vs %.9g\n", what.c_str(), name.c_str(), wi, va[wi], vb[wi]);
+    }
+    if (e > worst) worst = e, worst_name = name;
+  }
+  EXPECT_LE(worst, param_tol) << what << ": parameter " << worst_name << " differs by " << worst << " (relative)";
+  std::printf("[ %s ] worst parameter difference %.3g (%s), %lld losses compared\n", what.c_str(), worst,
+              worst_name.c_str(), static_cast<long long>(compared));
+}
+
+class DataParallelTrain : public forge::testing::ForgeCliTest {
+ protected:
+  static void SetUpTestSuite() { root_ = test_root(); }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+  void SetUp() override {
+    ForgeCliTest::SetUp();
+    ASSERT_EQ(shell("command -v mpirun").status, 0) << "mpirun is missing: run scripts/install-deps.sh (openmpi-bin)";
+  }
+  // A reference run, made once per test process when first needed (ctest runs each test in
+  // its own process): one process without dist (ranks = 0), or DDP on `ranks` ranks.
+  static fs::path reference(const std::string& optim, int64_t grad_accum, int ranks = 0) {
+    const std::string name = "ref_" + optim + (grad_accum > 1 ? "_accum" : "") +
+                             (ranks > 0 ? "_ddp_np" + std::to_string(ranks) : std::string());
+    if (!fs::exists(root_ / name / "metrics.jsonl")) {
+      auto a = base_args(root_, name, 20, optim);
+      if (grad_accum > 1) a.push_back("--train.grad_accum=" + std::to_string(grad_accum));
+      const ShellRun r = ranks > 0 ? run_mpi(ranks, a) : run_single(a);
+      EXPECT_EQ(r.status, 0) << r.out;
+    }
+    return root_ / name;
+  }
+  static fs::path root_;
+};
+fs::path DataParallelTrain::root_;
+
+struct Layout {
+  const char* optim;
+  int ranks;
+  int zero_stage;
+  bool offload;
+  int grad_accum = 1;
+};
+
+std::string layout_name(const Layout& l) {
+  return std::string(l.optim) + "_np" + std::to_string(l.ranks) + "_" + (l.zero_stage == 0 ? std::string("ddp") : "zero" + std::to_string(l.zero_stage)) +
+         (l.offload ? "_offload" : "") + (l.grad_accum > 1 ? "_accum" + std::to_string(l.grad_accum) : "");
+}
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << layout_name(l); }
+
+class DataParallelLayouts : public DataParallelTrain, public ::testing::WithParamInterface<Layout> {};
+
+TEST_P(DataParallelLayouts, MatchesTheSingleProcessRun) {
+  const Layout l = GetParam();
+  const std::string name = layout_name(l);
+  const std::string o = l.optim;
+  auto args = base_args(root_, name, 20, o);
+  args.push_back("--dist.zero_stage=" + std::to_string(l.zero_stage));
+  args.push_back(std::string("--dist.offload_optimizer=") + (l.offload ? "true" : "false"));
+  if (l.grad_accum > 1) args.push_back("--train.grad_accum=" + std::to_string(l.grad_accum));
+  const ShellRun r = run_mpi(l.ranks, args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  if (l.ranks > 1 || l.zero_stage > 0) {  // (one rank without ZeRO is a plain run)
+    EXPECT_NE(r.out.find("data parallel: " + std::to_string(l.ranks) + " rank(s)"), std::string::npos) << r.out;
+  }
+  const fs::path single = reference(o, l.grad_accum);
+  if (o == "sgd") {
+    expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
+  } else {
+    expect_same_run(root_ / name, single, 1, 1e-6, 5e-5, name + " vs one process");
+    if (l.ranks > 1 && l.grad_accum == 1)
+      expect_same_run(root_ / name, reference(o, 1, l.ranks), 1, 1e-6, 1e-6,
+                      name + " vs DDP");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(, DataParallelLayouts,
+                         ::testing::ValuesIn([] {
+                           std::vector<Layout> v;
+                           for (const char* o : {"sgd", "adamw"}) {
+                             for (int stage : {0, 1, 2})
+                               for (int w : {1, 2, 4})
+                                 if (!(o == std::string("adamw") && stage == 0 && w > 1)) v.push_back({o, w, stage, false});
+                             for (int stage : {1, 2})
+                               for (int w : {1, 2, 4}) v.push_back({o, w, stage, true});
+                             v.push_back({o, 2, 0, false, 2});
+                             v.push_back({o, 4, 2, false, 2});
+                           }
+                           return v;
+                         }()),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return layout_name(i.param); });
+
+// A checkpoint of 4 ranks at ZeRO-2 resumes on 2 ranks at ZeRO-1 (resharded on load) and
+// continues with the losses of the uninterrupted 4-rank run.
+TEST_F(DataParallelTrain, ZeroTwoOnFourRanksResumesAsZeroOneOnTwo) {
+  auto full = base_args(root_, "z2_np4_full", 20);
+  full.push_back("--dist.zero_stage=2");
+  const ShellRun a = run_mpi(4, full);
+  ASSERT_EQ(a.status, 0) << a.out;
+
+  auto first = base_args(root_, "z2_np4_then_z1_np2", 20);
+  first.push_back("--dist.zero_stage=2");
+  first.push_back("--checkpoint.every=10");
+  first.push_back("--train.steps=10");
+  const ShellRun b = run_mpi(4, first);
+  ASSERT_EQ(b.status, 0) << b.out;
+  const fs::path ck = root_ / "z2_np4_then_z1_np2" / "checkpoints" / "step_00000010";
+  ASSERT_TRUE(fs::exists(ck / "optimizer.rank00003.safetensors")) << "no shard file of rank 3 in " << ck;
+
+  auto second = base_args(root_, "z2_np4_then_z1_np2", 20);
+  second.push_back("--dist.zero_stage=1");
+  second.push_back("--run.overwrite=false");
+  std::string cmd = rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(second) + " --resume";
+  const ShellRun c = shell(cmd);
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_NE(c.out.find("resume: from"), std::string::npos) << c.out;
+  expect_same_run(root_ / "z2_np4_then_z1_np2", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> zero1 np2");
+  // And one process (no dist) resumes the same sharded checkpoint.
+  auto single = base_args(root_, "z2_np4_then_single", 20);
+  single.push_back("--run.overwrite=false");
+  const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
+  ASSERT_EQ(d.status, 0) << d.out;
+  expect_same_run(root_ / "z2_np4_then_single", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> one process");
+}
+
+TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
+  const ShellRun r = run_mpi(3, base_args(root_, "np3", 5));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("train.batch_size = 8 is not divisible by the world size 3"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(root_ / "np3" / "checkpoints")) << "work was done before the check";
+}
+
+// A rank that dies mid-run ends the whole job quickly, naming what happened, never a hang.
+TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
+  auto args = base_args(root_, "dies", 2000);
+  const ShellRun r = shell(rank_env() + "FORGE_TEST_ABORT_AT=1:5 timeout 60 mpirun --oversubscribe --bind-to none -np 2 " +
+                      forge_cmd(args));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
+  EXPECT_LT(r.seconds, 30.0) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+}
+
+}  // namespace
