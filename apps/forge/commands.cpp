@@ -44,6 +44,13 @@ int run_sample(const SampleArgs& args) {
   return 0;
 }
 
+int run_export(const ExportArgs& args) {
+  const train::ExportResult r = train::export_model({.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype});
+  std::cout << "forge export: " << r.checkpoint << " (step " << r.step << ") -> " << args.out << ": " << r.tensors
+            << " tensors, " << r.parameters << " parameters (model.safetensors, config.json)" << std::endl;
+  return 0;
+}
+
 namespace {
 
 std::vector<std::string> expand_files(const std::vector<std::string>& files, const std::vector<std::string>& exclude) {

@@ -27,6 +27,13 @@ struct SampleArgs {
 };
 int run_sample(const SampleArgs& args);
 
+struct ExportArgs {
+  std::string checkpoint;
+  std::string out;
+  std::string dtype;                   // "" = as trained
+};
+int run_export(const ExportArgs& args);
+
 struct TokenizeTrainArgs {
   int64_t vocab_size = 0;
   std::string out;

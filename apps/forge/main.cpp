@@ -62,6 +62,13 @@ int main(int argc, char** argv) {
   sample->add_option("--top-k", sample_args.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   sample->add_option("--seed", sample_args.seed, "random seed of the sampling")->capture_default_str();
 
+  forge::app::ExportArgs export_args;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face model directory (safetensors)");
+  exp->add_option("--checkpoint", export_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
+      ->required();
+  exp->add_option("--out", export_args.out, "the directory to write (model.safetensors, config.json)")->required();
+  exp->add_option("--dtype", export_args.dtype, "f32, bf16 or f16 (default: as trained)");
+
   auto* tokenize = app.add_subcommand("tokenize", "train a BPE tokenizer, or encode files into token shards");
   tokenize->require_subcommand(1);
   forge::app::TokenizeTrainArgs tok_train_args;
@@ -104,7 +111,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, tokenize, tok_train, tok_encode, plan, info, launch})
+    for (const auto* sub : {train, sample, exp, tokenize, tok_train, tok_encode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -117,6 +124,7 @@ int main(int argc, char** argv) {
       return forge::app::run_train(train_args);
     }
     if (sample->parsed()) return forge::app::run_sample(sample_args);
+    if (exp->parsed()) return forge::app::run_export(export_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();
     if (bench->parsed()) return forge::app::run_bench(*bench);

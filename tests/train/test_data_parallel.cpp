@@ -18,6 +18,7 @@
 // to 5e-5 against the single process; SGD checks the gradient averaging itself at 1e-6.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "forge/io/checkpoint.h"
+#include "forge/io/hf_names.h"
 #include "forge/io/safetensors.h"
 #include "testing/cli_testing.h"
 
@@ -280,6 +282,42 @@ TEST_F(DataParallelTrain, ZeroTwoOnFourRanksResumesAsZeroOneOnTwo) {
   const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
   ASSERT_EQ(d.status, 0) << d.out;
   expect_same_run(root_ / "z2_np4_then_single", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> one process");
+}
+
+// forge export reads the sharded checkpoint (the model is whole in it) and writes HF names and
+// layouts: importing them back gives the checkpoint's weights exactly.
+TEST_F(DataParallelTrain, ExportWritesAHuggingFaceModelFromAShardedCheckpoint) {
+  auto args = base_args(root_, "export_z2_np2", 3);
+  args.push_back("--dist.zero_stage=2");
+  args[std::find(args.begin(), args.end(), "--model.bias=false") - args.begin()] = "--model.bias=true";
+  const ShellRun r = run_mpi(2, args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const fs::path out = root_ / "export_z2_np2_hf";
+  const ShellRun e = shell(shell_quote(forge_binary().string()) + " export --checkpoint " +
+                           shell_quote((root_ / "export_z2_np2").string()) + " --out " + shell_quote(out.string()));
+  ASSERT_EQ(e.status, 0) << e.out;
+  const auto hf = forge::io::load_safetensors(out / "model.safetensors").tensors;
+  const forge::Tensor* w = hf.find("transformer.h.0.attn.c_attn.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape(), (forge::Shape{32, 96})) << "GPT-2's Conv1D layout is (in, out)";
+  EXPECT_EQ(hf.find("lm_head.weight"), nullptr) << "the tied head is not written";
+  std::ifstream cfg(out / "config.json");
+  const auto j = nlohmann::json::parse(cfg);
+  EXPECT_EQ(j["model_type"], "gpt2");
+  EXPECT_EQ(j["n_embd"], 32);
+  EXPECT_EQ(j["n_layer"], 2);
+  const auto ck = final_params(root_ / "export_z2_np2");
+  const auto back = forge::io::gpt2_from_hf(hf.items());
+  for (const auto& [name, t] : back) {
+    const forge::Tensor* o = ck.find(name);
+    ASSERT_NE(o, nullptr) << name;
+    EXPECT_EQ(max_rel(t, *o), 0.0) << name;
+  }
+  const ShellRun bad = shell(shell_quote(forge_binary().string()) + " export --checkpoint " +
+                             shell_quote((root_ / "export_z2_np2").string()) + " --out " +
+                             shell_quote((root_ / "x").string()) + " --dtype f8");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--dtype 'f8' is not one of f32, bf16, f16"), std::string::npos) << bad.out;
 }
 
 TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
