@@ -53,8 +53,11 @@ step info "$(J info)" "$FORGE" info --json
 # state (an H100 at 700 W throttles under long bf16 GEMMs: one side measured first on a cold GPU
 # and the other after it is not a fair comparison); each side's figure is its median over rounds.
 GEMM_ROUNDS="${GEMM_ROUNDS:-3}"
+GEMM_COOLDOWN="${GEMM_COOLDOWN:-3}"   # seconds idle before each side's run, so each starts from the same state
 for r in $(seq 1 "$GEMM_ROUNDS"); do
+  sleep "$GEMM_COOLDOWN"
   step "gemm (round $r)" "$(J gemm_forge_r$r)" "$FORGE" bench gemm --device cuda --sizes "$GEMM_SIZES" --dtype "$GEMM_DTYPES" --json
+  sleep "$GEMM_COOLDOWN"
   step "gemm_torch (round $r)" "$(J gemm_torch_r$r)" "$PY" benchmarks/bench/gemm_vs_torch.py --sizes "$GEMM_SIZES" --dtype "$GEMM_DTYPES"
 done
 "$PY" - "$RAW" "$GPU" "$GEMM_ROUNDS" <<'PYEOF'

@@ -124,6 +124,7 @@ const std::vector<Field>& fields() {
                   "at the end, also the validation loss of an add-one-smoothed bigram model of the training tokens"),
       FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = only at the end)"),
       FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
+      FORGE_FIELD(checkpoint, at_end, "write a checkpoint when the run ends (false: benchmarks that need none)"),
       FORGE_FIELD(dist, zero_stage,
                   "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients"),
       FORGE_FIELD(dist, offload_optimizer,

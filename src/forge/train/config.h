@@ -17,7 +17,7 @@
 //   [train]      steps, batch_size, seq_len, grad_accum, log_every, max_bad_steps; epochs,
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
-//   [checkpoint] every, keep_last
+//   [checkpoint] every, keep_last, at_end
 //   [dist]       zero_stage, offload_optimizer, bucket_mb (data parallel; docs/dist.md)
 //
 // The schema is one table (config_keys()): each key has a type (integer, float, boolean,
@@ -121,6 +121,7 @@ struct EvalSection {
 struct CheckpointSection {
   int64_t every = 0;               // steps between checkpoints (0: only at the end)
   int64_t keep_last = 3;           // checkpoints kept in <run dir>/checkpoints
+  bool at_end = true;              // write a checkpoint when the run ends (false: benchmarks)
 };
 
 struct DistSection {

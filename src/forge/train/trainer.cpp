@@ -850,13 +850,15 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       log << "val loss " << fixed(result.final_val_loss, 2) << " (step " << step << ")" << std::endl;
     }
   }
-  const fs::path final_dir = checkpoint_now(step);
+  const fs::path final_dir = cfg.checkpoint.at_end ? checkpoint_now(step) : fs::path();
   result.seconds = seconds_since(t_start);
   final_record["elapsed_s"] = result.seconds;
   final_record["tokens_per_s"] = result.tokens_per_s;
   metrics.write(final_record);
   log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
-      << telemetry::format_count(result.tokens_per_s) << " tok/s); checkpoint " << final_dir.string() << std::endl;
+      << telemetry::format_count(result.tokens_per_s) << " tok/s); "
+      << (cfg.checkpoint.at_end ? "checkpoint " + final_dir.string() : std::string("no final checkpoint (checkpoint.at_end = false)"))
+      << std::endl;
   return result;
 }
 

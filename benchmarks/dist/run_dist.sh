@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Data parallel and ZeRO on a machine with (at least) two GPUs: NCCL checks, equivalence with
+# the single-GPU run, GPT-2 124M scaling, the ZeRO memory table, collectives, and NCCL's
+# network transport. Results: benchmarks/results/raw/dist/ (logs, metrics, JSON); then
+# benchmarks/dist/report.py writes benchmarks/results/dist_<gpu>.md.
+#
+#   PHASES="check scale memory" benchmarks/dist/run_dist.sh     # after scripts/gpu-check.sh BUILD_ONLY=1
+#
+# Phases (each writes its own files; run them in one call or several):
+#   check    NCCL tests (2 GPUs); every layout (DDP, ZeRO-1/2, offload; SGD and AdamW) on 2 GPUs
+#            against one GPU; forge bench collectives on 2 GPUs, also with NCCL_P2P_DISABLE=1
+#            NCCL_SHM_DISABLE=1 (the network transport, standing in for two hosts)
+#   scale    GPT-2 124M: 1 GPU (batch 16) vs DDP on 2 GPUs (16 per GPU), and DDP on the network
+#            transport
+#   memory   a 1.3B GPT on 2 GPUs: peak memory per GPU for DDP, ZeRO-1, ZeRO-2, ZeRO-2 + offload
+#   largest  the largest LLaMA that trains on the 2 GPUs (LARGEST_LAYERS/LARGEST_DIM)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+source benchmarks/common.sh
+bench_setup run_dist.sh
+PHASES="${PHASES:-check scale memory}"
+RAW="benchmarks/results/raw/dist"
+RUNS="${RUNS_DIR:-/tmp/forge_dist_runs}"
+mkdir -p "$RAW" "$RUNS"
+NGPU=$(nvidia-smi -L | wc -l)
+[[ "$NGPU" -ge 2 ]] || { echo "run_dist.sh: needs 2 GPUs, found $NGPU"; exit 2; }
+echo "run_dist: $GPU x $NGPU, phases: $PHASES"
+nvidia-smi topo -m > "$RAW/topology.txt" 2>&1 || true
+
+train1() { "$FORGE" train "$@"; }
+train2() { "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "$@"; }
+summary() {  # RUN_DIR -> the last progress record's figures
+  "$PY" - "$1" <<'PYEOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")]
+last = prog[-2:] if len(prog) >= 2 else prog   # the last two intervals (after warm-up)
+out = {"tokens_per_s": sum(r["tokens_per_s"] for r in last) / len(last),
+       "ms_per_step": sum(r["ms_per_step"] for r in last) / len(last),
+       "mem_bytes": max(r["mem_bytes"] for r in prog), "mfu": last[-1].get("mfu"), "loss": last[-1]["loss"]}
+print(json.dumps(out))
+PYEOF
+}
+
+if [[ " $PHASES " == *" check "* ]]; then
+  echo "== NCCL tests"
+  (cd "$BUILD_DIR" && ctest --output-on-failure -R "NcclGroup|LaunchGpu|Numa\." ) > "$RAW/nccl_tests.log" 2>&1 || echo "NCCL tests FAILED (see $RAW/nccl_tests.log)"
+  grep -E "tests passed|tests failed" "$RAW/nccl_tests.log" || true
+  echo "== equivalence: 2 GPUs vs 1 GPU, f32"
+  TINY=(configs/gpt2-124m.toml --run.dir="$RUNS" --run.device=cuda --run.dtype=f32 --run.overwrite=true --model.type=gpt
+        --model.vocab_size=256 --model.block_size=16 --model.n_layer=2 --model.n_head=2 --model.n_embd=32
+        --model.bias=false --data.source=random --train.steps=20 --train.batch_size=8 --train.seq_len=16
+        --train.log_every=1 --optim.lr=3e-4 --optim.momentum=0.9 --optim.grad_clip=0.5 --schedule.warmup_steps=3
+        --schedule.decay_steps=20 --eval.every=0 --dist.bucket_mb=0.004)
+  : > "$RAW/equivalence.jsonl"
+  for o in sgd adamw; do
+    train1 "${TINY[@]}" --optim.name=$o --run.name=ref_$o > "$RAW/eq_ref_$o.log" 2>&1
+    for layout in "0 false" "1 false" "2 false" "1 true" "2 true"; do
+      set -- $layout
+      name="eq_${o}_z$1_off$2"
+      if train2 "${TINY[@]}" --optim.name=$o --run.name=$name --dist.zero_stage=$1 --dist.offload_optimizer=$2 > "$RAW/$name.log" 2>&1; then
+        r=$("$PY" benchmarks/dist/compare_runs.py "$RUNS/$name" "$RUNS/ref_$o")
+      else
+        r='{"error": "run failed"}'
+      fi
+      echo "{\"optim\": \"$o\", \"zero_stage\": $1, \"offload\": $2, \"ranks\": 2, \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
+    done
+  done
+  echo "== collectives on 2 GPUs"
+  "$FORGE" launch --nproc-per-node 2 -- "$FORGE" bench collectives --sizes 8..1G --json > "$RAW/collectives_nvlink.json" 2> "$RAW/collectives_nvlink.log" || echo "collectives FAILED"
+  echo "== collectives on NCCL's network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" bench collectives \
+    --ops all_reduce,all_gather,reduce_scatter --sizes 1K..1G --json > "$RAW/collectives_net.json" 2> "$RAW/collectives_net.log" || echo "collectives (net) FAILED"
+fi
+
+if [[ " $PHASES " == *" scale "* ]]; then
+  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=30 --train.log_every=10 --checkpoint.at_end=false)
+  echo "== GPT-2 124M, 1 GPU"
+  train1 "${G2[@]}" --run.name=gpt2_1gpu --train.batch_size=16 > "$RAW/gpt2_1gpu.log" 2>&1 && summary "$RUNS/gpt2_1gpu" | tee "$RAW/gpt2_1gpu.json"
+  echo "== GPT-2 124M, DDP on 2 GPUs"
+  train2 "${G2[@]}" --run.name=gpt2_2gpu --train.batch_size=32 > "$RAW/gpt2_2gpu.log" 2>&1 && summary "$RUNS/gpt2_2gpu" | tee "$RAW/gpt2_2gpu.json"
+  echo "== GPT-2 124M, DDP on 2 GPUs over NCCL's network transport"
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_net --train.batch_size=32 > "$RAW/gpt2_2gpu_net.log" 2>&1 \
+    && summary "$RUNS/gpt2_2gpu_net" | tee "$RAW/gpt2_2gpu_net.json"
+fi
+
+if [[ " $PHASES " == *" memory "* ]]; then
+  # 24 x 2048, 16 heads, vocabulary 50304, context 1024: 1.31 B parameters.
+  B1=(configs/gpt2-124m.toml --run.dir="$RUNS" --model.n_layer=24 --model.n_embd=2048 --model.n_head=16
+      --model.checkpoint_activations=true --train.batch_size=8 --train.steps=6 --train.log_every=2
+      --checkpoint.at_end=false)
+  for layout in "0 false" "1 false" "2 false" "2 true"; do
+    set -- $layout
+    name="gpt1b3_z$1_off$2"
+    echo "== 1.3B GPT on 2 GPUs, zero_stage=$1 offload=$2"
+    train2 "${B1[@]}" --run.name=$name --dist.zero_stage=$1 --dist.offload_optimizer=$2 > "$RAW/$name.log" 2>&1 \
+      && summary "$RUNS/$name" | tee "$RAW/$name.json" || echo "   FAILED (see $RAW/$name.log)"
+  done
+fi
+
+if [[ " $PHASES " == *" largest "* ]]; then
+  L="${LARGEST_LAYERS:-32}"; D="${LARGEST_DIM:-4096}"; STAGE="${LARGEST_STAGE:-2}"; OFF="${LARGEST_OFFLOAD:-false}"
+  name="llama_${L}x${D}_z${STAGE}_off${OFF}"
+  echo "== LLaMA ${L} x ${D} on 2 GPUs, ZeRO-$STAGE, offload $OFF, activation checkpointing"
+  train2 configs/gpt2-124m.toml --run.dir="$RUNS" --run.name=$name --model.type=llama --model.vocab_size=32000 \
+    --model.n_layer=$L --model.dim=$D --model.n_head=$((D / 128)) --model.block_size=2048 --train.seq_len=2048 \
+    --model.checkpoint_activations=true --train.batch_size=4 --train.steps=${LARGEST_STEPS:-6} --train.log_every=2 \
+    --dist.zero_stage=$STAGE --dist.offload_optimizer=$OFF --checkpoint.at_end=false > "$RAW/$name.log" 2>&1 \
+    && summary "$RUNS/$name" | tee "$RAW/$name.json" || { echo "   FAILED"; tail -5 "$RAW/$name.log"; }
+fi
+echo "run_dist: done -> $RAW"
