@@ -85,6 +85,16 @@ if [[ " $PHASES " == *" scale "* ]]; then
     && summary "$RUNS/gpt2_2gpu_net" | tee "$RAW/gpt2_2gpu_net.json"
 fi
 
+if [[ " $PHASES " == *" buckets "* ]]; then
+  # GPT-2 124M DDP on 2 GPUs at other bucket sizes (the default is 25 MB).
+  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=30 --train.log_every=10 --checkpoint.at_end=false)
+  for mb in ${BUCKET_SIZES:-5 50 100}; do
+    echo "== GPT-2 124M, DDP on 2 GPUs, dist.bucket_mb=$mb"
+    train2 "${G2[@]}" --run.name=gpt2_2gpu_b$mb --train.batch_size=32 --dist.bucket_mb=$mb > "$RAW/gpt2_2gpu_b$mb.log" 2>&1 \
+      && summary "$RUNS/gpt2_2gpu_b$mb" | tee "$RAW/gpt2_2gpu_b$mb.json"
+  done
+fi
+
 if [[ " $PHASES " == *" memory "* ]]; then
   # 24 x 2048, 16 heads, vocabulary 50304, context 1024: 1.31 B parameters.
   B1=(configs/gpt2-124m.toml --run.dir="$RUNS" --model.n_layer=24 --model.n_embd=2048 --model.n_head=16

@@ -110,6 +110,13 @@ void DataParallel::build_buckets() {
     b->padded = round_up(std::max<int64_t>(b->numel, 1), W);
     b->shard = b->padded / W;
   }
+  if (options_.zero_stage == 2) {  // Note [ZeRO-2 staging buffers]
+    const DType dt = buckets_.front()->dtype;
+    int64_t most = 0;
+    for (const auto& b : buckets_)
+      if (b->dtype == dt) most = std::max(most, b->padded);
+    for (auto& st : staging_) st = empty({most}, {.dtype = dt, .device = device_});
+  }
 }
 
 void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, const OptimizerFactory& make_optimizer) {
@@ -256,13 +263,34 @@ void DataParallel::on_grad_ready(int param_index) {
     NoGradGuard no_grad;
     const Tensor& g = p.t.grad();
     if (g.defined()) {
-      if (!b.grads.defined()) b.grads = zeros_like_device(b.padded, b.dtype, device_);
+      if (!b.grads.defined()) b.grads = stage2_buffer(p.bucket);
       b.grads.narrow(0, p.offset, p.numel).copy_(g.reshape({-1}));
       p.t.set_grad(Tensor());  // ZeRO-2 keeps no full gradient
     }
   }
   ++b.ready;
   launch_ready_buckets();
+}
+
+// Note [ZeRO-2 staging buffers]. A ZeRO-2 bucket's full gradient lives only until its
+// reduce-scatter has read it. Allocating one per bucket would let every bucket whose reduction
+// the GPU has not reached yet hold its memory (the host queues backward far ahead of the
+// device), up to the whole model's gradients. Instead bucket i fills staging buffer i % 2,
+// after making the current stream wait for the reduce-scatter of bucket i - 2, the last
+// reader of that buffer (a stream wait, not a host one). Only when bucket i - 2 has not been
+// started yet (its gradients arrived late) does bucket i get a buffer of its own.
+Tensor DataParallel::stage2_buffer(int index) {
+  Bucket& b = *buckets_[static_cast<size_t>(index)];
+  const int slot = index % 2;
+  Bucket* prev = index >= 2 ? buckets_[static_cast<size_t>(index - 2)].get() : nullptr;
+  Tensor& st = staging_[slot];
+  if (st.defined() && st.dtype() == b.dtype && st.numel() >= b.padded && (prev == nullptr || prev->launched)) {
+    if (prev) finish_bucket(*prev);
+    Tensor buf = st.narrow(0, 0, b.padded);
+    buf.zero_();
+    return buf;
+  }
+  return zeros_like_device(b.padded, b.dtype, device_);
 }
 
 void DataParallel::launch_ready_buckets() {
@@ -272,6 +300,9 @@ void DataParallel::launch_ready_buckets() {
     if (b.ready < static_cast<int>(b.params.size())) break;
     launch(b);
     ++next_to_launch_;
+    // ZeRO-2: fold the reduced slice of the bucket two back into the owned gradients now, so
+    // its output buffer is not held until the end of backward.
+    if (options_.zero_stage == 2 && next_to_launch_ >= 3) finish_bucket(*buckets_[static_cast<size_t>(next_to_launch_ - 3)]);
   }
 }
 

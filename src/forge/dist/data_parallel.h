@@ -145,6 +145,7 @@ class DataParallel {
   void launch(Bucket& b);
   void finish_bucket(Bucket& b);
   void build_buckets();
+  Tensor stage2_buffer(int index);
   void build_pieces(const std::vector<optim::ParamGroup>& groups, const OptimizerFactory& make_optimizer);
   void attach_bucket_grads();
   std::vector<Tensor> norm_tensors() const;
@@ -161,6 +162,7 @@ class DataParallel {
   std::vector<Tensor> piece_params_;  // what the optimizer updates (views, or CPU masters when offloaded)
   std::vector<Tensor> piece_views_;   // views of the parameters (== piece_params_ unless offloaded)
   std::vector<Tensor> piece_grad_views_;  // views of the reduced gradients (stage 0/1: into buckets; 2: into owned slices)
+  Tensor staging_[2];  // ZeRO-2: Note [ZeRO-2 staging buffers]
   bool sync_ = false;
   bool in_backward_ = false;
   bool grads_attached_ = false;

@@ -805,7 +805,8 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       const double elapsed = seconds_since(t_start);
       const double eta = static_cast<double>(cfg.train.steps - step) * interval_seconds / static_cast<double>(interval_steps);
       const int64_t mem = peak_memory(device);
-      const double mfu = peak_flops ? tps * flops_per_token / *peak_flops : -1.0;
+      // tps counts the whole job's tokens: MFU is over the peak of all its GPUs (Note [MFU]).
+      const double mfu = peak_flops ? tps * flops_per_token / (*peak_flops * world_size) : -1.0;
       log << telemetry::progress_line({.step = step, .total_steps = cfg.train.steps, .loss = loss_value, .lr = lr,
                                        .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta, .memory_bytes = mem,
                                        .mfu = mfu})
