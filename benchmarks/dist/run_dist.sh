@@ -68,9 +68,9 @@ if [[ " $PHASES " == *" check "* ]]; then
     done
   done
   echo "== collectives on 2 GPUs"
-  "$FORGE" launch --nproc-per-node 2 -- "$FORGE" bench collectives --sizes 8..1G --json > "$RAW/collectives_nvlink.json" 2> "$RAW/collectives_nvlink.log" || echo "collectives FAILED"
+  "$FORGE" launch --no-prefix --nproc-per-node 2 -- "$FORGE" bench collectives --sizes 8..1G --json > "$RAW/collectives_nvlink.json" 2> "$RAW/collectives_nvlink.log" || echo "collectives FAILED"
   echo "== collectives on NCCL's network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" bench collectives \
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$FORGE" launch --no-prefix --nproc-per-node 2 -- "$FORGE" bench collectives \
     --ops all_reduce,all_gather,reduce_scatter --sizes 1K..1G --json > "$RAW/collectives_net.json" 2> "$RAW/collectives_net.log" || echo "collectives (net) FAILED"
 fi
 

@@ -73,7 +73,13 @@ double time_op(dist::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor&
       last = once();
       if (last && cpu) last->synchronize();
     }
-    if (last) last->synchronize();
+    if (last) {
+      // Spin on the last operation (they complete in order) rather than synchronize(), whose
+      // error polling sleeps between checks and would add its granularity to small messages.
+      while (!last->is_completed()) {
+      }
+      last->synchronize();
+    }
   };
   run(warmup);
   pg.barrier()->synchronize();
