@@ -9,6 +9,7 @@
 #include "forge/bench/gemm.h"
 #include "forge/core/error.h"
 #include "testing/cli_testing.h"
+#include "testing/tensor_testing.h"
 
 namespace forge::bench {
 namespace {
@@ -18,16 +19,7 @@ using testing::CliRun;
 using testing::run_forge;
 using testing::Stderr;
 
-// The message of the forge::Error `fn` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(BenchGemmParse, SizeLists) {
   EXPECT_EQ(parse_size_list("128,1024"), (std::vector<int64_t>{128, 1024}));

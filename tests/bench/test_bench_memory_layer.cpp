@@ -9,6 +9,7 @@
 #include "forge/bench/memory.h"
 #include "forge/core/error.h"
 #include "testing/cli_testing.h"
+#include "testing/tensor_testing.h"
 
 namespace forge::bench {
 namespace {
@@ -17,15 +18,7 @@ using testing::CliRun;
 using testing::run_forge;
 using testing::Stderr;
 
-template <class F>
-std::string error_of(F fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(BenchMemoryParse, ElementCounts) {
   EXPECT_EQ(parse_element_count("65536"), 65536);
