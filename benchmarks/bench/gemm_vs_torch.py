@@ -5,6 +5,9 @@ C = A @ B with row-major A (M x K), B (K x N), randn inputs (rotating among up t
 when 3 pairs take <= 2 GiB), warm-up (>= WARMUP runs and >= 50 ms, synchronising after each),
 then REPEATS runs back to back, each between two torch.cuda.Event(enable_timing=True); the median
 is reported. FLOPs = 2*M*N*K. tf32 = f32 storage with torch.backends.cuda.matmul.allow_tf32.
+fp8 (sm_89+, torch._scaled_mm): D (M x N) bf16 = A (M x K) @ B_t (N x K)^T with A, B_t e4m3 row-major
+(uniform [-2, 2) rounded to e4m3), per-tensor f32 scales of 1, use_fast_accum=False: the layout,
+scales and accumulation of forge's fp8 GEMM (cuBLASLt "TN"); same FLOPs as A @ B.
 
   python3 benchmarks/bench/gemm_vs_torch.py --sizes 128,1024 --dtype bf16,f32 > torch.json
 """
@@ -16,6 +19,20 @@ import time
 import torch
 
 DTYPES = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+FP8_ALIASES = ("fp8", "e4m3", "fp8_e4m3")
+
+
+def fp8_skip_reason():
+    """Why this torch/GPU cannot time the fp8 GEMM (None when it can)."""
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no torch._scaled_mm / float8_e4m3fn"
+    if torch.cuda.get_device_capability(0) < (8, 9):
+        return "fp8 (e4m3) GEMMs need compute capability >= 8.9 (Ada, Hopper)"
+    return None
+
+
+def fp8_operand(rows, cols):
+    return (torch.rand(rows, cols, device="cuda") * 4 - 2).to(torch.float8_e4m3fn)
 
 
 def sizes_arg(spec):
@@ -33,26 +50,40 @@ def sizes_arg(spec):
 
 
 def bench(m, n, k, name, repeats, warmup, warmup_ms):
-    dt = DTYPES[name]
-    set_bytes = (m * k + k * n) * torch.finfo(dt).bits // 8
+    fp8 = name == "fp8"
+    bits = 8 if fp8 else torch.finfo(DTYPES[name]).bits
+    set_bytes = (m * k + k * n) * bits // 8
     sets = 3 if 3 * set_bytes <= 2 * 2**30 else 1
-    a = [torch.randn(m, k, device="cuda", dtype=dt) for _ in range(sets)]
-    b = [torch.randn(k, n, device="cuda", dtype=dt) for _ in range(sets)]
-    out = torch.empty(m, n, device="cuda", dtype=dt)
+    if fp8:
+        a = [fp8_operand(m, k) for _ in range(sets)]
+        b = [fp8_operand(n, k).t() for _ in range(sets)]  # (K x N) column-major, as _scaled_mm wants
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+
+        def run(i):
+            torch._scaled_mm(a[i % sets], b[i % sets], scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                             use_fast_accum=False)
+    else:
+        dt = DTYPES[name]
+        a = [torch.randn(m, k, device="cuda", dtype=dt) for _ in range(sets)]
+        b = [torch.randn(k, n, device="cuda", dtype=dt) for _ in range(sets)]
+        out = torch.empty(m, n, device="cuda", dtype=dt)
+
+        def run(i):
+            torch.matmul(a[i % sets], b[i % sets], out=out)
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
     try:
         i = 0
         t0 = time.perf_counter()
         while i < warmup or (time.perf_counter() - t0) * 1e3 < warmup_ms:
-            torch.matmul(a[i % sets], b[i % sets], out=out)
+            run(i)
             torch.cuda.synchronize()
             i += 1
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         for r in range(repeats):
             starts[r].record()
-            torch.matmul(a[r % sets], b[r % sets], out=out)
+            run(r)
             stops[r].record()
         stops[-1].synchronize()
         ms = [s.elapsed_time(e) for s, e in zip(starts, stops)]
@@ -77,10 +108,20 @@ def main():
     shapes += [tuple(int(x) for x in s.lower().split("x")) for s in args.mnk]
     results, skipped = [], []
     for name in args.dtype.split(","):
-        if name not in DTYPES:
+        name = name.strip().lower()
+        if name in FP8_ALIASES:
+            name = "fp8"
+            why = fp8_skip_reason()
+            if why is not None:
+                skipped.append({"dtype": name, "shape": "", "reason": why})
+                continue
+        elif name not in DTYPES:
             skipped.append({"dtype": name, "shape": "", "reason": "not timed by this script"})
             continue
         for m, n, k in shapes:
+            if name == "fp8" and (m % 16 or n % 16 or k % 16):
+                skipped.append({"dtype": name, "shape": f"{m}x{n}x{k}", "reason": "fp8 GEMMs need M, N, K multiples of 16"})
+                continue
             try:
                 results.append(bench(m, n, k, name, args.repeats, args.warmup, args.warmup_ms))
             except torch.cuda.OutOfMemoryError as e:

@@ -5,7 +5,7 @@
 #   benchmarks/bench/run_all.sh                       # after scripts/gpu-check.sh BUILD_ONLY=1
 #   BUILD_DIR=build-gpu BURN_SECONDS=30 benchmarks/bench/run_all.sh
 #
-# Runs: forge info; bench gemm (bf16, f32 at 4096, 8192) and torch.matmul; bench memory (64K..1G
+# Runs: forge info; bench gemm (bf16, f32, fp8 at 4096, 8192) and torch.matmul / torch._scaled_mm; bench memory (64K..1G
 # elements) and torch copy_/mul; bench layer; bench roofline --svg; bench burn --seconds
 # $BURN_SECONDS; bench collectives when forge has it. Writes benchmarks/results/bench_<gpu>.md
 # (forge/torch ratios, the exact commands, the device), roofline_<gpu>.svg beside it and the raw
@@ -16,7 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 BURN_SECONDS="${BURN_SECONDS:-30}"
 GEMM_SIZES="${GEMM_SIZES:-4096,8192}"
-GEMM_DTYPES="${GEMM_DTYPES:-bf16,f32}"
+GEMM_DTYPES="${GEMM_DTYPES:-bf16,f32,fp8}"
 source benchmarks/common.sh
 bench_setup run_all.sh
 RAW="benchmarks/results/raw"

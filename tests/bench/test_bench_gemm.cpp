@@ -56,6 +56,9 @@ TEST(BenchGemmParse, Dtypes) {
   EXPECT_EQ(parse_dtype_list("f32,bf16,tf32", Device::cuda(0)), (std::vector<std::string>{"f32", "bf16", "tf32"}));
   EXPECT_EQ(parse_dtype_list("F16,f16,e4m3", Device::cuda(0)), (std::vector<std::string>{"f16", "fp8"}));
   EXPECT_EQ(parse_dtype_list("f64, f32", Device::cpu()), (std::vector<std::string>{"f64", "f32"}));
+  // fp8 parses everywhere (run_gemm reports it as skipped where it cannot run).
+  EXPECT_EQ(parse_dtype_list("fp8,FP8_E4M3,f32", Device::cpu()), (std::vector<std::string>{"fp8", "f32"}));
+  EXPECT_EQ(parse_dtype_list("E4M3", Device::cuda(0)), (std::vector<std::string>{"fp8"}));
   EXPECT_NE(error_of([] { parse_dtype_list("f32,int8", Device::cuda(0)); }).find("unknown dtype 'int8'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_dtype_list("bf16", Device::cpu()); }).find("not benchmarked on the CPU"),
@@ -103,6 +106,26 @@ TEST(BenchGemm, CpuTinySizes) {
 
   o.repeats = 0;
   EXPECT_NE(error_of([&] { run_gemm(o); }).find("--repeats"), std::string::npos);
+}
+
+TEST(BenchGemm, CpuSkipsFp8WithAReason) {
+  GemmOptions o;
+  o.device = Device::cpu();
+  o.shapes = square_shapes({32});
+  o.dtypes = parse_dtype_list("e4m3,f32", o.device);
+  o.repeats = 1;
+  o.warmup_runs = 0;
+  o.warmup_ms = 0;
+  const GemmReport r = run_gemm(o);
+  ASSERT_EQ(r.results.size(), 1u);
+  EXPECT_EQ(r.results[0].dtype, "f32");
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0].dtype, "fp8");
+  EXPECT_EQ(r.skipped[0].shape, "");
+  EXPECT_NE(r.skipped[0].reason.find("CUDA GPUs only"), std::string::npos) << r.skipped[0].reason;
+  const nlohmann::json j = to_json(r);
+  ASSERT_EQ(j["skipped"].size(), 1u);
+  EXPECT_EQ(j["skipped"][0]["dtype"], "fp8");
 }
 
 // ---- the forge binary ---------------------------------------------------------------------

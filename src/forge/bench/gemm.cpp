@@ -16,6 +16,7 @@
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/event_timer.h"
+#include "forge/backends/cuda/gemm_fp8.h"
 #include "forge/backends/cuda/matmul.h"
 #endif
 
@@ -23,7 +24,18 @@ namespace forge::bench {
 
 namespace {
 
-constexpr const char* kFp8Reason = "not supported by forge's GEMM path yet";
+constexpr const char* kFp8CpuReason = "fp8 (e4m3) GEMMs run on CUDA GPUs only (cuBLASLt)";
+constexpr const char* kFp8GpuReason =
+    "fp8 (e4m3) GEMMs need compute capability >= 8.9 (Ada, Hopper) and cuBLASLt >= 11.8";
+
+// Why `device` cannot run the fp8 GEMM ("" when it can).
+std::string fp8_unsupported_reason(Device device) {
+  if (device.is_cpu()) return kFp8CpuReason;
+#ifdef FORGE_WITH_CUDA
+  if (cuda::fp8_gemm_supported(device.index)) return "";
+#endif
+  return kFp8GpuReason;
+}
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t");
@@ -80,6 +92,7 @@ DType storage_dtype(const std::string& name) {
   if (name == "f32" || name == "tf32") return DType::f32;
   if (name == "bf16") return DType::bf16;
   if (name == "f16") return DType::f16;
+  if (name == "fp8") return DType::u8;  // e4m3 bit patterns (forge has no fp8 dtype)
   return DType::f64;
 }
 
@@ -89,6 +102,7 @@ double peak_for(const plan::GpuSpec* gpu, const std::string& dtype) {
   if (dtype == "tf32") return gpu->tf32_tflops;
   if (dtype == "bf16") return gpu->bf16_tflops;
   if (dtype == "f16") return gpu->fp16_tflops;
+  if (dtype == "fp8") return gpu->fp8_tflops;
   return 0;
 }
 
@@ -101,11 +115,20 @@ void measure(const GemmOptions& opt, GemmResult& r) {
   // sizes are not timed on operands left in cache by the previous run.
   const double set_bytes = static_cast<double>(s.m * s.k + s.k * s.n) * static_cast<double>(element_size(dt));
   const int sets = opt.device.is_cuda() && 3 * set_bytes <= 2.0 * (1 << 30) ? 3 : 1;
+  const bool fp8 = r.dtype == "fp8";
   Generator gen(1234);  // its own stream: the benchmark leaves the default generator alone
   std::vector<Tensor> as, bs;
   for (int i = 0; i < sets; ++i) {
-    as.push_back(randn({s.m, s.k}, to, &gen));
-    bs.push_back(randn({s.k, s.n}, to, &gen));
+    if (fp8) {
+#ifdef FORGE_WITH_CUDA
+      // e4m3 of uniform [-2, 2) values; B stored transposed, (N, K) (Note [FP8 GEMM layout]).
+      as.push_back(cuda::random_e4m3(opt.device.index, {s.m, s.k}, 2 * static_cast<uint64_t>(i) + 1));
+      bs.push_back(cuda::random_e4m3(opt.device.index, {s.n, s.k}, 2 * static_cast<uint64_t>(i) + 2));
+#endif
+    } else {
+      as.push_back(randn({s.m, s.k}, to, &gen));
+      bs.push_back(randn({s.k, s.n}, to, &gen));
+    }
   }
   r.input_sets = sets;
   int next = 0;
@@ -114,9 +137,14 @@ void measure(const GemmOptions& opt, GemmResult& r) {
 #ifdef FORGE_WITH_CUDA
     const int dev = opt.device.index;
     Tf32Guard tf32(r.dtype == "tf32");
-    Tensor out = empty({s.m, s.n}, to);
+    Tensor out = empty({s.m, s.n}, fp8 ? TensorOptions{.dtype = DType::bf16, .device = opt.device} : to);
+    const Tensor scale = ones({1}, {.dtype = DType::f32, .device = opt.device});  // per-tensor scales of 1
     const std::function<void()> run = [&] {
-      cuda::matmul(as[static_cast<size_t>(next)], bs[static_cast<size_t>(next)], out);
+      if (fp8) {
+        cuda::fp8_gemm_bf16_out(as[static_cast<size_t>(next)], bs[static_cast<size_t>(next)], scale, scale, out);
+      } else {
+        cuda::matmul(as[static_cast<size_t>(next)], bs[static_cast<size_t>(next)], out);
+      }
       next = (next + 1) % sets;
     };
     const auto t0 = std::chrono::steady_clock::now();
@@ -215,7 +243,8 @@ std::vector<std::string> parse_dtype_list(const std::string& spec, Device device
     if (item == "e4m3" || item == "fp8_e4m3") item = "fp8";
     FORGE_CHECK(std::find(known.begin(), known.end(), item) != known.end(), "unknown dtype '", item, "' in '", spec,
                 "': expected a comma-separated list of f32, tf32, bf16, f16, fp8, f64");
-    FORGE_CHECK(!device.is_cpu() || item == "f32" || item == "f64", "dtype '", item,
+    // fp8 passes on the CPU too: run_gemm reports it as skipped, with the reason.
+    FORGE_CHECK(!device.is_cpu() || item == "f32" || item == "f64" || item == "fp8", "dtype '", item,
                 "' is not benchmarked on the CPU (OpenBLAS): use f32 or f64");
     if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
   }
@@ -255,8 +284,11 @@ GemmReport run_gemm(const GemmOptions& opt) {
   }
   for (const std::string& dtype : opt.dtypes) {
     if (dtype == "fp8") {
-      rep.skipped.push_back(GemmSkip{dtype, "", kFp8Reason});
-      continue;
+      const std::string why = fp8_unsupported_reason(opt.device);
+      if (!why.empty()) {
+        rep.skipped.push_back(GemmSkip{dtype, "", why});
+        continue;
+      }
     }
     for (const GemmShape& s : opt.shapes) {
       GemmResult r;
@@ -264,6 +296,10 @@ GemmReport run_gemm(const GemmOptions& opt) {
       r.shape = s;
       r.flops = gemm_flops(s);
       r.peak_tflops = peak_for(gpu, dtype);
+      if (dtype == "fp8" && (s.m % 16 != 0 || s.n % 16 != 0 || s.k % 16 != 0)) {
+        rep.skipped.push_back(GemmSkip{dtype, shape_str(s), "fp8 GEMMs need M, N, K multiples of 16 (cuBLASLt)"});
+        continue;
+      }
       try {
         measure(opt, r);
       } catch (const Error& e) {  // out of memory at the largest sizes, most likely
@@ -291,6 +327,12 @@ nlohmann::json to_json(const GemmReport& r) {
                  {"layout", "C(MxN) = A(MxK) B(KxN), row-major, C contiguous"},
                  {"inputs", "randn"},
                  {"path", r.device == "cpu" ? "ops::matmul (OpenBLAS)" : "cuda::matmul (cuBLASLt)"}};
+  if (r.device != "cpu")
+    j["method"]["fp8"] = {{"path", "cuda::fp8_gemm_bf16_out (cuBLASLt)"},
+                          {"layout", "D(MxN) bf16 = A(MxK) B_t(NxK)^T, A and B_t e4m3 row-major (cuBLASLt TN)"},
+                          {"inputs", "e4m3 of uniform [-2, 2)"},
+                          {"scales", "per-tensor f32 scale_a = scale_b = 1, from device memory"},
+                          {"accumulation", "f32 (fast accumulation off)"}};
   nlohmann::json results = nlohmann::json::array();
   for (const GemmResult& x : r.results) {
     nlohmann::json e = {{"dtype", x.dtype},         {"m", x.shape.m},

@@ -2,7 +2,10 @@
 // `forge bench gemm` (docs/bench.md): the throughput of forge's matrix product, C = A B with
 // row-major A (M x K), B (K x N) and a contiguous C, on random inputs (randn, never zeros).
 // On a GPU it goes through the cuBLASLt path training uses (cuda::matmul, the kernel behind
-// ops::matmul) and is timed with CUDA events; on the CPU through ops::matmul (OpenBLAS),
+// ops::matmul) and is timed with CUDA events; fp8 (e4m3) through cuda::fp8_gemm_bf16_out
+// (cuBLASLt, D bf16 = A B_t^T with B_t (N x K), per-tensor scales 1, f32 accumulation;
+// Note [FP8 GEMM layout] in backends/cuda/gemm_fp8.h) on GPUs of compute capability >= 8.9,
+// reported as skipped elsewhere; on the CPU through ops::matmul (OpenBLAS),
 // timed with steady_clock. Each (dtype, shape): warm-up (>= warmup_runs runs and >=
 // warmup_ms), then `repeats` timed runs; the median is reported. FLOPs = 2 M N K.
 //
@@ -40,8 +43,9 @@ std::vector<GemmShape> square_shapes(const std::vector<int64_t>& sizes);
 double gemm_flops(const GemmShape& s);
 
 // The dtypes `forge bench gemm` knows: f32, tf32 (f32 storage, TF32 tensor cores), bf16, f16,
-// fp8 (reported as not supported), f64. "f32,bf16" -> {"f32", "bf16"}; throws forge::Error for
-// an unknown name or one the device cannot run (the CPU: f32, f64).
+// fp8 (alias e4m3), f64. "f32,bf16" -> {"f32", "bf16"}; throws forge::Error for an unknown
+// name or one the device cannot run (the CPU: f32, f64, and fp8, which run_gemm reports as
+// skipped there, as on GPUs without FP8 support).
 std::vector<std::string> parse_dtype_list(const std::string& spec, Device device);
 std::vector<std::string> default_dtypes(Device device);      // cuda: f32 tf32 bf16 f16 fp8; cpu: f32 f64
 std::vector<int64_t> default_sizes(Device device);           // cuda: 128..16384; cpu: 128..2048

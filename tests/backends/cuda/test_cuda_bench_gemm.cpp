@@ -1,9 +1,11 @@
 // forge bench gemm on a GPU: the cuBLASLt path timed with CUDA events gives positive, sane
-// throughput in every dtype, fp8 is reported as skipped, and allow_tf32 is restored.
+// throughput in every dtype (fp8 where the GPU has FP8 GEMMs, else reported as skipped), and
+// allow_tf32 is restored.
 #include <gtest/gtest.h>
 
 #include "cuda_testing.h"
 #include "forge/backends/cuda/event_timer.h"
+#include "forge/backends/cuda/gemm_fp8.h"
 #include "forge/backends/cuda/matmul.h"
 #include "forge/bench/gemm.h"
 
@@ -24,10 +26,16 @@ TEST(CudaBenchGemm, AllDtypesOnSmallSizes) {
   EXPECT_EQ(cuda::allow_tf32(), tf32_before);
   EXPECT_EQ(r.timer, "cuda events");
   EXPECT_FALSE(r.device_name.empty());
-  ASSERT_EQ(r.results.size(), 12u);  // 4 dtypes x 3 shapes
-  ASSERT_EQ(r.skipped.size(), 1u);
-  EXPECT_EQ(r.skipped[0].dtype, "fp8");
-  EXPECT_EQ(r.skipped[0].reason, "not supported by forge's GEMM path yet");
+  if (cuda::fp8_gemm_supported(0)) {
+    ASSERT_EQ(r.results.size(), 15u);  // 5 dtypes x 3 shapes (all multiples of 16)
+    EXPECT_TRUE(r.skipped.empty());
+    EXPECT_EQ(r.results.back().dtype, "fp8");
+  } else {
+    ASSERT_EQ(r.results.size(), 12u);  // 4 dtypes x 3 shapes
+    ASSERT_EQ(r.skipped.size(), 1u);
+    EXPECT_EQ(r.skipped[0].dtype, "fp8");
+    EXPECT_NE(r.skipped[0].reason.find("compute capability >= 8.9"), std::string::npos);
+  }
   for (const auto& x : r.results) {
     EXPECT_GT(x.median_ms, 0) << x.dtype << " " << x.shape.m;
     EXPECT_GT(x.tflops, 0) << x.dtype;
