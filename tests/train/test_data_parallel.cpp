@@ -338,4 +338,16 @@ TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
   EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
 }
 
+// A rank that stops without exiting (stuck, or unreachable while alive) must not hang the job:
+// the others' waits time out (FORGE_DIST_TIMEOUT) and abort it, naming the operation.
+TEST_F(DataParallelTrain, AStuckPeerEndsTheJobAfterTheTimeout) {
+  auto args = base_args(root_, "stuck", 2000);
+  const ShellRun r = shell(rank_env() + "FORGE_DIST_TIMEOUT=3 FORGE_TEST_HANG_AT=1:4 timeout 60 mpirun --oversubscribe "
+                                        "--bind-to none -np 2 " + forge_cmd(args));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
+  EXPECT_LT(r.seconds, 30.0) << r.out;
+  EXPECT_NE(r.out.find("on rank 0 of 2 did not complete within 3 s (FORGE_DIST_TIMEOUT)"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -6,11 +6,14 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +25,20 @@
 namespace forge::dist::mpi {
 
 namespace {
+
+// FORGE_DIST_TIMEOUT: seconds a blocking wait lasts before the job is aborted (default 300).
+double mpi_timeout_seconds() {
+  static const double t = [] {
+    const char* v = std::getenv("FORGE_DIST_TIMEOUT");
+    if (v == nullptr || *v == '\0') return 300.0;
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    FORGE_CHECK(end != v && *end == '\0' && x > 0, "FORGE_DIST_TIMEOUT='", v,
+                "' is not a positive number of seconds; unset it for the default (300)");
+    return x;
+  }();
+  return t;
+}
 
 bool g_initialised_here = false;
 
@@ -188,7 +205,7 @@ class MpiWork final : public Work {
       const int n = static_cast<int>(requests_.size());
       int rc;
       if (block) {
-        rc = MPI_Waitall(n, requests_.data(), statuses.data());
+        rc = wait_all_or_abort(n, statuses);
       } else {
         int flag = 0;
         rc = MPI_Testall(n, requests_.data(), &flag, statuses.data());
@@ -211,6 +228,34 @@ class MpiWork final : public Work {
     }
     kept_.clear();
     return true;
+  }
+
+  // Note [MPI timeout]. MPI has no timeout of its own: a peer that is stuck, or unreachable
+  // without its process dying (which mpirun would notice), would leave this rank waiting
+  // forever. So a blocking wait polls (MPI_Testall: spinning for the first millisecond, then
+  // every 100 us) and, after FORGE_DIST_TIMEOUT seconds (default 300), prints which operation
+  // did not complete and calls MPI_Abort, which ends every rank of the job (throwing would
+  // not: this rank's pending collective could never be cancelled or finalised).
+  int wait_all_or_abort(int n, std::vector<MPI_Status>& statuses) {
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    const double limit = mpi_timeout_seconds();
+    for (int polls = 0;; ++polls) {
+      int flag = 0;
+      const int rc = MPI_Testall(n, requests_.data(), &flag, statuses.data());
+      if (rc != MPI_SUCCESS || flag) return rc;
+      const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (waited > limit) {
+        std::fprintf(stderr,
+                     "forge: error: MPI %s on rank %d of %d did not complete within %.0f s (FORGE_DIST_TIMEOUT): a "
+                     "peer is stuck, dead or unreachable, or did not make the same collective call; aborting the "
+                     "job\n",
+                     op_, rank_, size_, limit);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
   std::shared_ptr<Comm> comm_;

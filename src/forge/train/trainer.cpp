@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <thread>
 #include <unordered_map>
 
 #include "forge/autograd/grad_mode.h"
@@ -700,19 +701,29 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   model.module->train();
   // FORGE_TEST_ABORT_AT=<rank>:<step>: that rank aborts at the start of that step (the
   // failure tests of data-parallel jobs: the launcher must end the job, never hang).
-  std::optional<std::pair<int, int64_t>> abort_at;
-  if (const char* a = std::getenv("FORGE_TEST_ABORT_AT")) {
+  // FORGE_TEST_HANG_AT=<rank>:<step>: that rank stops there without exiting (a stuck or
+  // unreachable peer: the others' collectives must time out, Note [MPI timeout]).
+  auto fault_at = [](const char* var) -> std::optional<std::pair<int, int64_t>> {
+    const char* a = std::getenv(var);
+    if (a == nullptr) return std::nullopt;
     int r = -1;
     long long s = -1;
-    FORGE_CHECK(std::sscanf(a, "%d:%lld", &r, &s) == 2, "FORGE_TEST_ABORT_AT='", a, "' is not <rank>:<step>");
-    abort_at = std::make_pair(r, static_cast<int64_t>(s));
-  }
+    FORGE_CHECK(std::sscanf(a, "%d:%lld", &r, &s) == 2, var, "='", a, "' is not <rank>:<step>");
+    return std::make_pair(r, static_cast<int64_t>(s));
+  };
+  const auto abort_at = fault_at("FORGE_TEST_ABORT_AT");
+  const auto hang_at = fault_at("FORGE_TEST_HANG_AT");
   while (step < cfg.train.steps) {
     const auto t0 = Clock::now();
     if (abort_at && abort_at->first == denv.rank && abort_at->second == step + 1) {
       std::fprintf(stderr, "forge train: FORGE_TEST_ABORT_AT: rank %d aborts at step %lld\n", denv.rank,
                    static_cast<long long>(step + 1));
       std::abort();
+    }
+    if (hang_at && hang_at->first == denv.rank && hang_at->second == step + 1) {
+      std::fprintf(stderr, "forge train: FORGE_TEST_HANG_AT: rank %d stops at step %lld\n", denv.rank,
+                   static_cast<long long>(step + 1));
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     const double lr = schedule.lr_at(step);
     if (dp) dp->set_lr(lr);
