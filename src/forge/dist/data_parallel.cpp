@@ -29,6 +29,8 @@ struct DataParallel::Bucket {
   Tensor rs_out;            // stage 2: this micro-step's reduce-scattered slice (shard,)
   Tensor owned;             // stage 2: the owned slice accumulated over micro-steps (shard,)
   bool owned_fresh = true;  // stage 2: the next reduced slice replaces `owned` (first micro-step)
+  Tensor cpu_master;        // offload: the owned slice's f32 master weights on the CPU (shard,)
+  Tensor cpu_grad;          // offload: the owned slice's gradients, f32 on the CPU (shard,)
   int ready = 0;
   bool launched = false;
   WorkPtr work;
@@ -147,7 +149,7 @@ void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, co
   std::unordered_map<int, std::vector<int>> pieces_of_param;  // param index -> piece indices
   std::vector<int> param_order;
   for (auto& bp : buckets_) {
-    const Bucket& b = *bp;
+    Bucket& b = *bp;
     const int64_t lo = r * b.shard, hi = lo + b.shard;
     for (int pi : b.params) {
       const Param& p = params_[static_cast<size_t>(pi)];
@@ -159,10 +161,22 @@ void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, co
       pieces_.push_back(piece);
       piece_views_.push_back(view);
       if (options_.offload_optimizer) {
-        // The master weights: f32 on the CPU (pinned host memory next to a GPU).
-        Tensor master = view.to(Device::cpu(), DType::f32);
-        if (master.storage() == view.storage()) master = master.clone();  // f32 CPU parameters: a copy all the same
-        if (device_.is_cuda()) master = master.pin_memory();
+        // Note [offloaded optimizer]: the master weights are views of the bucket's f32 slice on
+        // the CPU (pinned next to a GPU), their gradients views of its f32 gradient slice, so
+        // each step moves one block per bucket each way instead of one per piece.
+        Bucket& mb = *bp;
+        if (!mb.cpu_master.defined()) {
+          mb.cpu_master = zeros({mb.shard}, {.dtype = DType::f32});
+          mb.cpu_grad = zeros({mb.shard}, {.dtype = DType::f32});
+          if (device_.is_cuda()) {
+            mb.cpu_master = mb.cpu_master.pin_memory();
+            mb.cpu_grad = mb.cpu_grad.pin_memory();
+          }
+        }
+        const int64_t at = a - lo;
+        Tensor master = mb.cpu_master.narrow(0, at, e - a);
+        master.copy_(view.to(Device::cpu(), DType::f32));
+        master.set_grad(mb.cpu_grad.narrow(0, at, e - a));
         piece_params_.push_back(master);
       } else {
         piece_params_.push_back(view);
@@ -369,22 +383,23 @@ void DataParallel::clip_grads(double max_norm, const Tensor& norm) {
 void DataParallel::step(const Tensor& skip_if) {
   NoGradGuard no_grad;
   ++step_count_;
-  if (optimizer_) {
-    if (options_.offload_optimizer) {
-      for (size_t k = 0; k < piece_params_.size(); ++k)
-        piece_params_[k].set_grad(piece_grad_views_[k].to(Device::cpu(), DType::f32));
-      optimizer_->step(skip_if);
-      for (size_t k = 0; k < piece_params_.size(); ++k) {
-        piece_views_[k].copy_(piece_params_[k].to(device_, piece_views_[k].dtype()));
-        piece_params_[k].set_grad(Tensor());
-      }
-    } else {
-      optimizer_->step(skip_if);
+  const int64_t r = group_->rank();
+  if (optimizer_ && options_.offload_optimizer) {
+    // Note [offloaded optimizer]: each bucket's owned gradient slice comes down in one copy
+    // (converted to f32), the update runs on the CPU, and the new weights go up in one copy
+    // per bucket as that bucket's all-gather input (below).
+    for (auto& bp : buckets_) {
+      Bucket& b = *bp;
+      if (!b.cpu_grad.defined()) continue;
+      const Tensor g = options_.zero_stage == 1 ? b.grads.narrow(0, r * b.shard, b.shard) : b.owned;
+      b.cpu_grad.copy_(g.to(Device::cpu(), DType::f32));
     }
+    optimizer_->step(skip_if);
+  } else if (optimizer_) {
+    optimizer_->step(skip_if);
   }
   if (options_.zero_stage == 0) return;
   // All-gather every bucket's owned slice into every rank's parameters; two buckets in flight.
-  const int64_t r = group_->rank();
   std::unordered_map<std::string, int> param_by_name;
   for (size_t i = 0; i < params_.size(); ++i) param_by_name[params_[i].name] = static_cast<int>(i);
   std::vector<std::vector<int>> pieces_in_bucket(buckets_.size());
@@ -407,8 +422,14 @@ void DataParallel::step(const Tensor& skip_if) {
   };
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     const Bucket& b = *buckets_[bi];
-    Tensor mine = zeros_like_device(b.shard, b.dtype, device_);
-    for (int k : pieces_in_bucket[bi]) {
+    Tensor mine;
+    if (b.cpu_master.defined()) {
+      mine = b.cpu_master.to(device_, b.dtype);  // the offloaded update's result (its padding is 0)
+      if (mine.storage() == b.cpu_master.storage()) mine = mine.clone();  // f32 CPU: not the master itself
+    } else {
+      mine = zeros_like_device(b.shard, b.dtype, device_);
+    }
+    for (int k : b.cpu_master.defined() ? std::vector<int>{} : pieces_in_bucket[bi]) {
       const Param& p = params_[static_cast<size_t>(param_by_name.at(pieces_[static_cast<size_t>(k)].param))];
       const ShardPiece& pc = pieces_[static_cast<size_t>(k)];
       mine.narrow(0, p.offset + pc.lo - r * b.shard, pc.hi - pc.lo).copy_(piece_views_[static_cast<size_t>(k)]);

@@ -43,10 +43,11 @@
 // the update, each bucket's owned slice is all-gathered into every rank's parameters.
 // AdamW and SGD are elementwise, so sharding changes no arithmetic: a ZeRO run computes the
 // same update as DDP from the same reduced gradients.
-//   offload_optimizer: the pieces' optimizer runs on the CPU (OpenMP) on f32 copies of the
-//     pieces (the master weights); each step copies the owned gradient slice down (f32),
-//     updates, and copies the new weights up (converted to the parameter dtype) before the
-//     all-gather. Host buffers are pinned when the parameters are on a GPU.
+//   offload_optimizer (Note [offloaded optimizer]): the pieces' optimizer runs on the CPU
+//     (OpenMP) on f32 master weights that are views of one f32 CPU slice per bucket (pinned
+//     next to a GPU); each step copies every bucket's owned gradient slice down in one copy
+//     (converted to f32), updates on the CPU, and sends each bucket's new slice up in one copy
+//     as its all-gather input. Not yet overlapped with backward or the next forward.
 //   stage 0: every rank holds the whole optimizer (make_optimizer over the full parameters).
 //
 // The gradient norm is global: stages 0 and 1 compute it from the (identical, reduced)
