@@ -11,11 +11,14 @@
 // in a larger world.
 #include "forge/dist/world.h"
 
+#include "forge/dist/rendezvous.h"
+
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "forge/autograd/grad_mode.h"
+#include "forge/dist/rendezvous.h"
 #include "forge/core/error.h"
 #include "forge/dist/mpi_group.h"
 #include "forge/ops/copy.h"
@@ -149,10 +152,14 @@ ProcessGroupPtr make_cuda_world([[maybe_unused]] const LaunchEnv& env, [[maybe_u
     FORGE_CHECK(id.size() == 256, "init_world: unexpected NCCL id length ", id.size());
     mpi::broadcast_bytes(id.data(), static_cast<int>(id.size()), 0);
     cuda::check_nccl_id_hex(id, "the NCCL id broadcast by rank 0");
+  } else if (env.launcher == Launcher::torchrun) {
+    // torchrun without MPI: rank 0 serves its id on MASTER_ADDR:MASTER_PORT + 1 (rendezvous.h).
+    id = rendezvous_exchange(env.master_addr, env.master_port + 1, env.rank, env.world_size,
+                             env.rank == 0 ? cuda::new_nccl_id_hex() : std::string());
+    cuda::check_nccl_id_hex(id, "the NCCL id from rank 0's rendezvous");
   } else {
     FORGE_THROW("init_world: a CUDA world of ", env.world_size, " ranks started by ", launcher_name(env.launcher),
-                " has no NCCL id: torchrun without MPI: use forge launch or mpirun (torchrun rendezvous is not "
-                "supported yet)");
+                " has no NCCL id; start it with forge launch, mpirun, srun or torchrun");
   }
   return cuda::make_nccl_group(id, env.rank, env.world_size, device.index);
 #endif
