@@ -108,6 +108,17 @@ std::string rendezvous_exchange(const std::string& addr, int port, int rank, int
       a.sin_port = htons(static_cast<uint16_t>(port));
       rc = ::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
     }
+    if (rc != 0 && v6 && errno != EADDRINUSE) {  // IPv6 unavailable: IPv4 only
+      ::close(s.fd);
+      s.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      FORGE_CHECK(s.fd >= 0, "rendezvous ", where, ": socket: ", std::strerror(errno));
+      ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      rc = ::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    }
     FORGE_CHECK(rc == 0, "rendezvous ", where, ": cannot listen on port ", port, ": ", std::strerror(errno),
                 "; forge uses MASTER_PORT + 1 for the NCCL id: choose a MASTER_PORT whose next port is free");
     FORGE_CHECK(::listen(s.fd, world_size) == 0, "rendezvous ", where, ": listen: ", std::strerror(errno));
