@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "forge/backends/cuda/matmul.h"
+#include "forge/backends/cuda/cublas_check.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/storage.h"
@@ -23,18 +24,6 @@
 namespace forge::cuda {
 
 namespace {
-
-[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
-  FORGE_THROW("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ") in ", expr, " at ", file,
-              ":", line);
-}
-
-#define FORGE_CUBLAS_CHECK(expr)                                                 \
-  do {                                                                           \
-    const cublasStatus_t forge_cublas_st_ = (expr);                              \
-    if (forge_cublas_st_ != CUBLAS_STATUS_SUCCESS)                               \
-      throw_cublas_error(forge_cublas_st_, #expr, __FILE__, __LINE__);           \
-  } while (0)
 
 std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> flag{[] {

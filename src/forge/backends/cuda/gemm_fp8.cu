@@ -15,24 +15,13 @@
 #include <vector>
 
 #include "forge/backends/cuda/blaslt.h"
+#include "forge/backends/cuda/cublas_check.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 
 namespace forge::cuda {
 
 namespace {
-
-[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
-  FORGE_THROW("cuBLAS error ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ") in ", expr, " at ", file,
-              ":", line);
-}
-
-#define FORGE_FP8_CUBLAS_CHECK(expr)                                             \
-  do {                                                                           \
-    const cublasStatus_t forge_cublas_st_ = (expr);                              \
-    if (forge_cublas_st_ != CUBLAS_STATUS_SUCCESS)                               \
-      throw_cublas_error(forge_cublas_st_, #expr, __FILE__, __LINE__);           \
-  } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kHeuristicResults = 8;
@@ -100,7 +89,7 @@ cublasLtHandle_t handle(State& s, int device) {
   auto it = s.handles.find(device);
   if (it != s.handles.end()) return it->second;
   cublasLtHandle_t h = nullptr;
-  FORGE_FP8_CUBLAS_CHECK(cublasLtCreate(&h));
+  FORGE_CUBLAS_CHECK(cublasLtCreate(&h));
   s.handles.emplace(device, h);
   return h;
 }
@@ -120,11 +109,11 @@ int64_t alignment(const void* p) {
 }
 
 template <class V> void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& value) {
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+  FORGE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
 }
 template <class V>
 void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
+  FORGE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
 }
 
 // Note [FP8 GEMM layout]: cuBLASLt's A = our b_t (col-major (k, n), op T), its B = our a
@@ -133,7 +122,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, int64_t m, int64_t n, int64
                                 const void* scale_a, const void* scale_b, int64_t align_a, int64_t align_b,
                                 int64_t align_d) {
   auto plan = std::make_unique<Plan>();
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FORGE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast_accum ? 1 : 0));
@@ -141,11 +130,11 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, int64_t m, int64_t n, int64
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_b);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_a);
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, u(k), u(n), k));
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, u(k), u(m), k));
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, u(n), u(m), n));
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, u(k), u(n), k));
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, u(k), u(m), k));
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, u(n), u(m), n));
   cublasLtMatmulPreference_t pref = nullptr;
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  FORGE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
   int found = 0;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
@@ -243,7 +232,7 @@ void fp8_gemm_bf16_out(const Tensor& a, const Tensor& b_t, const Tensor& scale_a
   set_desc(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scale_a.data_ptr()));
   void* ws = workspace(s, device, stream);
   const float alpha = 1.0f, beta = 0.0f;
-  FORGE_FP8_CUBLAS_CHECK(cublasLtMatmul(lt, plan.op, &alpha, b_t.data_ptr(), plan.a, a.data_ptr(), plan.b, &beta,
+  FORGE_CUBLAS_CHECK(cublasLtMatmul(lt, plan.op, &alpha, b_t.data_ptr(), plan.a, a.data_ptr(), plan.b, &beta,
                                         d.data_ptr(), plan.d, d.data_ptr(), plan.d, &plan.algo, ws, kWorkspaceBytes,
                                         stream));
 }
