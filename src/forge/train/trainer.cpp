@@ -362,6 +362,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::
   return std::make_unique<optim::AdamW>(std::move(groups), o);
 }
 
+// The name optim.name's optimizer reports (Optimizer::name()), as checkpoints record it.
+std::string optimizer_class_name(const RunConfig& cfg) { return cfg.optim.name == "sgd" ? "SGD" : "AdamW"; }
+
+// LLaMA's SwiGLU width: model.ffn_hidden, or 8·dim/3 rounded up to a multiple of 32.
+int64_t llama_ffn_hidden(const ModelSection& m) { return m.ffn_hidden > 0 ? m.ffn_hidden : (8 * m.dim / 3 + 31) / 32 * 32; }
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& cfg, const nn::Module& model) {
   return make_optimizer_for(cfg, optim::decay_groups(model.named_parameters(), cfg.optim.weight_decay));
 }
@@ -606,7 +612,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       FORGE_CHECK(o.is_object() && o.contains("scalars"), "--resume: checkpoint '", ck_path.string(),
                   "' has no optimizer scalars (extra.optimizer); it was not written by `forge train`");
       const std::string name = o.value("name", std::string());
-      const std::string want = cfg.optim.name == "sgd" ? "SGD" : "AdamW";
+      const std::string want = optimizer_class_name(cfg);
       FORGE_CHECK(name == want, "--resume: checkpoint '", ck_path.string(), "' holds ", name,
                   " state but optim.name makes ", want, "; set optim.name to match the checkpoint");
       const dist::RangedState rs = ranged_optimizer_state(*ck, ck_path, slots);
@@ -679,7 +685,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     if (scaler) extra["loss_scaler"] = scaler->state_dict().scalars;
     const fs::path dir =
         dp ? save_data_parallel_checkpoint(run_dir, at, {&model, nullptr, loader.state(), config_json, extra}, *dp,
-                                           cfg.optim.name == "sgd" ? "SGD" : "AdamW", cfg.checkpoint.keep_last)
+                                           optimizer_class_name(cfg), cfg.checkpoint.keep_last)
            : save_run_checkpoint(run_dir, at, {&model, optimizer.get(), loader.state(), config_json, extra},
                                  cfg.checkpoint.keep_last);
     result.last_checkpoint = dir.string();
@@ -940,7 +946,7 @@ LanguageModel build_language_model(const RunConfig& cfg) {
     c.n_head = m.n_head;
     c.n_kv_head = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
     c.dim = m.dim;
-    c.ffn_hidden = m.ffn_hidden > 0 ? m.ffn_hidden : (8 * m.dim / 3 + 31) / 32 * 32;
+    c.ffn_hidden = llama_ffn_hidden(m);
     c.norm_eps = m.norm_eps;
     c.rope_theta = m.rope_theta;
     c.init_std = m.init_std;
@@ -1105,7 +1111,7 @@ ExportResult export_model(const ExportOptions& opt) {
           {"tie_word_embeddings", true}};
     FORGE_CHECK(m.bias, "export: a GPT without biases (model.bias = false) has no GPT2LMHeadModel layout");
   } else {
-    const int64_t ffn = m.ffn_hidden > 0 ? m.ffn_hidden : (8 * m.dim / 3 + 31) / 32 * 32;
+    const int64_t ffn = llama_ffn_hidden(m);
     hf = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
           {"hidden_size", m.dim}, {"intermediate_size", ffn}, {"num_hidden_layers", m.n_layer},
           {"num_attention_heads", m.n_head}, {"num_key_value_heads", m.n_kv_head == 0 ? m.n_head : m.n_kv_head},
