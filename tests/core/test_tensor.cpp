@@ -239,3 +239,32 @@ TEST(Copies, TransposingCopiesMatchElementwiseReference) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// Note [released storage]: the memory goes, the object and every view over it stay; reading
+// is refused with a message naming the cause until reallocate().
+TEST(ReleasedStorage, ViewsSurviveReadsAreRefusedUntilReallocated) {
+  Generator g(5);
+  Tensor base = randn({4, 3}, {}, &g);
+  Tensor view = base.narrow(0, 1, 2);
+  const int64_t live = cpu_memory_stats().allocated;
+  const uint64_t version = base.storage()->version();
+  base.storage()->release();
+  EXPECT_TRUE(view.storage()->is_released());
+  EXPECT_EQ(cpu_memory_stats().allocated, live - static_cast<int64_t>(base.nbytes()));
+  EXPECT_EQ(view.shape(), (Shape{2, 3}));  // metadata still there
+  const std::string msg = forge::testing::error_of([&] { (void)view.to_vector<float>(); });
+  EXPECT_NE(msg.find("is read while its memory is released"), std::string::npos) << msg;
+  base.storage()->release();  // idempotent
+  base.storage()->reallocate();
+  EXPECT_FALSE(base.storage()->is_released());
+  Tensor src = randn({4, 3}, {}, &g);
+  base.copy_(src);
+  EXPECT_EQ(view.to_vector<float>(), src.narrow(0, 1, 2).to_vector<float>());
+  EXPECT_EQ(base.storage()->version(), version + 1) << "only the copy_ bumps the version";
+}
+
+}  // namespace
+}  // namespace forge

@@ -425,3 +425,20 @@ TEST(LlamaModel, ActivationCheckpointingGivesIdenticalGradientsAndLowerPeak) {
 
 }  // namespace
 }  // namespace forge::nn
+
+namespace forge {
+namespace {
+
+TEST(BlockOfParameter, ParsesTheBlockIndexAfterThePrefix) {
+  EXPECT_EQ(nn::GPT::block_of("transformer.h.0.attn.c_attn.weight"), 0);
+  EXPECT_EQ(nn::GPT::block_of("transformer.h.17.ln_1.weight"), 17);
+  EXPECT_EQ(nn::GPT::block_of("transformer.wte.weight"), -1);
+  EXPECT_EQ(nn::GPT::block_of("transformer.h.x.weight"), -1);
+  EXPECT_EQ(nn::GPT::block_of("transformer.h.3"), -1);
+  EXPECT_EQ(nn::Llama::block_of("model.layers.31.mlp.down_proj.weight"), 31);
+  EXPECT_EQ(nn::Llama::block_of("lm_head.weight"), -1);
+  EXPECT_EQ(nn::Llama::block_of("model.norm.weight"), -1);
+}
+
+}  // namespace
+}  // namespace forge

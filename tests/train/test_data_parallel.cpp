@@ -32,6 +32,7 @@
 #include "forge/io/hf_names.h"
 #include "forge/io/safetensors.h"
 #include "testing/cli_testing.h"
+#include "train/train_testing.h"
 
 namespace fs = std::filesystem;
 using forge::testing::forge_binary;
@@ -242,10 +243,12 @@ INSTANTIATE_TEST_SUITE_P(, DataParallelLayouts,
                              for (int stage : {0, 1, 2})
                                for (int w : {1, 2, 4})
                                  if (!(o == std::string("adamw") && stage == 0 && w > 1)) v.push_back({o, w, stage, false});
-                             for (int stage : {1, 2})
+                             for (int w : {1, 2, 4}) v.push_back({o, w, 3, false});
+                             for (int stage : {1, 2, 3})
                                for (int w : {1, 2, 4}) v.push_back({o, w, stage, true});
                              v.push_back({o, 2, 0, false, 2});
                              v.push_back({o, 4, 2, false, 2});
+                             v.push_back({o, 4, 3, false, 2});
                            }
                            return v;
                          }()),
@@ -282,6 +285,87 @@ TEST_F(DataParallelTrain, ZeroTwoOnFourRanksResumesAsZeroOneOnTwo) {
   const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
   ASSERT_EQ(d.status, 0) << d.out;
   expect_same_run(root_ / "z2_np4_then_single", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> one process");
+}
+
+// ZeRO-3 (sharded parameters): a checkpoint of 4 ranks resumes on 2 ranks at ZeRO-3 and in one
+// process, each continuing with the uninterrupted run's losses and weights.
+TEST_F(DataParallelTrain, ZeroThreeOnFourRanksResumesOnTwoAndInOneProcess) {
+  auto full = base_args(root_, "z3_np4_full", 20);
+  full.push_back("--dist.zero_stage=3");
+  const ShellRun a = run_mpi(4, full);
+  ASSERT_EQ(a.status, 0) << a.out;
+  EXPECT_NE(a.out.find("ZeRO-3"), std::string::npos) << a.out;
+
+  auto first = base_args(root_, "z3_np4_then_np2", 20);
+  first.push_back("--dist.zero_stage=3");
+  first.push_back("--checkpoint.every=10");
+  first.push_back("--train.steps=10");
+  const ShellRun b = run_mpi(4, first);
+  ASSERT_EQ(b.status, 0) << b.out;
+  const fs::path ck = root_ / "z3_np4_then_np2" / "checkpoints" / "step_00000010";
+  ASSERT_TRUE(fs::exists(ck / "optimizer.rank00003.safetensors")) << "no shard file of rank 3 in " << ck;
+
+  auto second = base_args(root_, "z3_np4_then_np2", 20);
+  second.push_back("--dist.zero_stage=3");
+  second.push_back("--run.overwrite=false");
+  const ShellRun c = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(second) + " --resume");
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_NE(c.out.find("resume: from"), std::string::npos) << c.out;
+  expect_same_run(root_ / "z3_np4_then_np2", root_ / "z3_np4_full", 11, 1e-6, 1e-6, "zero3 np4 -> zero3 np2");
+  auto single = base_args(root_, "z3_np4_then_single", 20);
+  single.push_back("--run.overwrite=false");
+  const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
+  ASSERT_EQ(d.status, 0) << d.out;
+  expect_same_run(root_ / "z3_np4_then_single", root_ / "z3_np4_full", 11, 1e-6, 1e-6, "zero3 np4 -> one process");
+}
+
+// ZeRO-3 on a LLaMA with activation checkpointing (each block's parameters are gathered again
+// for its recomputation in backward) and evaluation every 5 steps on text (every rank runs the
+// evaluation's forward: its gathers are collectives): losses, validation losses and weights as
+// in one process.
+TEST_F(DataParallelTrain, ZeroThreeLlamaWithActivationCheckpointingAndEvaluation) {
+  const fs::path corpus = root_ / "z3_corpus";
+  forge::train_testing::write_corpus(corpus);
+  auto args = base_args(root_, "z3_llama_single", 12);
+  auto set = [&](const std::string& key, const std::string& value) {
+    const std::string prefix = "--" + key + "=";
+    auto it = std::find_if(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(prefix, 0) == 0; });
+    if (it == args.end()) args.push_back(prefix + value);
+    else *it = prefix + value;
+  };
+  set("model.type", "llama");
+  set("model.dim", "32");
+  set("model.n_layer", "3");
+  set("model.vocab_size", "0");
+  set("model.checkpoint_activations", "true");
+  set("data.source", "files");
+  set("data.files", "[\"" + corpus.string() + "\"]");
+  set("data.vocab_size", "300");
+  set("data.val_fraction", "0.1");
+  set("eval.every", "5");
+  set("eval.batches", "2");
+  const ShellRun single = run_single(args);
+  ASSERT_EQ(single.status, 0) << single.out;
+  set("run.name", "z3_llama_np2");
+  set("dist.zero_stage", "3");
+  const ShellRun z3 = run_mpi(2, args);
+  ASSERT_EQ(z3.status, 0) << z3.out;
+  EXPECT_NE(z3.out.find("ZeRO-3"), std::string::npos) << z3.out;
+  expect_same_run(root_ / "z3_llama_np2", root_ / "z3_llama_single", 1, 1e-6, 1e-6, "zero3 llama np2");
+  auto val_losses = [](const fs::path& run) {
+    std::vector<double> v;
+    std::ifstream in(run / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("val_loss")) v.push_back(j["val_loss"].get<double>());
+    }
+    return v;
+  };
+  const auto vz = val_losses(root_ / "z3_llama_np2"), vs = val_losses(root_ / "z3_llama_single");
+  ASSERT_EQ(vz.size(), 3u) << "evaluations at steps 5, 10 and the end";
+  ASSERT_EQ(vz.size(), vs.size());
+  for (size_t i = 0; i < vz.size(); ++i) EXPECT_NEAR(vz[i], vs[i], 1e-6 * std::abs(vs[i])) << "evaluation " << i;
 }
 
 // forge export reads the sharded checkpoint (the model is whole in it) and writes HF names and

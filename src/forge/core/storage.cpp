@@ -11,4 +11,17 @@ Storage::~Storage() {
   if (data_) allocator_->deallocate(data_, nbytes_);
 }
 
+void Storage::release() {
+  if (released_) return;
+  if (data_) allocator_->deallocate(data_, nbytes_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::reallocate() {
+  if (!released_) return;
+  data_ = allocator_->allocate(nbytes_);
+  released_ = false;
+}
+
 }  // namespace forge

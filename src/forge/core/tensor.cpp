@@ -40,6 +40,8 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data_ptr() const {
   const auto& im = checked();
+  FORGE_CHECK(!im.storage->is_released(), "a tensor of shape ", im.shape, " is read while its memory is released (a ",
+              "ZeRO-3 parameter outside its block's forward and backward; Note [released storage])");
   return static_cast<char*>(im.storage->data()) + im.offset * static_cast<int64_t>(element_size());
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "forge/autograd/grad_mode.h"
+#include "forge/autograd/node.h"
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/optim/clip.h"
@@ -15,6 +16,7 @@ struct DataParallel::Param {
   std::string name;
   Tensor t;
   int bucket = -1;
+  int block = -1;      // stage 3: its block (a sharded unit), or -1
   int64_t offset = 0;  // element offset in its bucket
   int64_t numel = 0;
 };
@@ -34,6 +36,31 @@ struct DataParallel::Bucket {
   int ready = 0;
   bool launched = false;
   WorkPtr work;
+  // Stage 3, a block's bucket (Note [ZeRO-3]): its parameters are views of `full`, released
+  // outside the block's forward and backward; `shard` is this rank's persistent slice.
+  int block = -1;
+  std::shared_ptr<Storage> full;
+  Tensor full_view;  // (padded,) over `full`
+  Tensor param_shard;  // (shard,)
+  enum class Gather { released, gathering, gathered } gather = Gather::released;
+  WorkPtr gather_work;
+  bool in_backward = false;  // gathered for backward: kept until its gradients are all in
+};
+
+// What the model calls around its blocks (Note [ZeRO-3]); inert once the DataParallel is gone.
+class DataParallel::Hooks final : public nn::BlockHooks {
+ public:
+  Hooks(DataParallel* dp, std::weak_ptr<int> alive) : dp_(dp), alive_(std::move(alive)) {}
+  void before_block(int block) override {
+    if (alive_.lock()) dp_->before_block(block);
+  }
+  TensorList after_block(int block, const TensorList& outputs) override {
+    return alive_.lock() ? dp_->after_block(block, outputs) : outputs;
+  }
+
+ private:
+  DataParallel* dp_;
+  std::weak_ptr<int> alive_;
 };
 
 namespace {
@@ -51,10 +78,12 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
                            ProcessGroupPtr group, DataParallelOptions options)
     : group_(std::move(group)), options_(options) {
   FORGE_CHECK(group_ != nullptr, "DataParallel: no process group");
-  FORGE_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2, "DataParallel: zero_stage = ", options_.zero_stage,
-              " is not supported here; use 0 (DDP), 1 or 2");
+  FORGE_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "DataParallel: zero_stage = ", options_.zero_stage,
+              " is not supported; use 0 (DDP), 1, 2 or 3");
   FORGE_CHECK(!options_.offload_optimizer || options_.zero_stage >= 1,
-              "DataParallel: offload_optimizer needs zero_stage = 1 or 2 (the offloaded optimizer is the sharded one)");
+              "DataParallel: offload_optimizer needs zero_stage = 1, 2 or 3 (the offloaded optimizer is the sharded one)");
+  FORGE_CHECK(options_.zero_stage != 3 || options_.block_of != nullptr,
+              "DataParallel: zero_stage = 3 needs options.block_of (which block each parameter belongs to)");
   FORGE_CHECK(options_.bucket_mb > 0, "DataParallel: bucket_mb must be > 0, got ", options_.bucket_mb);
   FORGE_CHECK(!named_params.empty(), "DataParallel: no parameters");
   device_ = named_params.front().second.device();
@@ -64,9 +93,11 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
     FORGE_CHECK(t.device() == device_, "DataParallel: parameter '", name, "' is on ", t.device().str(), ", not ",
                 device_.str());
     FORGE_CHECK(t.is_contiguous(), "DataParallel: parameter '", name, "' is not contiguous");
-    params_.push_back({name, t, -1, 0, t.numel()});
+    const int block = options_.zero_stage == 3 ? options_.block_of(name) : -1;
+    params_.push_back({name, t, -1, block, 0, t.numel()});
   }
   build_buckets();
+  if (options_.zero_stage == 3) shard_parameters();
   // Hooks: fire when a parameter's gradient is final for this backward. They hold the
   // parameter index only; a destroyed DataParallel must not be called, so the hooks check
   // the registry below.
@@ -97,9 +128,15 @@ void DataParallel::build_buckets() {
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     Param& p = params_[static_cast<size_t>(i)];
     const auto pb = static_cast<int64_t>(p.t.nbytes());
-    if (cur == nullptr || (bytes > 0 && bytes + pb > cap) || cur->dtype != p.t.dtype()) {
+    // Stage 3: a block is one bucket, whatever its size, and shares it with nothing else.
+    const bool split = p.block >= 0 ? false : bytes > 0 && bytes + pb > cap;
+    if (cur == nullptr || split || cur->dtype != p.t.dtype() || cur->block != p.block) {
+      FORGE_CHECK(cur == nullptr || p.block < 0 || cur->block != p.block,
+                  "DataParallel: block ", p.block, " mixes dtypes (parameter '", p.name, "' is ",
+                  dtype_name(p.t.dtype()), "); ZeRO-3 needs one dtype per block");
       cur = open();
       cur->dtype = p.t.dtype();
+      cur->block = p.block;
       bytes = 0;
     }
     p.bucket = static_cast<int>(buckets_.size()) - 1;
@@ -112,7 +149,7 @@ void DataParallel::build_buckets() {
     b->padded = round_up(std::max<int64_t>(b->numel, 1), W);
     b->shard = b->padded / W;
   }
-  if (options_.zero_stage == 2) {  // Note [ZeRO-2 staging buffers]
+  if (options_.zero_stage >= 2) {  // Note [ZeRO-2 staging buffers]
     const DType dt = buckets_.front()->dtype;
     int64_t most = 0;
     for (const auto& b : buckets_)
@@ -156,7 +193,9 @@ void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, co
       const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (a >= e) continue;
       ShardPiece piece{p.name, a - p.offset, e - p.offset};
-      Tensor view = p.t.detach().reshape({-1}).narrow(0, piece.lo, piece.hi - piece.lo);
+      // Stage 3 blocks: the persistent shard holds the weights (the parameter's storage is released).
+      Tensor view = b.block >= 0 ? b.param_shard.narrow(0, a - lo, e - a)
+                                 : p.t.detach().reshape({-1}).narrow(0, piece.lo, piece.hi - piece.lo);
       pieces_of_param[pi].push_back(static_cast<int>(pieces_.size()));
       pieces_.push_back(piece);
       piece_views_.push_back(view);
@@ -234,8 +273,129 @@ void DataParallel::build_pieces(const std::vector<optim::ParamGroup>& groups, co
 void DataParallel::broadcast_parameters() {
   NoGradGuard no_grad;
   std::vector<WorkPtr> works;
-  for (auto& p : params_) works.push_back(group_->broadcast(p.t.detach(), 0));
+  for (auto& p : params_)
+    if (p.block < 0 || options_.zero_stage != 3) works.push_back(group_->broadcast(p.t.detach(), 0));
   for (auto& w : works) w->wait();
+}
+
+// Note [ZeRO-3]: rank 0's weights everywhere, then each block's parameters are moved into one
+// flat storage per bucket (in bucket order, padding zero), this rank's slice copied out as its
+// persistent shard, the parameters re-pointed at the flat storage, and the storage released.
+void DataParallel::shard_parameters() {
+  NoGradGuard no_grad;
+  {
+    std::vector<WorkPtr> works;
+    for (auto& p : params_) works.push_back(group_->broadcast(p.t.detach(), 0));
+    for (auto& w : works) w->wait();
+  }
+  const int64_t r = group_->rank();
+  block_bucket_.clear();
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = *buckets_[bi];
+    if (b.block < 0) continue;
+    if (static_cast<size_t>(b.block) >= block_bucket_.size()) block_bucket_.resize(static_cast<size_t>(b.block) + 1, -1);
+    block_bucket_[static_cast<size_t>(b.block)] = static_cast<int>(bi);
+    Tensor flat = zeros({b.padded}, {.dtype = b.dtype, .device = device_});
+    for (int pi : b.params) {
+      Param& p = params_[static_cast<size_t>(pi)];
+      flat.narrow(0, p.offset, p.numel).copy_(p.t.detach().reshape({-1}));
+    }
+    b.param_shard = flat.narrow(0, r * b.shard, b.shard).clone();
+    b.full = flat.storage();
+    b.full_view = flat;
+    for (int pi : b.params) {
+      Param& p = params_[static_cast<size_t>(pi)];
+      const Shape shape = p.t.shape();
+      p.t.set_data(Tensor::make(b.full, shape, contiguous_strides(shape), p.offset, b.dtype));
+    }
+    b.full->release();
+    b.gather = Bucket::Gather::released;
+  }
+  for (size_t i = 0; i < block_bucket_.size(); ++i)
+    FORGE_CHECK(block_bucket_[i] >= 0, "DataParallel: ZeRO-3 found parameters of block ", block_bucket_.size() - 1,
+                " but none of block ", i, "; blocks must be numbered 0, 1, ... without gaps");
+  hooks_ = std::make_shared<Hooks>(this, alive_);
+}
+
+DataParallel::Bucket& DataParallel::unit_bucket(int block) {
+  FORGE_CHECK(block >= 0 && static_cast<size_t>(block) < block_bucket_.size(), "DataParallel: block ", block,
+              " has no sharded parameters (ZeRO-3 knows blocks 0..", static_cast<int>(block_bucket_.size()) - 1, ")");
+  return *buckets_[static_cast<size_t>(block_bucket_[static_cast<size_t>(block)])];
+}
+
+void DataParallel::gather_async(Bucket& b) {
+  if (b.gather != Bucket::Gather::released) return;
+  NoGradGuard no_grad;
+  b.full->reallocate();
+  b.gather_work = group_->all_gather(b.full_view, b.param_shard);
+  b.gather = Bucket::Gather::gathering;
+}
+
+void DataParallel::ensure_gathered(Bucket& b) {
+  gather_async(b);
+  if (b.gather == Bucket::Gather::gathering) {
+    b.gather_work->wait();  // the compute stream waits for the gather (NCCL); the host for MPI
+    b.gather_work = nullptr;
+    b.gather = Bucket::Gather::gathered;
+  }
+}
+
+void DataParallel::release_unit(Bucket& b) {
+  if (b.gather == Bucket::Gather::released) return;
+  if (b.gather_work) {
+    b.gather_work->wait();
+    b.gather_work = nullptr;
+  }
+  b.full->release();  // stream-ordered: kernels already queued on it still see the memory
+  b.gather = Bucket::Gather::released;
+  b.in_backward = false;
+}
+
+void DataParallel::before_block(int block) {
+  ensure_gathered(unit_bucket(block));
+  if (static_cast<size_t>(block) + 1 < block_bucket_.size()) gather_async(unit_bucket(block + 1));
+}
+
+TensorList DataParallel::after_block(int block, const TensorList& outputs) {
+  Bucket& b = unit_bucket(block);
+  TensorList out = outputs;
+  if (autograd::any_requires_grad(outputs)) {
+    for (Tensor& t : out) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      Tensor y = t.detach();
+      autograd::record("zero3_gather", y, {t},
+                       [this, block, alive = std::weak_ptr<int>(alive_)](const Tensor& g, const autograd::GradMask&) {
+                         if (alive.lock()) before_block_backward(block);
+                         return TensorList{g};
+                       });
+      t = y;
+    }
+  }
+  // The last block is the first one backward needs: a training forward keeps it (step()
+  // releases it before the weights change).
+  const bool last = static_cast<size_t>(block) + 1 == block_bucket_.size();
+  if (!b.in_backward && !(last && autograd::any_requires_grad(outputs))) release_unit(b);
+  return out;
+}
+
+void DataParallel::before_block_backward(int block) {
+  Bucket& b = unit_bucket(block);
+  ensure_gathered(b);
+  b.in_backward = true;
+  if (block > 0) gather_async(unit_bucket(block - 1));
+}
+
+void DataParallel::for_each_full_parameter(const std::function<void(const std::string&, const Tensor&)>& fn) {
+  NoGradGuard no_grad;
+  for (auto& p : params_)
+    if (p.block < 0) fn(p.name, p.t.detach());
+  for (size_t u = 0; u < block_bucket_.size(); ++u) {
+    Bucket& b = *buckets_[static_cast<size_t>(block_bucket_[u])];
+    const bool was_released = b.gather == Bucket::Gather::released;
+    ensure_gathered(b);
+    for (int pi : b.params) fn(params_[static_cast<size_t>(pi)].name, params_[static_cast<size_t>(pi)].t.detach());
+    if (was_released) release_unit(b);
+  }
 }
 
 void DataParallel::attach_bucket_grads() {
@@ -256,11 +416,11 @@ void DataParallel::begin_backward(bool sync) {
   FORGE_CHECK(!in_backward_, "DataParallel::begin_backward: the previous micro-step's end_backward() was not called");
   for (auto& b : buckets_) FORGE_CHECK(b->work == nullptr, "DataParallel::begin_backward: a reduction is still pending");
   if (options_.zero_stage <= 1 && !grads_attached_) attach_bucket_grads();
-  if (options_.zero_stage == 2 && !grads_attached_) {
+  if (options_.zero_stage >= 2 && !grads_attached_) {
     for (auto& b : buckets_) b->owned_fresh = true;
     grads_attached_ = true;
   }
-  sync_ = sync || options_.zero_stage == 2;
+  sync_ = sync || options_.zero_stage >= 2;
   in_backward_ = true;
   next_to_launch_ = 0;
   for (auto& b : buckets_) {
@@ -273,7 +433,7 @@ void DataParallel::on_grad_ready(int param_index) {
   if (!in_backward_) return;
   Param& p = params_[static_cast<size_t>(param_index)];
   Bucket& b = *buckets_[static_cast<size_t>(p.bucket)];
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     NoGradGuard no_grad;
     const Tensor& g = p.t.grad();
     if (g.defined()) {
@@ -283,6 +443,8 @@ void DataParallel::on_grad_ready(int param_index) {
     }
   }
   ++b.ready;
+  // ZeRO-3: every gradient of the block is in, so its backward is over: drop the gathered weights.
+  if (b.block >= 0 && b.ready == static_cast<int>(b.params.size())) release_unit(b);
   launch_ready_buckets();
 }
 
@@ -316,7 +478,7 @@ void DataParallel::launch_ready_buckets() {
     ++next_to_launch_;
     // ZeRO-2: fold the reduced slice of the bucket two back into the owned gradients now, so
     // its output buffer is not held until the end of backward.
-    if (options_.zero_stage == 2 && next_to_launch_ >= 3) finish_bucket(*buckets_[static_cast<size_t>(next_to_launch_ - 3)]);
+    if (options_.zero_stage >= 2 && next_to_launch_ >= 3) finish_bucket(*buckets_[static_cast<size_t>(next_to_launch_ - 3)]);
   }
 }
 
@@ -337,7 +499,7 @@ void DataParallel::finish_bucket(Bucket& b) {
   if (!b.work) return;
   b.work->wait();
   b.work = nullptr;
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     NoGradGuard no_grad;
     if (b.owned_fresh) b.owned.copy_(b.rs_out);
     else b.owned.add_(b.rs_out);
@@ -349,6 +511,8 @@ void DataParallel::finish_bucket(Bucket& b) {
 void DataParallel::end_backward() {
   FORGE_CHECK(in_backward_, "DataParallel::end_backward without begin_backward");
   in_backward_ = false;
+  for (auto& b : buckets_)
+    if (b->block >= 0) release_unit(*b);  // blocks whose gradients did not all arrive
   if (!sync_) return;
   // Buckets whose every gradient did not arrive (unused parameters) are reduced now, in order.
   for (int i = next_to_launch_; i < num_buckets(); ++i) launch(*buckets_[static_cast<size_t>(i)]);
@@ -357,7 +521,7 @@ void DataParallel::end_backward() {
 }
 
 std::vector<Tensor> DataParallel::norm_tensors() const {
-  if (options_.zero_stage == 2) return piece_views_;
+  if (options_.zero_stage >= 2) return piece_views_;
   std::vector<Tensor> ts;
   for (const auto& p : params_) ts.push_back(p.t);
   return ts;
@@ -382,6 +546,8 @@ void DataParallel::clip_grads(double max_norm, const Tensor& norm) {
 
 void DataParallel::step(const Tensor& skip_if) {
   NoGradGuard no_grad;
+  for (auto& b : buckets_)
+    if (b->block >= 0) release_unit(*b);  // ZeRO-3: gathered weights are about to be stale
   ++step_count_;
   const int64_t r = group_->rank();
   if (optimizer_ && options_.offload_optimizer) {
@@ -421,7 +587,12 @@ void DataParallel::step(const Tensor& skip_if) {
     }
   };
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const Bucket& b = *buckets_[bi];
+    Bucket& b = *buckets_[bi];
+    if (b.block >= 0) {
+      // ZeRO-3: the shard is the weights; the next forward gathers it. Offloaded: one copy up.
+      if (b.cpu_master.defined()) b.param_shard.copy_(b.cpu_master.to(device_, b.dtype));
+      continue;
+    }
     Tensor mine;
     if (b.cpu_master.defined()) {
       mine = b.cpu_master.to(device_, b.dtype);  // the offloaded update's result (its padding is 0)

@@ -51,7 +51,25 @@
 //   stage 0: every rank holds the whole optimizer (make_optimizer over the full parameters).
 //
 // The gradient norm is global: stages 0 and 1 compute it from the (identical, reduced)
-// full gradients; stage 2 all-reduces the owned slices' sums of squares.
+// full gradients; stages 2 and 3 all-reduce the owned slices' sums of squares.
+//
+// Note [ZeRO-3]. Stage 3 also shards the parameters of the model's blocks. Each block is one
+// bucket (never split by size), and its parameters become views of one flat storage of the
+// bucket's padded size: rank r keeps only the slice r of it (`shard`, persistent; the
+// optimizer's pieces are views of it), and the flat storage is released (Note [released
+// storage]) except while the block computes. The model calls block_hooks() around every block:
+//   before_block(i): all-gather block i's shards into its storage (unless a prefetch already
+//     did), make the compute stream wait for it, and prefetch block i + 1;
+//   after_block(i, outputs): release block i's storage, and record each output through an
+//     identity node whose backward gathers block i again (and prefetches block i - 1) before
+//     any of block i's backward runs (with activation checkpointing, before its recomputation);
+//   once the last gradient of block i has arrived, its bucket is reduce-scattered as in stage 2
+//     and its storage released.
+// Parameters outside the blocks (block_of = -1) are handled as in stage 2: whole on every rank,
+// gradients and optimizer state sharded, all-gathered after the step. Rank 0's parameters are
+// broadcast by the constructor, before sharding. full_parameters() gathers the blocks one at a
+// time for a checkpoint. Every rank must run every forward (evaluation included): the gathers
+// are collectives.
 //
 // Requirements: every rank builds the same parameters (names, shapes, dtypes, order) on its
 // device; the group's device must be the parameters'. A parameter that got no gradient in a
@@ -66,14 +84,18 @@
 
 #include "forge/core/tensor.h"
 #include "forge/dist/process_group.h"
+#include "forge/nn/block_hooks.h"
 #include "forge/optim/optimizer.h"
 
 namespace forge::dist {
 
 struct DataParallelOptions {
-  int zero_stage = 0;              // 0 (DDP), 1, 2
-  bool offload_optimizer = false;  // stages 1 and 2: the optimizer on the CPU
+  int zero_stage = 0;              // 0 (DDP), 1, 2, 3
+  bool offload_optimizer = false;  // stages 1-3: the optimizer on the CPU
   double bucket_mb = 25.0;         // bucket size in MB (1e6 bytes) of gradients
+  // Stage 3: the block (unit of sharding) of a parameter, by name; -1 keeps it whole on every
+  // rank (embeddings, final norm, head). Required for stage 3 (nn::GPT::block_of, Llama::block_of).
+  std::function<int(const std::string&)> block_of;
 };
 
 // Builds the optimizer over the given groups (their hyper-parameters already set).
@@ -117,6 +139,12 @@ class DataParallel {
   // Sets every param group's lr.
   void set_lr(double lr);
 
+  // Stage 3: the hooks the model must call around its blocks (Note [ZeRO-3]); null otherwise.
+  std::shared_ptr<nn::BlockHooks> block_hooks() const { return hooks_; }
+  // Calls fn(name, parameter) for every parameter, with a sharded block's parameters gathered
+  // (one block at a time, released after). Collective for stage 3.
+  void for_each_full_parameter(const std::function<void(const std::string&, const Tensor&)>& fn);
+
   // The optimizer state this rank holds, by piece: ranged_state()[i] belongs to pieces()[i].
   // Names: the optimizer's state names ("exp_avg", "exp_avg_sq", "master", "momentum_buffer");
   // each tensor is 1-D with hi - lo elements. steps()[i] is the piece's update count.
@@ -141,6 +169,16 @@ class DataParallel {
  private:
   struct Bucket;
   struct Param;
+  class Hooks;
+  friend class Hooks;
+  void shard_parameters();
+  Bucket& unit_bucket(int block);
+  void gather_async(Bucket& b);
+  void ensure_gathered(Bucket& b);
+  void release_unit(Bucket& b);
+  void before_block(int block);
+  TensorList after_block(int block, const TensorList& outputs);
+  void before_block_backward(int block);
   void on_grad_ready(int param_index);
   void launch_ready_buckets();
   void launch(Bucket& b);
@@ -163,7 +201,9 @@ class DataParallel {
   std::vector<Tensor> piece_params_;  // what the optimizer updates (views, or CPU masters when offloaded)
   std::vector<Tensor> piece_views_;   // views of the parameters (== piece_params_ unless offloaded)
   std::vector<Tensor> piece_grad_views_;  // views of the reduced gradients (stage 0/1: into buckets; 2: into owned slices)
-  Tensor staging_[2];  // ZeRO-2: Note [ZeRO-2 staging buffers]
+  Tensor staging_[2];  // ZeRO-2/3: Note [ZeRO-2 staging buffers]
+  std::vector<int> block_bucket_;  // stage 3: block index -> its bucket
+  std::shared_ptr<nn::BlockHooks> hooks_;
   bool sync_ = false;
   bool in_backward_ = false;
   bool grads_attached_ = false;

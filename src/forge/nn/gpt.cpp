@@ -111,15 +111,26 @@ Tensor GPT::forward(const Tensor& idx) const {
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
   Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
   Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));  // (B, T, C)
+  BlockHooks* hooks = block_hooks.get();
   if (config.checkpoint_activations && is_training()) {
-    for (const auto& block : h) {
-      const GPTBlock* b = block.get();
+    for (size_t i = 0; i < h.size(); ++i) {
+      const GPTBlock* b = h[i].get();
+      if (hooks) hooks->before_block(static_cast<int>(i));
       x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
+      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
     }
     x = ln_f->forward(x);
   } else {
     Tensor pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
-    for (const auto& block : h) std::tie(x, pending) = block_pending(*block, x, pending);
+    for (size_t i = 0; i < h.size(); ++i) {
+      if (hooks) hooks->before_block(static_cast<int>(i));
+      std::tie(x, pending) = block_pending(*h[i], x, pending);
+      if (hooks) {
+        const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
+        x = out[0];
+        pending = out[1];
+      }
+    }
     x = add_norm(*ln_f, x, pending).y;
   }
   return ops::matmul(x, ops::transpose(wte->weight, 0, 1));  // tied head: (B, T, V)

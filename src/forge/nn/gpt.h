@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "forge/nn/block_hooks.h"
 #include "forge/nn/layers.h"
 
 namespace forge::nn {
@@ -48,6 +49,10 @@ class GPT : public Module {
   std::vector<std::shared_ptr<GPTBlock>> h;
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Dropout> drop;
+  // Called around every block's forward when set (nn/block_hooks.h; ZeRO-3).
+  std::shared_ptr<BlockHooks> block_hooks;
+  // The block a parameter name belongs to ("transformer.h.<i>."), or -1.
+  static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "transformer.h."); }
 
  private:
   class Container;

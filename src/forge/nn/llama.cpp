@@ -69,13 +69,16 @@ Tensor Llama::forward(const Tensor& idx) const {
   FORGE_CHECK(idx.size(1) <= config.block_size, "Llama: sequence length ", idx.size(1),
               " exceeds model.block_size = ", config.block_size);
   Tensor x = embed_tokens->forward(idx);
-  for (const auto& layer : layers) {
+  BlockHooks* hooks = block_hooks.get();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LlamaBlock* b = layers[i].get();
+    if (hooks) hooks->before_block(static_cast<int>(i));
     if (config.checkpoint_activations && is_training()) {
-      const LlamaBlock* b = layer.get();
       x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
     } else {
-      x = layer->forward(x);
+      x = b->forward(x);
     }
+    if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
   }
   return lm_head->forward(norm->forward(x));
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "forge/nn/block_hooks.h"
 #include "forge/nn/layers.h"
 
 namespace forge::nn {
@@ -45,6 +46,10 @@ class Llama : public Module {
   std::vector<std::shared_ptr<LlamaBlock>> layers;
   std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<Linear> lm_head;
+  // Called around every block's forward when set (nn/block_hooks.h; ZeRO-3).
+  std::shared_ptr<BlockHooks> block_hooks;
+  // The block a parameter name belongs to ("model.layers.<i>."), or -1.
+  static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "model.layers."); }
 
  private:
   class Container;

@@ -1,4 +1,5 @@
 #include "forge/nn/module.h"
+#include "forge/nn/block_hooks.h"
 
 #include <unordered_map>
 
@@ -134,6 +135,16 @@ int64_t Module::num_parameters() const {
 
 void Module::zero_grad() {
   for (auto& [n, t] : named_parameters()) t.zero_grad();
+}
+
+int block_of_parameter(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  size_t i = prefix.size();
+  int64_t v = 0;
+  const size_t start = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) v = v * 10 + (name[i++] - '0');
+  if (i == start || i >= name.size() || name[i] != '.') return -1;
+  return static_cast<int>(v);
 }
 
 }  // namespace forge::nn

@@ -126,9 +126,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
       FORGE_FIELD(checkpoint, at_end, "write a checkpoint when the run ends (false: benchmarks that need none)"),
       FORGE_FIELD(dist, zero_stage,
-                  "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients"),
+                  "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients, "
+                  "3 = also the blocks' parameters"),
       FORGE_FIELD(dist, offload_optimizer,
-                  "ZeRO-1/2: keep the f32 master weights and moments on the CPU and run the update there"),
+                  "ZeRO-1/2/3: keep the f32 master weights and moments on the CPU and run the update there"),
       FORGE_FIELD(dist, bucket_mb, "gradient bucket size in MB for the reductions that overlap backward (> 0)"),
   };
   return table;
@@ -731,12 +732,13 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
   // [dist]
-  FORGE_CHECK(c.dist.zero_stage != 3, "dist.zero_stage = 3 (sharded parameters) is not implemented yet; use 2, "
-                                      "which shards the optimizer state and the gradients");
-  FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 2, "dist.zero_stage must be 0, 1 or 2, got ",
+  FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 3, "dist.zero_stage must be 0, 1, 2 or 3, got ",
               c.dist.zero_stage);
+  FORGE_CHECK(c.dist.zero_stage != 3 || c.model.type == "gpt" || c.model.type == "llama",
+              "dist.zero_stage = 3 shards the blocks of a GPT or LLaMA; model.type = '", c.model.type,
+              "' has none: use dist.zero_stage = 2");
   FORGE_CHECK(!c.dist.offload_optimizer || c.dist.zero_stage >= 1,
-              "dist.offload_optimizer = true needs dist.zero_stage = 1 or 2 (it offloads the sharded optimizer)");
+              "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
               c.dist.bucket_mb);
 

@@ -125,7 +125,7 @@ struct CheckpointSection {
 };
 
 struct DistSection {
-  int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients
+  int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients, 3: + sharded block parameters
   bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
 };

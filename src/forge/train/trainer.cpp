@@ -275,7 +275,9 @@ fs::path save_run_checkpoint(const fs::path& run_dir, int64_t step, const Checkp
 }
 
 // Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
-// every rank (ZeRO-1/2 shard only the optimizer), so rank 0 writes model.safetensors; the
+// every rank (ZeRO-1/2 shard only the optimizer; ZeRO-3's blocks are gathered one at a time
+// and rank 0 keeps a CPU copy), so rank 0 writes model.safetensors, the same file whatever the
+// stage; the
 // optimizer is saved by parameter ranges (dist/sharded_state.h), one shard file per rank
 // (DDP: rank 0's alone). Every rank writes its file into a staging directory next to the
 // checkpoint (a name prune_checkpoints treats as a temporary); rank 0 then moves them into
@@ -284,7 +286,7 @@ fs::path save_run_checkpoint(const fs::path& run_dir, int64_t step, const Checkp
 // extra.dist names the files and the layout that wrote them; any other world size or stage
 // reshards on load.
 fs::path save_data_parallel_checkpoint(const fs::path& run_dir, int64_t step, const CheckpointInputs& in,
-                                       const dist::DataParallel& dp, const std::string& optimizer_name,
+                                       dist::DataParallel& dp, const std::string& optimizer_name,
                                        int64_t keep_last) {
   dist::ProcessGroup& pg = *dp.group();
   const bool rank0 = pg.rank() == 0;
@@ -307,11 +309,20 @@ fs::path save_data_parallel_checkpoint(const fs::path& run_dir, int64_t step, co
   };
   if (sharded || rank0)
     dist::write_optimizer_shard(staging / file_of(pg.rank()), dp.pieces(), dp.piece_state(), dp.piece_steps());
+  // ZeRO-3: the blocks' parameters gathered (collective), copied to rank 0's memory.
+  std::unordered_map<std::string, Tensor> gathered;
+  if (dp.options().zero_stage == 3)
+    dp.for_each_full_parameter([&](const std::string& name, const Tensor& t) {
+      if (rank0) gathered[name] = t.is_cpu() ? t.clone() : t.to(Device::cpu());
+    });
   pg.barrier()->synchronize();
   if (rank0) {
     io::CheckpointData d;
     d.step = step;
-    d.model = io::NamedTensors(in.model->module->state_dict());
+    nn::NamedTensors model_state = in.model->module->state_dict();
+    for (auto& [name, t] : model_state)
+      if (auto it = gathered.find(name); it != gathered.end()) t = it->second;
+    d.model = io::NamedTensors(std::move(model_state));
     io::capture_rng(d);
     d.data_loader = json::parse(in.sampler.to_json());
     d.config = in.config;
@@ -605,7 +616,9 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
         [&](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg, std::move(groups)); }, pg,
         dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
                                   .offload_optimizer = cfg.dist.offload_optimizer,
-                                  .bucket_mb = cfg.dist.bucket_mb});
+                                  .bucket_mb = cfg.dist.bucket_mb,
+                                  .block_of = model.block_of});
+    if (dp->block_hooks()) model.set_block_hooks(dp->block_hooks());
     dp->broadcast_parameters();
     if (ck) {
       const json& o = ck->extra.is_object() && ck->extra.contains("optimizer") ? ck->extra["optimizer"] : json();
@@ -627,6 +640,9 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << B / world_size << " of the " << B
         << " sequences per micro-batch on each rank\n";
   }
+  // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its
+  // forward gathers the blocks: collectives), and rank 0 reports it.
+  const bool evaluates = rank0 || cfg.dist.zero_stage == 3;
   result.start_step = step;
   result.num_parameters = model.module->num_parameters();
   const std::vector<Tensor> params = model.module->parameters();
@@ -838,7 +854,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       interval_steps = 0;
     }
     const bool last = step == cfg.train.steps;
-    if (has_val && rank0 && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
+    if (has_val && evaluates && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
       const double v = evaluate(model, eval_windows(), cfg.eval.batches);
       result.evals.push_back({step, v});
       log << "eval step " << step << ": val loss " << fixed(v) << std::endl;
@@ -855,11 +871,11 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   // 6. The end: validation, the bigram baseline, the final checkpoint.
   json final_record = {{"step", step}, {"final", true}};
   if (!result.losses.empty()) final_record["train_loss"] = result.losses.back();
-  if (has_val && rank0) {
+  if (has_val && evaluates) {
     result.final_val_loss = evaluate(model, eval_windows(), cfg.eval.batches);
     result.evals.push_back({step, result.final_val_loss});
     final_record["val_loss"] = result.final_val_loss;
-    if (cfg.eval.bigram_baseline) {
+    if (cfg.eval.bigram_baseline && rank0) {
       result.bigram_val_loss = bigram_baseline(split.train, eval_windows(), cfg.eval.batches, tok->vocab_size());
       final_record["bigram_val_loss"] = result.bigram_val_loss;
       log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
@@ -937,6 +953,8 @@ LanguageModel build_language_model(const RunConfig& cfg) {
     c.checkpoint_activations = m.checkpoint_activations;
     auto gpt = std::make_shared<nn::GPT>(c, seed);
     out.forward = [g = gpt.get()](const Tensor& idx) { return g->forward(idx); };
+    out.set_block_hooks = [g = gpt.get()](std::shared_ptr<nn::BlockHooks> h) { g->block_hooks = std::move(h); };
+    out.block_of = &nn::GPT::block_of;
     out.module = gpt;
   } else if (m.type == "llama") {
     nn::LlamaConfig c;
@@ -953,6 +971,8 @@ LanguageModel build_language_model(const RunConfig& cfg) {
     c.checkpoint_activations = m.checkpoint_activations;
     auto llama = std::make_shared<nn::Llama>(c, seed);
     out.forward = [l = llama.get()](const Tensor& idx) { return l->forward(idx); };
+    out.set_block_hooks = [l = llama.get()](std::shared_ptr<nn::BlockHooks> h) { l->block_hooks = std::move(h); };
+    out.block_of = &nn::Llama::block_of;
     out.module = llama;
   } else {
     FORGE_THROW("model.type = '", m.type, "' is not a language model; use \"gpt\" or \"llama\"");

@@ -47,6 +47,7 @@
 #include "forge/data/loader.h"
 #include "forge/nn/module.h"
 #include "forge/train/config.h"
+#include "forge/nn/block_hooks.h"
 #include "forge/train/image_trainer.h"
 
 namespace forge::train {
@@ -57,6 +58,10 @@ struct LanguageModel {
   std::function<Tensor(const Tensor&)> forward;  // (B, T) i64 token ids -> (B, T, vocab_size) logits
   int64_t vocab_size = 0;
   int64_t block_size = 0;
+  // ZeRO-3: installs the hooks the model calls around each block (nn/block_hooks.h), and the
+  // block a parameter name belongs to (-1 outside the blocks).
+  std::function<void(std::shared_ptr<nn::BlockHooks>)> set_block_hooks;
+  std::function<int(const std::string&)> block_of;
   Device device() const;  // where its parameters are
 };
 // Builds the model cfg.model describes, initialised from run.seed; cfg.model.vocab_size
