@@ -243,6 +243,25 @@ TEST(Copies, TransposingCopiesMatchElementwiseReference) {
 namespace forge {
 namespace {
 
+// Tensor::set_grad_buffer: the first accumulation overwrites the (stale) buffer in place, later
+// ones add; a plain set_grad clears the mode.
+TEST(GradBuffer, FirstAccumulationOverwritesTheBufferLaterOnesAdd) {
+  Generator g(3);
+  Tensor x = randn({5}, {}, &g).requires_grad_();
+  Tensor buffer = full({5}, 7.0);
+  x.set_grad_buffer(buffer);
+  EXPECT_TRUE(x.grad_buffer_pending());
+  (x * 2.0).sum().backward();
+  EXPECT_FALSE(x.grad_buffer_pending());
+  EXPECT_TRUE(x.grad().storage() == buffer.storage()) << "accumulated into the buffer itself";
+  EXPECT_EQ(buffer.to_vector<float>(), std::vector<float>(5, 2.0f));
+  (x * 3.0).sum().backward();
+  EXPECT_EQ(buffer.to_vector<float>(), std::vector<float>(5, 5.0f));
+  x.set_grad_buffer(buffer);
+  x.set_grad(Tensor());
+  EXPECT_FALSE(x.grad_buffer_pending());
+}
+
 // Note [released storage]: the memory goes, the object and every view over it stay; reading
 // is refused with a message naming the cause until reallocate().
 TEST(ReleasedStorage, ViewsSurviveReadsAreRefusedUntilReallocated) {

@@ -34,6 +34,9 @@ TensorList AccumulateGrad::apply(const Tensor& g) {
     const bool owned = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
                        g.offset() == 0;
     m.grad = owned ? g : g.clone();
+  } else if (m.overwrite_grad) {
+    m.grad.copy_(g);  // a pre-allocated buffer (Tensor::set_grad_buffer): no zero-fill needed
+    m.overwrite_grad = false;
   } else {
     m.grad.add_(g);
   }

@@ -72,7 +72,16 @@ void Tensor::set_grad(const Tensor& g) const {
                 " does not match the tensor's shape ", shape(), " ", dtype_name(dtype()), " on ", device().str());
   }
   impl_->meta().grad = g;
+  impl_->meta().overwrite_grad = false;
 }
+
+void Tensor::set_grad_buffer(const Tensor& buffer) const {
+  FORGE_CHECK(buffer.defined(), "set_grad_buffer: the buffer is undefined");
+  set_grad(buffer);
+  impl_->meta().overwrite_grad = true;
+}
+
+bool Tensor::grad_buffer_pending() const { return impl_->autograd != nullptr && impl_->autograd->overwrite_grad; }
 
 void Tensor::zero_grad() const {
   if (checked().autograd) impl_->autograd->grad = Tensor();

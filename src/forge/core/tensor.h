@@ -104,6 +104,12 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   const Tensor& grad() const;
   void set_grad(const Tensor& g) const;
+  // Makes `buffer` this leaf's .grad to be OVERWRITTEN by the next backward's first
+  // accumulation instead of added to (later ones add): a pre-allocated gradient buffer, such
+  // as DDP's bucket views, that need not be zero-filled first. grad_buffer_pending() is true
+  // until that first accumulation (the buffer then holds stale values).
+  void set_grad_buffer(const Tensor& buffer) const;
+  bool grad_buffer_pending() const;
   void zero_grad() const;  // drops .grad (like PyTorch's set_to_none=True)
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   bool is_leaf() const { return grad_fn() == nullptr; }
@@ -177,6 +183,7 @@ struct AutogradMeta {
   std::shared_ptr<autograd::Node> grad_fn;
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only; owned by the graph
   std::vector<GradHook> grad_hooks;
+  bool overwrite_grad = false;  // set_grad_buffer: the next accumulation replaces grad's values
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

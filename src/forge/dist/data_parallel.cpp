@@ -1,6 +1,7 @@
 #include "forge/dist/data_parallel.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <unordered_map>
 
@@ -9,6 +10,11 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/optim/clip.h"
+
+#ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/stream.h"
+#include "forge/backends/cuda/tensor_kernels.h"
+#endif
 
 namespace forge::dist {
 
@@ -33,6 +39,7 @@ struct DataParallel::Bucket {
   bool owned_fresh = true;  // stage 2: the next reduced slice replaces `owned` (first micro-step)
   Tensor cpu_master;        // offload: the owned slice's f32 master weights on the CPU (shard,)
   Tensor cpu_grad;          // offload: the owned slice's gradients, f32 on the CPU (shard,)
+  bool grad_down = false;   // offload: this step's download of cpu_grad was queued
   int ready = 0;
   bool launched = false;
   WorkPtr work;
@@ -45,6 +52,13 @@ struct DataParallel::Bucket {
   enum class Gather { released, gathering, gathered } gather = Gather::released;
   WorkPtr gather_work;
   bool in_backward = false;  // gathered for backward: kept until its gradients are all in
+};
+
+struct DataParallel::OffloadStream {
+#ifdef FORGE_WITH_CUDA
+  explicit OffloadStream(int device) : stream(cuda::Stream::create(device)) {}
+  cuda::Stream stream;
+#endif
 };
 
 // What the model calls around its blocks (Note [ZeRO-3]); inert once the DataParallel is gone.
@@ -96,6 +110,10 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
     const int block = options_.zero_stage == 3 ? options_.block_of(name) : -1;
     params_.push_back({name, t, -1, block, 0, t.numel()});
   }
+  if (const char* skip = std::getenv("FORGE_DIST_SKIP_REDUCTIONS"); skip != nullptr && std::string(skip) == "1") {
+    FORGE_CHECK(options_.zero_stage <= 1, "FORGE_DIST_SKIP_REDUCTIONS=1 (a diagnostic) works with DDP and ZeRO-1 only");
+    skip_reductions_ = true;
+  }
   build_buckets();
   if (options_.zero_stage == 3) shard_parameters();
   // Hooks: fire when a parameter's gradient is final for this backward. They hold the
@@ -114,6 +132,9 @@ DataParallel::~DataParallel() {
   alive_.reset();
   for (auto& b : buckets_)
     if (b->work) b->work->synchronize();
+#ifdef FORGE_WITH_CUDA
+  if (offload_stream_) offload_stream_->stream.synchronize();
+#endif
 }
 
 void DataParallel::build_buckets() {
@@ -398,18 +419,30 @@ void DataParallel::for_each_full_parameter(const std::function<void(const std::s
   }
 }
 
+// Each parameter's .grad becomes its view of the bucket, overwritten by the first gradient of
+// the step (Tensor::set_grad_buffer), so the buckets are not zero-filled every step (their
+// padding stays zero from allocation); a parameter that got no gradient has its view zeroed
+// before its bucket is reduced (zero_pending_grads).
 void DataParallel::attach_bucket_grads() {
   NoGradGuard no_grad;
   for (auto& bp : buckets_) {
     Bucket& b = *bp;
-    if (b.grads.defined()) b.grads.zero_();
-    else b.grads = zeros_like_device(b.padded, b.dtype, device_);
+    if (!b.grads.defined()) b.grads = zeros_like_device(b.padded, b.dtype, device_);
     for (int pi : b.params) {
       Param& p = params_[static_cast<size_t>(pi)];
-      p.t.set_grad(b.grads.narrow(0, p.offset, p.numel).view(p.t.shape()));
+      p.t.set_grad_buffer(b.grads.narrow(0, p.offset, p.numel).view(p.t.shape()));
     }
   }
   grads_attached_ = true;
+}
+
+void DataParallel::zero_pending_grads(Bucket& b) {
+  if (options_.zero_stage >= 2) return;
+  NoGradGuard no_grad;
+  for (int pi : b.params) {
+    Param& p = params_[static_cast<size_t>(pi)];
+    if (p.t.grad_buffer_pending()) p.t.set_grad(b.grads.narrow(0, p.offset, p.numel).view(p.t.shape()).zero_());
+  }
 }
 
 void DataParallel::begin_backward(bool sync) {
@@ -421,6 +454,7 @@ void DataParallel::begin_backward(bool sync) {
     grads_attached_ = true;
   }
   sync_ = sync || options_.zero_stage >= 2;
+  last_micro_step_ = sync;
   in_backward_ = true;
   next_to_launch_ = 0;
   for (auto& b : buckets_) {
@@ -484,6 +518,10 @@ void DataParallel::launch_ready_buckets() {
 
 void DataParallel::launch(Bucket& b) {
   NoGradGuard no_grad;
+  if (skip_reductions_) {  // FORGE_DIST_SKIP_REDUCTIONS (DDP, ZeRO-1): a diagnostic, the run is wrong
+    b.launched = true;
+    return;
+  }
   if (options_.zero_stage <= 1) {
     b.work = group_->all_reduce(b.grads, ReduceOp::avg);
   } else {
@@ -506,6 +544,36 @@ void DataParallel::finish_bucket(Bucket& b) {
     b.owned_fresh = false;
     b.rs_out = Tensor();
   }
+  if (last_micro_step_ && b.cpu_grad.defined()) start_grad_download(b);
+}
+
+// Note [offloaded optimizer]: the bucket's owned, reduced gradient slice is final: convert it to
+// f32 (on the compute stream) and, on a GPU, copy it into the pinned cpu_grad on a side stream,
+// so the copy overlaps the rest of backward; step() waits for it. On the CPU, a plain copy.
+void DataParallel::start_grad_download(Bucket& b) {
+  NoGradGuard no_grad;
+  const int64_t r = group_->rank();
+  const Tensor g = options_.zero_stage == 1 ? b.grads.narrow(0, r * b.shard, b.shard) : b.owned;
+  if (!device_.is_cuda()) {
+    b.cpu_grad.copy_(g);
+    b.grad_down = true;
+    return;
+  }
+#ifdef FORGE_WITH_CUDA
+  Tensor g32 = g.to(DType::f32).contiguous();
+  if (g32.storage() == g.storage()) g32 = g32.clone();  // the optimizer may scale g before the copy lands
+  const int dev = device_.index();
+  if (!offload_stream_) offload_stream_ = std::make_unique<OffloadStream>(dev);
+  cuda::Event ready;
+  ready.record(cuda::Stream::current(dev));
+  offload_stream_->stream.wait(ready);
+  {
+    cuda::StreamGuard on(offload_stream_->stream);
+    cuda::copy(b.cpu_grad, g32, /*non_blocking=*/true);
+  }
+  cuda::record_stream(g32, offload_stream_->stream);
+  b.grad_down = true;
+#endif
 }
 
 void DataParallel::end_backward() {
@@ -515,7 +583,10 @@ void DataParallel::end_backward() {
     if (b->block >= 0) release_unit(*b);  // blocks whose gradients did not all arrive
   if (!sync_) return;
   // Buckets whose every gradient did not arrive (unused parameters) are reduced now, in order.
-  for (int i = next_to_launch_; i < num_buckets(); ++i) launch(*buckets_[static_cast<size_t>(i)]);
+  for (int i = next_to_launch_; i < num_buckets(); ++i) {
+    zero_pending_grads(*buckets_[static_cast<size_t>(i)]);
+    launch(*buckets_[static_cast<size_t>(i)]);
+  }
   next_to_launch_ = num_buckets();
   for (auto& b : buckets_) finish_bucket(*b);
 }
@@ -540,6 +611,12 @@ Tensor DataParallel::grad_norm() {
 void DataParallel::clip_grads(double max_norm, const Tensor& norm) {
   if (max_norm <= 0) return;
   NoGradGuard no_grad;
+  if (options_.offload_optimizer) {
+    // The gradients the optimizer reads are on the CPU (downloaded during backward): clipped
+    // there by step(), once they have landed.
+    offload_clip_ = {max_norm, norm};
+    return;
+  }
   if (options_.zero_stage == 0) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
   else if (!piece_views_.empty()) optim::clip_grads_with_norm_(piece_views_, max_norm, norm);
 }
@@ -548,6 +625,7 @@ void DataParallel::step(const Tensor& skip_if) {
   NoGradGuard no_grad;
   for (auto& b : buckets_)
     if (b->block >= 0) release_unit(*b);  // ZeRO-3: gathered weights are about to be stale
+  const auto clip = std::exchange(offload_clip_, {});
   ++step_count_;
   const int64_t r = group_->rank();
   if (optimizer_ && options_.offload_optimizer) {
@@ -556,10 +634,16 @@ void DataParallel::step(const Tensor& skip_if) {
     // per bucket as that bucket's all-gather input (below).
     for (auto& bp : buckets_) {
       Bucket& b = *bp;
-      if (!b.cpu_grad.defined()) continue;
+      if (!b.cpu_grad.defined() || b.grad_down) continue;
       const Tensor g = options_.zero_stage == 1 ? b.grads.narrow(0, r * b.shard, b.shard) : b.owned;
-      b.cpu_grad.copy_(g.to(Device::cpu(), DType::f32));
+      b.cpu_grad.copy_(g.to(Device::cpu(), DType::f32));  // (not downloaded during backward)
     }
+#ifdef FORGE_WITH_CUDA
+    if (offload_stream_) offload_stream_->stream.synchronize();  // the downloads queued in backward
+#endif
+    for (auto& bp : buckets_) bp->grad_down = false;
+    if (clip.second.defined() && !piece_params_.empty())
+      optim::clip_grads_with_norm_(piece_params_, clip.first, clip.second.to(Device::cpu()));
     optimizer_->step(skip_if);
   } else if (optimizer_) {
     optimizer_->step(skip_if);

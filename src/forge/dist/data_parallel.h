@@ -45,9 +45,12 @@
 // same update as DDP from the same reduced gradients.
 //   offload_optimizer (Note [offloaded optimizer]): the pieces' optimizer runs on the CPU
 //     (OpenMP) on f32 master weights that are views of one f32 CPU slice per bucket (pinned
-//     next to a GPU); each step copies every bucket's owned gradient slice down in one copy
-//     (converted to f32), updates on the CPU, and sends each bucket's new slice up in one copy
-//     as its all-gather input. Not yet overlapped with backward or the next forward.
+//     next to a GPU). On a GPU, as soon as a bucket's reduced gradient is final (the last
+//     micro-step), its owned slice is converted to f32 and copied down into a pinned buffer on a
+//     side stream, overlapping the rest of backward; step() waits for those copies, updates on
+//     the CPU, and sends each bucket's new slice up in one copy (its all-gather input; ZeRO-3:
+//     its persistent shard). The CPU update itself cannot overlap backward: clipping needs the
+//     global norm of every gradient first.
 //   stage 0: every rank holds the whole optimizer (make_optimizer over the full parameters).
 //
 // The gradient norm is global: stages 0 and 1 compute it from the (identical, reduced)
@@ -170,6 +173,8 @@ class DataParallel {
   struct Bucket;
   struct Param;
   class Hooks;
+  struct OffloadStream;  // CUDA side stream of the gradient downloads (Note [offloaded optimizer])
+  void start_grad_download(Bucket& b);
   friend class Hooks;
   void shard_parameters();
   Bucket& unit_bucket(int block);
@@ -187,6 +192,7 @@ class DataParallel {
   Tensor stage2_buffer(int index);
   void build_pieces(const std::vector<optim::ParamGroup>& groups, const OptimizerFactory& make_optimizer);
   void attach_bucket_grads();
+  void zero_pending_grads(Bucket& b);
   std::vector<Tensor> norm_tensors() const;
 
   std::vector<Param> params_;
@@ -205,6 +211,12 @@ class DataParallel {
   std::vector<int> block_bucket_;  // stage 3: block index -> its bucket
   std::shared_ptr<nn::BlockHooks> hooks_;
   bool sync_ = false;
+  // FORGE_DIST_SKIP_REDUCTIONS=1: no gradient reduction at all (the run is WRONG): a
+  // diagnostic that measures what the rest of data parallelism costs (docs/dist.md).
+  bool skip_reductions_ = false;
+  bool last_micro_step_ = false;  // the current backward is the step's last micro-step
+  std::pair<double, Tensor> offload_clip_;  // offload: clip_grads' (max_norm, norm), applied by step()
+  std::unique_ptr<OffloadStream> offload_stream_;
   bool in_backward_ = false;
   bool grads_attached_ = false;
   int next_to_launch_ = 0;
