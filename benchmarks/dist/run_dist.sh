@@ -7,13 +7,17 @@
 #   PHASES="check scale memory" benchmarks/dist/run_dist.sh     # after scripts/gpu-check.sh BUILD_ONLY=1
 #
 # Phases (each writes its own files; run them in one call or several):
-#   check    NCCL tests (2 GPUs); every layout (DDP, ZeRO-1/2, offload; SGD and AdamW) on 2 GPUs
-#            against one GPU; forge bench collectives on 2 GPUs, also with NCCL_P2P_DISABLE=1
-#            NCCL_SHM_DISABLE=1 (the network transport, standing in for two hosts)
-#   scale    GPT-2 124M: 1 GPU (batch 16) vs DDP on 2 GPUs (16 per GPU), and DDP on the network
-#            transport
-#   memory   a 1.3B GPT on 2 GPUs: peak memory per GPU for DDP, ZeRO-1, ZeRO-2, ZeRO-2 + offload
-#   largest  the largest LLaMA that trains on the 2 GPUs (LARGEST_LAYERS/LARGEST_DIM)
+#   check    NCCL tests (2 GPUs); every layout (DDP, ZeRO-1/2/3, offload; SGD and AdamW) on 2 GPUs
+#            against one GPU (EQ_LAYOUTS: "stage:offload" words); forge bench collectives on 2
+#            GPUs, also with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 (the network transport, standing
+#            in for two hosts) unless SKIP_COLLECTIVES=1
+#   scale    GPT-2 124M: 1 GPU (batch 16) vs DDP on 2 GPUs (16 per GPU); DDP with
+#            FORGE_DIST_SKIP_REDUCTIONS=1 (everything but the reductions: what they cost); DDP on
+#            the network transport (unless SKIP_NET=1)
+#   memory   a 1.3B GPT on 2 GPUs: peak memory per GPU for MEMORY_LAYOUTS ("stage:offload" words; default DDP, ZeRO-1,
+#            ZeRO-2, ZeRO-2 + offload, ZeRO-3, ZeRO-3 + offload)
+#   largest  the largest LLaMA that trains on the 2 GPUs (LARGEST_LAYERS/LARGEST_DIM/LARGEST_STAGE/
+#            LARGEST_OFFLOAD)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -56,8 +60,8 @@ if [[ " $PHASES " == *" check "* ]]; then
   : > "$RAW/equivalence.jsonl"
   for o in sgd adamw; do
     train1 "${TINY[@]}" --optim.name=$o --run.name=ref_$o > "$RAW/eq_ref_$o.log" 2>&1
-    for layout in "0 false" "1 false" "2 false" "1 true" "2 true"; do
-      set -- $layout
+    for layout in ${EQ_LAYOUTS:-0:false 1:false 2:false 3:false 1:true 2:true 3:true}; do
+      set -- ${layout/:/ }
       name="eq_${o}_z$1_off$2"
       if train2 "${TINY[@]}" --optim.name=$o --run.name=$name --dist.zero_stage=$1 --dist.offload_optimizer=$2 > "$RAW/$name.log" 2>&1; then
         r=$("$PY" benchmarks/dist/compare_runs.py "$RUNS/$name" "$RUNS/ref_$o")
@@ -67,22 +71,36 @@ if [[ " $PHASES " == *" check "* ]]; then
       echo "{\"optim\": \"$o\", \"zero_stage\": $1, \"offload\": $2, \"ranks\": 2, \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
     done
   done
+  if [[ "${SKIP_COLLECTIVES:-0}" != 1 ]]; then
   echo "== collectives on 2 GPUs"
   "$FORGE" launch --no-prefix --nproc-per-node 2 -- "$FORGE" bench collectives --sizes 8..1G --json > "$RAW/collectives_nvlink.json" 2> "$RAW/collectives_nvlink.log" || echo "collectives FAILED"
   echo "== collectives on NCCL's network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$FORGE" launch --no-prefix --nproc-per-node 2 -- "$FORGE" bench collectives \
     --ops all_reduce,all_gather,reduce_scatter --sizes 1K..1G --json > "$RAW/collectives_net.json" 2> "$RAW/collectives_net.log" || echo "collectives (net) FAILED"
+  fi
 fi
 
 if [[ " $PHASES " == *" scale "* ]]; then
-  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=30 --train.log_every=10 --checkpoint.at_end=false)
-  echo "== GPT-2 124M, 1 GPU"
-  train1 "${G2[@]}" --run.name=gpt2_1gpu --train.batch_size=16 > "$RAW/gpt2_1gpu.log" 2>&1 && summary "$RUNS/gpt2_1gpu" | tee "$RAW/gpt2_1gpu.json"
-  echo "== GPT-2 124M, DDP on 2 GPUs"
-  train2 "${G2[@]}" --run.name=gpt2_2gpu --train.batch_size=32 > "$RAW/gpt2_2gpu.log" 2>&1 && summary "$RUNS/gpt2_2gpu" | tee "$RAW/gpt2_2gpu.json"
+  # SCALE_ROUNDS rounds, each a 1-GPU run then the 2-GPU runs, so both sides see the same
+  # thermal history; report.py takes the median of each (one run varies by ~2-3%).
+  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=40 --train.log_every=10 --checkpoint.at_end=false)
+  for r in $(seq 1 "${SCALE_ROUNDS:-1}"); do
+    echo "== round $r: GPT-2 124M, 1 GPU"
+    train1 "${G2[@]}" --run.name=gpt2_1gpu --train.batch_size=16 > "$RAW/gpt2_1gpu_r$r.log" 2>&1 && summary "$RUNS/gpt2_1gpu" | tee "$RAW/gpt2_1gpu_r$r.json"
+    echo "== round $r: GPT-2 124M, DDP on 2 GPUs"
+    train2 "${G2[@]}" --run.name=gpt2_2gpu --train.batch_size=32 > "$RAW/gpt2_2gpu_r$r.log" 2>&1 && summary "$RUNS/gpt2_2gpu" | tee "$RAW/gpt2_2gpu_r$r.json"
+    echo "== round $r: GPT-2 124M, DDP on 2 GPUs, communication stream at high priority (FORGE_NCCL_HIGH_PRIORITY=1)"
+    FORGE_NCCL_HIGH_PRIORITY=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_hp --train.batch_size=32 > "$RAW/gpt2_2gpu_hp_r$r.log" 2>&1 \
+      && summary "$RUNS/gpt2_2gpu_hp" | tee "$RAW/gpt2_2gpu_hp_r$r.json"
+    echo "== round $r: GPT-2 124M, 2 GPUs without any reduction (FORGE_DIST_SKIP_REDUCTIONS=1, a diagnostic)"
+    FORGE_DIST_SKIP_REDUCTIONS=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_noreduce --train.batch_size=32 > "$RAW/gpt2_2gpu_noreduce_r$r.log" 2>&1 \
+      && summary "$RUNS/gpt2_2gpu_noreduce" | tee "$RAW/gpt2_2gpu_noreduce_r$r.json"
+  done
+  if [[ "${SKIP_NET:-0}" != 1 ]]; then
   echo "== GPT-2 124M, DDP on 2 GPUs over NCCL's network transport"
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_net --train.batch_size=32 > "$RAW/gpt2_2gpu_net.log" 2>&1 \
     && summary "$RUNS/gpt2_2gpu_net" | tee "$RAW/gpt2_2gpu_net.json"
+  fi
 fi
 
 if [[ " $PHASES " == *" buckets "* ]]; then
@@ -100,8 +118,8 @@ if [[ " $PHASES " == *" memory "* ]]; then
   B1=(configs/gpt2-124m.toml --run.dir="$RUNS" --model.n_layer=24 --model.n_embd=2048 --model.n_head=16
       --model.checkpoint_activations=true --train.batch_size=8 --train.steps=6 --train.log_every=2
       --checkpoint.at_end=false)
-  for layout in "0 false" "1 false" "2 false" "2 true"; do
-    set -- $layout
+  for layout in ${MEMORY_LAYOUTS:-0:false 1:false 2:false 2:true 3:false 3:true}; do
+    set -- ${layout/:/ }
     name="gpt1b3_z$1_off$2"
     echo "== 1.3B GPT on 2 GPUs, zero_stage=$1 offload=$2"
     train2 "${B1[@]}" --run.name=$name --dist.zero_stage=$1 --dist.offload_optimizer=$2 > "$RAW/$name.log" 2>&1 \

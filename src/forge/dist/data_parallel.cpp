@@ -562,7 +562,7 @@ void DataParallel::start_grad_download(Bucket& b) {
 #ifdef FORGE_WITH_CUDA
   Tensor g32 = g.to(DType::f32).contiguous();
   if (g32.storage() == g.storage()) g32 = g32.clone();  // the optimizer may scale g before the copy lands
-  const int dev = device_.index();
+  const int dev = device_.index;
   if (!offload_stream_) offload_stream_ = std::make_unique<OffloadStream>(dev);
   cuda::Event ready;
   ready.record(cuda::Stream::current(dev));

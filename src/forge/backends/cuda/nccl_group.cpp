@@ -195,10 +195,20 @@ class NcclWork final : public dist::Work {
   Event done_;
 };
 
+// FORGE_NCCL_HIGH_PRIORITY=1: the communication stream gets the device's highest priority, so
+// the block scheduler starts a collective's CTAs ahead of queued compute blocks (like PyTorch's
+// TORCH_NCCL_HIGH_PRIORITY). Off by default; benchmarks/dist/run_dist.sh measures both.
+static int comm_stream_priority() {
+  const char* v = std::getenv("FORGE_NCCL_HIGH_PRIORITY");
+  return v != nullptr && std::string(v) == "1" ? -1000 : 0;  // clamped to the device's range
+}
+
 class NcclGroup final : public dist::ProcessGroup {
  public:
   explicit NcclGroup(std::shared_ptr<NcclComm> comm)
-      : ProcessGroup(comm->rank, comm->size), comm_(std::move(comm)), stream_(Stream::create(comm_->device)) {
+      : ProcessGroup(comm->rank, comm->size),
+        comm_(std::move(comm)),
+        stream_(Stream::create(comm_->device, comm_stream_priority())) {
     // The barrier's one element belongs to the communication stream (allocated while it is current).
     StreamGuard g(stream_);
     barrier_buf_ = forge::zeros({1}, {.dtype = DType::f32, .device = device()});
