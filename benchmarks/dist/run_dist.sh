@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data parallel and ZeRO on a machine with (at least) two GPUs: NCCL checks, equivalence with
 # the single-GPU run, GPT-2 124M scaling, the ZeRO memory table, collectives, and NCCL's
-# network transport. Results: benchmarks/results/raw/dist/ (logs, metrics, JSON); then
-# benchmarks/dist/report.py writes benchmarks/results/dist_<gpu>.md.
+# network transport. Results: benchmarks/results/raw/dist/ (logs, metrics, JSON), from which
+# benchmarks/results/dist_<gpu>.md is written (each table names the phase and variables it came from).
 #
 #   PHASES="check scale memory" benchmarks/dist/run_dist.sh     # after scripts/gpu-check.sh BUILD_ONLY=1
 #
