@@ -404,6 +404,24 @@ TEST_F(DataParallelTrain, ExportWritesAHuggingFaceModelFromAShardedCheckpoint) {
   EXPECT_NE(bad.out.find("--dtype 'f8' is not one of f32, bf16, f16"), std::string::npos) << bad.out;
 }
 
+// FORGE_DIST_SKIP_REDUCTIONS=1 (a diagnostic for benchmarks) really skips the averaging: each
+// rank then trains on its own rows only, so the weights leave DDP's; ZeRO-2/3 refuse it.
+TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
+  const ShellRun r = shell("FORGE_DIST_SKIP_REDUCTIONS=1 " + rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " +
+                           forge_cmd(base_args(root_, "skip_reductions", 20)));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto got = final_params(root_ / "skip_reductions"), ddp = final_params(reference("sgd", 1, 2));
+  double worst = 0;
+  for (const auto& [name, t] : ddp) worst = std::max(worst, max_rel(*got.find(name), t));
+  EXPECT_GT(worst, 1e-4) << "the run without reductions matches DDP: the reductions were not skipped";
+  auto z2 = base_args(root_, "skip_reductions_z2", 2);
+  z2.push_back("--dist.zero_stage=2");
+  const ShellRun bad = shell("FORGE_DIST_SKIP_REDUCTIONS=1 " + rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " +
+                             forge_cmd(z2));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("works with DDP and ZeRO-1 only"), std::string::npos) << bad.out;
+}
+
 TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
   const ShellRun r = run_mpi(3, base_args(root_, "np3", 5));
   EXPECT_NE(r.status, 0);
