@@ -254,70 +254,46 @@ INSTANTIATE_TEST_SUITE_P(, DataParallelLayouts,
                          }()),
                          [](const ::testing::TestParamInfo<Layout>& i) { return layout_name(i.param); });
 
-// A checkpoint of 4 ranks at ZeRO-2 resumes on 2 ranks at ZeRO-1 (resharded on load) and
-// continues with the losses of the uninterrupted 4-rank run.
-TEST_F(DataParallelTrain, ZeroTwoOnFourRanksResumesAsZeroOneOnTwo) {
-  auto full = base_args(root_, "z2_np4_full", 20);
-  full.push_back("--dist.zero_stage=2");
+// A checkpoint written by 4 ranks at stage `before` (step 10 of 20) resumes on 2 ranks at stage
+// `after` (resharded on load), and in one process without dist; each continues with the losses
+// and weights of the uninterrupted 4-rank run.
+void expect_resumes_across_layouts(const fs::path& root, int before, int after) {
+  const std::string tag = "z" + std::to_string(before) + "_np4";
+  auto full = base_args(root, tag + "_full", 20);
+  full.push_back("--dist.zero_stage=" + std::to_string(before));
   const ShellRun a = run_mpi(4, full);
   ASSERT_EQ(a.status, 0) << a.out;
+  EXPECT_NE(a.out.find("ZeRO-" + std::to_string(before)), std::string::npos) << a.out;
 
-  auto first = base_args(root_, "z2_np4_then_z1_np2", 20);
-  first.push_back("--dist.zero_stage=2");
+  const std::string resumed = tag + "_then_z" + std::to_string(after) + "_np2";
+  auto first = base_args(root, resumed, 20);
+  first.push_back("--dist.zero_stage=" + std::to_string(before));
   first.push_back("--checkpoint.every=10");
   first.push_back("--train.steps=10");
   const ShellRun b = run_mpi(4, first);
   ASSERT_EQ(b.status, 0) << b.out;
-  const fs::path ck = root_ / "z2_np4_then_z1_np2" / "checkpoints" / "step_00000010";
+  const fs::path ck = root / resumed / "checkpoints" / "step_00000010";
   ASSERT_TRUE(fs::exists(ck / "optimizer.rank00003.safetensors")) << "no shard file of rank 3 in " << ck;
 
-  auto second = base_args(root_, "z2_np4_then_z1_np2", 20);
-  second.push_back("--dist.zero_stage=1");
-  second.push_back("--run.overwrite=false");
-  std::string cmd = rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(second) + " --resume";
-  const ShellRun c = shell(cmd);
-  ASSERT_EQ(c.status, 0) << c.out;
-  EXPECT_NE(c.out.find("resume: from"), std::string::npos) << c.out;
-  expect_same_run(root_ / "z2_np4_then_z1_np2", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> zero1 np2");
-  // And one process (no dist) resumes the same sharded checkpoint.
-  auto single = base_args(root_, "z2_np4_then_single", 20);
-  single.push_back("--run.overwrite=false");
-  const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
-  ASSERT_EQ(d.status, 0) << d.out;
-  expect_same_run(root_ / "z2_np4_then_single", root_ / "z2_np4_full", 11, 1e-6, 1e-6, "zero2 np4 -> one process");
-}
-
-// ZeRO-3 (sharded parameters): a checkpoint of 4 ranks resumes on 2 ranks at ZeRO-3 and in one
-// process, each continuing with the uninterrupted run's losses and weights.
-TEST_F(DataParallelTrain, ZeroThreeOnFourRanksResumesOnTwoAndInOneProcess) {
-  auto full = base_args(root_, "z3_np4_full", 20);
-  full.push_back("--dist.zero_stage=3");
-  const ShellRun a = run_mpi(4, full);
-  ASSERT_EQ(a.status, 0) << a.out;
-  EXPECT_NE(a.out.find("ZeRO-3"), std::string::npos) << a.out;
-
-  auto first = base_args(root_, "z3_np4_then_np2", 20);
-  first.push_back("--dist.zero_stage=3");
-  first.push_back("--checkpoint.every=10");
-  first.push_back("--train.steps=10");
-  const ShellRun b = run_mpi(4, first);
-  ASSERT_EQ(b.status, 0) << b.out;
-  const fs::path ck = root_ / "z3_np4_then_np2" / "checkpoints" / "step_00000010";
-  ASSERT_TRUE(fs::exists(ck / "optimizer.rank00003.safetensors")) << "no shard file of rank 3 in " << ck;
-
-  auto second = base_args(root_, "z3_np4_then_np2", 20);
-  second.push_back("--dist.zero_stage=3");
+  auto second = base_args(root, resumed, 20);
+  second.push_back("--dist.zero_stage=" + std::to_string(after));
   second.push_back("--run.overwrite=false");
   const ShellRun c = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(second) + " --resume");
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_NE(c.out.find("resume: from"), std::string::npos) << c.out;
-  expect_same_run(root_ / "z3_np4_then_np2", root_ / "z3_np4_full", 11, 1e-6, 1e-6, "zero3 np4 -> zero3 np2");
-  auto single = base_args(root_, "z3_np4_then_single", 20);
+  expect_same_run(root / resumed, root / (tag + "_full"), 11, 1e-6, 1e-6, resumed);
+  // And one process (no dist) resumes the same sharded checkpoint.
+  auto single = base_args(root, tag + "_then_single", 20);
   single.push_back("--run.overwrite=false");
   const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
   ASSERT_EQ(d.status, 0) << d.out;
-  expect_same_run(root_ / "z3_np4_then_single", root_ / "z3_np4_full", 11, 1e-6, 1e-6, "zero3 np4 -> one process");
+  expect_same_run(root / (tag + "_then_single"), root / (tag + "_full"), 11, 1e-6, 1e-6, tag + " -> one process");
 }
+
+TEST_F(DataParallelTrain, ZeroTwoOnFourRanksResumesAsZeroOneOnTwo) { expect_resumes_across_layouts(root_, 2, 1); }
+
+// ZeRO-3 (sharded parameters): its checkpoint holds the whole model like every other stage's.
+TEST_F(DataParallelTrain, ZeroThreeOnFourRanksResumesOnTwoAndInOneProcess) { expect_resumes_across_layouts(root_, 3, 3); }
 
 // ZeRO-3 on a LLaMA with activation checkpointing (each block's parameters are gathered again
 // for its recomputation in backward) and evaluation every 5 steps on text (every rank runs the
