@@ -16,6 +16,7 @@
 #            the network transport (unless SKIP_NET=1)
 #   memory   a 1.3B GPT on 2 GPUs: peak memory per GPU for MEMORY_LAYOUTS ("stage:offload" words; default DDP, ZeRO-1,
 #            ZeRO-2, ZeRO-2 + offload, ZeRO-3, ZeRO-3 + offload)
+#   faults   a stuck peer on NCCL ends the job (FORGE_DIST_TIMEOUT); a run under torchrun
 #   largest  the largest LLaMA that trains on the 2 GPUs (LARGEST_LAYERS/LARGEST_DIM/LARGEST_STAGE/
 #            LARGEST_OFFLOAD)
 set -euo pipefail
@@ -136,5 +137,23 @@ if [[ " $PHASES " == *" largest "* ]]; then
     --model.checkpoint_activations=true --train.batch_size=4 --train.steps=${LARGEST_STEPS:-6} --train.log_every=2 \
     --dist.zero_stage=$STAGE --dist.offload_optimizer=$OFF --checkpoint.at_end=false > "$RAW/$name.log" 2>&1 \
     && summary "$RUNS/$name" | tee "$RAW/$name.json" || { echo "   FAILED"; tail -5 "$RAW/$name.log"; }
+fi
+if [[ " $PHASES " == *" faults "* ]]; then
+  # A stuck peer on NCCL (rank 1 stops calling collectives at step 4): rank 0's wait must time
+  # out (FORGE_DIST_TIMEOUT) and the launcher end the job; then the same tiny run under torchrun
+  # (no MPI: the NCCL id comes from rank 0 over TCP, dist/rendezvous.h).
+  FT=(configs/gpt2-124m.toml --run.dir="$RUNS" --run.overwrite=true --model.n_layer=2 --model.n_embd=64 --model.n_head=2
+      --model.block_size=64 --train.seq_len=64 --train.batch_size=4 --train.steps=200 --train.log_every=1
+      --checkpoint.at_end=false)
+  echo "== stuck peer on NCCL: FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5"
+  t0=$(date +%s)
+  FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5 timeout 180 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${FT[@]}" \
+    --run.name=hang > "$RAW/fault_hang.log" 2>&1; rc=$?
+  echo "   exit $rc after $(( $(date +%s) - t0 )) s (124 would be the test's own timeout: a hang)" | tee -a "$RAW/fault_hang.log"
+  grep -E "did not complete|exited with|stopping" "$RAW/fault_hang.log" | head -4
+  echo "== torchrun --no-python --nproc-per-node 2 (TCP bootstrap of the NCCL id)"
+  timeout 180 torchrun --no-python --nproc-per-node 2 "$FORGE" train "${FT[@]}" --train.steps=20 --run.name=torchrun \
+    > "$RAW/torchrun.log" 2>&1; echo "   exit $?" | tee -a "$RAW/torchrun.log"
+  grep -E "data parallel|done:" "$RAW/torchrun.log" | head -3
 fi
 echo "run_dist: done -> $RAW"

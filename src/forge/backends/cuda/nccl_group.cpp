@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -88,6 +91,15 @@ bool own_slot(const Tensor& whole, const Tensor& part, int r, int64_t n, const c
 
 // One communicator. Destroyed with the last group or Work that uses it; aborted (once) when
 // an operation fails or times out, after which every use throws.
+//
+// Note [NCCL watchdog]. A Work::wait() is a stream wait, so a collective that never completes
+// (a peer dead, stuck or not making the matching call) would otherwise block the host in its
+// next synchronisation forever. Every operation's completion event is therefore also watched
+// by a thread of the communicator, which polls the oldest unfinished one about every 50 ms
+// (and NCCL's asynchronous error): past FORGE_DIST_TIMEOUT seconds, or on an asynchronous
+// error, it prints what did not complete, on which rank, and ends the process (exit code 3),
+// so the launcher stops the job and names the rank, like PyTorch's NCCL watchdog. The thread
+// holds only the events, never the tensors, so memory is freed as before.
 struct NcclComm {
   ncclComm_t comm = nullptr;
   int device = 0, rank = 0, size = 1;
@@ -95,8 +107,70 @@ struct NcclComm {
   std::mutex mu;
   std::string abort_reason;
 
+  struct Watched {
+    std::shared_ptr<Event> done;
+    std::chrono::steady_clock::time_point start;
+    const char* op;
+  };
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  std::deque<Watched> watched;
+  std::thread watchdog;
+  bool watch_stop = false;
+  double watch_limit = 0;  // FORGE_DIST_TIMEOUT, read (and checked) by the first watch()
+
   NcclComm(ncclComm_t c, int dev, int r, int s) : comm(c), device(dev), rank(r), size(s) {}
+
+  void watch(std::shared_ptr<Event> done, const char* op) {
+    const double limit = watchdog.joinable() ? 0 : timeout_seconds();
+    std::lock_guard<std::mutex> lock(watch_mu);
+    watched.push_back({std::move(done), std::chrono::steady_clock::now(), op});
+    if (!watchdog.joinable()) {
+      watch_limit = limit;
+      watchdog = std::thread([this] { run_watchdog(); });
+    }
+  }
+
+  void run_watchdog() {
+    cudaSetDevice(device);
+    const double limit = watch_limit;
+    std::unique_lock<std::mutex> lock(watch_mu);
+    while (!watch_stop) {
+      watch_cv.wait_for(lock, std::chrono::milliseconds(50));
+      try {
+        while (!watched.empty() && watched.front().done->query()) watched.pop_front();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "forge: NCCL watchdog on rank %d: %s; ending this process (exit code 3)\n", rank, e.what());
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      if (watched.empty() || aborted.load()) continue;
+      std::string failure;
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        failure = where(watched.front().op) + " failed asynchronously (a peer died or the network failed): " +
+                  result_text(async, comm);
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - watched.front().start).count();
+      if (failure.empty() && waited > limit)
+        failure = forge::detail::concat(where(watched.front().op), " did not complete within ", limit,
+                                        " s (FORGE_DIST_TIMEOUT): a peer is dead, stuck or never made the matching call");
+      if (failure.empty()) continue;
+      std::fprintf(stderr, "forge: NCCL watchdog: %s; ending this process (exit code 3)\n", failure.c_str());
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+  }
+
   ~NcclComm() {
+    if (watchdog.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(watch_mu);
+        watch_stop = true;
+      }
+      watch_cv.notify_all();
+      watchdog.join();
+    }
     if (comm == nullptr || aborted.load()) return;
     int previous = -1;
     cudaGetDevice(&previous);
@@ -149,7 +223,8 @@ class NcclWork final : public dist::Work {
   NcclWork(std::shared_ptr<NcclComm> comm, const char* op, std::vector<Tensor> tensors, bool host_wait)
       : comm_(std::move(comm)), op_(op), tensors_(std::move(tensors)), host_wait_(host_wait) {}
 
-  Event& done_event() { return done_; }
+  Event& done_event() { return *done_; }
+  const std::shared_ptr<Event>& done_ptr() const { return done_; }
 
   void wait() override {
     if (host_wait_) {
@@ -158,7 +233,7 @@ class NcclWork final : public dist::Work {
     }
     comm_->check_usable(op_);
     comm_->check_async(op_);
-    done_.wait(Stream::current(comm_->device));
+    done_->wait(Stream::current(comm_->device));
   }
 
   void synchronize() override {
@@ -166,7 +241,7 @@ class NcclWork final : public dist::Work {
     const auto t0 = std::chrono::steady_clock::now();
     for (int polls = 0;; ++polls) {
       comm_->check_usable(op_);
-      if (done_.query()) break;
+      if (done_->query()) break;
       comm_->check_async(op_);
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (waited > limit)
@@ -182,7 +257,7 @@ class NcclWork final : public dist::Work {
 
   bool is_completed() override {
     comm_->check_usable(op_);
-    if (done_.query()) return true;
+    if (done_->query()) return true;
     comm_->check_async(op_);
     return false;
   }
@@ -192,7 +267,7 @@ class NcclWork final : public dist::Work {
   const char* op_;
   std::vector<Tensor> tensors_;  // alive until synchronize(); record_stream guards reuse anyway
   bool host_wait_;
-  Event done_;
+  std::shared_ptr<Event> done_ = std::make_shared<Event>();
 };
 
 // FORGE_NCCL_HIGH_PRIORITY=1: the communication stream gets the device's highest priority, so
@@ -360,6 +435,7 @@ class NcclGroup final : public dist::ProcessGroup {
     comm_->check(launch(comm_->comm, stream_.handle()), op);
     auto w = std::make_shared<NcclWork>(comm_, op, std::move(tensors), host_wait);
     w->done_event().record(stream_);
+    comm_->watch(w->done_ptr(), op);  // Note [NCCL watchdog]
     return w;
   }
 
