@@ -100,6 +100,11 @@ bool own_slot(const Tensor& whole, const Tensor& part, int r, int64_t n, const c
 // error, it prints what did not complete, on which rank, and ends the process (exit code 3),
 // so the launcher stops the job and names the rank, like PyTorch's NCCL watchdog. The thread
 // holds only the events, never the tensors, so memory is freed as before.
+// The watchdog's own CUDA calls can block too: a call that synchronises the device (a
+// cudaFree, a blocking copy) waits behind the stuck collective and may hold the driver's lock
+// that cudaEventQuery needs. So a second thread, which makes no CUDA call, watches the
+// watchdog's heartbeat: no heartbeat for FORGE_DIST_TIMEOUT seconds ends the process the same
+// way (measured on two H200s: the first version, without it, hung with a stuck peer).
 struct NcclComm {
   ncclComm_t comm = nullptr;
   int device = 0, rank = 0, size = 1;
@@ -118,6 +123,19 @@ struct NcclComm {
   std::thread watchdog;
   bool watch_stop = false;
   double watch_limit = 0;  // FORGE_DIST_TIMEOUT, read (and checked) by the first watch()
+  std::thread monitor;
+  std::atomic<int64_t> heartbeat_ns{0};  // steady_clock of the watchdog's last completed poll
+  std::atomic<bool> monitor_stop{false};
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  [[noreturn]] void end_process(const std::string& why) {
+    std::fprintf(stderr, "forge: NCCL watchdog: %s; ending this process (exit code 3)\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
 
   NcclComm(ncclComm_t c, int dev, int r, int s) : comm(c), device(dev), rank(r), size(s) {}
 
@@ -127,7 +145,23 @@ struct NcclComm {
     watched.push_back({std::move(done), std::chrono::steady_clock::now(), op});
     if (!watchdog.joinable()) {
       watch_limit = limit;
+      heartbeat_ns = now_ns();
       watchdog = std::thread([this] { run_watchdog(); });
+      monitor = std::thread([this] { run_monitor(); });
+    }
+  }
+
+  // Makes no CUDA or NCCL call (Note [NCCL watchdog]).
+  void run_monitor() {
+    const auto limit_ns = static_cast<int64_t>(watch_limit * 1e9);
+    while (!monitor_stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const int64_t quiet = now_ns() - heartbeat_ns.load();
+      if (quiet > limit_ns)
+        end_process(forge::detail::concat("rank ", rank, " of ", size, " (cuda:", device, "): the watchdog has been blocked in a ",
+                                          "CUDA call for ", static_cast<double>(quiet) * 1e-9, " s (FORGE_DIST_TIMEOUT = ",
+                                          watch_limit, " s): the device is stuck, most likely behind a collective that ",
+                                          "never completes (a peer dead, stuck or not making the matching call)"));
     }
   }
 
@@ -136,6 +170,7 @@ struct NcclComm {
     const double limit = watch_limit;
     std::unique_lock<std::mutex> lock(watch_mu);
     while (!watch_stop) {
+      heartbeat_ns = now_ns();
       watch_cv.wait_for(lock, std::chrono::milliseconds(50));
       try {
         while (!watched.empty() && watched.front().done->query()) watched.pop_front();
@@ -156,9 +191,7 @@ struct NcclComm {
         failure = forge::detail::concat(where(watched.front().op), " did not complete within ", limit,
                                         " s (FORGE_DIST_TIMEOUT): a peer is dead, stuck or never made the matching call");
       if (failure.empty()) continue;
-      std::fprintf(stderr, "forge: NCCL watchdog: %s; ending this process (exit code 3)\n", failure.c_str());
-      std::fflush(stderr);
-      std::_Exit(3);
+      end_process(failure);
     }
   }
 
@@ -170,6 +203,8 @@ struct NcclComm {
       }
       watch_cv.notify_all();
       watchdog.join();
+      monitor_stop = true;
+      monitor.join();
     }
     if (comm == nullptr || aborted.load()) return;
     int previous = -1;
