@@ -148,12 +148,13 @@ if [[ " $PHASES " == *" faults "* ]]; then
   echo "== stuck peer on NCCL: FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5"
   t0=$(date +%s)
   FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5 timeout 180 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${FT[@]}" \
-    --run.name=hang > "$RAW/fault_hang.log" 2>&1; rc=$?
+    --run.name=hang > "$RAW/fault_hang.log" 2>&1 && rc=0 || rc=$?
   echo "   exit $rc after $(( $(date +%s) - t0 )) s (124 would be the test's own timeout: a hang)" | tee -a "$RAW/fault_hang.log"
   grep -E "did not complete|exited with|stopping" "$RAW/fault_hang.log" | head -4
   echo "== torchrun --no-python --nproc-per-node 2 (TCP bootstrap of the NCCL id)"
   timeout 180 torchrun --no-python --nproc-per-node 2 "$FORGE" train "${FT[@]}" --train.steps=20 --run.name=torchrun \
-    > "$RAW/torchrun.log" 2>&1; echo "   exit $?" | tee -a "$RAW/torchrun.log"
+    > "$RAW/torchrun.log" 2>&1 && rc=0 || rc=$?
+  echo "   exit $rc" | tee -a "$RAW/torchrun.log"
   grep -E "data parallel|done:" "$RAW/torchrun.log" | head -3
 fi
 echo "run_dist: done -> $RAW"
