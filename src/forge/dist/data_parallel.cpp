@@ -315,6 +315,9 @@ void DataParallel::shard_parameters() {
     Bucket& b = *buckets_[bi];
     if (b.block < 0) continue;
     if (static_cast<size_t>(b.block) >= block_bucket_.size()) block_bucket_.resize(static_cast<size_t>(b.block) + 1, -1);
+    FORGE_CHECK(block_bucket_[static_cast<size_t>(b.block)] < 0, "DataParallel: the parameters of block ", b.block,
+                " are not consecutive in parameter order (parameter '", params_[static_cast<size_t>(b.params.front())].name,
+                "' comes after another block's); ZeRO-3 needs each block's parameters together");
     block_bucket_[static_cast<size_t>(b.block)] = static_cast<int>(bi);
     Tensor flat = zeros({b.padded}, {.dtype = b.dtype, .device = device_});
     for (int pi : b.params) {
