@@ -261,7 +261,10 @@ TEST(Launch, ARankKilledByASignal) {
 }
 
 TEST(Launch, RanksThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
-  LaunchOptions o = cpu_ranks(3, "trap '' TERM; if [ \"$RANK\" = 2 ]; then exit 4; fi; while :; do sleep 0.1; done");
+  // Rank 2 fails only after the others have had time to install their trap (under load a rank
+  // could otherwise be ended by the SIGTERM before ignoring it, leaving one rank to SIGKILL).
+  LaunchOptions o =
+      cpu_ranks(3, "trap '' TERM; if [ \"$RANK\" = 2 ]; then sleep 0.5; exit 4; fi; while :; do sleep 0.1; done");
   o.grace_seconds = 0.5;
   const Ran r = run(o);
   EXPECT_EQ(r.status, 4);
