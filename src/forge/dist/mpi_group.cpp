@@ -438,31 +438,23 @@ class MpiGroup final : public ProcessGroup {
     return w;
   }
 
-  WorkPtr send(const Tensor& t, int dst, int tag) override {
-    detail::check_peer(*this, "send", "dst", dst);
-    detail::check_tensor(*this, "send", "t", t);
-    check_tag("send", tag);
-    auto w = start("send");
-    w->keep(t);
-    const MPI_Datatype type = mpi_type(t.dtype());
-    const size_t es = t.element_size();
-    // Messages of one (source, tag, communicator) arrive in order, so the chunks match.
-    for_chunks(t.numel(), [&](int64_t c0, int k) {
-      w->check(MPI_Isend(bytes(t) + c0 * es, k, type, dst, tag, w->comm(), w->new_request()));
-    });
-    return w;
-  }
+  WorkPtr send(const Tensor& t, int dst, int tag) override { return point_to_point("send", "dst", t, dst, tag); }
+  WorkPtr recv(const Tensor& t, int src, int tag) override { return point_to_point("recv", "src", t, src, tag); }
 
-  WorkPtr recv(const Tensor& t, int src, int tag) override {
-    detail::check_peer(*this, "recv", "src", src);
-    detail::check_tensor(*this, "recv", "t", t);
-    check_tag("recv", tag);
-    auto w = start("recv");
+  // send (op "send") or recv of t to / from `peer`. Messages of one (source, tag, communicator)
+  // arrive in order, so the chunks match.
+  WorkPtr point_to_point(const char* op, const char* peer_name, const Tensor& t, int peer, int tag) {
+    detail::check_peer(*this, op, peer_name, peer);
+    detail::check_tensor(*this, op, "t", t);
+    check_tag(op, tag);
+    const bool sending = std::strcmp(op, "send") == 0;
+    auto w = start(op);
     w->keep(t);
     const MPI_Datatype type = mpi_type(t.dtype());
     const size_t es = t.element_size();
     for_chunks(t.numel(), [&](int64_t c0, int k) {
-      w->check(MPI_Irecv(bytes(t) + c0 * es, k, type, src, tag, w->comm(), w->new_request()));
+      w->check(sending ? MPI_Isend(bytes(t) + c0 * es, k, type, peer, tag, w->comm(), w->new_request())
+                       : MPI_Irecv(bytes(t) + c0 * es, k, type, peer, tag, w->comm(), w->new_request()));
     });
     return w;
   }
