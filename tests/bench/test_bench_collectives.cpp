@@ -2,6 +2,9 @@
 // world of one process, and two MPI ranks).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -60,9 +63,14 @@ TEST_F(BenchCollectivesCli, OneProcessRunsEveryCollectiveButSendRecv) {
 }
 
 TEST_F(BenchCollectivesCli, TwoMpiRanksReportFromRankZero) {
+  // Its own Open MPI session directory: concurrent mpiruns (ctest -j) can race on the shared one.
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() / ("forge_bench_ompi_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(tmp);
   const std::string cmd =
-      "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun --oversubscribe --bind-to none -np 2 " +
+      "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_orte_tmpdir_base=" +
+      forge::testing::shell_quote(tmp.string()) +
+      " OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun --oversubscribe --bind-to none -np 2 " +
       forge::testing::shell_quote(forge::testing::forge_binary().string()) +
       " bench collectives --device cpu --sizes 64..4K --iters 3 --warmup 1 --json 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");

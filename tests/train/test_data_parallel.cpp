@@ -61,10 +61,16 @@ ShellRun shell(const std::string& cmd) {
 }
 
 // The environment every rank runs with: one thread per rank (2 cores, up to 4 ranks), Open MPI
-// allowed to run as root (CI containers), shared memory without ptrace-based single copy.
+// allowed to run as root (CI containers), shared memory without ptrace-based single copy, and a
+// session directory of this test process's own: two mpiruns started at once (ctest -j) can
+// otherwise race to create the shared /tmp/ompi.<host>.<uid> ("mkdir ... File exists",
+// orte_init failed; seen once on a fresh clone).
 std::string rank_env() {
+  const fs::path tmp = fs::temp_directory_path() / ("forge_dp_ompi_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
   return "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 ";
+         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "OMPI_MCA_orte_tmpdir_base=" + shell_quote(tmp.string()) + " ";
 }
 
 fs::path test_root() {
