@@ -11,9 +11,10 @@
 #            against one GPU (EQ_LAYOUTS: "stage:offload" words); forge bench collectives on 2
 #            GPUs, also with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 (the network transport, standing
 #            in for two hosts) unless SKIP_COLLECTIVES=1
-#   scale    GPT-2 124M: 1 GPU (batch 16) vs DDP on 2 GPUs (16 per GPU); DDP with
-#            FORGE_DIST_SKIP_REDUCTIONS=1 (everything but the reductions: what they cost); DDP on
-#            the network transport (unless SKIP_NET=1)
+#   scale    GPT-2 124M: 1 GPU (batch 16) vs DDP on 2 GPUs (16 per GPU) in SCALE_ROUNDS
+#            alternating rounds of SCALE_VARIANTS (the diagnostics that split the loss: see the
+#            phase), medians in raw/dist/scale_summary.txt; DDP on the network transport
+#            (unless SKIP_NET=1)
 #   memory   a 1.3B GPT on 2 GPUs: peak memory per GPU for MEMORY_LAYOUTS ("stage:offload" words; default DDP, ZeRO-1,
 #            ZeRO-2, ZeRO-2 + offload, ZeRO-3, ZeRO-3 + offload)
 #   faults   a stuck peer on NCCL ends the job (FORGE_DIST_TIMEOUT); a run under torchrun
@@ -35,12 +36,13 @@ nvidia-smi topo -m > "$RAW/topology.txt" 2>&1 || true
 
 train1() { "$FORGE" train "$@"; }
 train2() { "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "$@"; }
-summary() {  # RUN_DIR -> the last progress record's figures
-  "$PY" - "$1" <<'PYEOF'
+summary() {  # RUN_DIR -> the figures of the last SUMMARY_INTERVALS (default 2) progress records
+  "$PY" - "$1" "${SUMMARY_INTERVALS:-2}" <<'PYEOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")]
-last = prog[-2:] if len(prog) >= 2 else prog   # the last two intervals (after warm-up)
+k = int(sys.argv[2])
+last = prog[-k:] if len(prog) >= k else prog   # the last k intervals (after warm-up)
 out = {"tokens_per_s": sum(r["tokens_per_s"] for r in last) / len(last),
        "ms_per_step": sum(r["ms_per_step"] for r in last) / len(last),
        "mem_bytes": max(r["mem_bytes"] for r in prog), "mfu": last[-1].get("mfu"), "loss": last[-1]["loss"]}
@@ -82,26 +84,62 @@ if [[ " $PHASES " == *" check "* ]]; then
 fi
 
 if [[ " $PHASES " == *" scale "* ]]; then
-  # SCALE_ROUNDS rounds, each a 1-GPU run then the 2-GPU runs, so both sides see the same
-  # thermal history; report.py takes the median of each (one run varies by ~2-3%).
-  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=40 --train.log_every=10 --checkpoint.at_end=false)
+  # SCALE_ROUNDS rounds, each running every variant once in turn, so all of them see the same
+  # thermal history; scale_summary.py takes the median of each (one run varies by ~1-3%).
+  # Variants (SCALE_VARIANTS):
+  #   1gpu, 2gpu          the product: 1 GPU at batch 16; DDP on 2 GPUs at 16 per GPU
+  #   1gpu_sync, 2gpu_sync  FORGE_TRAIN_SYNC_EACH_STEP=1: the host reads each step at once
+  #   2gpu_copy           FORGE_NO_GRAD_BUFFER_CLAIM=1: gradients copied into the bucket views
+  #   2gpu_before         both diagnostics: what this repository did before either change
+  #   2gpu_noreduce       FORGE_DIST_SKIP_REDUCTIONS=1: everything but the reductions
+  #   2gpu_hp             FORGE_NCCL_HIGH_PRIORITY=1
+  #   1gpu_dev1           1 GPU on the second device (CUDA_VISIBLE_DEVICES=1)
+  #   1gpu_pair           two independent 1-GPU runs at once, one per device (rank 0's figure):
+  #                       what sharing the host and the power budget costs without any DDP
+  # 60 steps; the figures are those of steps 21-60 (four logging intervals).
+  G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=60 --train.log_every=10 --checkpoint.at_end=false)
+  export SUMMARY_INTERVALS=4
+  scale_one() {  # VARIANT ROUND
+    local v=$1 r=$2 name="gpt2_$1" world=2 envs=()
+    case "$v" in
+      1gpu) world=1 ;;
+      2gpu) ;;
+      1gpu_sync) world=1; envs=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
+      2gpu_sync) envs=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
+      2gpu_copy) envs=(FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
+      2gpu_before) envs=(FORGE_TRAIN_SYNC_EACH_STEP=1 FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
+      2gpu_noreduce) envs=(FORGE_DIST_SKIP_REDUCTIONS=1) ;;
+      2gpu_hp) envs=(FORGE_NCCL_HIGH_PRIORITY=1) ;;
+      1gpu_dev1) world=1; envs=(CUDA_VISIBLE_DEVICES=1) ;;
+      1gpu_pair)
+        CUDA_VISIBLE_DEVICES=0 "$FORGE" train "${G2[@]}" --run.name=${name}_a --train.batch_size=16 > "$RAW/${name}_a_r$r.log" 2>&1 &
+        local pa=$!
+        CUDA_VISIBLE_DEVICES=1 "$FORGE" train "${G2[@]}" --run.name=${name}_b --train.batch_size=16 > "$RAW/${name}_b_r$r.log" 2>&1 &
+        local pb=$!
+        wait $pa && wait $pb && summary "$RUNS/${name}_a" > "$RAW/${name}_r$r.json" && summary "$RUNS/${name}_b" > "$RAW/${name}_b_r$r.json"
+        return ;;
+      *) echo "run_dist.sh: unknown scale variant '$v'"; return 2 ;;
+    esac
+    if [[ $world == 1 ]]; then
+      env "${envs[@]}" "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=16 > "$RAW/${name}_r$r.log" 2>&1
+    else
+      env "${envs[@]}" "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=32 \
+        > "$RAW/${name}_r$r.log" 2>&1
+    fi && summary "$RUNS/$name" > "$RAW/${name}_r$r.json"
+  }
   for r in $(seq 1 "${SCALE_ROUNDS:-1}"); do
-    echo "== round $r: GPT-2 124M, 1 GPU"
-    train1 "${G2[@]}" --run.name=gpt2_1gpu --train.batch_size=16 > "$RAW/gpt2_1gpu_r$r.log" 2>&1 && summary "$RUNS/gpt2_1gpu" | tee "$RAW/gpt2_1gpu_r$r.json"
-    echo "== round $r: GPT-2 124M, DDP on 2 GPUs"
-    train2 "${G2[@]}" --run.name=gpt2_2gpu --train.batch_size=32 > "$RAW/gpt2_2gpu_r$r.log" 2>&1 && summary "$RUNS/gpt2_2gpu" | tee "$RAW/gpt2_2gpu_r$r.json"
-    echo "== round $r: GPT-2 124M, DDP on 2 GPUs, communication stream at high priority (FORGE_NCCL_HIGH_PRIORITY=1)"
-    FORGE_NCCL_HIGH_PRIORITY=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_hp --train.batch_size=32 > "$RAW/gpt2_2gpu_hp_r$r.log" 2>&1 \
-      && summary "$RUNS/gpt2_2gpu_hp" | tee "$RAW/gpt2_2gpu_hp_r$r.json"
-    echo "== round $r: GPT-2 124M, 2 GPUs without any reduction (FORGE_DIST_SKIP_REDUCTIONS=1, a diagnostic)"
-    FORGE_DIST_SKIP_REDUCTIONS=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_noreduce --train.batch_size=32 > "$RAW/gpt2_2gpu_noreduce_r$r.log" 2>&1 \
-      && summary "$RUNS/gpt2_2gpu_noreduce" | tee "$RAW/gpt2_2gpu_noreduce_r$r.json"
+    for v in ${SCALE_VARIANTS:-1gpu 2gpu 2gpu_noreduce}; do
+      scale_one "$v" "$r" && rc=0 || rc=$?
+      echo "round $r $v: $( [[ $rc == 0 ]] && cat "$RAW/gpt2_${v}_r$r.json" || echo "FAILED ($rc), see $RAW/gpt2_${v}_r$r.log")"
+    done
   done
+  "$PY" benchmarks/dist/scale_summary.py "$RAW" | tee "$RAW/scale_summary.txt"
   if [[ "${SKIP_NET:-0}" != 1 ]]; then
   echo "== GPT-2 124M, DDP on 2 GPUs over NCCL's network transport"
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 train2 "${G2[@]}" --run.name=gpt2_2gpu_net --train.batch_size=32 > "$RAW/gpt2_2gpu_net.log" 2>&1 \
     && summary "$RUNS/gpt2_2gpu_net" | tee "$RAW/gpt2_2gpu_net.json"
   fi
+  unset SUMMARY_INTERVALS
 fi
 
 if [[ " $PHASES " == *" buckets "* ]]; then

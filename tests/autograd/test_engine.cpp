@@ -248,6 +248,51 @@ TEST(Autograd, ModifyingASavedTensorInPlaceIsDetected) {
   }
 }
 
+// Note [claimed grad buffer]: with pre-allocated gradient buffers (DDP's bucket views) a
+// linear's weight and bias gradients, and an embedding's, are written straight into them;
+// a weight used twice (a tied embedding and head) gets its sum there too. The gradients are
+// exactly those of a run without buffers; a second backward adds.
+TEST(Autograd, ClaimedGradBuffersTakeTheGradientsInPlace) {
+  Generator gen(11);
+  const Tensor x = randn({4, 5}, {}, &gen), r1 = randn({4, 6}, {}, &gen), r2 = randn({3, 5}, {}, &gen),
+               r3 = randn({4, 6}, {}, &gen);
+  const Tensor ids = from_vector<int64_t>({2, 0, 2}, {3});
+  Tensor w = randn({6, 5}, {}, &gen).requires_grad_(), b = randn({6}, {}, &gen).requires_grad_();
+  // The head and a second linear on w (two linear backwards: one claims, one allocates) and
+  // the embedding (it finds the buffer claimed).
+  auto backward = [&] {
+    (sum(mul(linear(x, w, b), r1)) + sum(mul(embedding(w, ids), r2)) + sum(mul(linear(x, w), r3))).backward();
+  };
+  backward();
+  const std::vector<float> want_w = w.grad().to_vector<float>(), want_b = b.grad().to_vector<float>();
+  w.zero_grad();
+  b.zero_grad();
+  Tensor flat = full({40}, 7.0);  // stale values: the first gradient overwrites them
+  w.set_grad_buffer(flat.narrow(0, 0, 30).view({6, 5}));
+  b.set_grad_buffer(flat.narrow(0, 32, 6));
+  backward();
+  EXPECT_TRUE(w.grad().storage() == flat.storage() && b.grad().storage() == flat.storage());
+  EXPECT_EQ(w.grad().to_vector<float>(), want_w);
+  EXPECT_EQ(b.grad().to_vector<float>(), want_b);
+  EXPECT_FALSE(w.grad_buffer_pending());
+  backward();  // accumulates
+  const std::vector<float> got = flat.narrow(0, 0, 30).to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], 2 * want_w[i]) << i;
+  EXPECT_EQ(flat.narrow(0, 30, 2).to_vector<float>(), std::vector<float>(2, 7.0f)) << "outside the views";
+
+  // claim_grad_buffer hands the pending buffer out once, and only with its shape and dtype.
+  Tensor v = zeros({2, 3}).requires_grad_();
+  Tensor buf = zeros({2, 3});
+  EXPECT_FALSE(v.claim_grad_buffer({2, 3}, DType::f32).defined()) << "no buffer set";
+  v.set_grad_buffer(buf);
+  EXPECT_FALSE(v.claim_grad_buffer({3, 2}, DType::f32).defined());
+  EXPECT_FALSE(v.claim_grad_buffer({2, 3}, DType::f64).defined());
+  EXPECT_TRUE(v.claim_grad_buffer({2, 3}, DType::f32).storage() == buf.storage());
+  EXPECT_FALSE(v.claim_grad_buffer({2, 3}, DType::f32).defined()) << "claimed once";
+  v.set_grad_buffer(buf);
+  EXPECT_TRUE(v.claim_grad_buffer({2, 3}, DType::f32).defined()) << "set_grad_buffer re-arms it";
+}
+
 TEST(Autograd, InPlaceOnAnUnsavedInputIsFine) {
   // add saves nothing, so changing its input afterwards does not affect its backward.
   Tensor w = ones({2}, {.requires_grad = true});

@@ -16,6 +16,31 @@ struct LaterFirst {
   }
 };
 
+// True when `buf` is the gradient buffer that `next`'s leaf handed to a backward function
+// (Note [claimed grad buffer], node.cpp): the gradient was written there, not into memory of
+// its own.
+bool is_claimed_buffer(const Tensor& buf, const Node& next) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(&next);
+  if (acc == nullptr || acc->leaf()->autograd == nullptr) return false;
+  const AutogradMeta& m = *acc->leaf()->autograd;
+  return m.overwrite_grad && m.grad_buffer_claimed && m.grad.defined() && buf.storage() == m.grad.storage() &&
+         buf.offset() == m.grad.offset() && buf.shape() == m.grad.shape() && buf.strides() == m.grad.strides();
+}
+
+// Sums a further gradient into `next`'s input. Into the claimed gradient buffer itself when
+// that is what the input is (a weight used twice, as GPT's tied embedding and head): the sum
+// then lands where AccumulateGrad would have copied it.
+void accumulate(Tensor& buf, Tensor g, const Node& next) {
+  if (!buf.defined()) {
+    buf = std::move(g);
+  } else if (g.shape() == buf.shape() && g.dtype() == buf.dtype() && g.device() == buf.device() &&
+             is_claimed_buffer(buf, next)) {
+    buf.add_(g);
+  } else {
+    buf = buf + g;
+  }
+}
+
 void check_grad(const Node& node, size_t i, const Tensor& g) {
   const InputMeta& m = node.input_meta[i];
   FORGE_CHECK(g.shape() == m.shape && g.dtype() == m.dtype && g.device() == m.device, "backward: ", node.name(),
@@ -102,8 +127,7 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
       if (!next) continue;
       if (i < out.size() && out[i].defined()) {
         check_grad(*node, i, out[i]);
-        Tensor& buf = buffers[next.get()];
-        buf = buf.defined() ? buf + out[i] : std::move(out[i]);
+        accumulate(buffers[next.get()], std::move(out[i]), *next);
       }
       if (--deps[next.get()] == 0) ready.push(next);
     }

@@ -35,8 +35,16 @@ TensorList AccumulateGrad::apply(const Tensor& g) {
                        g.offset() == 0;
     m.grad = owned ? g : g.clone();
   } else if (m.overwrite_grad) {
-    m.grad.copy_(g);  // a pre-allocated buffer (Tensor::set_grad_buffer): no zero-fill needed
+    // A pre-allocated buffer (Tensor::set_grad_buffer): overwritten, so never zero-filled.
+    // Note [claimed grad buffer]: a backward function that claimed the buffer
+    // (Tensor::claim_grad_buffer) wrote the gradient into it; when that is what arrives,
+    // there is nothing to copy. Anything else (the claimed gradient summed with another
+    // use's, say) is a new tensor and is copied in.
+    const bool in_place = g.storage() == m.grad.storage() && g.offset() == m.grad.offset() &&
+                          g.shape() == m.grad.shape() && g.strides() == m.grad.strides() && g.dtype() == m.grad.dtype();
+    if (!in_place) m.grad.copy_(g);
     m.overwrite_grad = false;
+    m.grad_buffer_claimed = false;
   } else {
     m.grad.add_(g);
   }

@@ -1,5 +1,8 @@
 #include "forge/core/tensor.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace forge {
 
 TensorImpl::~TensorImpl() = default;
@@ -73,6 +76,7 @@ void Tensor::set_grad(const Tensor& g) const {
   }
   impl_->meta().grad = g;
   impl_->meta().overwrite_grad = false;
+  impl_->meta().grad_buffer_claimed = false;
 }
 
 void Tensor::set_grad_buffer(const Tensor& buffer) const {
@@ -82,6 +86,22 @@ void Tensor::set_grad_buffer(const Tensor& buffer) const {
 }
 
 bool Tensor::grad_buffer_pending() const { return impl_->autograd != nullptr && impl_->autograd->overwrite_grad; }
+
+Tensor Tensor::claim_grad_buffer(const Shape& shape, DType dtype) const {
+  // FORGE_NO_GRAD_BUFFER_CLAIM=1 (a diagnostic, docs/dist.md): never hand the buffer out, so
+  // gradients are computed into memory of their own and copied in (what this saves).
+  static const bool disabled = [] {
+    const char* v = std::getenv("FORGE_NO_GRAD_BUFFER_CLAIM");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (disabled || !defined() || impl_->autograd == nullptr || impl_->autograd->grad_fn) return Tensor();
+  AutogradMeta& m = *impl_->autograd;
+  if (!m.overwrite_grad || m.grad_buffer_claimed || !m.grad.defined() || m.grad.shape() != shape ||
+      m.grad.dtype() != dtype || !m.grad.is_contiguous())
+    return Tensor();
+  m.grad_buffer_claimed = true;
+  return m.grad;
+}
 
 void Tensor::zero_grad() const {
   if (checked().autograd) impl_->autograd->grad = Tensor();

@@ -110,6 +110,12 @@ class Tensor {
   // until that first accumulation (the buffer then holds stale values).
   void set_grad_buffer(const Tensor& buffer) const;
   bool grad_buffer_pending() const;
+  // For a backward function that produces this leaf's gradient: the pending buffer itself
+  // (once per backward; undefined if there is none, it was already claimed, or its shape,
+  // dtype or layout differ), for the function to write the gradient straight into. A
+  // gradient that arrives as that buffer is then taken without a copy (Note [claimed grad
+  // buffer], autograd/node.cpp).
+  Tensor claim_grad_buffer(const Shape& shape, DType dtype) const;
   void zero_grad() const;  // drops .grad (like PyTorch's set_to_none=True)
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   bool is_leaf() const { return grad_fn() == nullptr; }
@@ -184,6 +190,7 @@ struct AutogradMeta {
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only; owned by the graph
   std::vector<GradHook> grad_hooks;
   bool overwrite_grad = false;  // set_grad_buffer: the next accumulation replaces grad's values
+  bool grad_buffer_claimed = false;  // claim_grad_buffer handed the pending buffer out
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

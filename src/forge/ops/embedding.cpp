@@ -35,8 +35,12 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   const Tensor idx = contiguous(ids.detach());
   if (out.is_cpu()) cpu::embedding_forward(contiguous(weight.detach()), idx, out);
   else FORGE_ON_CUDA("embedding", cuda::embedding_forward(contiguous(weight.detach()), idx, out));
-  record("embedding", out, {weight}, [idx, V, C](const Tensor& g, const GradMask&) {
-    Tensor dw = empty({V, C}, {.dtype = g.dtype(), .device = g.device()});
+  // The kernels write every row of dweight, so it may be the weight's pre-allocated gradient
+  // buffer (Note [claimed grad buffer]).
+  const Tensor w_leaf = weight.requires_grad() && weight.is_leaf() ? weight : Tensor();
+  record("embedding", out, {weight}, [idx, V, C, w_leaf](const Tensor& g, const GradMask&) {
+    Tensor dw = w_leaf.claim_grad_buffer({V, C}, g.dtype());
+    if (!dw.defined()) dw = empty({V, C}, {.dtype = g.dtype(), .device = g.device()});
     if (dw.is_cpu()) cpu::embedding_backward(contiguous(g), idx, dw);
     else FORGE_ON_CUDA("embedding", cuda::embedding_backward(contiguous(g), idx, dw));
     return TensorList{dw};

@@ -41,6 +41,7 @@
 #include "forge/telemetry/mfu.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/memory.h"
+#include "forge/backends/cuda/stream.h"
 #endif
 
 namespace forge::train {
@@ -460,6 +461,45 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
 
 // ---- the language-model loop -----------------------------------------------------------------
 
+// Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
+// host one step late. The values are copied into pinned memory right after the update is
+// queued, with an event behind the copy; the host then queues the next step (its batch, its
+// forward, backward and update) and only then waits for that event, which completes while
+// the GPU runs the next step. The GPU never idles while the host draws a batch, logs or
+// launches the first kernels of a step, and with data parallelism one rank's host hiccup
+// no longer stalls both GPUs. Everything the host decides from the values (logging, the
+// non-finite guard's count, train.max_bad_steps) happens in step order, one step later; the
+// update itself never waited for the host (the skip is decided on the device). Before an
+// evaluation, a checkpoint or the end, the pending step is read first, so those see a
+// state whose every step has been accounted for. On a CPU the read is immediate.
+class StepReadback {
+ public:
+  explicit StepReadback(const Tensor& values) {
+#ifdef FORGE_WITH_CUDA
+    if (values.is_cuda()) {
+      host_ = values.contiguous().to(Device::cpu(), /*non_blocking=*/true);
+      ready_.record(cuda::Stream::current(static_cast<int>(values.device().index)));
+      return;
+    }
+#endif
+    host_ = values;
+  }
+  // Waits for this step's values only (not for the work queued after them).
+  std::vector<double> get() const {
+#ifdef FORGE_WITH_CUDA
+    ready_.synchronize();
+#endif
+    return host_.to_vector<double>();
+  }
+
+ private:
+  Tensor host_;
+#ifdef FORGE_WITH_CUDA
+  cuda::Event ready_;
+#endif
+};
+
+
 TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
   const auto t_start = Clock::now();
   RunConfig cfg = cfg_in;
@@ -735,8 +775,77 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   };
   const auto abort_at = fault_at("FORGE_TEST_ABORT_AT");
   const auto hang_at = fault_at("FORGE_TEST_HANG_AT");
+  // A queued step whose figures the host has not read yet (Note [deferred step read]).
+  struct QueuedStep {
+    int64_t step;
+    double lr;
+    StepReadback values;  // loss, gradient norm, skip flag (and the loss scale under f16)
+  };
+  std::optional<QueuedStep> pending;
+  auto t_mark = Clock::now();  // when the previous step's figures were read (or the loop began)
+  // FORGE_TRAIN_SYNC_EACH_STEP=1 (a diagnostic, docs/train.md): read every step's figures as
+  // soon as it is queued, so the device drains at every step (what the deferred read saves).
+  const bool sync_each_step = [] {
+    const char* v = std::getenv("FORGE_TRAIN_SYNC_EACH_STEP");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  // Reads a queued step's figures and does the host's share of it: the non-finite guard's
+  // count, the losses, the progress line and metrics. Returns false for a skipped step.
+  auto finish = [&](const QueuedStep& q) -> bool {
+    const std::vector<double> host = q.values.get();
+    const double loss_value = host[0], gnorm = host[1];
+    const double dt = seconds_since(t_mark);
+    t_mark = Clock::now();
+    tokens_done += tokens_per_step;
+    // Note [non-finite guard]: a step whose loss or gradient norm is inf/NaN is skipped (the
+    // update did nothing), logged and counted; max_bad_steps of them in a row stop the run
+    // without writing a checkpoint, so the last good one stays the latest. With f16 the loss
+    // scaler's overflow skips (finite loss, inf gradients) are how it finds its scale and do
+    // not count.
+    if (host[2] != 0.0 && !(scaler && std::isfinite(loss_value))) {
+      ++result.skipped_steps;
+      ++bad_in_a_row;
+      log << "step " << q.step << ": skipped (loss " << loss_value << ", gradient norm " << gnorm << "), "
+          << bad_in_a_row << " in a row of train.max_bad_steps = " << cfg.train.max_bad_steps << std::endl;
+      metrics.write({{"step", q.step}, {"skipped", true}, {"loss", loss_value}, {"grad_norm", gnorm}});
+      result.losses.push_back(loss_value);
+      FORGE_CHECK(bad_in_a_row < cfg.train.max_bad_steps, "train: ", bad_in_a_row,
+                  " steps in a row had a non-finite loss or gradient norm (last at step ", q.step,
+                  "); stopping. The last good checkpoint is untouched",
+                  result.last_checkpoint.empty() ? std::string() : " (" + result.last_checkpoint + ")",
+                  ". Lower optim.lr, raise schedule.warmup_steps, set optim.grad_clip, or use run.dtype = \"bf16\"");
+      return false;
+    }
+    bad_in_a_row = 0;
+    result.losses.push_back(loss_value);
+    train_seconds += dt;
+    interval_seconds += dt;
+    ++interval_steps;
+    ++steps_this_call;
+    if (q.step % cfg.train.log_every == 0 || q.step == cfg.train.steps || q.step == result.start_step + 1) {
+      const double tps = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
+      const double elapsed = seconds_since(t_start);
+      const double eta =
+          static_cast<double>(cfg.train.steps - q.step) * interval_seconds / static_cast<double>(interval_steps);
+      const int64_t mem = peak_memory(device);
+      // tps counts the whole job's tokens: MFU is over the peak of all its GPUs (Note [MFU]).
+      const double mfu = peak_flops ? tps * flops_per_token / (*peak_flops * world_size) : -1.0;
+      log << telemetry::progress_line({.step = q.step, .total_steps = cfg.train.steps, .loss = loss_value,
+                                       .lr = q.lr, .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
+                                       .memory_bytes = mem, .mfu = mfu})
+          << std::endl;
+      json rec = {{"step", q.step}, {"loss", loss_value}, {"lr", q.lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
+                  {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
+                  {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
+      if (mfu >= 0) rec["mfu"] = mfu;
+      if (scaler) rec["loss_scale"] = host[3];
+      metrics.write(rec);
+      interval_seconds = 0.0;
+      interval_steps = 0;
+    }
+    return true;
+  };
   while (step < cfg.train.steps) {
-    const auto t0 = Clock::now();
     if (abort_at && abort_at->first == denv.rank && abort_at->second == step + 1) {
       std::fprintf(stderr, "forge train: FORGE_TEST_ABORT_AT: rank %d aborts at step %lld\n", denv.rank,
                    static_cast<long long>(step + 1));
@@ -751,6 +860,8 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     if (dp) dp->set_lr(lr);
     else schedule.apply(*optimizer, step);
     Tensor loss_sum;  // on the device: read once per step
+    Tensor mean_loss;
+    dist::WorkPtr loss_work;
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
@@ -764,22 +875,27 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       const Tensor inputs = device.is_cuda() ? batch->inputs.pin_memory().to(device, true) : batch->inputs;
       const Tensor targets = device.is_cuda() ? batch->targets.pin_memory().to(device, true) : batch->targets;
       const Tensor loss = ops::cross_entropy(model.forward(inputs), targets);
+      const Tensor l = loss.detach().to(DType::f32);
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+      if (k == K - 1) {
+        mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+        if (pg && world_size > 1) {
+          // The loss of the global batch: queued before backward, so on a GPU it runs ahead
+          // of the gradient buckets on the communication stream, and is waited for after.
+          mean_loss = mean_loss.contiguous();
+          loss_work = pg->all_reduce(mean_loss, dist::ReduceOp::avg);
+        }
+      }
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
       if (scaler) scaled = scaler->scale_loss(scaled);
       if (dp) dp->begin_backward(/*sync=*/k == K - 1);
       scaled.backward();
       if (dp) dp->end_backward();
-      const Tensor l = loss.detach().to(DType::f32);
-      loss_sum = loss_sum.defined() ? loss_sum + l : l;
     }
+    if (loss_work) loss_work->wait();
     // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
-    // all run on the device; the loss and the norm come back to the host together once, after
-    // the update is queued.
-    Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
-    if (pg && world_size > 1) {
-      mean_loss = mean_loss.contiguous();
-      pg->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();  // the loss of the global batch
-    }
+    // all run on the device; the loss and the norm come back to the host once per step
+    // (Note [deferred step read]).
     Tensor norm = dp ? dp->grad_norm() : scaler ? scaler->unscale_(params) : optim::total_grad_norm(params);
     if (cfg.optim.grad_clip > 0) {
       if (dp) dp->clip_grads(cfg.optim.grad_clip, norm);
@@ -795,75 +911,34 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     } else {
       optimizer->step(bad);
     }
-    const std::vector<double> host = ops::stack({mean_loss.reshape({}), norm.to(DType::f32).reshape({}),
-                                                 bad.reshape({})})
-                                         .to_vector<double>();
-    const double loss_value = host[0], gnorm = host[1];
-    // Note [non-finite guard]: a step whose loss or gradient norm is inf/NaN is skipped (the
-    // update above did nothing), logged and counted; max_bad_steps of them in a row stop the run
-    // without writing a checkpoint, so the last good one stays the latest. With f16 the loss
-    // scaler's overflow skips (finite loss, inf gradients) are how it finds its scale and do
-    // not count.
-    const bool skipped = host[2] != 0.0 && !(scaler && std::isfinite(loss_value));
+    std::vector<Tensor> figures = {mean_loss.reshape({}), norm.to(DType::f32).reshape({}), bad.reshape({})};
+    if (scaler) figures.push_back(scaler->scale_tensor().to(DType::f32).reshape({}));
+    QueuedStep queued{step + 1, lr, StepReadback(ops::stack(figures))};
     if (dp) dp->zero_grad();
     else optimizer->zero_grad();
-    if (skipped) {
-      ++result.skipped_steps;
-      ++bad_in_a_row;
-      log << "step " << step + 1 << ": skipped (loss " << loss_value << ", gradient norm " << gnorm << "), "
-          << bad_in_a_row << " in a row of train.max_bad_steps = " << cfg.train.max_bad_steps << std::endl;
-      metrics.write({{"step", step + 1}, {"skipped", true}, {"loss", loss_value}, {"grad_norm", gnorm}});
-      result.losses.push_back(loss_value);
-      tokens_done += tokens_per_step;
-      FORGE_CHECK(bad_in_a_row < cfg.train.max_bad_steps, "train: ", bad_in_a_row,
-                  " steps in a row had a non-finite loss or gradient norm (last at step ", step + 1,
-                  "); stopping. The last good checkpoint is untouched",
-                  result.last_checkpoint.empty() ? std::string() : " (" + result.last_checkpoint + ")",
-                  ". Lower optim.lr, raise schedule.warmup_steps, set optim.grad_clip, or use run.dtype = \"bf16\"");
-      ++step;
-      continue;
-    }
-    bad_in_a_row = 0;
     ++step;
-    result.losses.push_back(loss_value);
-    const double dt = seconds_since(t0);
-    train_seconds += dt;
-    interval_seconds += dt;
-    ++interval_steps;
-    ++steps_this_call;
-    tokens_done += tokens_per_step;
+    if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
+    pending.emplace(std::move(queued));
 
-    if (step % cfg.train.log_every == 0 || step == cfg.train.steps || step == result.start_step + 1) {
-      const double tps = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
-      const double elapsed = seconds_since(t_start);
-      const double eta = static_cast<double>(cfg.train.steps - step) * interval_seconds / static_cast<double>(interval_steps);
-      const int64_t mem = peak_memory(device);
-      // tps counts the whole job's tokens: MFU is over the peak of all its GPUs (Note [MFU]).
-      const double mfu = peak_flops ? tps * flops_per_token / (*peak_flops * world_size) : -1.0;
-      log << telemetry::progress_line({.step = step, .total_steps = cfg.train.steps, .loss = loss_value, .lr = lr,
-                                       .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta, .memory_bytes = mem,
-                                       .mfu = mfu})
-          << std::endl;
-      json rec = {{"step", step}, {"loss", loss_value}, {"lr", lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
-                  {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
-                  {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
-      if (mfu >= 0) rec["mfu"] = mfu;
-      if (scaler) rec["loss_scale"] = scaler->scale();
-      metrics.write(rec);
-      interval_seconds = 0.0;
-      interval_steps = 0;
-    }
     const bool last = step == cfg.train.steps;
-    if (has_val && evaluates && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last) {
+    const bool eval_now = has_val && evaluates && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last;
+    const bool checkpoint_due = cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0 && !last;
+    if (!(eval_now || checkpoint_due || last || sync_each_step)) continue;
+    // Evaluations and checkpoints see a state whose every step has been read.
+    const bool ok = finish(*pending);
+    pending.reset();
+    if (!ok) continue;  // a skipped step neither evaluates nor checkpoints
+    if (eval_now) {
       const double v = evaluate(model, eval_windows(), cfg.eval.batches);
       result.evals.push_back({step, v});
       log << "eval step " << step << ": val loss " << fixed(v) << std::endl;
       metrics.write({{"step", step}, {"val_loss", v}, {"elapsed_s", seconds_since(t_start)}});
     }
-    if (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0 && !last) {
+    if (checkpoint_due) {
       const fs::path dir = checkpoint_now(step);
       log << "checkpoint: " << dir.string() << std::endl;
     }
+    t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
   result.final_step = step;
   result.tokens_per_s = static_cast<double>(steps_this_call * tokens_per_step) / std::max(train_seconds, 1e-9);

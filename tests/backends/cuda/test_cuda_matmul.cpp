@@ -293,6 +293,49 @@ TEST_P(CudaLinear, NonContiguousInputs) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinear, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64));
 
+// Note [claimed grad buffer] on the GPU: the weight-gradient GEMM (with its bias-gradient
+// epilogue) and the embedding backward write into pre-allocated gradient buffers (DDP's
+// bucket views); a weight used as tied embedding and head gets the sum there. Compared with
+// the CPU backend on the same inputs, in bf16 (the training dtype) and f32.
+TEST(CudaLinearGradBuffers, WeightAndBiasGradientsLandInTheBuffers) {
+  FORGE_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Pair x = on_both(host_input({64, 96}, Domain::real, dt, 330));
+    const Pair r1 = on_both(host_input({64, 128}, Domain::real, dt, 331));
+    const Pair r2 = on_both(host_input({40, 96}, Domain::real, dt, 332));
+    const Pair w = on_both(host_input({128, 96}, Domain::real, dt, 333));
+    const Pair b = on_both(host_input({128}, Domain::real, dt, 334));
+    std::vector<int64_t> idv(40);
+    for (size_t i = 0; i < idv.size(); ++i) idv[i] = static_cast<int64_t>((i * 37) % 128);
+    const Tensor ids_cpu = from_vector<int64_t>(idv, {40});
+    auto grads = [&](Device d, bool buffers) {
+      const bool gpu = d.is_cuda();
+      Tensor wl = (gpu ? w.gpu : ref_of(w.cpu)).detach().clone().requires_grad_();
+      Tensor bl = (gpu ? b.gpu : ref_of(b.cpu)).detach().clone().requires_grad_();
+      Tensor flat;
+      if (buffers) {
+        flat = full({128 * 96 + 256}, 7.0, {.dtype = wl.dtype(), .device = d});
+        wl.set_grad_buffer(flat.narrow(0, 0, 128 * 96).view({128, 96}));
+        bl.set_grad_buffer(flat.narrow(0, 128 * 96 + 128, 128));
+      }
+      const Tensor xi = gpu ? x.gpu : ref_of(x.cpu), a = gpu ? r1.gpu : ref_of(r1.cpu), c = gpu ? r2.gpu : ref_of(r2.cpu);
+      (ops::sum(ops::mul(ops::linear(xi, wl, bl), a)) + ops::sum(ops::mul(ops::embedding(wl, ids_cpu.to(d)), c)))
+          .backward();
+      if (buffers) {
+        EXPECT_TRUE(wl.grad().storage() == flat.storage() && bl.grad().storage() == flat.storage());
+        EXPECT_EQ(flat.narrow(0, 128 * 96, 128).to(DType::f64).to_vector<double>(), std::vector<double>(128, 7.0))
+            << "between the views";
+      }
+      return std::make_pair(wl.grad(), bl.grad());
+    };
+    const auto ref = grads(Device::cpu(), false);
+    const auto plain = grads(kGpu, false), buffered = grads(kGpu, true);
+    expect_matches(buffered.first, ref.first, tolerance(dt), std::string("weight grad in the buffer, ") + dtype_name(dt));
+    expect_matches(buffered.second, ref.second, tolerance(dt), std::string("bias grad in the buffer, ") + dtype_name(dt));
+    expect_matches(buffered.first, plain.first.to(ref.first.dtype()), tolerance(dt), "buffered vs plain GPU weight grad");
+  }
+}
+
 TEST(CudaLinearModules, MlpMatchesTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
   manual_seed(5);
