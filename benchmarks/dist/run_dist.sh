@@ -91,9 +91,13 @@ if [[ " $PHASES " == *" scale "* ]]; then
   #   1gpu_sync, 2gpu_sync  FORGE_TRAIN_SYNC_EACH_STEP=1: the host reads each step at once
   #   2gpu_copy           FORGE_NO_GRAD_BUFFER_CLAIM=1: gradients copied into the bucket views
   #   2gpu_before         both diagnostics: what this repository did before either change
-  #   2gpu_noreduce       FORGE_DIST_SKIP_REDUCTIONS=1: everything but the reductions
+  #   2gpu_noreduce       FORGE_DIST_SKIP_REDUCTIONS=1: no communication in the step at all (the
+  #                       gradient reductions and the loss all-reduce skipped)
   #   2gpu_hp             FORGE_NCCL_HIGH_PRIORITY=1
   #   1gpu_dev1           1 GPU on the second device (CUDA_VISIBLE_DEVICES=1)
+  #   1gpu_launch         1 GPU started by forge launch --nproc-per-node 1 (its binding, its environment)
+  #   <variant>_phases    with FORGE_TRAIN_PHASES=1: every rank logs its step's device time by phase
+  #   <variant>@V=X,W=Y   with those environment variables (e.g. 2gpu@NCCL_ALGO=Ring)
   #   1gpu_pair           two independent 1-GPU runs at once, one per device (rank 0's figure):
   #                       what sharing the host and the power budget costs without any DDP
   # 60 steps; the figures are those of steps 21-60 (four logging intervals).
@@ -101,16 +105,26 @@ if [[ " $PHASES " == *" scale "* ]]; then
   export SUMMARY_INTERVALS=4
   scale_one() {  # VARIANT ROUND
     local v=$1 r=$2 name="gpt2_$1" world=2 envs=()
+    # <variant>@VAR=VAL[,VAR=VAL...]: the same with those environment variables (NCCL's, say)
+    if [[ $v == *@* ]]; then
+      local extra=${v#*@}
+      IFS=, read -r -a envs <<< "$extra"
+      v=${v%%@*}
+      name="gpt2_${1//[^A-Za-z0-9_]/_}"
+    fi
+    # <variant>_phases: the same with FORGE_TRAIN_PHASES=1 (each rank logs where its device time goes)
+    if [[ $v == *_phases ]]; then v=${v%_phases}; envs+=(FORGE_TRAIN_PHASES=1); fi
     case "$v" in
       1gpu) world=1 ;;
       2gpu) ;;
-      1gpu_sync) world=1; envs=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
-      2gpu_sync) envs=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
-      2gpu_copy) envs=(FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
-      2gpu_before) envs=(FORGE_TRAIN_SYNC_EACH_STEP=1 FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
-      2gpu_noreduce) envs=(FORGE_DIST_SKIP_REDUCTIONS=1) ;;
-      2gpu_hp) envs=(FORGE_NCCL_HIGH_PRIORITY=1) ;;
-      1gpu_dev1) world=1; envs=(CUDA_VISIBLE_DEVICES=1) ;;
+      1gpu_sync) world=1; envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
+      2gpu_sync) envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
+      2gpu_copy) envs+=(FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
+      2gpu_before) envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1 FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
+      2gpu_noreduce) envs+=(FORGE_DIST_SKIP_REDUCTIONS=1) ;;
+      2gpu_hp) envs+=(FORGE_NCCL_HIGH_PRIORITY=1) ;;
+      1gpu_dev1) world=1; envs+=(CUDA_VISIBLE_DEVICES=1) ;;
+      1gpu_launch) world=launch1 ;;
       1gpu_pair)
         CUDA_VISIBLE_DEVICES=0 "$FORGE" train "${G2[@]}" --run.name=${name}_a --train.batch_size=16 > "$RAW/${name}_a_r$r.log" 2>&1 &
         local pa=$!
@@ -122,6 +136,9 @@ if [[ " $PHASES " == *" scale "* ]]; then
     esac
     if [[ $world == 1 ]]; then
       env "${envs[@]}" "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=16 > "$RAW/${name}_r$r.log" 2>&1
+    elif [[ $world == launch1 ]]; then
+      env "${envs[@]}" "$FORGE" launch --nproc-per-node 1 -- "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=16 \
+        > "$RAW/${name}_r$r.log" 2>&1
     else
       env "${envs[@]}" "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=32 \
         > "$RAW/${name}_r$r.log" 2>&1
@@ -130,7 +147,9 @@ if [[ " $PHASES " == *" scale "* ]]; then
   for r in $(seq 1 "${SCALE_ROUNDS:-1}"); do
     for v in ${SCALE_VARIANTS:-1gpu 2gpu 2gpu_noreduce}; do
       scale_one "$v" "$r" && rc=0 || rc=$?
-      echo "round $r $v: $( [[ $rc == 0 ]] && cat "$RAW/gpt2_${v}_r$r.json" || echo "FAILED ($rc), see $RAW/gpt2_${v}_r$r.log")"
+      local_name="gpt2_${v//[^A-Za-z0-9_]/_}"
+      echo "round $r $v: $( [[ $rc == 0 ]] && cat "$RAW/${local_name}_r$r.json" || echo "FAILED ($rc), see $RAW/${local_name}_r$r.log")"
+      grep -h "phases (FORGE_TRAIN_PHASES" "$RAW/${local_name}_r$r.log" 2>/dev/null || true
     done
   done
   "$PY" benchmarks/dist/scale_summary.py "$RAW" | tee "$RAW/scale_summary.txt"

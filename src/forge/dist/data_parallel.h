@@ -166,6 +166,8 @@ class DataParallel {
   const DataParallelOptions& options() const { return options_; }
   const ProcessGroupPtr& group() const { return group_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // FORGE_DIST_SKIP_REDUCTIONS=1 is on (a diagnostic: the trainer skips its loss all-reduce too).
+  bool skips_reductions() const { return skip_reductions_; }
   // Bytes of optimizer state and gradients this rank holds (for reports and tests).
   int64_t optimizer_state_bytes() const;
 

@@ -2,6 +2,7 @@
 #include "forge/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -461,6 +464,70 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
 
 // ---- the language-model loop -----------------------------------------------------------------
 
+// FORGE_TRAIN_PHASES=1 (a diagnostic, docs/train.md): timing events on the compute stream at
+// the phase boundaries of every step; at the end each rank prints the mean device time of each
+// phase over the steps after the first ten. The marks are where the GPU reaches them, so a
+// phase's time includes any wait for the host or for another stream (the gradient reductions)
+// within it. CUDA only.
+class PhaseMarks {
+ public:
+  static constexpr int kMarks = 6;  // forward | backward | reductions | loss, norm, clip | update | (next step)
+  explicit PhaseMarks(Device device) : device_(device) {
+    const char* v = std::getenv("FORGE_TRAIN_PHASES");
+    on_ = device.is_cuda() && v != nullptr && std::string(v) == "1";
+  }
+  void mark(int i) {
+#ifdef FORGE_WITH_CUDA
+    if (!on_) return;
+    if (i == 0) steps_.emplace_back();
+    auto& marks = steps_.back();
+    while (static_cast<int>(marks.size()) < i) marks.emplace_back(true);  // (a phase not reached: empty)
+    marks.emplace_back(true);
+    marks.back().record(cuda::Stream::current(static_cast<int>(device_.index)));
+#else
+    (void)i;
+#endif
+  }
+  // The report line (empty when off or too few steps).
+  std::string report() const {
+#ifdef FORGE_WITH_CUDA
+    const size_t first = 10;
+    if (!on_ || steps_.size() < first + 2) return {};
+    std::array<double, kMarks> sum{};
+    size_t n = 0;
+    for (size_t s = first; s + 1 < steps_.size(); ++s) {
+      const auto& m = steps_[s];
+      if (m.size() != kMarks || steps_[s + 1].empty()) continue;
+      m.back().synchronize();
+      steps_[s + 1].front().synchronize();
+      for (int i = 0; i + 1 < kMarks; ++i) sum[static_cast<size_t>(i)] += m[static_cast<size_t>(i)].elapsed_ms(m[static_cast<size_t>(i) + 1]);
+      sum[kMarks - 1] += m.back().elapsed_ms(steps_[s + 1].front());
+      ++n;
+    }
+    if (n == 0) return {};
+    static const char* names[kMarks] = {"forward", "backward", "waiting for the reductions", "loss, norm and clip",
+                                        "update", "between steps"};
+    std::ostringstream os;
+    double total = 0.0;
+    for (double v : sum) total += v;
+    os << "phases (FORGE_TRAIN_PHASES, mean ms per step over " << n << " steps): ";
+    for (int i = 0; i < kMarks; ++i) os << (i ? ", " : "") << names[i] << " " << fixed(sum[static_cast<size_t>(i)] / static_cast<double>(n), 3);
+    os << "; total " << fixed(total / static_cast<double>(n), 3);
+    return os.str();
+#else
+    return {};
+#endif
+  }
+
+ private:
+  Device device_;
+  bool on_ = false;
+#ifdef FORGE_WITH_CUDA
+  std::vector<std::vector<cuda::Event>> steps_;
+#endif
+};
+
+
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
 // host one step late. The values are copied into pinned memory right after the update is
 // queued, with an event behind the copy; the host then queues the next step (its batch, its
@@ -845,6 +912,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     return true;
   };
+  PhaseMarks phases(device);
   while (step < cfg.train.steps) {
     if (abort_at && abort_at->first == denv.rank && abort_at->second == step + 1) {
       std::fprintf(stderr, "forge train: FORGE_TEST_ABORT_AT: rank %d aborts at step %lld\n", denv.rank,
@@ -874,12 +942,13 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       // To a GPU through pinned host memory: the copy is queued on the stream, no host wait.
       const Tensor inputs = device.is_cuda() ? batch->inputs.pin_memory().to(device, true) : batch->inputs;
       const Tensor targets = device.is_cuda() ? batch->targets.pin_memory().to(device, true) : batch->targets;
+      if (k == K - 1) phases.mark(0);
       const Tensor loss = ops::cross_entropy(model.forward(inputs), targets);
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
       if (k == K - 1) {
         mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
-        if (pg && world_size > 1) {
+        if (pg && world_size > 1 && !(dp && dp->skips_reductions())) {
           // The loss of the global batch: queued before backward, so on a GPU it runs ahead
           // of the gradient buckets on the communication stream, and is waited for after.
           mean_loss = mean_loss.contiguous();
@@ -888,10 +957,13 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       }
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
       if (scaler) scaled = scaler->scale_loss(scaled);
+      if (k == K - 1) phases.mark(1);
       if (dp) dp->begin_backward(/*sync=*/k == K - 1);
       scaled.backward();
+      if (k == K - 1) phases.mark(2);
       if (dp) dp->end_backward();
     }
+    phases.mark(3);
     if (loss_work) loss_work->wait();
     // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
     // all run on the device; the loss and the norm come back to the host once per step
@@ -903,6 +975,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss).
     const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+    phases.mark(4);
     if (dp) {
       dp->step(bad);
     } else if (scaler) {
@@ -911,6 +984,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     } else {
       optimizer->step(bad);
     }
+    phases.mark(5);
     std::vector<Tensor> figures = {mean_loss.reshape({}), norm.to(DType::f32).reshape({}), bad.reshape({})};
     if (scaler) figures.push_back(scaler->scale_tensor().to(DType::f32).reshape({}));
     QueuedStep queued{step + 1, lr, StepReadback(ops::stack(figures))};
@@ -940,6 +1014,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
+  if (const std::string p = phases.report(); !p.empty()) log << p << std::endl;
   result.final_step = step;
   result.tokens_per_s = static_cast<double>(steps_this_call * tokens_per_step) / std::max(train_seconds, 1e-9);
 
