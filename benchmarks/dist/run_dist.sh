@@ -95,6 +95,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
   #                       gradient reductions and the loss all-reduce skipped)
   #   2gpu_hp             FORGE_NCCL_HIGH_PRIORITY=1
   #   1gpu_dev1           1 GPU on the second device (CUDA_VISIBLE_DEVICES=1)
+  #   2gpu_b<MB>          DDP with dist.bucket_mb = MB
   #   1gpu_launch         1 GPU started by forge launch --nproc-per-node 1 (its binding, its environment)
   #   <variant>_phases    with FORGE_TRAIN_PHASES=1: every rank logs its step's device time by phase
   #   <variant>@V=X,W=Y   with those environment variables (e.g. 2gpu@NCCL_ALGO=Ring)
@@ -104,7 +105,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
   G2=(configs/gpt2-124m.toml --run.dir="$RUNS" --train.steps=60 --train.log_every=10 --checkpoint.at_end=false)
   export SUMMARY_INTERVALS=4
   scale_one() {  # VARIANT ROUND
-    local v=$1 r=$2 name="gpt2_$1" world=2 envs=()
+    local v=$1 r=$2 name="gpt2_$1" world=2 envs=() args=()
     # <variant>@VAR=VAL[,VAR=VAL...]: the same with those environment variables (NCCL's, say)
     if [[ $v == *@* ]]; then
       local extra=${v#*@}
@@ -123,6 +124,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
       2gpu_before) envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1 FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
       2gpu_noreduce) envs+=(FORGE_DIST_SKIP_REDUCTIONS=1) ;;
       2gpu_hp) envs+=(FORGE_NCCL_HIGH_PRIORITY=1) ;;
+      2gpu_b[0-9]*) args=(--dist.bucket_mb=${v#2gpu_b}) ;;
       1gpu_dev1) world=1; envs+=(CUDA_VISIBLE_DEVICES=1) ;;
       1gpu_launch) world=launch1 ;;
       1gpu_pair)
@@ -140,7 +142,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
       env "${envs[@]}" "$FORGE" launch --nproc-per-node 1 -- "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=16 \
         > "$RAW/${name}_r$r.log" 2>&1
     else
-      env "${envs[@]}" "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${G2[@]}" --run.name=$name --train.batch_size=32 \
+      env "${envs[@]}" "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${G2[@]}" "${args[@]}" --run.name=$name --train.batch_size=32 \
         > "$RAW/${name}_r$r.log" 2>&1
     fi && summary "$RUNS/$name" > "$RAW/${name}_r$r.json"
   }

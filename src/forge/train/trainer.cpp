@@ -1014,7 +1014,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
-  if (const std::string p = phases.report(); !p.empty()) log << p << std::endl;
+  if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
   result.final_step = step;
   result.tokens_per_s = static_cast<double>(steps_this_call * tokens_per_step) / std::max(train_seconds, 1e-9);
 

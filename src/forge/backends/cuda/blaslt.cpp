@@ -191,6 +191,13 @@ std::unique_ptr<Plan> make_plan(DeviceState& s, const Gemm& g, cublasComputeType
   // Note [row-major GEMMs on cuBLASLt]: cuBLASLt's A is our B, its B our A.
   const cublasOperation_t op_a = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // FORGE_GEMM_SM_TARGET=N (a diagnostic, docs/dist.md): plan every GEMM for N SMs
+  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving the rest to a concurrent stream (NCCL).
+  static const int sm_target = [] {
+    const char* v = std::getenv("FORGE_GEMM_SM_TARGET");
+    return v != nullptr ? std::atoi(v) : 0;
+  }();
+  if (sm_target > 0) set_desc(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target));
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   if (g.epilogue != Epilogue::none) {
