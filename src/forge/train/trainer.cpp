@@ -479,7 +479,14 @@ class PhaseMarks {
   void mark(int i) {
 #ifdef FORGE_WITH_CUDA
     if (!on_) return;
-    if (i == 0) steps_.emplace_back();
+    if (i == 0) {
+      steps_.emplace_back();
+      if (steps_.size() == kFirst + 1) {  // the measured steps begin: allocator and host-wait baselines
+        const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
+        allocs0_ = m.num_device_allocs + m.num_device_frees;
+        waited_ = 0.0;
+      }
+    }
     auto& marks = steps_.back();
     while (static_cast<int>(marks.size()) < i) marks.emplace_back(true);  // (a phase not reached: empty)
     marks.emplace_back(true);
@@ -488,10 +495,12 @@ class PhaseMarks {
     (void)i;
 #endif
   }
+  // Host seconds spent waiting for a step's figures (the host's slack: near 0, it is the bottleneck).
+  void host_waited(double seconds) { waited_ += seconds; }
   // The report line (empty when off or too few steps).
   std::string report() const {
 #ifdef FORGE_WITH_CUDA
-    const size_t first = 10;
+    const size_t first = kFirst;
     if (!on_ || steps_.size() < first + 2) return {};
     std::array<double, kMarks> sum{};
     size_t n = 0;
@@ -513,6 +522,11 @@ class PhaseMarks {
     os << "phases (FORGE_TRAIN_PHASES, mean ms per step over " << n << " steps): ";
     for (int i = 0; i < kMarks; ++i) os << (i ? ", " : "") << names[i] << " " << fixed(sum[static_cast<size_t>(i)] / static_cast<double>(n), 3);
     os << "; total " << fixed(total / static_cast<double>(n), 3);
+    const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
+    const size_t measured = steps_.size() - kFirst;
+    os << "; host waited " << fixed(1e3 * waited_ / static_cast<double>(measured), 3)
+       << " ms per step for the device; cudaMalloc/cudaFree calls during these steps: "
+       << m.num_device_allocs + m.num_device_frees - allocs0_;
     return os.str();
 #else
     return {};
@@ -520,8 +534,11 @@ class PhaseMarks {
   }
 
  private:
+  static constexpr size_t kFirst = 10;  // warm-up steps left out
   Device device_;
   bool on_ = false;
+  double waited_ = 0.0;
+  int64_t allocs0_ = 0;
 #ifdef FORGE_WITH_CUDA
   std::vector<std::vector<cuda::Event>> steps_;
 #endif
@@ -842,6 +859,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   };
   const auto abort_at = fault_at("FORGE_TEST_ABORT_AT");
   const auto hang_at = fault_at("FORGE_TEST_HANG_AT");
+  PhaseMarks phases(device);
   // A queued step whose figures the host has not read yet (Note [deferred step read]).
   struct QueuedStep {
     int64_t step;
@@ -859,7 +877,9 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   // Reads a queued step's figures and does the host's share of it: the non-finite guard's
   // count, the losses, the progress line and metrics. Returns false for a skipped step.
   auto finish = [&](const QueuedStep& q) -> bool {
+    const auto t_wait = Clock::now();
     const std::vector<double> host = q.values.get();
+    phases.host_waited(seconds_since(t_wait));
     const double loss_value = host[0], gnorm = host[1];
     const double dt = seconds_since(t_mark);
     t_mark = Clock::now();
@@ -912,7 +932,6 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     return true;
   };
-  PhaseMarks phases(device);
   while (step < cfg.train.steps) {
     if (abort_at && abort_at->first == denv.rank && abort_at->second == step + 1) {
       std::fprintf(stderr, "forge train: FORGE_TEST_ABORT_AT: rank %d aborts at step %lld\n", denv.rank,
