@@ -947,8 +947,6 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     if (dp) dp->set_lr(lr);
     else schedule.apply(*optimizer, step);
     Tensor loss_sum;  // on the device: read once per step
-    Tensor mean_loss;
-    dist::WorkPtr loss_work;
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
@@ -965,15 +963,6 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       const Tensor loss = ops::cross_entropy(model.forward(inputs), targets);
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
-      if (k == K - 1) {
-        mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
-        if (pg && world_size > 1 && !(dp && dp->skips_reductions())) {
-          // The loss of the global batch: queued before backward, so on a GPU it runs ahead
-          // of the gradient buckets on the communication stream, and is waited for after.
-          mean_loss = mean_loss.contiguous();
-          loss_work = pg->all_reduce(mean_loss, dist::ReduceOp::avg);
-        }
-      }
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
       if (scaler) scaled = scaler->scale_loss(scaled);
       if (k == K - 1) phases.mark(1);
@@ -983,7 +972,15 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       if (dp) dp->end_backward();
     }
     phases.mark(3);
-    if (loss_work) loss_work->wait();
+    Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+    if (pg && world_size > 1 && !(dp && dp->skips_reductions())) {
+      // The loss of the global batch, queued behind the last gradient bucket. Not before
+      // backward: there its NCCL kernel waited for the slower rank's forward while this
+      // rank's backward ran, and the spinning kernel's SMs cost backward ~0.6 ms a step on two
+      // H200s (benchmarks/results/dist_NVIDIA_H200.md, section 2).
+      mean_loss = mean_loss.contiguous();
+      pg->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
+    }
     // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
     // all run on the device; the loss and the norm come back to the host once per step
     // (Note [deferred step read]).
