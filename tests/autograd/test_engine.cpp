@@ -293,6 +293,25 @@ TEST(Autograd, ClaimedGradBuffersTakeTheGradientsInPlace) {
   EXPECT_TRUE(v.claim_grad_buffer({2, 3}, DType::f32).defined()) << "set_grad_buffer re-arms it";
 }
 
+// The norms' weight and bias gradients land in claimed buffers too, exactly as without them.
+TEST(Autograd, NormGradientsLandInClaimedBuffers) {
+  Generator gen(12);
+  const Tensor x = randn({6, 8}, {}, &gen), r = randn({6, 8}, {}, &gen);
+  Tensor w = randn({8}, {}, &gen).requires_grad_(), b = randn({8}, {}, &gen).requires_grad_();
+  auto backward = [&] { (sum(mul(layer_norm(x, w, b, 1e-5), r)) + sum(mul(rms_norm(x, w, 1e-6), r))).backward(); };
+  backward();
+  const std::vector<float> want_w = w.grad().to_vector<float>(), want_b = b.grad().to_vector<float>();
+  w.zero_grad();
+  b.zero_grad();
+  Tensor flat = full({16}, -3.0);
+  w.set_grad_buffer(flat.narrow(0, 0, 8));
+  b.set_grad_buffer(flat.narrow(0, 8, 8));
+  backward();
+  EXPECT_TRUE(w.grad().storage() == flat.storage() && b.grad().storage() == flat.storage());
+  EXPECT_EQ(w.grad().to_vector<float>(), want_w);
+  EXPECT_EQ(b.grad().to_vector<float>(), want_b);
+}
+
 TEST(Autograd, InPlaceOnAnUnsavedInputIsFine) {
   // add saves nothing, so changing its input afterwards does not affect its backward.
   Tensor w = ones({2}, {.requires_grad = true});

@@ -336,6 +336,37 @@ TEST(CudaLinearGradBuffers, WeightAndBiasGradientsLandInTheBuffers) {
   }
 }
 
+// The same for layer_norm and rms_norm's weight (and bias) gradients on the GPU.
+TEST(CudaLinearGradBuffers, NormGradientsLandInTheBuffers) {
+  FORGE_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Pair x = on_both(host_input({64, 96}, Domain::real, dt, 340));
+    const Pair r = on_both(host_input({64, 96}, Domain::real, dt, 341));
+    const Pair w = on_both(host_input({96}, Domain::real, dt, 342));
+    const Pair b = on_both(host_input({96}, Domain::real, dt, 343));
+    auto grads = [&](Device d, bool buffers) {
+      const bool gpu = d.is_cuda();
+      Tensor wl = (gpu ? w.gpu : ref_of(w.cpu)).detach().clone().requires_grad_();
+      Tensor bl = (gpu ? b.gpu : ref_of(b.cpu)).detach().clone().requires_grad_();
+      Tensor flat;
+      if (buffers) {
+        flat = full({256}, 5.0, {.dtype = wl.dtype(), .device = d});
+        wl.set_grad_buffer(flat.narrow(0, 0, 96));
+        bl.set_grad_buffer(flat.narrow(0, 128, 96));
+      }
+      const Tensor xi = gpu ? x.gpu : ref_of(x.cpu), ri = gpu ? r.gpu : ref_of(r.cpu);
+      (ops::sum(ops::mul(ops::layer_norm(xi, wl, bl), ri)) + ops::sum(ops::mul(ops::rms_norm(xi, wl), ri))).backward();
+      if (buffers) {
+        EXPECT_TRUE(wl.grad().storage() == flat.storage() && bl.grad().storage() == flat.storage());
+      }
+      return std::make_pair(wl.grad(), bl.grad());
+    };
+    const auto ref = grads(Device::cpu(), false), buffered = grads(kGpu, true);
+    expect_matches(buffered.first, ref.first, tolerance(dt), std::string("norm weight grad, ") + dtype_name(dt));
+    expect_matches(buffered.second, ref.second, tolerance(dt), std::string("norm bias grad, ") + dtype_name(dt));
+  }
+}
+
 TEST(CudaLinearModules, MlpMatchesTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
   manual_seed(5);
