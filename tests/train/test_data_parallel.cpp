@@ -404,6 +404,18 @@ TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
   EXPECT_NE(bad.out.find("works with DDP and ZeRO-1 only"), std::string::npos) << bad.out;
 }
 
+// The diagnostics that restore the older paths (gradients copied into the bucket views instead
+// of written there by backward, Note [claimed grad buffer]; the step's figures read at once
+// instead of one step late, Note [deferred step read]) give the same run, bit for bit: the
+// faster paths change no arithmetic.
+TEST_F(DataParallelTrain, ClaimedBuffersAndTheDeferredReadChangeNoArithmetic) {
+  const ShellRun r = shell("FORGE_NO_GRAD_BUFFER_CLAIM=1 FORGE_TRAIN_SYNC_EACH_STEP=1 " + rank_env() +
+                           "mpirun --oversubscribe --bind-to none -np 2 " +
+                           forge_cmd(base_args(root_, "copied_grads", 20, "adamw")));
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_same_run(root_ / "copied_grads", reference("adamw", 1, 2), 1, 0.0, 0.0, "copied vs claimed gradients");
+}
+
 TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
   const ShellRun r = run_mpi(3, base_args(root_, "np3", 5));
   EXPECT_NE(r.status, 0);
