@@ -293,6 +293,20 @@ TEST_P(CudaLinear, NonContiguousInputs) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLinear, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64));
 
+// A fresh leaf with the values of `p` on `d` (the GPU's, or the CPU reference's in f32).
+Tensor leaf_on(const Pair& p, Device d) { return (d.is_cuda() ? p.gpu : ref_of(p.cpu)).detach().clone().requires_grad_(); }
+
+// Gives w and b gradient buffers in one flat tensor of stale values (7): w's view at 0, b's
+// after a gap of kGap elements, as DDP's bucket views. Returns the flat tensor.
+constexpr int64_t kGap = 32;
+Tensor attach_grad_buffers(const Tensor& w, const Tensor& b) {
+  const int64_t nw = w.numel();
+  Tensor flat = full({nw + kGap + b.numel()}, 7.0, {.dtype = w.dtype(), .device = w.device()});
+  w.set_grad_buffer(flat.narrow(0, 0, nw).view(w.shape()));
+  b.set_grad_buffer(flat.narrow(0, nw + kGap, b.numel()));
+  return flat;
+}
+
 // Note [claimed grad buffer] on the GPU: the weight-gradient GEMM (with its bias-gradient
 // epilogue) and the embedding backward write into pre-allocated gradient buffers (DDP's
 // bucket views); a weight used as tied embedding and head gets the sum there. Compared with
@@ -310,20 +324,14 @@ TEST(CudaLinearGradBuffers, WeightAndBiasGradientsLandInTheBuffers) {
     const Tensor ids_cpu = from_vector<int64_t>(idv, {40});
     auto grads = [&](Device d, bool buffers) {
       const bool gpu = d.is_cuda();
-      Tensor wl = (gpu ? w.gpu : ref_of(w.cpu)).detach().clone().requires_grad_();
-      Tensor bl = (gpu ? b.gpu : ref_of(b.cpu)).detach().clone().requires_grad_();
-      Tensor flat;
-      if (buffers) {
-        flat = full({128 * 96 + 256}, 7.0, {.dtype = wl.dtype(), .device = d});
-        wl.set_grad_buffer(flat.narrow(0, 0, 128 * 96).view({128, 96}));
-        bl.set_grad_buffer(flat.narrow(0, 128 * 96 + 128, 128));
-      }
+      const Tensor wl = leaf_on(w, d), bl = leaf_on(b, d);
+      const Tensor flat = buffers ? attach_grad_buffers(wl, bl) : Tensor();
       const Tensor xi = gpu ? x.gpu : ref_of(x.cpu), a = gpu ? r1.gpu : ref_of(r1.cpu), c = gpu ? r2.gpu : ref_of(r2.cpu);
       (ops::sum(ops::mul(ops::linear(xi, wl, bl), a)) + ops::sum(ops::mul(ops::embedding(wl, ids_cpu.to(d)), c)))
           .backward();
       if (buffers) {
         EXPECT_TRUE(wl.grad().storage() == flat.storage() && bl.grad().storage() == flat.storage());
-        EXPECT_EQ(flat.narrow(0, 128 * 96, 128).to(DType::f64).to_vector<double>(), std::vector<double>(128, 7.0))
+        EXPECT_EQ(flat.narrow(0, 128 * 96, kGap).to(DType::f64).to_vector<double>(), std::vector<double>(kGap, 7.0))
             << "between the views";
       }
       return std::make_pair(wl.grad(), bl.grad());
@@ -346,14 +354,8 @@ TEST(CudaLinearGradBuffers, NormGradientsLandInTheBuffers) {
     const Pair b = on_both(host_input({96}, Domain::real, dt, 343));
     auto grads = [&](Device d, bool buffers) {
       const bool gpu = d.is_cuda();
-      Tensor wl = (gpu ? w.gpu : ref_of(w.cpu)).detach().clone().requires_grad_();
-      Tensor bl = (gpu ? b.gpu : ref_of(b.cpu)).detach().clone().requires_grad_();
-      Tensor flat;
-      if (buffers) {
-        flat = full({256}, 5.0, {.dtype = wl.dtype(), .device = d});
-        wl.set_grad_buffer(flat.narrow(0, 0, 96));
-        bl.set_grad_buffer(flat.narrow(0, 128, 96));
-      }
+      const Tensor wl = leaf_on(w, d), bl = leaf_on(b, d);
+      const Tensor flat = buffers ? attach_grad_buffers(wl, bl) : Tensor();
       const Tensor xi = gpu ? x.gpu : ref_of(x.cpu), ri = gpu ? r.gpu : ref_of(r.cpu);
       (ops::sum(ops::mul(ops::layer_norm(xi, wl, bl), ri)) + ops::sum(ops::mul(ops::rms_norm(xi, wl), ri))).backward();
       if (buffers) {
