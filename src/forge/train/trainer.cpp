@@ -506,7 +506,10 @@ class PhaseMarks {
     size_t n = 0;
     for (size_t s = first; s + 1 < steps_.size(); ++s) {
       const auto& m = steps_[s];
-      if (m.size() != kMarks || steps_[s + 1].empty()) continue;
+      const auto all_recorded = [](const std::vector<cuda::Event>& es) {
+        return std::all_of(es.begin(), es.end(), [](const cuda::Event& e) { return e.recorded(); });
+      };
+      if (m.size() != kMarks || steps_[s + 1].empty() || !all_recorded(m) || !steps_[s + 1].front().recorded()) continue;
       m.back().synchronize();
       steps_[s + 1].front().synchronize();
       for (int i = 0; i + 1 < kMarks; ++i) sum[static_cast<size_t>(i)] += m[static_cast<size_t>(i)].elapsed_ms(m[static_cast<size_t>(i) + 1]);
@@ -543,7 +546,6 @@ class PhaseMarks {
   std::vector<std::vector<cuda::Event>> steps_;
 #endif
 };
-
 
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
 // host one step late. The values are copied into pinned memory right after the update is
@@ -582,7 +584,6 @@ class StepReadback {
   cuda::Event ready_;
 #endif
 };
-
 
 TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
   const auto t_start = Clock::now();
