@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -468,7 +469,9 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
 // the phase boundaries of every step; at the end each rank prints the mean device time of each
 // phase over the steps after the first ten. The marks are where the GPU reaches them, so a
 // phase's time includes any wait for the host or for another stream (the gradient reductions)
-// within it. CUDA only.
+// within it. A step's events are folded into running sums once the next step has begun (its
+// figures have been read by then, so they are complete): a long run holds a few events only.
+// CUDA only.
 class PhaseMarks {
  public:
   static constexpr int kMarks = 6;  // forward | backward | reductions | loss, norm, clip | update | (next step)
@@ -480,17 +483,18 @@ class PhaseMarks {
 #ifdef FORGE_WITH_CUDA
     if (!on_) return;
     if (i == 0) {
-      steps_.emplace_back();
-      if (steps_.size() == kFirst + 1) {  // the measured steps begin: allocator and host-wait baselines
+      ++started_;
+      if (started_ == kFirst + 1) {  // the measured steps begin: allocator and host-wait baselines
         const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
         allocs0_ = m.num_device_allocs + m.num_device_frees;
         waited_ = 0.0;
       }
+      steps_.emplace_back();
+      fold(/*keep=*/3);
     }
-    auto& marks = steps_.back();
-    while (static_cast<int>(marks.size()) < i) marks.emplace_back(true);  // (a phase not reached: empty)
-    marks.emplace_back(true);
-    marks.back().record(cuda::Stream::current(static_cast<int>(device_.index)));
+    if (steps_.empty() || static_cast<int>(steps_.back().size()) != i) return;  // out of order: ignored
+    steps_.back().emplace_back(true);
+    steps_.back().back().record(cuda::Stream::current(static_cast<int>(device_.index)));
 #else
     (void)i;
 #endif
@@ -498,36 +502,22 @@ class PhaseMarks {
   // Host seconds spent waiting for a step's figures (the host's slack: near 0, it is the bottleneck).
   void host_waited(double seconds) { waited_ += seconds; }
   // The report line (empty when off or too few steps).
-  std::string report() const {
+  std::string report() {
 #ifdef FORGE_WITH_CUDA
-    const size_t first = kFirst;
-    if (!on_ || steps_.size() < first + 2) return {};
-    std::array<double, kMarks> sum{};
-    size_t n = 0;
-    for (size_t s = first; s + 1 < steps_.size(); ++s) {
-      const auto& m = steps_[s];
-      const auto all_recorded = [](const std::vector<cuda::Event>& es) {
-        return std::all_of(es.begin(), es.end(), [](const cuda::Event& e) { return e.recorded(); });
-      };
-      if (m.size() != kMarks || steps_[s + 1].empty() || !all_recorded(m) || !steps_[s + 1].front().recorded()) continue;
-      m.back().synchronize();
-      steps_[s + 1].front().synchronize();
-      for (int i = 0; i + 1 < kMarks; ++i) sum[static_cast<size_t>(i)] += m[static_cast<size_t>(i)].elapsed_ms(m[static_cast<size_t>(i) + 1]);
-      sum[kMarks - 1] += m.back().elapsed_ms(steps_[s + 1].front());
-      ++n;
-    }
-    if (n == 0) return {};
+    if (!on_) return {};
+    fold(/*keep=*/1);
+    if (n_ == 0) return {};
     static const char* names[kMarks] = {"forward", "backward", "waiting for the reductions", "loss, norm and clip",
                                         "update", "between steps"};
     std::ostringstream os;
     double total = 0.0;
-    for (double v : sum) total += v;
-    os << "phases (FORGE_TRAIN_PHASES, mean ms per step over " << n << " steps): ";
-    for (int i = 0; i < kMarks; ++i) os << (i ? ", " : "") << names[i] << " " << fixed(sum[static_cast<size_t>(i)] / static_cast<double>(n), 3);
-    os << "; total " << fixed(total / static_cast<double>(n), 3);
+    for (double v : sum_) total += v;
+    const double n = static_cast<double>(n_);
+    os << "phases (FORGE_TRAIN_PHASES, mean ms per step over " << n_ << " steps): ";
+    for (int i = 0; i < kMarks; ++i) os << (i ? ", " : "") << names[i] << " " << fixed(sum_[static_cast<size_t>(i)] / n, 3);
+    os << "; total " << fixed(total / n, 3);
     const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
-    const size_t measured = steps_.size() - kFirst;
-    os << "; host waited " << fixed(1e3 * waited_ / static_cast<double>(measured), 3)
+    os << "; host waited " << fixed(1e3 * waited_ / static_cast<double>(started_ - kFirst), 3)
        << " ms per step for the device; cudaMalloc/cudaFree calls during these steps: "
        << m.num_device_allocs + m.num_device_frees - allocs0_;
     return os.str();
@@ -537,14 +527,33 @@ class PhaseMarks {
   }
 
  private:
-  static constexpr size_t kFirst = 10;  // warm-up steps left out
+  static constexpr int64_t kFirst = 10;  // warm-up steps left out
+#ifdef FORGE_WITH_CUDA
+  // Adds every step but the last `keep` to the sums (a step needs the next one's first mark).
+  void fold(size_t keep) {
+    while (steps_.size() > keep && steps_.size() >= 2) {
+      const auto& m = steps_[0];
+      const cuda::Event& next = steps_[1].empty() ? m.front() : steps_[1].front();
+      const int64_t index = started_ - static_cast<int64_t>(steps_.size()) + 1;  // 1-based step of steps_[0]
+      if (index > kFirst && m.size() == kMarks && !steps_[1].empty()) {
+        next.synchronize();
+        for (int i = 0; i + 1 < kMarks; ++i)
+          sum_[static_cast<size_t>(i)] += m[static_cast<size_t>(i)].elapsed_ms(m[static_cast<size_t>(i) + 1]);
+        sum_[kMarks - 1] += m.back().elapsed_ms(next);
+        ++n_;
+      }
+      steps_.pop_front();
+    }
+  }
+  std::deque<std::vector<cuda::Event>> steps_;
+#endif
   Device device_;
   bool on_ = false;
+  int64_t started_ = 0;
   double waited_ = 0.0;
   int64_t allocs0_ = 0;
-#ifdef FORGE_WITH_CUDA
-  std::vector<std::vector<cuda::Event>> steps_;
-#endif
+  std::array<double, kMarks> sum_{};
+  int64_t n_ = 0;
 };
 
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
