@@ -23,8 +23,7 @@ bool is_claimed_buffer(const Tensor& buf, const Node& next) {
   const auto* acc = dynamic_cast<const AccumulateGrad*>(&next);
   if (acc == nullptr || acc->leaf()->autograd == nullptr) return false;
   const AutogradMeta& m = *acc->leaf()->autograd;
-  return m.overwrite_grad && m.grad_buffer_claimed && m.grad.defined() && buf.storage() == m.grad.storage() &&
-         buf.offset() == m.grad.offset() && buf.shape() == m.grad.shape() && buf.strides() == m.grad.strides();
+  return m.overwrite_grad && m.grad_buffer_claimed && same_view(buf, m.grad);
 }
 
 // Sums a further gradient into `next`'s input. Into the claimed gradient buffer itself when

@@ -40,9 +40,7 @@ TensorList AccumulateGrad::apply(const Tensor& g) {
     // (Tensor::claim_grad_buffer) wrote the gradient into it; when that is what arrives,
     // there is nothing to copy. Anything else (the claimed gradient summed with another
     // use's, say) is a new tensor and is copied in.
-    const bool in_place = g.storage() == m.grad.storage() && g.offset() == m.grad.offset() &&
-                          g.shape() == m.grad.shape() && g.strides() == m.grad.strides() && g.dtype() == m.grad.dtype();
-    if (!in_place) m.grad.copy_(g);
+    if (!same_view(g, m.grad)) m.grad.copy_(g);
     m.overwrite_grad = false;
     m.grad_buffer_claimed = false;
   } else {

@@ -90,6 +90,13 @@ class AccumulateGrad final : public Node {
   std::shared_ptr<TensorImpl> leaf_;
 };
 
+// a and b are the same view of the same memory (a gradient that arrives as a leaf's claimed
+// gradient buffer, Note [claimed grad buffer]).
+inline bool same_view(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.storage() == b.storage() && a.offset() == b.offset() &&
+         a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
 // The node a gradient for `t` flows into: its grad_fn, or its leaf accumulator.
 // Returns null if t does not require grad.
 std::shared_ptr<Node> gradient_edge(const Tensor& t);

@@ -8,6 +8,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/grad_buffer.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/embedding.h"
@@ -37,10 +38,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   else FORGE_ON_CUDA("embedding", cuda::embedding_forward(contiguous(weight.detach()), idx, out));
   // The kernels write every row of dweight, so it may be the weight's pre-allocated gradient
   // buffer (Note [claimed grad buffer]).
-  const Tensor w_leaf = weight.requires_grad() && weight.is_leaf() ? weight : Tensor();
+  const Tensor w_leaf = detail::grad_buffer_owner(weight);
   record("embedding", out, {weight}, [idx, V, C, w_leaf](const Tensor& g, const GradMask&) {
-    Tensor dw = w_leaf.claim_grad_buffer({V, C}, g.dtype());
-    if (!dw.defined()) dw = empty({V, C}, {.dtype = g.dtype(), .device = g.device()});
+    Tensor dw = detail::grad_output(w_leaf, {V, C}, {.dtype = g.dtype(), .device = g.device()});
     if (dw.is_cpu()) cpu::embedding_backward(contiguous(g), idx, dw);
     else FORGE_ON_CUDA("embedding", cuda::embedding_backward(contiguous(g), idx, dw));
     return TensorList{dw};

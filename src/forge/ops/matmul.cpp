@@ -8,6 +8,7 @@
 #include "forge/backends/cpu/unary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/grad_buffer.h"
 #include "forge/ops/reduce.h"
 #include "forge/ops/view.h"
 
@@ -203,8 +204,7 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
   const Shape x_shape = x.shape();
   // The parameters themselves, for their pre-allocated gradient buffers (DDP's bucket views):
   // the weight-gradient GEMM writes straight into them (Note [claimed grad buffer]).
-  const Tensor w_leaf = weight.requires_grad() && weight.is_leaf() ? weight : Tensor();
-  const Tensor b_leaf = bias.defined() && bias.requires_grad() && bias.is_leaf() ? bias : Tensor();
+  const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
   auto backward = [x_saved, w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf](const Tensor& g,
                                                                                     const GradMask& need) {
     Tensor dy = reshape(g, {M, out_features});
@@ -214,21 +214,14 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
     if (need[1] || need[2]) {
       if (dy.is_cpu()) {
         if (need[1]) {
-          dw = w_leaf.claim_grad_buffer({out_features, x_saved.size(1)}, dy.dtype());
-          if (dw.defined()) cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
-          else dw = matmul(transpose(dy, 0, 1), x_saved);
+          dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, {.dtype = dy.dtype()});
+          cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
         }
         if (need[2]) db = sum(dy, {0});
       } else {
         const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
-        if (need[1]) {
-          dw = w_leaf.claim_grad_buffer({out_features, x_saved.size(1)}, dy.dtype());
-          if (!dw.defined()) dw = empty({out_features, x_saved.size(1)}, o);
-        }
-        if (need[2]) {
-          db = b_leaf.claim_grad_buffer({out_features}, dy.dtype());
-          if (!db.defined()) db = empty({out_features}, o);
-        }
+        if (need[1]) dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, o);
+        if (need[2]) db = detail::grad_output(b_leaf, {out_features}, o);
         // The bias gradient in the weight gradient's GEMM (or on its own when dW is not needed).
         FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved, dw, db));
       }

@@ -10,6 +10,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/grad_buffer.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/norm.h"
@@ -59,17 +60,14 @@ void record_layer_norm(const char* name, Tensor& y, const Tensor& x, const Tenso
                        const Tensor& xs, const Tensor& ws, const Tensor& mean, const Tensor& rstd) {
   // The kernels overwrite dweight and dbias whole, so they may be the parameters' pre-allocated
   // gradient buffers (Note [claimed grad buffer], autograd/node.cpp).
-  const Tensor w_leaf = weight.defined() && weight.requires_grad() && weight.is_leaf() ? weight : Tensor();
-  const Tensor b_leaf = bias.defined() && bias.requires_grad() && bias.is_leaf() ? bias : Tensor();
+  const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
   record(name, y, {x, weight, bias}, [xs, ws, mean, rstd, w_leaf, b_leaf](const Tensor& g, const GradMask& need) {
     const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
     const int64_t C = xs.shape().back();
     cpu::NormGrads grads;
     if (need[0]) grads.dx = empty(xs.shape(), opt);
-    if (need[1]) grads.dweight = w_leaf.claim_grad_buffer({C}, xs.dtype());
-    if (need[1] && !grads.dweight.defined()) grads.dweight = empty({C}, opt);
-    if (need[2]) grads.dbias = b_leaf.claim_grad_buffer({C}, xs.dtype());
-    if (need[2] && !grads.dbias.defined()) grads.dbias = empty({C}, opt);
+    if (need[1]) grads.dweight = detail::grad_output(w_leaf, {C}, opt);
+    if (need[2]) grads.dbias = detail::grad_output(b_leaf, {C}, opt);
     const Tensor gc = contiguous(g);
     if (xs.is_cpu()) cpu::layer_norm_backward(gc, xs, ws, mean, rstd, grads);
     else FORGE_ON_CUDA("layer_norm", cuda::layer_norm_backward(gc, xs, ws, mean, rstd, grads));
@@ -133,14 +131,13 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight);
   if (xs.is_cpu()) cpu::rms_norm_forward(xs, ws, eps, y, rstd);
   else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_forward(xs, ws, eps, y, rstd));
-  const Tensor w_leaf = weight.defined() && weight.requires_grad() && weight.is_leaf() ? weight : Tensor();
+  const Tensor w_leaf = detail::grad_buffer_owner(weight);
   record("rms_norm", y, {x, weight}, [xs, ws, rstd, w_leaf](const Tensor& g, const GradMask& need) {
     const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
     cpu::NormGrads grads;
     if (need[0]) grads.dx = empty(xs.shape(), opt);
     // dweight may be the weight's pre-allocated gradient buffer (Note [claimed grad buffer]).
-    if (need[1]) grads.dweight = w_leaf.claim_grad_buffer({xs.shape().back()}, xs.dtype());
-    if (need[1] && !grads.dweight.defined()) grads.dweight = empty({xs.shape().back()}, opt);
+    if (need[1]) grads.dweight = detail::grad_output(w_leaf, {xs.shape().back()}, opt);
     const Tensor gc = contiguous(g);
     if (xs.is_cpu()) cpu::rms_norm_backward(gc, xs, ws, rstd, grads);
     else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_backward(gc, xs, ws, rstd, grads));
