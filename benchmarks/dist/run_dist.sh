@@ -91,7 +91,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
   #   1gpu_sync, 2gpu_sync  FORGE_TRAIN_SYNC_EACH_STEP=1: the host reads each step at once
   #   2gpu_copy           FORGE_NO_GRAD_BUFFER_CLAIM=1: gradients copied into the bucket views
   #   2gpu_before         both diagnostics: what this repository did before either change
-  #   2gpu_noreduce       FORGE_DIST_SKIP_REDUCTIONS=1: no communication in the step at all (the
+  #   2gpu_noreduce       --debug.skip_reductions=true: no communication in the step at all (the
   #                       gradient reductions and the loss all-reduce skipped)
   #   2gpu_hp             FORGE_NCCL_HIGH_PRIORITY=1
   #   1gpu_dev1           1 GPU on the second device (CUDA_VISIBLE_DEVICES=1)
@@ -122,7 +122,7 @@ if [[ " $PHASES " == *" scale "* ]]; then
       2gpu_sync) envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1) ;;
       2gpu_copy) envs+=(FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
       2gpu_before) envs+=(FORGE_TRAIN_SYNC_EACH_STEP=1 FORGE_NO_GRAD_BUFFER_CLAIM=1) ;;
-      2gpu_noreduce) envs+=(FORGE_DIST_SKIP_REDUCTIONS=1) ;;
+      2gpu_noreduce) args=(--debug.skip_reductions=true) ;;
       2gpu_hp) envs+=(FORGE_NCCL_HIGH_PRIORITY=1) ;;
       2gpu_b[0-9]*) args=(--dist.bucket_mb=${v#2gpu_b}) ;;
       1gpu_dev1) world=1; envs+=(CUDA_VISIBLE_DEVICES=1) ;;
@@ -204,10 +204,10 @@ if [[ " $PHASES " == *" faults "* ]]; then
   FT=(configs/gpt2-124m.toml --run.dir="$RUNS" --run.overwrite=true --model.n_layer=2 --model.n_embd=64 --model.n_head=2
       --model.block_size=64 --train.seq_len=64 --train.batch_size=4 --train.steps=200 --train.log_every=1
       --checkpoint.at_end=false)
-  echo "== stuck peer on NCCL: FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5"
+  echo "== stuck peer on NCCL: --debug.hang_at=1:4 FORGE_DIST_TIMEOUT=5"
   t0=$(date +%s)
-  FORGE_TEST_HANG_AT=1:4 FORGE_DIST_TIMEOUT=5 timeout 180 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${FT[@]}" \
-    --run.name=hang > "$RAW/fault_hang.log" 2>&1 && rc=0 || rc=$?
+  FORGE_DIST_TIMEOUT=5 timeout 180 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${FT[@]}" \
+    --debug.hang_at=1:4 --run.name=hang > "$RAW/fault_hang.log" 2>&1 && rc=0 || rc=$?
   echo "   exit $rc after $(( $(date +%s) - t0 )) s (124 would be the test's own timeout: a hang)" | tee -a "$RAW/fault_hang.log"
   grep -E "did not complete|exited with|stopping" "$RAW/fault_hang.log" | head -4
   echo "== torchrun --no-python --nproc-per-node 2 (TCP bootstrap of the NCCL id)"

@@ -47,6 +47,22 @@ TEST_F(CliTest, CliTrainDeviceFlagIsRunDevice) {
   EXPECT_NE(bad.out.find("run.device = 'gpu0' is not a device"), std::string::npos) << bad.out;
 }
 
+// A layout this world cannot hold is refused before any work (no run directory), naming the
+// world size and the fix (dist::Mesh::carve through train::run_layout).
+TEST_F(CliTest, CliTensorParallelOnOneProcessIsRefusedBeforeAnyWork) {
+  const CliRun r = run_forge({"train", config, "--dist.tp=2"});
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("forge: error: dist.tp = 2 x dist.pp = 1 = 2 ranks per model replica, but the world has 1 "
+                       "process"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("forge launch --nproc-per-node 2"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(scratch.path() / "runs" / "cli")) << "work was done before the check";
+  const CliRun pp = run_forge({"train", config, "--dist.pp=3"});  // 2 blocks
+  EXPECT_EQ(pp.status, 1) << pp.out;
+  EXPECT_NE(pp.out.find("the world has 1 process"), std::string::npos) << pp.out;
+}
+
 TEST_F(CliTest, CliErrorsExitOneAndUsageErrorsTwo) {
   const CliRun typo = run_forge({"train", config, "--train.stpes=5"});
   EXPECT_EQ(typo.status, 1) << typo.out;

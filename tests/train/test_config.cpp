@@ -96,7 +96,8 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "optim.beta1", "optim.beta2", "optim.eps", "optim.grad_clip", "schedule.kind",
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
-                          "checkpoint.every", "checkpoint.keep_last"})
+                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.pp", "dist.zero_stage",
+                          "debug.skip_reductions", "debug.abort_at", "debug.hang_at"})
     EXPECT_TRUE(seen.count(key)) << key;
   const auto it = std::find_if(config_keys().begin(), config_keys().end(), [](const KeyInfo& k) { return k.key == "train.steps"; });
   EXPECT_EQ(it->default_value, "1000");
@@ -241,6 +242,31 @@ TEST_F(ConfigTest, ShapeAndSizeChecksNameTheKeyAndTheFix) {
   EXPECT_NE(error(base(), {"--data.tokenizer=" + scratch.str("tok.json")}).find("data.tokenizer: '"),
             std::string::npos);
   EXPECT_NE(error(base(), {"--model.vocab_size=256"}).find("model.vocab_size = 256 is smaller than data.vocab_size = 300"),
+            std::string::npos);
+}
+
+// Note [global batch]: train.batch_size is the batch of an optimizer step, split into
+// train.grad_accum micro-batches; the layout keys and the [debug] switches are checked too.
+TEST_F(ConfigTest, BatchLayoutAndDebugKeysAreChecked) {
+  EXPECT_NE(error(base(), {"--train.grad_accum=3"}).find("train.batch_size = 8 is not divisible by train.grad_accum = 3"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse_config(base(), "<test>", {"--train.grad_accum=4"}));
+  EXPECT_NE(error(base(), {"--dist.tp=0"}).find("dist.tp must be >= 1"), std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=0"}).find("dist.pp must be >= 1"), std::string::npos);
+  EXPECT_NE(error(base(), {"--debug.abort_at=5"}).find("debug.abort_at = '5' is not <rank>:<step>"), std::string::npos);
+  EXPECT_NE(error(base(), {"--debug.hang_at=1:0"}).find("debug.hang_at = '1:0' is not <rank>:<step>"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--debug.skip_reductions=true", "--dist.zero_stage=2"})
+                .find("debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only"),
+            std::string::npos);
+  const RunConfig c = parse_config(base(), "<test>", {"--debug.abort_at=1:5", "--dist.tp=2"});
+  EXPECT_EQ(c.dist.tp, 2);
+  ASSERT_TRUE(parse_rank_step(c.debug.abort_at, "debug.abort_at").has_value());
+  EXPECT_EQ(parse_rank_step(c.debug.abort_at, "debug.abort_at")->rank, 1);
+  EXPECT_EQ(parse_rank_step(c.debug.abort_at, "debug.abort_at")->step, 5);
+  EXPECT_FALSE(parse_rank_step("", "debug.hang_at").has_value());
+  // A switch that changes what a run computes is recorded with the run's config.
+  EXPECT_NE(config_to_toml(parse_config(base(), "<test>", {"--debug.skip_reductions=true"})).find("skip_reductions = true"),
             std::string::npos);
 }
 

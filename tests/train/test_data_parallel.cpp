@@ -25,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -386,22 +387,31 @@ TEST_F(DataParallelTrain, ExportWritesAHuggingFaceModelFromAShardedCheckpoint) {
   EXPECT_NE(bad.out.find("--dtype 'f8' is not one of f32, bf16, f16"), std::string::npos) << bad.out;
 }
 
-// FORGE_DIST_SKIP_REDUCTIONS=1 (a diagnostic for benchmarks) really skips the averaging: each
-// rank then trains on its own rows only, so the weights leave DDP's; ZeRO-2/3 refuse it.
+// debug.skip_reductions = true (a diagnostic for benchmarks) really skips the averaging: each
+// rank then trains on its own rows only, so the weights leave DDP's; ZeRO-2/3 refuse it. It
+// changes what the run computes, so the run's config records it.
 TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
-  const ShellRun r = shell("FORGE_DIST_SKIP_REDUCTIONS=1 " + rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " +
-                           forge_cmd(base_args(root_, "skip_reductions", 20)));
+  auto args = base_args(root_, "skip_reductions", 20);
+  args.push_back("--debug.skip_reductions=true");
+  const ShellRun r = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(args));
   ASSERT_EQ(r.status, 0) << r.out;
+  {
+    std::ifstream f(root_ / "skip_reductions" / "config.toml");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_NE(ss.str().find("skip_reductions = true"), std::string::npos) << ss.str();
+  }
   const auto got = final_params(root_ / "skip_reductions"), ddp = final_params(reference("sgd", 1, 2));
   double worst = 0;
   for (const auto& [name, t] : ddp) worst = std::max(worst, max_rel(*got.find(name), t));
   EXPECT_GT(worst, 1e-4) << "the run without reductions matches DDP: the reductions were not skipped";
   auto z2 = base_args(root_, "skip_reductions_z2", 2);
   z2.push_back("--dist.zero_stage=2");
-  const ShellRun bad = shell("FORGE_DIST_SKIP_REDUCTIONS=1 " + rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " +
-                             forge_cmd(z2));
+  z2.push_back("--debug.skip_reductions=true");
+  const ShellRun bad = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(z2));
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.out.find("works with DDP and ZeRO-1 only"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only"), std::string::npos)
+      << bad.out;
 }
 
 // The diagnostics that restore the older paths (gradients copied into the bucket views instead
@@ -426,8 +436,8 @@ TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeSta
 // A rank that dies mid-run ends the whole job quickly, naming what happened, never a hang.
 TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
   auto args = base_args(root_, "dies", 2000);
-  const ShellRun r = shell(rank_env() + "FORGE_TEST_ABORT_AT=1:5 timeout 60 mpirun --oversubscribe --bind-to none -np 2 " +
-                      forge_cmd(args));
+  args.push_back("--debug.abort_at=1:5");
+  const ShellRun r = shell(rank_env() + "timeout 60 mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(args));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
   EXPECT_LT(r.seconds, 30.0) << r.out;
@@ -438,8 +448,9 @@ TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
 // the others' waits time out (FORGE_DIST_TIMEOUT) and abort it, naming the operation.
 TEST_F(DataParallelTrain, AStuckPeerEndsTheJobAfterTheTimeout) {
   auto args = base_args(root_, "stuck", 2000);
-  const ShellRun r = shell(rank_env() + "FORGE_DIST_TIMEOUT=3 FORGE_TEST_HANG_AT=1:4 timeout 60 mpirun --oversubscribe "
-                                        "--bind-to none -np 2 " + forge_cmd(args));
+  args.push_back("--debug.hang_at=1:4");
+  const ShellRun r = shell(rank_env() + "FORGE_DIST_TIMEOUT=3 timeout 60 mpirun --oversubscribe --bind-to none -np 2 " +
+                           forge_cmd(args));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
   EXPECT_LT(r.seconds, 30.0) << r.out;

@@ -143,9 +143,10 @@ TEST_F(TrainerTest, TrainResumeIsBitIdentical) {
   ASSERT_EQ(resumed.losses.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.losses[i], full.losses[6 + i]) << "step " << 7 + i;
   EXPECT_EQ(resumed.final_val_loss, full.final_val_loss);
-  // The token count carries across the resume.
-  EXPECT_EQ(io::load_checkpoint(resumed.last_checkpoint).extra["tokens"], 12 * 2 * 8 * 32);
-  EXPECT_EQ(io::load_checkpoint(full.last_checkpoint).extra["tokens"], 12 * 2 * 8 * 32);
+  // The token count carries across the resume: 12 steps of the global batch (8 sequences in 2
+  // micro-batches of 4, Note [global batch]) of 32 tokens.
+  EXPECT_EQ(io::load_checkpoint(resumed.last_checkpoint).extra["tokens"], 12 * 8 * 32);
+  EXPECT_EQ(io::load_checkpoint(full.last_checkpoint).extra["tokens"], 12 * 8 * 32);
   EXPECT_NE(last_log.find("resume: from"), std::string::npos);
 
   // metrics.jsonl of the resumed run reads like the uninterrupted one.

@@ -110,10 +110,8 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
     const int block = options_.zero_stage == 3 ? options_.block_of(name) : -1;
     params_.push_back({name, t, -1, block, 0, t.numel()});
   }
-  if (const char* skip = std::getenv("FORGE_DIST_SKIP_REDUCTIONS"); skip != nullptr && std::string(skip) == "1") {
-    FORGE_CHECK(options_.zero_stage <= 1, "FORGE_DIST_SKIP_REDUCTIONS=1 (a diagnostic) works with DDP and ZeRO-1 only");
-    skip_reductions_ = true;
-  }
+  FORGE_CHECK(!options_.skip_reductions || options_.zero_stage <= 1,
+              "DataParallel: skip_reductions (debug.skip_reductions, a diagnostic) works with DDP and ZeRO-1 only");
   build_buckets();
   if (options_.zero_stage == 3) shard_parameters();
   // Hooks: fire when a parameter's gradient is final for this backward. They hold the
@@ -521,7 +519,7 @@ void DataParallel::launch_ready_buckets() {
 
 void DataParallel::launch(Bucket& b) {
   NoGradGuard no_grad;
-  if (skip_reductions_) {  // FORGE_DIST_SKIP_REDUCTIONS (DDP, ZeRO-1): a diagnostic, the run is wrong
+  if (options_.skip_reductions) {  // debug.skip_reductions (DDP, ZeRO-1): a diagnostic, the run is wrong
     b.launched = true;
     return;
   }
@@ -608,6 +606,21 @@ Tensor DataParallel::grad_norm() {
                                       : optim::total_grad_norm(piece_views_);
   Tensor sq = (local * local).contiguous();
   group_->all_reduce(sq, ReduceOp::sum)->wait();
+  return sq.pow(0.5);
+}
+
+Tensor DataParallel::unscale_grads(optim::LossScaler& scaler) {
+  FORGE_CHECK(!options_.offload_optimizer, "DataParallel: f16 loss scaling with the optimizer offloaded to the CPU is "
+              "not supported; use run.dtype = \"bf16\" or dist.offload_optimizer = false");
+  NoGradGuard no_grad;
+  // DDP, ZeRO-1: the reduced gradients are whole and the same on every rank, so is their check.
+  if (options_.zero_stage <= 1) return scaler.unscale_(norm_tensors());
+  // ZeRO-2/3: each rank unscales the slices it owns; the norm and the overflow flag go global.
+  const Tensor local = scaler.unscale_(piece_views_);
+  Tensor sq = (local * local).contiguous();
+  group_->all_reduce(sq, ReduceOp::sum)->wait();
+  Tensor found = scaler.found_non_finite();
+  group_->all_reduce(found, ReduceOp::max)->wait();
   return sq.pow(0.5);
 }
 

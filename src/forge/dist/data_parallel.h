@@ -88,6 +88,7 @@
 #include "forge/core/tensor.h"
 #include "forge/dist/process_group.h"
 #include "forge/nn/block_hooks.h"
+#include "forge/optim/loss_scale.h"
 #include "forge/optim/optimizer.h"
 
 namespace forge::dist {
@@ -99,6 +100,9 @@ struct DataParallelOptions {
   // Stage 3: the block (unit of sharding) of a parameter, by name; -1 keeps it whole on every
   // rank (embeddings, final norm, head). Required for stage 3 (nn::GPT::block_of, Llama::block_of).
   std::function<int(const std::string&)> block_of;
+  // DDP and ZeRO-1: no gradient reduction at all (the run is WRONG): a diagnostic that measures
+  // what the rest of data parallelism costs (the config's debug.skip_reductions; docs/dist.md).
+  bool skip_reductions = false;
 };
 
 // Builds the optimizer over the given groups (their hyper-parameters already set).
@@ -132,6 +136,10 @@ class DataParallel {
 
   // The global L2 norm of the (reduced) gradients: a 0-d f32 tensor on the device.
   Tensor grad_norm();
+  // f16 (optim/loss_scale.h): divides the gradients the optimizer will read by the loss scale
+  // and returns their global L2 norm (0-d f32, inf/NaN on an overflow); the scaler's overflow
+  // flag is the same on every rank (ZeRO-2/3 all-reduce it with the norm). Not with offload.
+  Tensor unscale_grads(optim::LossScaler& scaler);
   // Scales the gradients the optimizer will read by max_norm / (norm + 1e-6) when norm > max_norm.
   void clip_grads(double max_norm, const Tensor& norm);
   // The optimizer step (skipped where the one-element skip_if is non-zero), then, for ZeRO,
@@ -166,8 +174,6 @@ class DataParallel {
   const DataParallelOptions& options() const { return options_; }
   const ProcessGroupPtr& group() const { return group_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // FORGE_DIST_SKIP_REDUCTIONS=1 is on (a diagnostic: the trainer skips its loss all-reduce too).
-  bool skips_reductions() const { return skip_reductions_; }
   // Bytes of optimizer state and gradients this rank holds (for reports and tests).
   int64_t optimizer_state_bytes() const;
 
@@ -213,9 +219,6 @@ class DataParallel {
   std::vector<int> block_bucket_;  // stage 3: block index -> its bucket
   std::shared_ptr<nn::BlockHooks> hooks_;
   bool sync_ = false;
-  // FORGE_DIST_SKIP_REDUCTIONS=1: no gradient reduction at all (the run is WRONG): a
-  // diagnostic that measures what the rest of data parallelism costs (docs/dist.md).
-  bool skip_reductions_ = false;
   bool last_micro_step_ = false;  // the current backward is the step's last micro-step
   std::pair<double, Tensor> offload_clip_;  // offload: clip_grads' (max_norm, norm), applied by step()
   std::unique_ptr<OffloadStream> offload_stream_;

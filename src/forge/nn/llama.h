@@ -24,6 +24,9 @@ struct LlamaConfig {
   double init_std = 0.02;
   bool checkpoint_activations = false;
   void validate() const;
+  // The SwiGLU width when none is given (model.ffn_hidden = 0): 8 * dim / 3 rounded up to a
+  // multiple of 32. The one copy of the rule: the trainer, `forge plan` and the layout checks use it.
+  static int64_t default_ffn_hidden(int64_t dim) { return (8 * dim / 3 + 31) / 32 * 32; }
 };
 
 class LlamaBlock : public Module {

@@ -9,10 +9,6 @@
 namespace forge::plan {
 
 const char* optimizer_name(Optimizer o) { return o == Optimizer::adamw ? "adamw" : "sgd"; }
-const char* checkpointing_name(Checkpointing c) {
-  return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
-}
-const char* schedule_name(Schedule s) { return s == Schedule::one_f_one_b ? "1f1b" : "gpipe"; }
 
 Optimizer parse_optimizer(const std::string& s) {
   const std::string n = normalize_name(s);
@@ -35,15 +31,6 @@ Schedule parse_schedule(const std::string& s) {
   if (n == "1f1b") return Schedule::one_f_one_b;
   if (n == "gpipe") return Schedule::gpipe;
   FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b or gpipe");
-}
-
-std::string Layout::describe() const {
-  std::ostringstream os;
-  os << "dp " << dp << ", tp " << tp << (sequence_parallel && tp > 1 ? " (+sp)" : "") << ", pp " << pp;
-  if (pp > 1 && schedule == Schedule::gpipe) os << " (gpipe)";
-  os << ", micro-batch " << micro_batch << " x " << grad_accum << ", ZeRO-" << zero << (offload ? " + offload" : "")
-     << ", checkpointing " << checkpointing_name(checkpointing);
-  return os.str();
 }
 
 BytesPerParam bytes_per_param(Precision p, Optimizer o) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "forge/dist/layout.h"
 #include "forge/plan/activations.h"
 #include "forge/plan/gpu_catalog.h"
 #include "forge/plan/model_spec.h"
@@ -20,28 +21,16 @@
 namespace forge::plan {
 
 enum class Optimizer { adamw, sgd };
-enum class Checkpointing { none, selective, full };
-enum class Schedule { one_f_one_b, gpipe };
+// The layout `forge plan` prices is the one `forge train` runs (dist/layout.h).
+using dist::Layout;
+using dist::Checkpointing;
+using Schedule = dist::PipelineSchedule;
+using dist::checkpointing_name;
+using dist::schedule_name;
 const char* optimizer_name(Optimizer o);
-const char* checkpointing_name(Checkpointing c);
-const char* schedule_name(Schedule s);
 Optimizer parse_optimizer(const std::string& s);
 Checkpointing parse_checkpointing(const std::string& s);
 Schedule parse_schedule(const std::string& s);
-
-struct Layout {
-  int64_t dp = 1, tp = 1, pp = 1;
-  int64_t micro_batch = 1;   // sequences per micro-batch
-  int64_t grad_accum = 1;    // micro-batches per optimizer step per data-parallel rank
-  int zero = 0;              // ZeRO stage 0..3 over the data-parallel group
-  bool offload = false;      // optimizer state and step on the host (ZeRO-Offload)
-  Checkpointing checkpointing = Checkpointing::none;
-  bool sequence_parallel = false;
-  Schedule schedule = Schedule::one_f_one_b;
-  int64_t gpus() const { return dp * tp * pp; }
-  int64_t global_batch() const { return dp * micro_batch * grad_accum; }
-  std::string describe() const;  // "dp 8 tp 1 pp 1, micro-batch 4 x 32, ZeRO-1, checkpointing full"
-};
 
 struct TrainingSetup {
   Precision precision = Precision::bf16;

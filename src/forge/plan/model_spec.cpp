@@ -5,6 +5,7 @@
 
 #include "forge/core/error.h"
 #include "forge/data/bpe.h"
+#include "forge/nn/llama.h"
 #include "forge/plan/names.h"
 #include "forge/train/config.h"
 
@@ -73,7 +74,7 @@ BlockParams block_params_tp(const ModelSpec& m, int64_t tp) {
 
 const char* arch_name(Arch a) { return a == Arch::gpt ? "GPT" : "LLaMA"; }
 
-int64_t default_llama_ffn(int64_t dim) { return (8 * dim / 3 + 31) / 32 * 32; }
+int64_t default_llama_ffn(int64_t dim) { return nn::LlamaConfig::default_ffn_hidden(dim); }
 
 void ModelSpec::validate() const {
   FORGE_CHECK(n_layer > 0, "model: layers must be > 0, got ", n_layer);

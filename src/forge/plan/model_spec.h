@@ -50,8 +50,7 @@ struct ModelSpec {
   std::string describe() const;
 };
 
-// The SwiGLU width forge uses when model.ffn_hidden = 0: 8*dim/3 rounded up to a multiple of 32
-// (the same rule as train/trainer.cpp's build_language_model).
+// The SwiGLU width forge uses when model.ffn_hidden = 0 (nn::LlamaConfig::default_ffn_hidden).
 int64_t default_llama_ffn(int64_t dim);
 
 // ---- presets ----------------------------------------------------------------------------------

@@ -110,9 +110,12 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(schedule, min_lr, "where the decay ends, in [0, optim.lr]"),
       FORGE_FIELD(schedule, decay_steps, "the step the decay reaches min_lr (warmup included); 0 = train.steps"),
       FORGE_FIELD(train, steps, "optimizer steps (language models)"),
-      FORGE_FIELD(train, batch_size, "sequences (images) per micro-batch"),
+      FORGE_FIELD(train, batch_size,
+                  "language models: sequences per optimizer step, over every data-parallel rank and micro-batch (the "
+                  "global batch; each rank's micro-batch is batch_size / (dp x grad_accum)); lenet: images per step"),
       FORGE_FIELD(train, seq_len, "tokens per sequence, <= model.block_size"),
-      FORGE_FIELD(train, grad_accum, "micro-batches per optimizer step (each loss divided by grad_accum)"),
+      FORGE_FIELD(train, grad_accum,
+                  "micro-batches per optimizer step on each rank (each loss divided by grad_accum); divides batch_size"),
       FORGE_FIELD(train, log_every, "steps between progress lines and metrics.jsonl records"),
       FORGE_FIELD(train, max_bad_steps,
                   "consecutive steps with a non-finite loss or gradient norm (each skipped) before the run stops (>= 1)"),
@@ -125,12 +128,22 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = only at the end)"),
       FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
       FORGE_FIELD(checkpoint, at_end, "write a checkpoint when the run ends (false: benchmarks that need none)"),
+      FORGE_FIELD(dist, tp,
+                  "tensor-parallel degree: ranks that split each layer's weights (1 = none; divides the heads, "
+                  "kv-heads, FFN width and vocabulary)"),
+      FORGE_FIELD(dist, pp, "pipeline-parallel degree: stages of consecutive blocks (1 = none; <= model.n_layer)"),
       FORGE_FIELD(dist, zero_stage,
                   "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients, "
                   "3 = also the blocks' parameters"),
       FORGE_FIELD(dist, offload_optimizer,
                   "ZeRO-1/2/3: keep the f32 master weights and moments on the CPU and run the update there"),
       FORGE_FIELD(dist, bucket_mb, "gradient bucket size in MB for the reductions that overlap backward (> 0)"),
+      FORGE_FIELD(debug, skip_reductions,
+                  "data parallel (DDP, ZeRO-1): skip every gradient and loss reduction. The run is WRONG: a diagnostic "
+                  "that measures what the rest of data parallelism costs"),
+      FORGE_FIELD(debug, abort_at, "\"<rank>:<step>\": that rank aborts at the start of that step (failure tests)"),
+      FORGE_FIELD(debug, hang_at,
+                  "\"<rank>:<step>\": that rank stops at the start of that step without exiting (stuck-peer tests)"),
   };
   return table;
 }
@@ -139,7 +152,7 @@ const std::vector<Field>& fields() {
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {"run", "model", "data", "optim", "schedule", "train", "eval",
-                                                 "checkpoint", "dist"};
+                                                 "checkpoint", "dist", "debug"};
   return names;
 }
 
@@ -653,6 +666,16 @@ DType resolve_run_dtype(const std::string& dtype, Device device) {
   FORGE_THROW("run.dtype = '", dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
 }
 
+std::optional<RankStep> parse_rank_step(const std::string& spec, const std::string& key) {
+  if (spec.empty()) return std::nullopt;
+  int r = -1;
+  long long st = -1;
+  char tail = 0;
+  FORGE_CHECK(std::sscanf(spec.c_str(), "%d:%lld%c", &r, &st, &tail) == 2 && r >= 0 && st >= 1, key, " = '", spec,
+              "' is not <rank>:<step> (rank >= 0, step >= 1), e.g. \"1:5\"; or \"\" for none");
+  return RankStep{r, static_cast<int64_t>(st)};
+}
+
 void validate(const RunConfig& c) {
   // [run]
   FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
@@ -718,6 +741,10 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(t.log_every > 0, "train.log_every must be > 0, got ", t.log_every);
   if (lm) {
     FORGE_CHECK(t.steps > 0, "train.steps must be > 0, got ", t.steps);
+    FORGE_CHECK(t.grad_accum <= 0 || t.batch_size % t.grad_accum == 0, "train.batch_size = ", t.batch_size,
+                " is not divisible by train.grad_accum = ", t.grad_accum,
+                "; train.batch_size is the global batch of an optimizer step (Note [global batch]): make it a multiple "
+                "of ", t.grad_accum, " (e.g. ", t.batch_size / t.grad_accum * t.grad_accum + t.grad_accum, ")");
     FORGE_CHECK(t.seq_len > 0, "train.seq_len must be > 0, got ", t.seq_len);
     FORGE_CHECK(t.seq_len <= m.block_size, "train.seq_len = ", t.seq_len, " exceeds model.block_size = ", m.block_size,
                 "; lower train.seq_len or raise model.block_size");
@@ -741,6 +768,16 @@ void validate(const RunConfig& c) {
               "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
               c.dist.bucket_mb);
+  FORGE_CHECK(c.dist.tp >= 1, "dist.tp must be >= 1 (1 = no tensor parallelism), got ", c.dist.tp);
+  FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
+  FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
+              m.type, "' trains with dist.tp = 1 and dist.pp = 1");
+  // [debug]
+  FORGE_CHECK(!c.debug.skip_reductions || c.dist.zero_stage <= 1,
+              "debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only (ZeRO-2/3 own their gradients "
+              "through the reduce-scatter)");
+  parse_rank_step(c.debug.abort_at, "debug.abort_at");
+  parse_rank_step(c.debug.hang_at, "debug.hang_at");
 
   // [data]
   const auto& d = c.data;

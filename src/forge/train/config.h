@@ -18,7 +18,9 @@
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, keep_last, at_end
-//   [dist]       zero_stage, offload_optimizer, bucket_mb (data parallel; docs/dist.md)
+//   [dist]       tp, pp, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
+//   [debug]      skip_reductions, abort_at, hang_at (switches that change what a run computes,
+//                recorded with the run's config: diagnostics and failure tests)
 //
 // The schema is one table (config_keys()): each key has a type (integer, float, boolean,
 // string, list of strings), a default and a line of documentation. Loading is strict:
@@ -33,6 +35,7 @@
 // the data files.
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,7 +106,9 @@ struct ScheduleSection {
 
 struct TrainSection {
   int64_t steps = 1000;            // optimizer steps
-  int64_t batch_size = 16;         // sequences per micro-batch
+  // Note [global batch]: the sequences of one optimizer step over every data-parallel rank
+  // and micro-batch; each rank's micro-batch is batch_size / (dp * grad_accum).
+  int64_t batch_size = 16;
   int64_t seq_len = 256;           // tokens per sequence (<= model.block_size)
   int64_t grad_accum = 1;          // micro-batches per optimizer step
   int64_t log_every = 10;          // steps between progress lines and metrics records
@@ -125,9 +130,19 @@ struct CheckpointSection {
 };
 
 struct DistSection {
+  int64_t tp = 1;                  // tensor-parallel degree (ranks that split each layer's weights)
+  int64_t pp = 1;                  // pipeline-parallel degree (stages of consecutive blocks); dp = world / (tp * pp)
   int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients, 3: + sharded block parameters
   bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
+};
+
+// Switches that change what a run computes: never hidden environment variables, always recorded
+// in the run's config.toml and checkpoints.
+struct DebugSection {
+  bool skip_reductions = false;    // data parallel: no gradient or loss reduction at all (the run is WRONG; measures what the rest costs)
+  std::string abort_at;            // "<rank>:<step>": that rank aborts at the start of that step (failure tests)
+  std::string hang_at;             // "<rank>:<step>": that rank stops there without exiting (stuck-peer tests)
 };
 
 struct RunConfig {
@@ -140,6 +155,7 @@ struct RunConfig {
   EvalSection eval;
   CheckpointSection checkpoint;
   DistSection dist;
+  DebugSection debug;
   std::string source;  // the file it came from ("" when built in code)
 
   // <run.dir>/<run.name>
@@ -199,6 +215,13 @@ std::string check_run_device_syntax(const std::string& device);
 Device resolve_run_device(const std::string& device);
 // run.dtype for `device`: "auto" is bf16 on a GPU and f32 on the CPU.
 DType resolve_run_dtype(const std::string& dtype, Device device);
+
+// debug.abort_at / debug.hang_at: "<rank>:<step>", or nullopt for "". Throws naming `key`.
+struct RankStep {
+  int rank = 0;
+  int64_t step = 0;
+};
+std::optional<RankStep> parse_rank_step(const std::string& spec, const std::string& key);
 
 // Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
 size_t edit_distance(const std::string& a, const std::string& b);

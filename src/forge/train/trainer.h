@@ -1,7 +1,18 @@
 #pragma once
 // The trainer behind `forge train`: a RunConfig (config.h) in, a trained model, its
-// checkpoints and metrics out. Also sampling (`forge sample`) and tokenisation of files
-// into shards (`forge tokenize`), which share its pieces.
+// checkpoints and metrics out. This header also gathers the pieces it shares with the other
+// commands: sampling (sample.h), export (export.h), tokenisation into shards (run_data.h).
+//
+// The files of train/, one concern each:
+//   config        the run config: schema, TOML, overrides, checks
+//   layout        the config's [dist] and [train] keys as a dist::Layout, checked against the world
+//   run_data      tokenizer, token shards, random tokens, the bigram baseline
+//   language_model  GPT / LLaMA behind one interface
+//   strategy      Strategy: what a parallel layout changes (single_process, data_parallel_strategy)
+//   run_checkpoint  checkpoint plumbing every layout shares (optimizer slots, ranged state)
+//   phase_marks   FORGE_TRAIN_PHASES
+//   trainer       the loop (this header's run_training)
+//   sample, export, image_trainer
 //
 // Language models (model.type = "gpt" | "llama"), in order:
 //   1. the run directory <run.dir>/<run.name>; a fresh run refuses to overwrite an earlier
@@ -12,13 +23,16 @@
 //   3. token shards, one per data file (data/shards.h), in data.shards_dir (default
 //      <run dir>/data) with a manifest; reused while the tokenizer and files are the same;
 //   4. train/val split: the last data.val_fraction of each shard is validation;
-//   5. the model (seeded by run.seed), AdamW (or SGD) over optim::decay_groups, the LR
-//      schedule; with --resume the model, optimizer, RNG, data-sampler position and step
-//      are restored from the checkpoint (after io::check_compatible on the shapes);
-//   6. steps: lr from the schedule; grad_accum micro-batches, each loss / grad_accum
-//      backward; clip; step; a progress line and a metrics.jsonl record every log_every
-//      steps; a validation pass every eval.every steps; a checkpoint every
-//      checkpoint.every steps (keeping checkpoint.keep_last);
+//   5. the model (seeded by run.seed) and the LR schedule; with --resume the model, RNG,
+//      data-sampler position and step are restored from the checkpoint (after
+//      io::check_compatible on the shapes); then the layout's Strategy (strategy.h) wraps the
+//      model and its optimizer (AdamW or SGD over optim::decay_groups) and restores the
+//      optimizer state;
+//   6. steps: lr from the schedule; train.grad_accum global micro-batches of
+//      batch_size / grad_accum sequences (Note [global batch]) drawn on every rank; the
+//      strategy's train_step (forward, backward, reductions, clip, update); a progress line and
+//      a metrics.jsonl record every log_every steps; a validation pass every eval.every steps;
+//      a checkpoint every checkpoint.every steps (keeping checkpoint.keep_last);
 //   7. at the end: validation, the bigram baseline (eval.bigram_baseline) on the same
 //      windows, a final checkpoint.
 // Determinism: on the CPU with the same thread count, a run resumed from a checkpoint at
@@ -42,31 +56,14 @@
 #include <string>
 #include <vector>
 
-#include "forge/core/tensor.h"
-#include "forge/data/bpe.h"
-#include "forge/data/loader.h"
-#include "forge/nn/module.h"
 #include "forge/train/config.h"
-#include "forge/nn/block_hooks.h"
+#include "forge/train/export.h"
 #include "forge/train/image_trainer.h"
+#include "forge/train/language_model.h"
+#include "forge/train/run_data.h"
+#include "forge/train/sample.h"
 
 namespace forge::train {
-
-// GPT or LLaMA behind one interface.
-struct LanguageModel {
-  std::shared_ptr<nn::Module> module;
-  std::function<Tensor(const Tensor&)> forward;  // (B, T) i64 token ids -> (B, T, vocab_size) logits
-  int64_t vocab_size = 0;
-  int64_t block_size = 0;
-  // ZeRO-3: installs the hooks the model calls around each block (nn/block_hooks.h), and the
-  // block a parameter name belongs to (-1 outside the blocks).
-  std::function<void(std::shared_ptr<nn::BlockHooks>)> set_block_hooks;
-  std::function<int(const std::string&)> block_of;
-  Device device() const;  // where its parameters are
-};
-// Builds the model cfg.model describes, initialised from run.seed; cfg.model.vocab_size
-// must be resolved (> 0).
-LanguageModel build_language_model(const RunConfig& cfg);
 
 struct TrainOptions {
   bool resume = false;
@@ -101,68 +98,5 @@ TrainResult run_training(const RunConfig& cfg, const TrainOptions& opt, std::ost
 
 // The ImageTrainOptions of a lenet config (the keys each field names in image_trainer.h).
 ImageTrainOptions image_options(const RunConfig& cfg);
-
-// ---- data ----------------------------------------------------------------------------------
-
-// Encodes each file into a shard (out_dir/shard_00000.bin, ...; out_dir created) and
-// returns the shard paths in order. Prints one line per file to `log` when given.
-std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
-                                                const std::string& out_dir, std::ostream* log = nullptr);
-
-// Mean negative log-likelihood of the targets of `windows` under an add-one-smoothed
-// bigram model counted on the consecutive token pairs of `train` (vocabulary `vocab`):
-//   p(b | a) = (count(a, b) + 1) / (count(a) + vocab)
-// `max_batches` as eval.batches (0 = all). Windows are consumed from their current position.
-double bigram_baseline(const std::vector<data::TokenRange>& train, data::SequentialWindows& windows,
-                       int64_t max_batches, int64_t vocab);
-
-// ---- sampling ------------------------------------------------------------------------------
-
-struct SampleOptions {
-  std::string checkpoint;      // a checkpoint directory, or a run directory (its latest checkpoint)
-  std::string prompt;
-  int64_t tokens = 200;        // new tokens to generate
-  double temperature = 0.8;    // 0 = greedy (argmax)
-  int64_t top_k = 0;           // sample among the k most likely tokens (0 = all)
-  uint64_t seed = 0;
-};
-
-struct SampleResult {
-  std::string text;            // the prompt followed by the generated text
-  std::string completion;      // the generated text alone
-  std::string checkpoint;      // the checkpoint directory used
-  int64_t step = 0;            // its step
-};
-
-// Loads the checkpoint, its run's config (from the checkpoint) and tokenizer
-// (<run dir>/tokenizer.json), and samples autoregressively under NoGradGuard with the
-// model in eval mode. Deterministic for a given seed.
-SampleResult sample(const SampleOptions& opt);
-
-// `forge export`: the model of a checkpoint (any: one process, DDP or ZeRO at any world
-// size — the weights are whole in every one) as a Hugging Face model directory:
-//   <out>/model.safetensors   HF tensor names and layouts (io/hf_names.h: GPT2LMHeadModel or
-//                             LlamaForCausalLM), in `dtype` ("" = as trained)
-//   <out>/config.json         the HF config of the architecture, so from_pretrained(<out>) loads it
-//   <out>/forge_tokenizer.json  the run's forge BPE tokenizer, when the run had one (forge's own
-//                             format, so HF's tokenizer.json name stays free)
-// Written through a temporary directory and an atomic rename: a crash leaves no half model.
-struct ExportOptions {
-  std::string checkpoint;  // a checkpoint directory, or a run directory (its latest)
-  std::string out;         // the output directory (replaced if it exists)
-  std::string dtype;       // "", "f32", "bf16" or "f16"
-};
-struct ExportResult {
-  std::string checkpoint;
-  int64_t step = 0;
-  int64_t tensors = 0;
-  int64_t parameters = 0;
-};
-ExportResult export_model(const ExportOptions& opt);
-
-// The autoregressive loop: appends `n` tokens to `ids` (each from the last block_size
-// tokens' logits), drawing from a Philox Generator seeded with `seed`.
-std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
-                              int64_t top_k, uint64_t seed);
 
 }  // namespace forge::train

@@ -1,0 +1,224 @@
+// DataParallelStrategy: DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group of
+// the mesh, on dist::DataParallel (dist/data_parallel.h: gradient buckets reduced while backward
+// runs, the optimizer state sharded by parameter ranges, block parameters sharded and gathered
+// around each block). Its step:
+//   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch),
+//     forward, loss / K, begin_backward(sync = last), backward, end_backward
+//   the loss of the global batch: all-reduce (avg) behind the last gradient bucket
+//   the global gradient norm (f16: unscaled first, the overflow flag agreed by every rank),
+//   clipping, the non-finite skip, the sharded update and the all-gather of the weights.
+// debug.skip_reductions (DDP, ZeRO-1) skips every reduction: a diagnostic, the run is wrong.
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <unordered_map>
+
+#include "forge/core/error.h"
+#include "forge/dist/data_parallel.h"
+#include "forge/dist/env.h"
+#include "forge/dist/sharded_state.h"
+#include "forge/io/atomic_file.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
+#include "forge/ops/loss.h"
+#include "forge/train/run_checkpoint.h"
+#include "forge/train/strategy.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class DataParallelStrategy final : public Strategy {
+ public:
+  DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, LanguageModel& model,
+                       DType dtype, std::ostream& log)
+      : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
+    // The data-parallel group: the world when dp spans it (tp = pp = 1), else the mesh's.
+    group_ = mesh.dp_group() ? mesh.dp_group() : mesh.world();
+    FORGE_CHECK(group_ != nullptr, "DataParallelStrategy: the mesh has no process group attached");
+    std::vector<std::pair<std::string, Tensor>> trainable;
+    {
+      std::unordered_map<const TensorImpl*, bool> seen;  // tied weights: once, under their first name
+      for (const auto& [n, t] : model.module->named_parameters())
+        if (t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
+    }
+    dp_ = std::make_unique<dist::DataParallel>(
+        trainable, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay),
+        [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
+        dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+                                  .offload_optimizer = cfg.dist.offload_optimizer,
+                                  .bucket_mb = cfg.dist.bucket_mb,
+                                  .block_of = model.block_of,
+                                  .skip_reductions = cfg.debug.skip_reductions});
+    if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
+    dp_->broadcast_parameters();
+    if (dtype == DType::f16) scaler_.emplace(device_);
+    const dist::LaunchEnv env = dist::launch_env();
+    log << "data parallel: " << group_->size() << " rank(s) (" << dist::launcher_name(env.launcher) << ", "
+        << group_->backend() << "), "
+        << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero))
+        << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
+        << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
+        << layout.micro_batch * layout.dp << " sequences per micro-batch on each rank\n";
+  }
+
+  std::string describe() const override { return "layout: " + layout_.describe(); }
+
+  Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
+    dp_->set_lr(lr);
+    const auto K = static_cast<int64_t>(micro_batches.size());
+    const int64_t dp_rank = group_->rank(), dp_size = group_->size();
+    Tensor loss_sum;  // on the device: read once per step
+    for (int64_t k = 0; k < K; ++k) {
+      // Every rank draws the same global micro-batch and trains on its own rows of it.
+      const data::Batch& global = micro_batches[static_cast<size_t>(k)];
+      const int64_t b = global.inputs.size(0) / dp_size;
+      const data::Batch mb = strategy_detail::local_rows(global, dp_rank * b, b, device_);
+      if (k == K - 1) phases.mark(0);
+      const Tensor loss = ops::cross_entropy(model_.forward(mb.inputs), mb.targets);
+      const Tensor l = loss.detach().to(DType::f32);
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+      Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
+      if (scaler_) scaled = scaler_->scale_loss(scaled);
+      if (k == K - 1) phases.mark(1);
+      dp_->begin_backward(/*sync=*/k == K - 1);
+      scaled.backward();
+      if (k == K - 1) phases.mark(2);
+      dp_->end_backward();
+    }
+    phases.mark(3);
+    Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+    if (dp_size > 1 && !cfg_.debug.skip_reductions) {
+      // The loss of the global batch, queued behind the last gradient bucket. Not before
+      // backward: there its NCCL kernel waited for the slower rank's forward while this
+      // rank's backward ran, and the spinning kernel's SMs cost backward ~0.6 ms a step on two
+      // H200s (benchmarks/results/dist_NVIDIA_H200.md, section 2).
+      mean_loss = mean_loss.contiguous();
+      group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
+    }
+    // Note [one sync per step]: norm, clip, skip decision and update all run on the device.
+    const Tensor norm = scaler_ ? dp_->unscale_grads(*scaler_) : dp_->grad_norm();
+    if (cfg_.optim.grad_clip > 0) dp_->clip_grads(cfg_.optim.grad_clip, norm);
+    // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss); under
+    // f16 the norm is inf/NaN exactly when the scaler found an overflow on some rank.
+    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+    phases.mark(4);
+    dp_->step(bad);
+    if (scaler_) scaler_->update();
+    phases.mark(5);
+    Tensor figures = strategy_detail::step_figures(mean_loss, norm, bad, scaler_ ? scaler_->scale_tensor() : Tensor());
+    dp_->zero_grad();
+    return figures;
+  }
+
+  // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward
+  // gathers the blocks: collectives), and rank 0 reports it.
+  bool evaluates() const override { return group_->rank() == 0 || layout_.zero == 3; }
+  double evaluate(data::SequentialWindows& windows, int64_t max_batches) override {
+    return strategy_detail::evaluate_model(model_, windows, max_batches);
+  }
+
+  // Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
+  // every rank (ZeRO-1/2 shard only the optimizer; ZeRO-3's blocks are gathered one at a time
+  // and rank 0 keeps a CPU copy), so rank 0 writes model.safetensors, the same file whatever the
+  // stage; the optimizer is saved by parameter ranges (dist/sharded_state.h), one shard file per rank
+  // (DDP: rank 0's alone). Every rank writes its file into a staging directory next to the
+  // checkpoint (a name prune_checkpoints treats as a temporary); rank 0 then moves them into
+  // the checkpoint it publishes with replace_directory_atomic, so the checkpoint appears
+  // whole or not at all: a crash mid-save leaves the previous one intact. state.json's
+  // extra.dist names the files and the layout that wrote them; any other world size or stage
+  // reshards on load.
+  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+    dist::ProcessGroup& pg = *dp_->group();
+    const bool rank0 = pg.rank() == 0;
+    const fs::path dir = io::checkpoint_path(run_dir, step);
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
+    const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+    std::error_code ec;
+    if (rank0) {
+      fs::remove_all(staging, ec);
+      fs::create_directories(staging, ec);
+      FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
+    }
+    pg.barrier()->synchronize();
+    const bool sharded = dp_->options().zero_stage > 0;
+    auto file_of = [](int r) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
+      return std::string(name);
+    };
+    if (sharded || rank0)
+      dist::write_optimizer_shard(staging / file_of(pg.rank()), dp_->pieces(), dp_->piece_state(), dp_->piece_steps());
+    // ZeRO-3: the blocks' parameters gathered (collective), copied to rank 0's memory.
+    std::unordered_map<std::string, Tensor> gathered;
+    if (dp_->options().zero_stage == 3)
+      dp_->for_each_full_parameter([&](const std::string& name, const Tensor& t) {
+        if (rank0) gathered[name] = t.is_cpu() ? t.clone() : t.to(Device::cpu());
+      });
+    pg.barrier()->synchronize();
+    if (rank0) {
+      io::CheckpointData d;
+      d.step = step;
+      nn::NamedTensors model_state = model_.module->state_dict();
+      for (auto& [name, t] : model_state)
+        if (auto it = gathered.find(name); it != gathered.end()) t = it->second;
+      d.model = io::NamedTensors(std::move(model_state));
+      io::capture_rng(d);
+      d.data_loader = json::parse(state.sampler.to_json());
+      d.config = state.config;
+      d.extra = state.extra;
+      d.extra["optimizer"] = {{"name", optimizer_class_name(cfg_)}, {"scalars", {{"step", dp_->step_count()}}}};
+      json files = json::array();
+      for (int r = 0; r < (sharded ? pg.size() : 1); ++r) {
+        files.push_back(file_of(r));
+        d.move_in.push_back(staging / file_of(r));
+      }
+      if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
+      d.extra["dist"] = {{"world_size", pg.size()},
+                         {"zero_stage", dp_->options().zero_stage},
+                         {"offload_optimizer", dp_->options().offload_optimizer},
+                         {"files", files}};
+      io::save_checkpoint(dir, d);
+      fs::remove_all(staging, ec);
+      io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+    }
+    pg.barrier()->synchronize();
+    return dir;
+  }
+
+  void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
+    const json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class_name(cfg_));
+    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
+    dp_->load_piece_state(
+        [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
+    if (scaler_ && ck.extra.is_object() && ck.extra.contains("loss_scaler")) {
+      optim::StateDict sd;
+      for (const auto& [k, v] : ck.extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
+      scaler_->load_state_dict(sd);
+    }
+  }
+
+ private:
+  const RunConfig cfg_;
+  const dist::Layout layout_;
+  LanguageModel& model_;
+  Device device_;
+  dist::ProcessGroupPtr group_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  std::optional<optim::LossScaler> scaler_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                             LanguageModel& model, DType dtype, std::ostream& log) {
+  return std::make_unique<DataParallelStrategy>(cfg, layout, mesh, model, dtype, log);
+}
+
+}  // namespace forge::train

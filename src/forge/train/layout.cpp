@@ -1,0 +1,61 @@
+#include "forge/train/layout.h"
+
+#include "forge/core/error.h"
+#include "forge/dist/mesh.h"
+#include "forge/nn/llama.h"
+
+namespace forge::train {
+
+void check_vocab_splits(const RunConfig& cfg, int64_t vocab_size) {
+  const int64_t tp = cfg.dist.tp;
+  FORGE_CHECK(vocab_size <= 0 || vocab_size % tp == 0, "model.vocab_size = ", vocab_size,
+              " is not divisible by dist.tp = ", tp, " (the embedding and head are split by vocabulary rows); set "
+              "model.vocab_size to a multiple of ", tp, " (e.g. ", (vocab_size + tp - 1) / tp * tp, ") or lower dist.tp");
+}
+
+dist::Layout run_layout(const RunConfig& cfg, int world_size) {
+  const int tp = static_cast<int>(cfg.dist.tp), pp = static_cast<int>(cfg.dist.pp);
+  const dist::Mesh mesh = dist::Mesh::carve(world_size, 0, tp, pp);  // 1.
+  const auto& m = cfg.model;
+  if (cfg.is_language_model()) {                                     // 2.
+    const bool llama = m.type == "llama";
+    const int64_t kv = llama && m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+    const int64_t ffn = !llama ? 4 * m.n_embd : m.ffn_hidden > 0 ? m.ffn_hidden : nn::LlamaConfig::default_ffn_hidden(m.dim);
+    FORGE_CHECK(m.n_head % tp == 0, "model.n_head = ", m.n_head, " is not divisible by dist.tp = ", tp,
+                " (each tensor-parallel rank computes n_head / tp heads); choose dist.tp a divisor of ", m.n_head);
+    FORGE_CHECK(kv % tp == 0 || tp % kv == 0, "the ", kv,
+                " key/value heads (model.n_kv_head) and dist.tp = ", tp,
+                " do not split: kv-heads must be a multiple of tp, or divide it (then they are replicated); choose "
+                "dist.tp accordingly");
+    FORGE_CHECK(ffn % tp == 0, "the FFN width ", ffn, " (", llama ? "model.ffn_hidden" : "4 x model.n_embd",
+                ") is not divisible by dist.tp = ", tp, "; choose dist.tp a divisor of it");
+    check_vocab_splits(cfg, m.vocab_size);
+    FORGE_CHECK(m.n_layer >= pp, "dist.pp = ", pp, " pipeline stages need at least as many blocks, but model.n_layer = ",
+                m.n_layer, "; lower dist.pp to <= ", m.n_layer);
+  }
+  dist::Layout l;
+  l.dp = mesh.dp();
+  l.tp = tp;
+  l.pp = pp;
+  l.zero = static_cast<int>(cfg.dist.zero_stage);
+  l.offload = cfg.dist.offload_optimizer;
+  l.checkpointing = m.checkpoint_activations ? dist::Checkpointing::full : dist::Checkpointing::none;
+  if (cfg.is_language_model()) {                                     // 3.
+    const int64_t K = cfg.train.grad_accum, B = cfg.train.batch_size;
+    FORGE_CHECK(B % (l.dp * K) == 0, "train.batch_size = ", B, " is not divisible by the world size ", world_size,
+                l.dp == world_size ? std::string() : " / (dist.tp x dist.pp) = dp " + std::to_string(l.dp),
+                K > 1 ? " x train.grad_accum = " + std::to_string(K) : std::string(),
+                "; train.batch_size is the global batch (Note [global batch]): make it a multiple of ", l.dp * K);
+    l.grad_accum = K;
+    l.micro_batch = B / (l.dp * K);
+  } else {
+    l.micro_batch = cfg.train.batch_size;
+  }
+  FORGE_CHECK(tp == 1, "dist.tp = ", tp, ": tensor parallelism is not implemented yet (the mesh and checks are); "
+              "set dist.tp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");  // 4.
+  FORGE_CHECK(pp == 1, "dist.pp = ", pp, ": pipeline parallelism is not implemented yet (the mesh and checks are); "
+              "set dist.pp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");
+  return l;
+}
+
+}  // namespace forge::train

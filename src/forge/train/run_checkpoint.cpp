@@ -1,0 +1,121 @@
+// Checkpoint plumbing shared by every layout (contracts in run_checkpoint.h).
+#include "forge/train/run_checkpoint.h"
+
+#include <map>
+#include <unordered_map>
+
+#include "forge/core/error.h"
+#include "forge/optim/adamw.h"
+#include "forge/optim/sgd.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path resolve_checkpoint(const fs::path& p, const char* who) {
+  std::error_code ec;
+  if (fs::is_regular_file(p / "state.json", ec)) return p;
+  if (auto latest = io::find_latest_checkpoint(p)) return *latest;
+  FORGE_CHECK(fs::exists(p, ec), who, ": '", p.string(), "' does not exist");
+  FORGE_THROW(who, ": '", p.string(),
+              "' is neither a checkpoint directory (with state.json) nor a run directory with checkpoints");
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::vector<optim::ParamGroup> groups) {
+  if (cfg.optim.name == "sgd") {
+    optim::SGDOptions o;
+    o.lr = cfg.optim.lr;
+    o.momentum = cfg.optim.momentum;
+    o.nesterov = cfg.optim.nesterov;
+    o.weight_decay = cfg.optim.weight_decay;
+    return std::make_unique<optim::SGD>(std::move(groups), o);
+  }
+  optim::AdamWOptions o;
+  o.lr = cfg.optim.lr;
+  o.beta1 = cfg.optim.beta1;
+  o.beta2 = cfg.optim.beta2;
+  o.eps = cfg.optim.eps;
+  o.weight_decay = cfg.optim.weight_decay;
+  return std::make_unique<optim::AdamW>(std::move(groups), o);
+}
+
+std::string optimizer_class_name(const RunConfig& cfg) { return cfg.optim.name == "sgd" ? "SGD" : "AdamW"; }
+
+std::vector<std::pair<std::string, Tensor>> optimizer_slots(const RunConfig& cfg, const nn::Module& model) {
+  const auto named = model.named_parameters();
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& [n, t] : named) name_of.emplace(t.impl(), n);
+  std::vector<std::pair<std::string, Tensor>> slots;
+  for (const auto& g : optim::decay_groups(named, cfg.optim.weight_decay))
+    for (const Tensor& t : g.params) slots.emplace_back(name_of.at(t.impl()), t);
+  return slots;
+}
+
+const json& checkpoint_optimizer_record(const io::CheckpointData& ck, const fs::path& ck_path, const std::string& want) {
+  static const json none;
+  const json& o = ck.extra.is_object() && ck.extra.contains("optimizer") ? ck.extra["optimizer"] : none;
+  FORGE_CHECK(o.is_object() && o.contains("scalars"), "--resume: checkpoint '", ck_path.string(),
+              "' has no optimizer scalars (extra.optimizer); it was not written by `forge train`");
+  const std::string name = o.value("name", std::string());
+  FORGE_CHECK(name == want, "--resume: checkpoint '", ck_path.string(), "' holds ", name, " state but optim.name makes ",
+              want, "; set optim.name to match the checkpoint");
+  return o;
+}
+
+dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const fs::path& ck_path,
+                                         const std::vector<std::pair<std::string, Tensor>>& slots) {
+  dist::RangedState rs;
+  if (ck.extra.is_object() && ck.extra.contains("dist")) {
+    for (const auto& f : ck.extra["dist"].value("files", json::array())) {
+      const fs::path file = ck_path / f.get<std::string>();
+      std::error_code ec;
+      FORGE_CHECK(fs::is_regular_file(file, ec), "--resume: checkpoint '", ck_path.string(), "' lacks its shard file '",
+                  file.filename().string(), "'");
+      rs.add_shard_file(file);
+    }
+    return rs;
+  }
+  const json& o = ck.extra.is_object() && ck.extra.contains("optimizer") ? ck.extra["optimizer"] : json();
+  std::map<std::string, double> scalars;
+  if (o.is_object() && o.contains("scalars"))
+    for (const auto& [k, v] : o["scalars"].items()) scalars[k] = v.get<double>();
+  std::vector<std::string> names;
+  for (const auto& [n, t] : slots) names.push_back(n);
+  rs.add_full_state(ck.optimizer, scalars, names);
+  return rs;
+}
+
+void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const fs::path& ck_path,
+                       const std::vector<std::pair<std::string, Tensor>>& slots) {
+  const json& o = checkpoint_optimizer_record(ck, ck_path, opt.name());
+  if (ck.extra.contains("dist")) {
+    // Written by a data-parallel run: reassemble every parameter's state from the shards.
+    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, slots);
+    optim::StateDict sd = opt.state_dict();  // the group scalars of this optimizer
+    for (auto it = sd.scalars.begin(); it != sd.scalars.end();)
+      it = it->first.rfind("state.", 0) == 0 ? sd.scalars.erase(it) : std::next(it);
+    sd.tensors.clear();
+    sd.scalars["step"] = o["scalars"].value("step", 0.0);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const auto& [pname, p] = slots[k];
+      const int64_t steps = rs.step(pname, 0, p.numel());
+      if (steps <= 0) continue;
+      const std::string pre = "state." + std::to_string(k) + ".";
+      sd.scalars[pre + "step"] = static_cast<double>(steps);
+      for (const auto& sname : rs.state_names()) {
+        if (sname == "master" && p.dtype() == DType::f32) continue;
+        const Tensor t = rs.get(pname, sname, 0, p.numel());
+        if (t.defined()) sd.tensors[pre + sname] = t.reshape(p.shape());
+      }
+    }
+    opt.load_state_dict(sd);
+    return;
+  }
+  optim::StateDict sd;
+  for (const auto& [k, v] : o["scalars"].items()) sd.scalars[k] = v.get<double>();
+  for (const auto& [k, t] : ck.optimizer) sd.tensors[k] = t;
+  opt.load_state_dict(sd);
+}
+
+}  // namespace forge::train

@@ -1,0 +1,45 @@
+#pragma once
+// What checkpoints of language-model runs share, whatever the layout that writes them
+// (Note [data-parallel checkpoints] in train/data_parallel_strategy.cpp): finding a checkpoint,
+// the optimizer a config makes, its state slots by parameter name, and the optimizer state of a
+// checkpoint by parameter ranges (dist/sharded_state.h), so that any layout resumes any other.
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "forge/dist/sharded_state.h"
+#include "forge/io/checkpoint.h"
+#include "forge/nn/module.h"
+#include "forge/optim/optimizer.h"
+#include "forge/train/config.h"
+
+namespace forge::train {
+
+// A checkpoint directory, or the latest checkpoint of a run directory; `who` names the
+// option in errors ("--resume", "sample: --checkpoint").
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& p, const char* who);
+
+// The optimizer optim.* describes, over `groups` (their hyper-parameters set).
+std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::vector<optim::ParamGroup> groups);
+// The name optim.name's optimizer reports (Optimizer::name()), as checkpoints record it.
+std::string optimizer_class_name(const RunConfig& cfg);
+// The optimizer's slots in order (slot k of its state_dict is the k-th parameter over its
+// groups), by name: optim::decay_groups' order.
+std::vector<std::pair<std::string, Tensor>> optimizer_slots(const RunConfig& cfg, const nn::Module& model);
+
+// extra.optimizer of a checkpoint ({"name", "scalars"}), checked to hold `want`'s state.
+const nlohmann::json& checkpoint_optimizer_record(const io::CheckpointData& ck, const std::filesystem::path& ck_path,
+                                                  const std::string& want);
+// The optimizer state of a checkpoint by parameter ranges: the shard files of a data-parallel
+// run (extra.dist.files), or a single process's optimizer.safetensors.
+dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const std::filesystem::path& ck_path,
+                                         const std::vector<std::pair<std::string, Tensor>>& slots);
+// Restores a whole-model optimizer from any checkpoint (one process's, or reassembled from a
+// data-parallel run's shards).
+void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const std::filesystem::path& ck_path,
+                       const std::vector<std::pair<std::string, Tensor>>& slots);
+
+}  // namespace forge::train

@@ -1,0 +1,222 @@
+// Tokenizer, shards, random tokens and the bigram baseline (contracts in run_data.h).
+#include "forge/train/run_data.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <span>
+#include <unordered_map>
+
+#include "forge/core/error.h"
+#include "forge/core/generator.h"
+#include "forge/data/shards.h"
+#include "forge/io/atomic_file.h"
+#include "forge/ops/creation.h"
+#include "forge/telemetry/metrics.h"
+
+namespace forge::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kTokenizerSourceFile = "tokenizer.source.json";
+constexpr const char* kManifestFile = "manifest.json";
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string fixed1(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.1f", v);
+  return buf;
+}
+
+// Path, size and modification time of each file: what decides whether cached tokens are stale.
+json files_fingerprint(const std::vector<std::string>& files) {
+  json out = json::array();
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    const auto mtime = fs::last_write_time(f, ec).time_since_epoch().count();
+    out.push_back({{"path", fs::absolute(f).lexically_normal().string()}, {"size", size}, {"mtime", mtime}});
+  }
+  return out;
+}
+
+std::optional<json> read_json_file(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) return std::nullopt;
+  try {
+    return json::parse(io::read_file(p));
+  } catch (const std::exception&) {
+    return std::nullopt;  // a damaged cache file is rebuilt
+  }
+}
+
+}  // namespace
+
+std::string fnv1a_hex(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
+                                           const std::optional<fs::path>& resume_tokenizer, std::ostream& log) {
+  const fs::path run_dir = cfg.run_dir();
+  const fs::path tok_path = run_dir / kTokenizerFile;
+  const fs::path source_path = run_dir / kTokenizerSourceFile;
+  std::error_code ec;
+  if (resume_tokenizer) {
+    FORGE_CHECK(fs::is_regular_file(*resume_tokenizer, ec), "--resume: '", resume_tokenizer->string(),
+                "' is missing; a checkpoint is continued with the tokenizer of its run directory");
+    auto tok = data::BpeTokenizer::load(resume_tokenizer->string());
+    if (fs::absolute(*resume_tokenizer).lexically_normal() != fs::absolute(tok_path).lexically_normal()) {
+      tok.save(tok_path.string());
+      io::write_file_atomic(source_path, json{{"from", resume_tokenizer->string()}}.dump() + "\n");
+    }
+    log << "tokenizer: " << resume_tokenizer->string() << " (the checkpoint's run), vocabulary " << tok.vocab_size()
+        << "\n";
+    return tok;
+  }
+  if (!cfg.data.tokenizer.empty()) {
+    auto tok = data::BpeTokenizer::load(cfg.data.tokenizer);
+    tok.save(tok_path.string());
+    io::write_file_atomic(source_path, json{{"from", cfg.data.tokenizer}}.dump() + "\n");
+    log << "tokenizer: " << cfg.data.tokenizer << ", vocabulary " << tok.vocab_size() << "\n";
+    return tok;
+  }
+  const json want = {{"trained_on", files_fingerprint(files)}, {"vocab_size", cfg.data.vocab_size}};
+  if (fs::is_regular_file(tok_path, ec) && read_json_file(source_path) == want) {
+    auto tok = data::BpeTokenizer::load(tok_path.string());
+    log << "tokenizer: reusing " << tok_path.string() << ", vocabulary " << tok.vocab_size() << "\n";
+    return tok;
+  }
+  const auto t0 = Clock::now();
+  data::BpeTrainOptions topt;
+  topt.vocab_size = cfg.data.vocab_size;
+  auto tok = data::BpeTokenizer::train_files(files, topt);
+  tok.save(tok_path.string());
+  io::write_file_atomic(source_path, want.dump() + "\n");
+  log << "tokenizer: trained a byte-level BPE of " << tok.vocab_size() << " tokens on " << files.size()
+      << " file(s) in " << fixed1(seconds_since(t0)) << " s -> " << tok_path.string() << "\n";
+  return tok;
+}
+
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
+                                        const std::vector<std::string>& files, std::ostream& log) {
+  const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  const json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.to_json())}, {"files", files_fingerprint(files)}};
+  if (auto m = read_json_file(dir / kManifestFile)) {
+    bool same = m->is_object() && m->value("format", json()) == want["format"] &&
+                m->value("tokenizer", json()) == want["tokenizer"] && m->value("files", json()) == want["files"] &&
+                m->contains("shards") && (*m)["shards"].is_array();
+    std::vector<std::string> paths;
+    if (same) {
+      std::error_code ec;
+      for (const auto& s : (*m)["shards"]) {
+        const fs::path p = dir / s.get<std::string>();
+        if (!fs::is_regular_file(p, ec)) same = false;
+        paths.push_back(p.string());
+      }
+    }
+    if (same) {
+      log << "data: reusing " << paths.size() << " token shard(s) in " << dir.string() << "\n";
+      return paths;
+    }
+  }
+  const auto t0 = Clock::now();
+  auto paths = encode_files_to_shards(tok, files, dir.string());
+  json manifest = want;
+  manifest["shards"] = json::array();
+  for (const auto& p : paths) manifest["shards"].push_back(fs::path(p).filename().string());
+  io::write_file_atomic(dir / kManifestFile, manifest.dump(2) + "\n");
+  log << "data: tokenized " << files.size() << " file(s) into " << dir.string() << " in "
+      << fixed1(seconds_since(t0)) << " s\n";
+  return paths;
+}
+
+// data.source = "random": uniform random tokens of model.vocab_size in one shard of the run
+// directory, from the run's seed (a resumed run rewrites the same tokens). 8 Mi tokens: enough
+// windows that a benchmark never sees the same batch twice in practice; 16-32 MB on disk.
+std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write) {
+  constexpr int64_t kTokens = int64_t{1} << 23;
+  const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  if (!write) return (dir / "random_tokens.bin").string();  // another rank wrote it
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FORGE_CHECK(!ec, "cannot create the shard directory '", dir.string(), "': ", ec.message());
+  Generator gen(static_cast<uint64_t>(cfg.run.seed) ^ kDataSeedSalt);
+  const Tensor ids = randint(0, cfg.model.vocab_size, {kTokens}, {.dtype = DType::i32}, &gen);
+  const std::string path = (dir / "random_tokens.bin").string();
+  data::write_shard(path, std::span<const int32_t>(ids.data<int32_t>(), static_cast<size_t>(kTokens)), cfg.model.vocab_size);
+  log << "data: " << telemetry::format_count(static_cast<double>(kTokens)) << " uniform random tokens in [0, "
+      << cfg.model.vocab_size << ") -> " << path << "\n";
+  return path;
+}
+
+std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
+                                                const std::string& out_dir, std::ostream* log) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  FORGE_CHECK(!ec, "cannot create the shard directory '", out_dir, "': ", ec.message());
+  std::vector<std::string> paths;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string text = io::read_file(files[i]);
+    ids.clear();
+    tok.encode_ordinary_into(text, ids);
+    char name[32];
+    std::snprintf(name, sizeof(name), "shard_%05zu.bin", i);
+    const std::string path = (fs::path(out_dir) / name).string();
+    data::write_shard(path, ids, tok.vocab_size());
+    if (log) *log << "  " << files[i] << ": " << text.size() << " bytes -> " << ids.size() << " tokens -> " << path << "\n";
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+double bigram_baseline(const std::vector<data::TokenRange>& train, data::SequentialWindows& windows,
+                       int64_t max_batches, int64_t vocab) {
+  FORGE_CHECK(vocab > 0, "bigram_baseline: vocab must be positive");
+  // Sparse pair counts (a dense V x V table would not fit for large vocabularies).
+  std::unordered_map<uint64_t, int64_t> pairs;
+  std::vector<int64_t> firsts(static_cast<size_t>(vocab), 0);
+  std::vector<int32_t> buf;
+  for (const auto& r : train) {
+    if (r.size() < 2) continue;
+    buf.resize(static_cast<size_t>(r.size()));
+    r.shard->copy(r.begin, r.size(), buf.data());
+    for (size_t i = 0; i + 1 < buf.size(); ++i) {
+      FORGE_CHECK(buf[i] >= 0 && buf[i] < vocab && buf[i + 1] >= 0 && buf[i + 1] < vocab, "bigram_baseline: token ",
+                  std::max(buf[i], buf[i + 1]), " is outside the vocabulary of ", vocab);
+      ++pairs[static_cast<uint64_t>(buf[i]) * static_cast<uint64_t>(vocab) + static_cast<uint64_t>(buf[i + 1])];
+      ++firsts[static_cast<size_t>(buf[i])];
+    }
+  }
+  double nll = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
+    auto batch = windows.next();
+    if (!batch) break;
+    const int64_t* in = batch->inputs.data<int64_t>();
+    const int64_t* tg = batch->targets.data<int64_t>();
+    for (int64_t i = 0; i < batch->targets.numel(); ++i) {
+      const auto it = pairs.find(static_cast<uint64_t>(in[i]) * static_cast<uint64_t>(vocab) + static_cast<uint64_t>(tg[i]));
+      const double c = it == pairs.end() ? 0.0 : static_cast<double>(it->second);
+      nll -= std::log((c + 1.0) / (static_cast<double>(firsts[static_cast<size_t>(in[i])]) + static_cast<double>(vocab)));
+      ++count;
+    }
+  }
+  FORGE_CHECK(count > 0, "bigram_baseline: no validation window");
+  return nll / static_cast<double>(count);
+}
+
+}  // namespace forge::train

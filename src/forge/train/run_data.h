@@ -1,0 +1,57 @@
+#pragma once
+// The data a language-model run trains on, prepared before the first step (train/trainer.h
+// steps 2-3): the tokenizer, token shards, and the random-token shard of benchmark runs; and
+// the bigram baseline the end of a run compares against.
+//
+//   tokenizer   data.tokenizer, or a byte-level BPE trained on data.files (data.vocab_size),
+//               saved as <run dir>/tokenizer.json with tokenizer.source.json recording what it
+//               came from; reused while the files and vocab_size are the same. A resumed run
+//               uses the tokenizer.json of its checkpoint's run.
+//   shards      one per data file (data/shards.h) in data.shards_dir (default <run dir>/data),
+//               with manifest.json; reused while the tokenizer and the files are the same.
+//   random      data.source = "random": 8 Mi uniform tokens of model.vocab_size from the run's
+//               seed, in one shard (rank 0 writes it; the others read the same path).
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "forge/data/bpe.h"
+#include "forge/data/loader.h"
+#include "forge/train/config.h"
+
+namespace forge::train {
+
+inline constexpr const char* kTokenizerFile = "tokenizer.json";
+// The data order is seeded apart from the model's initialisation (which uses run.seed itself),
+// so changing one never shifts the other.
+inline constexpr uint64_t kDataSeedSalt = 0x9e3779b97f4a7c15ULL;
+
+// FNV-1a, 64 bits, as 16 hex digits: a stable fingerprint of a tokenizer's JSON.
+std::string fnv1a_hex(const std::string& s);
+
+// The run's tokenizer (see above); `resume_tokenizer` is the checkpoint run's tokenizer.json.
+data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
+                                           const std::optional<std::filesystem::path>& resume_tokenizer,
+                                           std::ostream& log);
+// The shards of `files` under `tok` (see above), made or reused.
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
+                                        const std::vector<std::string>& files, std::ostream& log);
+// data.source = "random": the shard's path, written when `write` (rank 0).
+std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write = true);
+
+// Encodes each file into a shard (out_dir/shard_00000.bin, ...; out_dir created) and
+// returns the shard paths in order. Prints one line per file to `log` when given.
+std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
+                                                const std::string& out_dir, std::ostream* log = nullptr);
+
+// Mean negative log-likelihood of the targets of `windows` under an add-one-smoothed
+// bigram model counted on the consecutive token pairs of `train` (vocabulary `vocab`):
+//   p(b | a) = (count(a, b) + 1) / (count(a) + vocab)
+// `max_batches` as eval.batches (0 = all). Windows are consumed from their current position.
+double bigram_baseline(const std::vector<data::TokenRange>& train, data::SequentialWindows& windows,
+                       int64_t max_batches, int64_t vocab);
+
+}  // namespace forge::train

@@ -1,0 +1,118 @@
+// SingleProcess: the strategy of one process without dist (train/strategy.h). The optimizer
+// spans the whole model; with run.dtype = "f16" a LossScaler (optim/loss_scale.h) scales the
+// loss and unscales the gradients; the checkpoint holds the whole optimizer state
+// (optimizer.safetensors) and the loss scale (extra.loss_scaler).
+#include <optional>
+
+#include "forge/core/error.h"
+#include "forge/io/atomic_file.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
+#include "forge/ops/loss.h"
+#include "forge/train/run_checkpoint.h"
+#include "forge/train/strategy.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class SingleProcess final : public Strategy {
+ public:
+  SingleProcess(const RunConfig& cfg, LanguageModel& model, DType dtype)
+      : cfg_(cfg), model_(model), device_(model.device()), params_(model.module->parameters()),
+        optimizer_(make_optimizer_for(cfg, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay))) {
+    if (dtype == DType::f16) scaler_.emplace(device_);
+  }
+
+  std::string describe() const override { return "layout: one process on " + device_.str(); }
+
+  Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
+    for (auto& g : optimizer_->param_groups()) g.lr = lr;
+    const auto K = static_cast<int64_t>(micro_batches.size());
+    Tensor loss_sum;  // on the device: read once per step
+    for (int64_t k = 0; k < K; ++k) {
+      const data::Batch& global = micro_batches[static_cast<size_t>(k)];
+      const data::Batch b = strategy_detail::local_rows(global, 0, global.inputs.size(0), device_);
+      if (k == K - 1) phases.mark(0);
+      const Tensor loss = ops::cross_entropy(model_.forward(b.inputs), b.targets);
+      const Tensor l = loss.detach().to(DType::f32);
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+      Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
+      if (scaler_) scaled = scaler_->scale_loss(scaled);
+      if (k == K - 1) phases.mark(1);
+      scaled.backward();
+      if (k == K - 1) phases.mark(2);
+    }
+    phases.mark(3);
+    const Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
+    // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
+    // all run on the device.
+    const Tensor norm = scaler_ ? scaler_->unscale_(params_) : optim::total_grad_norm(params_);
+    if (cfg_.optim.grad_clip > 0) optim::clip_grads_with_norm_(params_, cfg_.optim.grad_clip, norm);
+    // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss).
+    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+    phases.mark(4);
+    if (scaler_) {
+      scaler_->step(*optimizer_);  // skips on the scaler's own overflow flag
+      scaler_->update();
+    } else {
+      optimizer_->step(bad);
+    }
+    phases.mark(5);
+    Tensor figures = strategy_detail::step_figures(mean_loss, norm, bad, scaler_ ? scaler_->scale_tensor() : Tensor());
+    optimizer_->zero_grad();
+    return figures;
+  }
+
+  bool evaluates() const override { return true; }
+  double evaluate(data::SequentialWindows& windows, int64_t max_batches) override {
+    return strategy_detail::evaluate_model(model_, windows, max_batches);
+  }
+
+  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+    io::CheckpointData d;
+    d.step = step;
+    d.model = io::NamedTensors(model_.module->state_dict());
+    const optim::StateDict sd = optimizer_->state_dict();
+    std::vector<std::pair<std::string, Tensor>> opt_tensors(sd.tensors.begin(), sd.tensors.end());
+    d.optimizer = io::NamedTensors(std::move(opt_tensors));
+    io::capture_rng(d);
+    d.data_loader = json::parse(state.sampler.to_json());
+    d.config = state.config;
+    d.extra = state.extra;
+    d.extra["optimizer"] = {{"name", optimizer_->name()}, {"scalars", sd.scalars}};
+    if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
+    const fs::path dir = io::checkpoint_path(run_dir, step);
+    io::save_checkpoint(dir, d);
+    io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+    return dir;
+  }
+
+  void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
+    restore_optimizer(*optimizer_, ck, ck_path, optimizer_slots(cfg_, *model_.module));
+    if (scaler_ && ck.extra.is_object() && ck.extra.contains("loss_scaler")) {
+      optim::StateDict sd;
+      for (const auto& [k, v] : ck.extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
+      scaler_->load_state_dict(sd);
+    }
+  }
+
+ private:
+  const RunConfig cfg_;
+  LanguageModel& model_;
+  Device device_;
+  std::vector<Tensor> params_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<optim::LossScaler> scaler_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, LanguageModel& model, DType dtype) {
+  return std::make_unique<SingleProcess>(cfg, model, dtype);
+}
+
+}  // namespace forge::train

@@ -1,0 +1,70 @@
+// The pieces every strategy shares, and the choice of one (contracts in strategy.h).
+#include "forge/train/strategy.h"
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/error.h"
+#include "forge/ops/join.h"
+#include "forge/ops/loss.h"
+
+namespace forge::train {
+
+namespace strategy_detail {
+
+data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device) {
+  data::Batch b;
+  b.inputs = global.inputs;
+  b.targets = global.targets;
+  if (rows != global.inputs.size(0)) {
+    b.inputs = b.inputs.narrow(0, row0, rows).contiguous();
+    b.targets = b.targets.narrow(0, row0, rows).contiguous();
+  }
+  if (device.is_cuda()) {
+    b.inputs = b.inputs.pin_memory().to(device, /*non_blocking=*/true);
+    b.targets = b.targets.pin_memory().to(device, /*non_blocking=*/true);
+  }
+  return b;
+}
+
+double evaluate_model(const LanguageModel& model, data::SequentialWindows& windows, int64_t max_batches) {
+  NoGradGuard no_grad;
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
+    auto batch = windows.next();
+    if (!batch) break;
+    const Tensor loss = ops::cross_entropy(model.forward(batch->inputs.to(model.device())),
+                                           batch->targets.to(model.device()), -100, ops::Reduction::sum);
+    sum += loss.item();
+    count += batch->targets.numel();
+  }
+  model.module->train(was_training);
+  FORGE_CHECK(count > 0, "evaluate: no validation window");
+  return sum / static_cast<double>(count);
+}
+
+Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale) {
+  std::vector<Tensor> figures = {mean_loss.reshape({}), norm.to(DType::f32).reshape({}), bad.reshape({})};
+  if (loss_scale.defined()) figures.push_back(loss_scale.to(DType::f32).reshape({}));
+  return ops::stack(figures);
+}
+
+}  // namespace strategy_detail
+
+std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, LanguageModel& model, DType dtype);
+std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                             LanguageModel& model, DType dtype, std::ostream& log);
+
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                        LanguageModel& model, DType dtype, std::ostream& log) {
+  FORGE_CHECK(layout.tp == 1 && layout.pp == 1, "make_strategy: tensor and pipeline parallelism are not implemented "
+              "(train/layout.h refuses dist.tp / dist.pp > 1)");
+  // Note [data-parallel runs]: a job of several ranks, or ZeRO on one (its sharded code paths on
+  // a world of one), trains through dist::DataParallel; one process without ZeRO trains the model
+  // and its optimizer directly.
+  if (layout.dp > 1 || layout.zero > 0) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
+  return make_single_process(cfg, model, dtype);
+}
+
+}  // namespace forge::train

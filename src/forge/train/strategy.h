@@ -1,0 +1,101 @@
+#pragma once
+// Strategy: everything a parallel layout changes about training, behind one interface, so the
+// trainer's loop (train/trainer.cpp) never branches on the layout. DESIGN.md "Parallelism";
+// docs/architecture.md "One training step".
+//
+//   auto s = make_strategy(cfg, layout, mesh, model, device, dtype, log);   // wraps model + optimizer
+//   if (ck) s->load_checkpoint(*ck, ck_path);                               // optimizer, loss scale
+//   for each step:
+//     Tensor figures = s->train_step(micro_batches, lr, phases);           // no host sync
+//     ... read figures one step later (Note [deferred step read]) ...
+//     if (s->evaluates()) v = s->evaluate(windows, batches);
+//     s->save_checkpoint(run_dir, step, state, keep_last);                 // collective
+//
+// A strategy owns:
+//   - the wrapping of the model and the optimizer (one optimizer over the whole model, or
+//     dist::DataParallel's buckets, sharded optimizer state and sharded parameters);
+//   - one optimizer step over its micro-batches: this rank's rows of each global micro-batch,
+//     forward, loss, backward (gradient accumulation, the reductions), the global gradient norm,
+//     f16 loss scaling, clipping, the non-finite skip and the update;
+//   - evaluation (who evaluates, and how: ZeRO-3's forward is collective);
+//   - checkpoint save/load in the shared format (train/run_checkpoint.h), so any layout resumes
+//     any other.
+// Implementations (make_strategy picks one from the layout):
+//   SingleProcess        one process, no dist (train/single_process.cpp)
+//   DataParallelStrategy DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group, on
+//                        dist::DataParallel (train/data_parallel_strategy.cpp)
+// Tensor and pipeline parallelism are the next implementations (dist.tp, dist.pp are refused
+// until then: train/layout.h).
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "forge/core/tensor.h"
+#include "forge/data/loader.h"
+#include "forge/dist/layout.h"
+#include "forge/dist/mesh.h"
+#include "forge/io/checkpoint.h"
+#include "forge/train/config.h"
+#include "forge/train/language_model.h"
+#include "forge/train/phase_marks.h"
+
+namespace forge::train {
+
+// What a checkpoint records besides the model and the optimizer: the data position, the
+// resolved config, and the run's extra fields (tokenizer hash, tokens seen, ...).
+struct RunState {
+  data::SamplerState sampler;
+  nlohmann::json config;
+  nlohmann::json extra;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  // One line for the log ("one process" / "data parallel: 2 rank(s) (forge launch, nccl), DDP, ...").
+  virtual std::string describe() const = 0;
+
+  // One optimizer step. `micro_batches` are the step's GLOBAL micro-batches (train.grad_accum of
+  // them, batch_size / grad_accum rows each, on the host); the strategy trains this rank's rows.
+  // Returns, on the device and without a host synchronisation, a 1-D f32 tensor:
+  //   [mean loss of the global batch, global gradient norm, skipped (1) or not (0), (loss scale: f16)]
+  virtual Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) = 0;
+
+  // Whether this rank evaluates (rank 0 speaks for the job; ZeRO-3: every rank, its forward is
+  // collective), and the mean cross-entropy per target token of the first `max_batches` windows.
+  virtual bool evaluates() const = 0;
+  virtual double evaluate(data::SequentialWindows& windows, int64_t max_batches) = 0;
+
+  // Writes the checkpoint of `step` under run_dir (collective where the layout needs it: every
+  // rank calls it) atomically, keeping the last `keep_last`; returns its directory.
+  virtual std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step, const RunState& state,
+                                                int64_t keep_last) = 0;
+  // Restores the optimizer (and loss-scaler) state of a checkpoint written by any layout. The
+  // model's weights were loaded before the strategy was made (they are whole in every checkpoint).
+  virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;
+};
+
+// The strategy of `layout` over `model` (on its device, in its dtype, weights final):
+// SingleProcess for one process without ZeRO, else DataParallelStrategy over mesh's
+// data-parallel group. `log` gets what rank 0 should say.
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                        LanguageModel& model, DType dtype, std::ostream& log);
+
+// Shared pieces of the implementations.
+namespace strategy_detail {
+// One micro-batch's rows [row0, row0 + rows) of a global micro-batch, moved to `device` (through
+// pinned memory on a GPU: a queued copy, no host wait).
+data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device);
+// Mean cross-entropy per target token over the first `max_batches` windows (0 = all), in eval
+// mode under NoGradGuard.
+double evaluate_model(const LanguageModel& model, data::SequentialWindows& windows, int64_t max_batches);
+// The step's figures as one 1-D f32 tensor (train_step's return value).
+Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
+}  // namespace strategy_detail
+
+}  // namespace forge::train
