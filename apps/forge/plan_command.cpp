@@ -8,6 +8,7 @@
 #include <string>
 
 #include "forge/core/error.h"
+#include "forge/dist/layout.h"
 #include "forge/plan/cpu_device.h"
 #include "forge/plan/names.h"
 #include "forge/plan/plan.h"
@@ -214,7 +215,8 @@ int run_plan(const std::vector<std::string>& overrides) {
   FORGE_CHECK(overrides.empty() || !a.config.empty(), "config overrides (", overrides.empty() ? "" : overrides.front(),
               ") need --config");
   ModelSpec m;
-  int64_t default_batch = 0, default_micro_batch = 0;
+  int64_t default_batch = 0, default_micro_batch = 0, default_grad_accum = 0;
+  dist::Layout config_layout;  // a config's own [dist] keys: the defaults of --tp, --pp, --zero, --offload
   double default_tokens = 0;
   bool cpu_config = false, config_checkpointing = false;
   const bool shape_given = a.given("--layers") || a.given("--width") || a.given("--heads");
@@ -225,8 +227,15 @@ int run_plan(const std::vector<std::string>& overrides) {
   } else if (!a.config.empty()) {
     train::RunConfig cfg;
     m = model_from_config(a.config, overrides, cfg);
-    default_batch = cfg.train.batch_size * cfg.train.grad_accum;
-    default_micro_batch = cfg.train.batch_size;
+    // Note [global batch]: train.batch_size is the batch of an optimizer step; with one data-parallel
+    // rank a micro-batch is batch_size / grad_accum.
+    default_batch = cfg.train.batch_size;
+    default_grad_accum = cfg.train.grad_accum;
+    default_micro_batch = cfg.train.batch_size / std::max<int64_t>(1, cfg.train.grad_accum);
+    config_layout.tp = cfg.dist.tp;
+    config_layout.pp = cfg.dist.pp;
+    config_layout.zero = static_cast<int>(cfg.dist.zero_stage);
+    config_layout.offload = cfg.dist.offload_optimizer;
     default_tokens = static_cast<double>(cfg.train.steps * default_batch * cfg.train.seq_len);
     // Where the config trains: "cpu"; "auto" is the CPU in a build without CUDA.
 #ifdef FORGE_WITH_CUDA
@@ -316,7 +325,7 @@ int run_plan(const std::vector<std::string>& overrides) {
   FORGE_CHECK(!a.given("--tp") || a.tp >= 1, "--tp must be >= 1, got ", a.tp);
   FORGE_CHECK(!a.given("--pp") || a.pp >= 1, "--pp must be >= 1, got ", a.pp);
   FORGE_CHECK(!a.given("--dp") || a.dp >= 1, "--dp must be >= 1, got ", a.dp);
-  const int64_t tp = a.given("--tp") ? a.tp : 1, pp = a.given("--pp") ? a.pp : 1;
+  const int64_t tp = a.given("--tp") ? a.tp : config_layout.tp, pp = a.given("--pp") ? a.pp : config_layout.pp;
   int64_t gpus = a.gpus;
   if (!a.given("--gpus")) gpus = a.given("--dp") ? a.dp * tp * pp : tp * pp;
   FORGE_CHECK(gpus >= 1, "--gpus must be >= 1, got ", gpus);
@@ -381,8 +390,8 @@ int run_plan(const std::vector<std::string>& overrides) {
   Layout l;
   l.tp = tp;
   l.pp = pp;
-  l.zero = a.zero;
-  l.offload = a.offload;
+  l.zero = a.given("--zero") ? a.zero : config_layout.zero;
+  l.offload = a.given("--offload") ? a.offload : config_layout.offload;
   l.sequence_parallel = a.sp;
   l.schedule = parse_schedule(a.schedule);
   l.checkpointing = a.given("--checkpointing") ? parse_checkpointing(a.checkpointing)
@@ -416,6 +425,10 @@ int run_plan(const std::vector<std::string>& overrides) {
 
   l.dp = a.given("--dp") ? a.dp : std::max<int64_t>(1, gpus / (tp * pp));
   l.micro_batch = a.given("--micro-batch") ? a.micro_batch : default_micro_batch > 0 ? default_micro_batch : 1;
+  // A config's micro-batches split over its data-parallel ranks when the batch allows it.
+  if (!a.given("--micro-batch") && !a.given("--grad-accum") && default_grad_accum > 0 && !a.given("--batch") &&
+      !a.given("--batch-tokens") && in.global_batch % (l.dp * default_grad_accum) == 0)
+    l.micro_batch = in.global_batch / (l.dp * default_grad_accum);
   FORGE_CHECK(l.micro_batch >= 1, "--micro-batch must be >= 1, got ", l.micro_batch);
   if (a.given("--grad-accum")) {
     FORGE_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got ", a.grad_accum);

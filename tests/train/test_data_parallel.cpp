@@ -426,6 +426,40 @@ TEST_F(DataParallelTrain, ClaimedBuffersAndTheDeferredReadChangeNoArithmetic) {
   expect_same_run(root_ / "copied_grads", reference("adamw", 1, 2), 1, 0.0, 0.0, "copied vs claimed gradients");
 }
 
+// f16 with dynamic loss scaling under data parallelism: every rank agrees on the overflow
+// verdict (DDP: the same reduced gradients; ZeRO-2: the flag all-reduced with the norm), so
+// DDP and ZeRO-2 follow the single f16 process within f16 rounding, and the scale is logged.
+// SGD without clipping, so that gradients left scaled (or unscaled twice) would show in the
+// weights (AdamW and a clipped norm would hide a constant factor).
+TEST_F(DataParallelTrain, HalfPrecisionWithLossScalingTrainsUnderDataParallelism) {
+  auto f16 = [](std::vector<std::string> a) {
+    a.push_back("--run.dtype=f16");
+    a.push_back("--optim.grad_clip=0");
+    return a;
+  };
+  const ShellRun single = run_single(f16(base_args(root_, "f16_single", 20, "sgd")));
+  ASSERT_EQ(single.status, 0) << single.out;
+  for (int stage : {0, 2}) {
+    const std::string name = "f16_np2_zero" + std::to_string(stage);
+    auto args = f16(base_args(root_, name, 20, "sgd"));
+    args.push_back("--dist.zero_stage=" + std::to_string(stage));
+    const ShellRun r = run_mpi(2, args);
+    ASSERT_EQ(r.status, 0) << r.out;
+    expect_same_run(root_ / name, root_ / "f16_single", 1, 5e-3, 1e-2, name + " vs one f16 process");
+    std::ifstream metrics(root_ / name / "metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    EXPECT_NE(line.find("\"loss_scale\":65536"), std::string::npos) << line;
+  }
+  auto offload = f16(base_args(root_, "f16_offload", 2, "adamw"));
+  offload.push_back("--dist.zero_stage=2");
+  offload.push_back("--dist.offload_optimizer=true");
+  const ShellRun bad = run_mpi(2, offload);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("run.dtype = \"f16\" with dist.offload_optimizer = true is not supported"), std::string::npos)
+      << bad.out;
+}
+
 TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
   const ShellRun r = run_mpi(3, base_args(root_, "np3", 5));
   EXPECT_NE(r.status, 0);

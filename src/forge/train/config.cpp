@@ -768,6 +768,10 @@ void validate(const RunConfig& c) {
               "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
               c.dist.bucket_mb);
+  FORGE_CHECK(!(c.run.dtype == "f16" && c.dist.offload_optimizer),
+              "run.dtype = \"f16\" with dist.offload_optimizer = true is not supported (the gradients reach the "
+              "offloaded optimizer before the loss scale is known to be finite); use run.dtype = \"bf16\" or "
+              "dist.offload_optimizer = false");
   FORGE_CHECK(c.dist.tp >= 1, "dist.tp must be >= 1 (1 = no tensor parallelism), got ", c.dist.tp);
   FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
   FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
