@@ -1,16 +1,19 @@
 // The environment switches (core/env.h): the strict parser of each kind, defaults, the errors
 // (naming the variable, the value and the accepted forms), the table's contents, reads kept
-// once per process, env::Override.
+// once per process, env::Override, and `forge info --env` (table and JSON).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "forge/core/env.h"
 #include "forge/core/error.h"
+#include "testing/cli_testing.h"
 
 namespace forge {
 namespace {
@@ -213,6 +216,57 @@ TEST(Env, SwitchesListEveryOneWithoutThrowing) {
   expect_has(find("FORGE_BIND").error, "FORGE_BIND='socket'");
   EXPECT_FALSE(find("FORGE_CUDA_ALLOC").raw.has_value());
   EXPECT_TRUE(find("FORGE_CUDA_ALLOC").error.empty());
+}
+
+// ---- forge info --env ----------------------------------------------------------------------
+
+using InfoEnvCliTest = testing::ForgeCliTest;
+
+TEST_F(InfoEnvCliTest, TableListsEverySwitch) {
+  const testing::CliRun r = testing::run_forge({"info", "--env"}, testing::Stderr::merged,
+                                               {{"FORGE_GEMM_SM_TARGET", "12"}, {"FORGE_GELU_FUSION", "yes"}});
+  ASSERT_EQ(r.status, 0) << r.out;  // a malformed value is listed, not thrown
+  for (const auto& s : env::table()) {
+    SCOPED_TRACE(std::string(s.name));
+    const size_t at = r.out.find("\n  " + std::string(s.name) + " ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+    expect_has(line, std::string(s.meaning));
+    expect_has(line, env::category_name(s.category));
+  }
+  expect_has(r.out, "NAME");
+  expect_has(r.out, "(unset)");
+  expect_has(r.out, "error: the environment variable FORGE_GELU_FUSION='yes' must be 0 or 1");
+  const size_t sm = r.out.find("\n  FORGE_GEMM_SM_TARGET ");
+  ASSERT_NE(sm, std::string::npos);
+  expect_has(r.out.substr(sm, r.out.find('\n', sm + 1) - sm), " 12 ");
+}
+
+TEST_F(InfoEnvCliTest, JsonListsEverySwitch) {
+  const testing::CliRun r = testing::run_forge({"info", "--env", "--json"}, testing::Stderr::dropped,
+                                               {{"FORGE_DIST_TIMEOUT", "5"}, {"FORGE_MPI_MAX_COUNT", "0"}});
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["switches"].is_array());
+  ASSERT_EQ(j["switches"].size(), env::table().size());
+  std::set<std::string> names;
+  for (const auto& s : j["switches"]) {
+    for (const char* k : {"name", "value", "default", "kind", "accepted", "category", "meaning", "error"})
+      EXPECT_TRUE(s.contains(k)) << k;
+    names.insert(s["name"].get<std::string>());
+    const std::string name = s["name"];
+    if (name == "FORGE_DIST_TIMEOUT") {
+      EXPECT_EQ(s["value"], "5");
+      EXPECT_TRUE(s["error"].is_null());
+      EXPECT_EQ(s["kind"], "real");
+      EXPECT_EQ(s["default"], "300");
+    } else if (name == "FORGE_MPI_MAX_COUNT") {
+      EXPECT_EQ(s["value"], "0");
+      expect_has(s["error"].get<std::string>(), "FORGE_MPI_MAX_COUNT='0'");
+      EXPECT_EQ(s["accepted"], "an integer in [1, 2147483647]");
+    }
+  }
+  for (const auto& s : env::table()) EXPECT_TRUE(names.count(std::string(s.name))) << s.name;
 }
 
 }  // namespace
