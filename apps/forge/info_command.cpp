@@ -1,19 +1,24 @@
-// forge info: prints what src/forge/bench reads about the machine (docs/bench.md).
+// forge info: prints what src/forge/bench reads about the machine (docs/bench.md), or with
+// --env forge's environment switches (src/forge/core/env.h, docs/environment.md).
 #include "info_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "forge/bench/gpu_info.h"
 #include "forge/bench/host_info.h"
+#include "forge/core/env.h"
 
 namespace forge::app {
 
 namespace {
 
 bool g_json = false;
+bool g_env = false;
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -96,16 +101,76 @@ void print_table(const bench::HostInfo& h, const bench::GpuSystemInfo& g) {
   }
 }
 
+// ---- forge info --env ---------------------------------------------------------------------------
+
+std::string value_text(const env::Listing& l) {
+  if (!l.raw) return "(unset)";
+  return l.raw->empty() ? "(empty)" : *l.raw;
+}
+
+void print_env_table(const std::vector<env::Listing>& all) {
+  std::printf("forge %s: environment switches (src/forge/core/env.h, docs/environment.md)\n", FORGE_VERSION);
+  std::printf("Unset or empty means the default; each is read once, at its first use; a malformed value is an "
+              "error there.\n\n");
+  const std::vector<std::string> head = {"NAME", "VALUE", "DEFAULT", "CATEGORY"};
+  std::vector<size_t> w;
+  for (const auto& h : head) w.push_back(h.size());
+  for (const auto& l : all) {
+    w[0] = std::max(w[0], l.spec->name.size());
+    w[1] = std::max(w[1], value_text(l).size());
+    w[2] = std::max(w[2], l.spec->default_value.size());
+    w[3] = std::max(w[3], std::string(env::category_name(l.spec->category)).size());
+  }
+  const auto row = [&](const std::string& a, const std::string& b, const std::string& c, const std::string& d,
+                       const std::string& meaning) {
+    std::printf("  %-*s  %-*s  %-*s  %-*s  %s\n", static_cast<int>(w[0]), a.c_str(), static_cast<int>(w[1]), b.c_str(),
+                static_cast<int>(w[2]), c.c_str(), static_cast<int>(w[3]), d.c_str(), meaning.c_str());
+  };
+  row(head[0], head[1], head[2], head[3], "MEANING");
+  for (const auto& l : all) {
+    row(std::string(l.spec->name), value_text(l), std::string(l.spec->default_value),
+        env::category_name(l.spec->category), std::string(l.spec->meaning));
+    if (!l.error.empty()) std::printf("    error: %s\n", l.error.c_str());
+  }
+  std::printf("\nCategories: diagnostic (changes only what is measured or printed), performance (the same math up "
+              "to rounding), debugging (how faults show up; results unchanged), numerics (changes results: a "
+              "run's config key is preferred).\n");
+}
+
+nlohmann::json env_json(const std::vector<env::Listing>& all) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& l : all) {
+    nlohmann::json s;
+    s["name"] = std::string(l.spec->name);
+    s["value"] = l.raw ? nlohmann::json(*l.raw) : nlohmann::json(nullptr);
+    s["default"] = std::string(l.spec->default_value);
+    s["kind"] = env::kind_name(l.spec->kind);
+    s["accepted"] = env::accepted_forms(*l.spec);
+    s["category"] = env::category_name(l.spec->category);
+    s["meaning"] = std::string(l.spec->meaning);
+    s["error"] = l.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(l.error);
+    list.push_back(std::move(s));
+  }
+  return {{"forge_version", FORGE_VERSION}, {"switches", std::move(list)}};
+}
+
 }  // namespace
 
 CLI::App* add_info_command(CLI::App& app) {
   auto* info = app.add_subcommand("info", "the GPUs (peaks, bandwidth, links), driver, CUDA and host CPU of this machine");
   info->add_flag("--json", g_json, "print one JSON object instead of the table");
-  info->footer("Every field and where it comes from: docs/bench.md.");
+  info->add_flag("--env", g_env, "list forge's environment switches (FORGE_*) and their values here instead");
+  info->footer("Every field and where it comes from: docs/bench.md; the switches: docs/environment.md.");
   return info;
 }
 
 int run_info() {
+  if (g_env) {
+    const std::vector<env::Listing> all = env::switches();
+    if (g_json) std::cout << env_json(all).dump(2) << "\n";
+    else print_env_table(all);
+    return 0;
+  }
   const bench::HostInfo host = bench::host_info();
   const bench::GpuSystemInfo gpus = bench::gpu_info();
   if (g_json) {

@@ -11,9 +11,12 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/dist/numa.h"
 #include "forge/ops/creation.h"
@@ -135,24 +138,23 @@ TEST(Numa, Modes) {
   }
 }
 
+// FORGE_BIND is read once per process (core/env.h); env::Override stands in for the environment.
 TEST(Numa, ModeFromEnvironment) {
-  const char* old = std::getenv("FORGE_BIND");
-  const std::string saved = old != nullptr ? old : "";
-  ::unsetenv("FORGE_BIND");
-  EXPECT_EQ(bind_mode_from_env(), BindMode::auto_);
-  ::setenv("FORGE_BIND", "none", 1);
-  EXPECT_EQ(bind_mode_from_env(), BindMode::none);
-  ::setenv("FORGE_BIND", "", 1);
-  EXPECT_EQ(bind_mode_from_env(), BindMode::auto_);
-  ::setenv("FORGE_BIND", "yes", 1);
+  const auto mode_with = [](std::optional<std::string> raw) {
+    env::Override o("FORGE_BIND", std::move(raw));
+    return bind_mode_from_env();
+  };
+  EXPECT_EQ(mode_with(std::nullopt), BindMode::auto_);
+  EXPECT_EQ(mode_with("none"), BindMode::none);
+  EXPECT_EQ(mode_with("numa"), BindMode::numa);
+  EXPECT_EQ(mode_with(""), BindMode::auto_);
   try {
-    bind_mode_from_env();
+    mode_with("yes");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FORGE_BIND"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FORGE_BIND='yes'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto, numa, none"), std::string::npos) << e.what();
   }
-  if (old != nullptr) ::setenv("FORGE_BIND", saved.c_str(), 1);
-  else ::unsetenv("FORGE_BIND");
 }
 
 TEST(Numa, NoOpOnOneNode) {

@@ -7,6 +7,9 @@
 //
 // The executable is <build>/forge: the test binaries live in <build>/tests/. Arguments are
 // passed to a shell one by one, single-quoted, so spaces and quotes in them are safe.
+// Environment variables for the forge process alone go in the third argument:
+//
+//   run_forge({"info", "--env"}, Stderr::merged, {{"FORGE_BIND", "none"}});
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -14,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace forge::testing {
@@ -35,8 +39,17 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-inline CliRun run_forge(const std::vector<std::string>& args, Stderr err = Stderr::merged) {
-  std::string cmd = shell_quote(forge_binary().string());
+// NAME=value pairs set in the forge process's environment (and nowhere else).
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
+
+inline CliRun run_forge(const std::vector<std::string>& args, Stderr err = Stderr::merged, const EnvVars& env = {}) {
+  std::string cmd;
+  if (!env.empty()) {
+    cmd = "env";
+    for (const auto& [name, value] : env) cmd.append(" ").append(shell_quote(name + "=" + value));
+    cmd.append(" ");
+  }
+  cmd.append(shell_quote(forge_binary().string()));
   for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
   cmd.append(err == Stderr::merged ? " 2>&1" : " 2>/dev/null");
   CliRun r;

@@ -1,12 +1,12 @@
 #include "forge/bench/layer.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <functional>
 
 #include "forge/autograd/engine.h"
 #include "forge/bench/gemm.h"
 #include "forge/bench/host_info.h"
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/layers.h"
@@ -36,9 +36,7 @@ double elapsed_ms(std::chrono::steady_clock::time_point t0) {
 // nn::MLP's switch (src/forge/nn/layers.cpp): on CUDA the up-projection and GELU are one GEMM
 // unless FORGE_GELU_FUSION=0.
 bool gelu_fused_on(Device d) {
-  if (!d.is_cuda()) return false;
-  const char* env = std::getenv("FORGE_GELU_FUSION");
-  return env == nullptr || std::string(env) != "0";
+  return d.is_cuda() && env::flag("FORGE_GELU_FUSION");
 }
 
 LayerPart gemm_part(const std::string& name, double m, double k, double n, double e) {

@@ -1,7 +1,8 @@
 #include "forge/core/tensor.h"
 
-#include <cstdlib>
 #include <string>
+
+#include "forge/core/env.h"
 
 namespace forge {
 
@@ -88,13 +89,9 @@ void Tensor::set_grad_buffer(const Tensor& buffer) const {
 bool Tensor::grad_buffer_pending() const { return impl_->autograd != nullptr && impl_->autograd->overwrite_grad; }
 
 Tensor Tensor::claim_grad_buffer(const Shape& shape, DType dtype) const {
-  // FORGE_NO_GRAD_BUFFER_CLAIM=1 (a diagnostic, docs/dist.md): never hand the buffer out, so
-  // gradients are computed into memory of their own and copied in (what this saves).
-  static const bool disabled = [] {
-    const char* v = std::getenv("FORGE_NO_GRAD_BUFFER_CLAIM");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  if (disabled || !defined() || impl_->autograd == nullptr || impl_->autograd->grad_fn) return Tensor();
+  // FORGE_NO_GRAD_BUFFER_CLAIM=1 (a diagnostic, core/env.h, docs/dist.md): never hand the buffer
+  // out, so gradients are computed into memory of their own and copied in (what this saves).
+  if (env::flag("FORGE_NO_GRAD_BUFFER_CLAIM") || !defined() || impl_->autograd == nullptr || impl_->autograd->grad_fn) return Tensor();
   AutogradMeta& m = *impl_->autograd;
   if (!m.overwrite_grad || m.grad_buffer_claimed || !m.grad.defined() || m.grad.shape() != shape ||
       m.grad.dtype() != dtype || !m.grad.is_contiguous())

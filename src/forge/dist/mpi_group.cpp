@@ -7,9 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "forge/autograd/grad_mode.h"
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -26,19 +25,9 @@ namespace forge::dist::mpi {
 
 namespace {
 
-// FORGE_DIST_TIMEOUT: seconds a blocking wait lasts before the job is aborted (default 300).
-double mpi_timeout_seconds() {
-  static const double t = [] {
-    const char* v = std::getenv("FORGE_DIST_TIMEOUT");
-    if (v == nullptr || *v == '\0') return 300.0;
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    FORGE_CHECK(end != v && *end == '\0' && x > 0, "FORGE_DIST_TIMEOUT='", v,
-                "' is not a positive number of seconds; unset it for the default (300)");
-    return x;
-  }();
-  return t;
-}
+// FORGE_DIST_TIMEOUT (core/env.h): seconds a blocking wait lasts before the job is aborted
+// (default 300).
+double mpi_timeout_seconds() { return env::real("FORGE_DIST_TIMEOUT"); }
 
 bool g_initialised_here = false;
 
@@ -571,14 +560,6 @@ ProcessGroupPtr make_world_group() {
   return std::make_shared<MpiGroup>(std::move(comm), r, s);
 }
 
-int64_t max_count() {
-  const char* v = std::getenv("FORGE_MPI_MAX_COUNT");
-  if (v == nullptr || *v == '\0') return INT_MAX;
-  char* end = nullptr;
-  const long long m = std::strtoll(v, &end, 10);
-  FORGE_CHECK(end != v && *end == '\0' && m >= 1 && m <= INT_MAX, "FORGE_MPI_MAX_COUNT='", v,
-              "' is not an element count in [1, ", INT_MAX, "]; unset it for the default");
-  return m;
-}
+int64_t max_count() { return env::integer("FORGE_MPI_MAX_COUNT"); }
 
 }  // namespace forge::dist::mpi

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string_view>
 
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -45,15 +46,8 @@ const char* bind_mode_name(BindMode m) {
   return "?";
 }
 
-BindMode bind_mode_from_env() {
-  const char* v = std::getenv("FORGE_BIND");
-  if (v == nullptr || *v == '\0') return BindMode::auto_;
-  try {
-    return parse_bind_mode(v);
-  } catch (const Error& e) {
-    FORGE_THROW("the environment variable FORGE_BIND: ", e.what(), " (forge launch --bind sets it)");
-  }
-}
+// The switch's choices (core/env.cpp) are parse_bind_mode's names.
+BindMode bind_mode_from_env() { return parse_bind_mode(env::string("FORGE_BIND")); }
 
 namespace {
 

@@ -37,7 +37,8 @@ enum class BindMode { auto_, numa, none };
 // "auto", "numa" or "none"; anything else is a forge::Error listing them.
 BindMode parse_bind_mode(const std::string& s);
 const char* bind_mode_name(BindMode m);
-// FORGE_BIND from the environment (auto when unset or empty); a bad value is an error naming it.
+// FORGE_BIND from the environment (core/env.h: auto when unset or empty, read once per
+// process); a bad value is an error naming it.
 BindMode bind_mode_from_env();
 
 // "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11} (the kernel's cpu/node list format; "" -> {}).

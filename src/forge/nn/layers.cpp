@@ -1,9 +1,9 @@
 #include "forge/nn/layers.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
+#include "forge/core/env.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/conv.h"
@@ -43,21 +43,11 @@ MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout) {
 }
 // On CUDA, c_fc and its GELU are one GEMM (ops::linear_gelu: cuBLASLt's GELU epilogue
 // writes the activation and the saved pre-activation together, saving the separate GELU
-// pass over the (tokens, hidden) activation). FORGE_GELU_FUSION=0 turns it off (to measure
-// it, or to match the unfused rounding exactly); the CPU always runs linear, then gelu.
-namespace {
-bool gelu_fusion_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("FORGE_GELU_FUSION");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  return on;
-}
-}  // namespace
-
+// pass over the (tokens, hidden) activation). FORGE_GELU_FUSION=0 (core/env.h) turns it off
+// (to measure it, or to match the unfused rounding exactly); the CPU always runs linear, then gelu.
 Tensor MLP::forward(const Tensor& x) const {
-  const Tensor h = x.is_cuda() && gelu_fusion_enabled() ? ops::linear_gelu(x, c_fc->weight, c_fc->bias)
-                                                        : ops::gelu(c_fc->forward(x), true);
+  const Tensor h = x.is_cuda() && env::flag("FORGE_GELU_FUSION") ? ops::linear_gelu(x, c_fc->weight, c_fc->bias)
+                                                                 : ops::gelu(c_fc->forward(x), true);
   return drop->forward(c_proj->forward(h));
 }
 

@@ -27,6 +27,7 @@
 #include "forge/backends/cpu/attention.h"
 #include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/flash_attention.h"
+#include "forge/core/env.h"
 #include "forge/forge.h"
 #include "forge/nn/layers.h"
 
@@ -219,22 +220,10 @@ TEST(CudaAttentionModels, GptAttentionBlockMatchesCpu) {
 
 // ---- flash attention (bf16 / f16, D in {64, 128}, no mask) ---------------------------------
 
-// Sets FORGE_FLASH_ATTENTION for a scope and restores the previous setting after.
+// FORGE_FLASH_ATTENTION as `value` for a scope (the switch is read once per process: core/env.h).
 struct FlashEnv {
-  explicit FlashEnv(const char* value) {
-    const char* old = std::getenv("FORGE_FLASH_ATTENTION");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv("FORGE_FLASH_ATTENTION", value, 1);
-  }
-  ~FlashEnv() {
-    if (had_) setenv("FORGE_FLASH_ATTENTION", old_.c_str(), 1);
-    else unsetenv("FORGE_FLASH_ATTENTION");
-  }
-  bool had_ = false;
-  std::string old_;
-  FlashEnv(const FlashEnv&) = delete;
-  FlashEnv& operator=(const FlashEnv&) = delete;
+  explicit FlashEnv(const char* value) : override_("FORGE_FLASH_ATTENTION", value) {}
+  env::Override override_;
 };
 
 std::vector<AttnCase> flash_cases() {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/env.h"
+#include "forge/dist/mpi_group.h"
 #include "forge/dist/process_group.h"
 #include "forge/dist/world.h"
 #include "forge/ops/creation.h"
@@ -398,15 +400,20 @@ TEST(MpiGroup, ArgumentErrorsBeforeCommunication) {
 }
 
 // Counts above FORGE_MPI_MAX_COUNT are split into several calls: a limit of 7 elements
-// exercises every chunked path (n not a multiple of 7, in-place variants included).
+// exercises every chunked path (n not a multiple of 7, in-place variants included). The switch
+// is read once per process (core/env.h), so the test overrides it.
 TEST(MpiGroup, ChunkedLargeMessages) {
-  ::setenv("FORGE_MPI_MAX_COUNT", "7", 1);
-  check_everything(50);
-  check_everything(7);
-  ::setenv("FORGE_MPI_MAX_COUNT", "1", 1);
-  check_all_gather(3);
-  check_reduce_scatter(3);
-  ::unsetenv("FORGE_MPI_MAX_COUNT");
+  {
+    env::Override limit("FORGE_MPI_MAX_COUNT", "7");
+    EXPECT_EQ(mpi::max_count(), 7);
+    check_everything(50);
+    check_everything(7);
+  }
+  {
+    env::Override limit("FORGE_MPI_MAX_COUNT", "1");
+    check_all_gather(3);
+    check_reduce_scatter(3);
+  }
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <cublas_v2.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -19,17 +18,16 @@
 #include "forge/backends/cuda/cublas_check.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
+#include "forge/core/env.h"
 #include "forge/core/storage.h"
 
 namespace forge::cuda {
 
 namespace {
 
+// Starts as FORGE_ALLOW_TF32 (core/env.h); set_allow_tf32 changes it.
 std::atomic<bool>& tf32_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("FORGE_ALLOW_TF32");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }()};
+  static std::atomic<bool> flag{env::flag("FORGE_ALLOW_TF32")};
   return flag;
 }
 
@@ -191,13 +189,10 @@ std::unique_ptr<Plan> make_plan(DeviceState& s, const Gemm& g, cublasComputeType
   // Note [row-major GEMMs on cuBLASLt]: cuBLASLt's A is our B, its B our A.
   const cublasOperation_t op_a = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  // FORGE_GEMM_SM_TARGET=N (a diagnostic, docs/dist.md): plan every GEMM for N SMs
+  // FORGE_GEMM_SM_TARGET=N (core/env.h, docs/dist.md): plan every GEMM for N SMs
   // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving the rest to a concurrent stream (NCCL).
-  static const int sm_target = [] {
-    const char* v = std::getenv("FORGE_GEMM_SM_TARGET");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  if (sm_target > 0) set_desc(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target));
+  if (const int64_t sm_target = env::integer("FORGE_GEMM_SM_TARGET"); sm_target > 0)
+    set_desc(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target));
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   if (g.epilogue != Epilogue::none) {

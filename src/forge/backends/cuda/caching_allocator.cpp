@@ -11,12 +11,11 @@
 // record_stream (Note [stream safety] in stream.h). deallocate() never throws: it runs
 // from Storage destructors, also at process exit after the CUDA runtime may have shut down.
 //
-// FORGE_CUDA_ALLOC=plain (read once, at the first allocation) replaces the cache with a
+// FORGE_CUDA_ALLOC=plain (core/env.h; read at the first allocation) replaces the cache with a
 // cudaMalloc/cudaFree per storage, for debugging memory errors with compute-sanitizer; it
 // keeps the same counters (reserved == allocated). cudaFree waits for the device's pending
 // work, so the stream rule holds there without record_stream.
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +28,7 @@
 #include "forge/backends/cuda/stream.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/block_pool.h"
+#include "forge/core/env.h"
 
 namespace forge::cuda {
 namespace {
@@ -218,14 +218,8 @@ class PlainAllocator final : public DeviceAllocator {
   MemoryStats stats_;
 };
 
-bool read_plain_mode() {
-  const char* v = std::getenv("FORGE_CUDA_ALLOC");
-  const std::string mode = v ? v : "";
-  if (mode.empty() || mode == "caching") return false;
-  if (mode == "plain") return true;
-  FORGE_THROW("FORGE_CUDA_ALLOC='", mode, "' is not understood: use 'caching' (the default) or 'plain' ",
-              "(a cudaMalloc/cudaFree per tensor, for debugging)");
-}
+// FORGE_CUDA_ALLOC: caching (the default) or plain; anything else is an error naming it.
+bool read_plain_mode() { return env::string("FORGE_CUDA_ALLOC") == "plain"; }
 
 // One allocator per visible device, created on first use and never destroyed: storages
 // freed during static destruction must still find theirs.

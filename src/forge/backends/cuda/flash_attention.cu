@@ -64,15 +64,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 #include <type_traits>
 
 #include "forge/backends/cuda/flash_attention.h"
 #include "forge/backends/cuda/blaslt.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
+#include "forge/core/env.h"
 
 namespace forge::cuda {
 namespace {
@@ -702,10 +701,7 @@ constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
 
 }  // namespace
 
-bool flash_attention_enabled() {
-  const char* e = std::getenv("FORGE_FLASH_ATTENTION");
-  return e == nullptr || std::string_view(e) != "0";
-}
+bool flash_attention_enabled() { return env::flag("FORGE_FLASH_ATTENTION"); }
 
 bool flash_attention_layout_ok(const Tensor& t) {
   if (!t.defined()) return true;

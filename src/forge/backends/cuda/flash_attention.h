@@ -15,8 +15,8 @@
 
 namespace forge::cuda {
 
-// False when the environment has FORGE_FLASH_ATTENTION=0 (read at every call, so a test or
-// a benchmark may toggle it): attention then always takes the GEMM path.
+// False when the environment has FORGE_FLASH_ATTENTION=0 (core/env.h: read once per process;
+// a test toggles it with env::Override): attention then always takes the GEMM path.
 bool flash_attention_enabled();
 
 // Whether the flash kernels take this problem: enabled, q/k/v bf16 or f16, 4-D, D == Dv in

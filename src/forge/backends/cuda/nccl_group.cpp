@@ -20,6 +20,7 @@
 
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/stream.h"
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 
@@ -37,16 +38,9 @@ std::string result_text(ncclResult_t r, ncclComm_t comm) {
   return s;
 }
 
-// FORGE_DIST_TIMEOUT: seconds a Work::synchronize() waits before aborting (default 300).
-double timeout_seconds() {
-  const char* v = std::getenv("FORGE_DIST_TIMEOUT");
-  if (v == nullptr || *v == '\0') return 300.0;
-  char* end = nullptr;
-  const double t = std::strtod(v, &end);
-  FORGE_CHECK(end != v && *end == '\0' && t > 0, "FORGE_DIST_TIMEOUT='", v,
-              "' is not a positive number of seconds; unset it for the default (300)");
-  return t;
-}
+// FORGE_DIST_TIMEOUT (core/env.h): seconds a Work::synchronize() waits before aborting
+// (default 300).
+double timeout_seconds() { return env::real("FORGE_DIST_TIMEOUT"); }
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -305,12 +299,12 @@ class NcclWork final : public dist::Work {
   std::shared_ptr<Event> done_ = std::make_shared<Event>();
 };
 
-// FORGE_NCCL_HIGH_PRIORITY=1: the communication stream gets the device's highest priority, so
-// the block scheduler starts a collective's CTAs ahead of queued compute blocks (like PyTorch's
-// TORCH_NCCL_HIGH_PRIORITY). Off by default; benchmarks/dist/run_dist.sh measures both.
+// FORGE_NCCL_HIGH_PRIORITY=1 (core/env.h): the communication stream gets the device's highest
+// priority, so the block scheduler starts a collective's CTAs ahead of queued compute blocks
+// (like PyTorch's TORCH_NCCL_HIGH_PRIORITY). Off by default; benchmarks/dist/run_dist.sh
+// measures both.
 static int comm_stream_priority() {
-  const char* v = std::getenv("FORGE_NCCL_HIGH_PRIORITY");
-  return v != nullptr && std::string(v) == "1" ? -1000 : 0;  // clamped to the device's range
+  return env::flag("FORGE_NCCL_HIGH_PRIORITY") ? -1000 : 0;  // clamped to the device's range
 }
 
 class NcclGroup final : public dist::ProcessGroup {

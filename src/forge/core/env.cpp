@@ -1,0 +1,336 @@
+// forge's environment switches (env.h): the one table of FORGE_* variables, the strict parser,
+// the once-per-process reads and the tests' overrides. docs/environment.md lists the same table.
+#include "forge/core/env.h"
+
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <system_error>
+
+#include "forge/core/error.h"
+
+namespace forge::env {
+
+namespace {
+
+constexpr double kIntMax = 2147483647.0;  // INT_MAX: MPI's counts, cuBLASLt's int32 attributes
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+// The table: every FORGE_* switch forge reads, in alphabetical order. A new switch is a row
+// here, a line in docs/environment.md and, if it changes results, a config key instead.
+// (Not here: FORGE_LAUNCHER and FORGE_NCCL_ID, forge launch's plumbing to its ranks,
+// dist/env.h; FORGE_DIST_SKIP_REDUCTIONS and the failure tests' FORGE_TEST_*, which are moving
+// to config keys.) The table and the kept values are never destroyed: a read may come from a
+// static destructor.
+const std::vector<Spec>& table() {
+  static const auto* rows = new std::vector<Spec>{
+      {.name = "FORGE_ALLOW_TF32",
+       .kind = Kind::flag,
+       .category = Category::numerics,
+       .default_value = "0",
+       .meaning = "1: f32 GEMMs on CUDA use TF32 tensor cores (as cuda::set_allow_tf32(true); relative error ~1e-3); "
+                  "changes results; a run's config key is preferred"},
+      {.name = "FORGE_BIND",
+       .kind = Kind::choice,
+       .category = Category::performance,
+       .default_value = "auto",
+       .meaning = "NUMA binding of a rank's threads and host memory: auto (with 2+ nodes, unless mpirun/srun "
+                  "bound it), numa, none; forge launch --bind sets it (docs/dist.md)",
+       .choices = {"auto", "numa", "none"}},
+      {.name = "FORGE_CUDA_ALLOC",
+       .kind = Kind::choice,
+       .category = Category::debugging,
+       .default_value = "caching",
+       .meaning = "plain: a cudaMalloc/cudaFree per storage instead of the caching allocator, so "
+                  "compute-sanitizer pins a fault on its tensor (docs/cuda.md)",
+       .choices = {"caching", "plain"}},
+      {.name = "FORGE_DIST_TIMEOUT",
+       .kind = Kind::real,
+       .category = Category::debugging,
+       .default_value = "300",
+       .meaning = "seconds a blocking MPI wait or an NCCL collective may take before the rank reports it and "
+                  "ends the job (a stuck or dead peer; docs/dist.md)",
+       .min = 0,
+       .max = kNoLimit,
+       .min_exclusive = true},
+      {.name = "FORGE_FLASH_ATTENTION",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: CUDA attention always takes the GEMM path instead of the flash kernels "
+                  "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GELU_FUSION",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: nn::MLP on CUDA runs linear, then gelu, instead of one cuBLASLt GEMM with a GELU epilogue "
+                  "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GEMM_SM_TARGET",
+       .kind = Kind::integer,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "N > 0: plan every cuBLASLt GEMM for N SMs (SM_COUNT_TARGET), leaving the rest to a concurrent "
+                  "stream (NCCL); 0: all SMs (docs/dist.md)",
+       .min = 0,
+       .max = kIntMax},
+      {.name = "FORGE_MPI_MAX_COUNT",
+       .kind = Kind::integer,
+       .category = Category::debugging,
+       .default_value = "2147483647",
+       .meaning = "the most elements of one MPI call; larger messages are split into several (the same on every "
+                  "rank; the tests lower it to run the split path; docs/dist.md)",
+       .min = 1,
+       .max = kIntMax},
+      {.name = "FORGE_NCCL_HIGH_PRIORITY",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: NCCL's communication stream gets the device's highest priority (as PyTorch's "
+                  "TORCH_NCCL_HIGH_PRIORITY; docs/dist.md)"},
+      {.name = "FORGE_NO_GRAD_BUFFER_CLAIM",
+       .kind = Kind::flag,
+       .category = Category::diagnostic,
+       .default_value = "0",
+       .meaning = "1: backward computes every gradient into memory of its own and copies it into the gradient "
+                  "buffer, as before the claimed buffers (what they save; docs/dist.md)"},
+      {.name = "FORGE_TRAIN_PHASES",
+       .kind = Kind::flag,
+       .category = Category::diagnostic,
+       .default_value = "0",
+       .meaning = "1 (CUDA): timing events at the phase boundaries of every step; at the end each rank prints "
+                  "its mean device time per phase (docs/train.md)"},
+      {.name = "FORGE_TRAIN_SYNC_EACH_STEP",
+       .kind = Kind::flag,
+       .category = Category::diagnostic,
+       .default_value = "0",
+       .meaning = "1: the host reads each step's loss and norm as soon as it is queued, not one step late, so "
+                  "the device drains every step (what the deferred read saves; docs/train.md)"},
+  };
+  return *rows;
+}
+
+namespace {
+
+// ---- the parser ------------------------------------------------------------------------------
+
+std::string number_text(double x) {
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::ostringstream os;
+  if (x == std::floor(x) && std::fabs(x) < 1e15) os << static_cast<int64_t>(x);
+  else os << x;
+  return os.str();
+}
+
+[[noreturn]] void malformed(const Spec& s, std::string_view text) {
+  FORGE_THROW("the environment variable ", s.name, "='", text, "' must be ", accepted_forms(s),
+              "; correct it, or unset it for the default (", s.default_value, "). ", s.name, ": ", s.meaning);
+}
+
+bool in_range(const Spec& s, double v) {
+  return (s.min_exclusive ? v > s.min : v >= s.min) && v <= s.max;
+}
+
+Value parse_spec(const Spec& s, std::string_view text) {
+  if (text.empty()) text = s.default_value;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  switch (s.kind) {
+    case Kind::flag:
+      if (text == "0") return false;
+      if (text == "1") return true;
+      break;
+    case Kind::integer: {
+      int64_t v = 0;
+      const auto [p, ec] = std::from_chars(first, last, v);
+      if (ec == std::errc() && p == last && in_range(s, static_cast<double>(v))) return v;
+      break;
+    }
+    case Kind::real: {
+      double v = 0;
+      const auto [p, ec] = std::from_chars(first, last, v);
+      if (ec == std::errc() && p == last && std::isfinite(v) && in_range(s, v)) return v;
+      break;
+    }
+    case Kind::string: return std::string(text);
+    case Kind::choice:
+      for (const auto& c : s.choices)
+        if (text == c) return std::string(text);
+      break;
+  }
+  malformed(s, text);
+}
+
+// ---- the kept values and the overrides -------------------------------------------------------
+
+size_t index_of(std::string_view name) {
+  const auto& t = table();
+  for (size_t i = 0; i < t.size(); ++i)
+    if (t[i].name == name) return i;
+  FORGE_THROW("forge::env: '", name, "' is not a declared environment switch: declare it in the table of ",
+              "src/forge/core/env.cpp (and docs/environment.md) before reading it");
+}
+
+// A switch's state for the process: read and parsed once.
+struct Slot {
+  std::once_flag once;
+  std::optional<std::string> raw;
+  std::optional<Value> value;  // set when well-formed
+  std::string error;           // set when malformed
+};
+
+Slot& slot(size_t i) {
+  static Slot* const slots = new Slot[table().size()];
+  Slot& s = slots[i];
+  std::call_once(s.once, [&] {
+    const Spec& sp = table()[i];
+    if (const char* v = std::getenv(std::string(sp.name).c_str())) s.raw = v;
+    try {
+      s.value = parse_spec(sp, s.raw.value_or(""));
+    } catch (const Error& e) {
+      s.error = e.what();
+    }
+  });
+  return s;
+}
+
+struct Overrides {
+  std::mutex mu;
+  std::vector<std::optional<std::optional<std::string>>> by_index;  // engaged: overridden (inner nullopt: unset)
+  Overrides() : by_index(table().size()) {}
+  std::atomic<int> live{0};  // Override objects alive: none -> reads skip the lock
+};
+
+Overrides& overrides() {
+  static auto* const o = new Overrides;
+  return *o;
+}
+
+// The override of switch i, if a test set one.
+std::optional<std::optional<std::string>> override_of(size_t i) {
+  Overrides& o = overrides();
+  if (o.live.load(std::memory_order_acquire) == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(o.mu);
+  return o.by_index[i];
+}
+
+Value read(size_t i) {
+  if (const auto o = override_of(i)) return parse_spec(table()[i], o->value_or(""));
+  const Slot& s = slot(i);
+  if (!s.value) throw Error(s.error);
+  return *s.value;
+}
+
+const char* reader_of(Kind k) {
+  switch (k) {
+    case Kind::flag: return "flag";
+    case Kind::integer: return "integer";
+    case Kind::real: return "real";
+    case Kind::string:
+    case Kind::choice: return "string";
+  }
+  return "?";
+}
+
+// The index of `name`, checked to be read by `reader` (env::flag, env::integer, ...).
+size_t index_for(std::string_view name, const char* reader) {
+  const size_t i = index_of(name);
+  const Kind k = table()[i].kind;
+  FORGE_CHECK(std::string_view(reader_of(k)) == reader, "forge::env::", reader, "(\"", name, "\"): ", name,
+              " is declared as a ", kind_name(k), " switch; read it with env::", reader_of(k));
+  return i;
+}
+
+}  // namespace
+
+bool flag(std::string_view name) { return std::get<bool>(read(index_for(name, "flag"))); }
+int64_t integer(std::string_view name) { return std::get<int64_t>(read(index_for(name, "integer"))); }
+double real(std::string_view name) { return std::get<double>(read(index_for(name, "real"))); }
+std::string string(std::string_view name) { return std::get<std::string>(read(index_for(name, "string"))); }
+
+Value parse(std::string_view name, std::string_view text) { return parse_spec(spec(name), text); }
+
+const Spec& spec(std::string_view name) { return table()[index_of(name)]; }
+
+std::vector<Listing> switches() {
+  std::vector<Listing> out;
+  for (size_t i = 0; i < table().size(); ++i) {
+    Listing l{&table()[i], std::nullopt, ""};
+    if (const auto o = override_of(i)) {
+      l.raw = *o;
+      try {
+        parse_spec(table()[i], l.raw.value_or(""));
+      } catch (const Error& e) {
+        l.error = e.what();
+      }
+    } else {
+      const Slot& s = slot(i);
+      l.raw = s.raw;
+      l.error = s.error;
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::flag: return "flag";
+    case Kind::integer: return "integer";
+    case Kind::real: return "real";
+    case Kind::string: return "string";
+    case Kind::choice: return "choice";
+  }
+  return "?";
+}
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::diagnostic: return "diagnostic";
+    case Category::performance: return "performance";
+    case Category::debugging: return "debugging";
+    case Category::numerics: return "numerics";
+  }
+  return "?";
+}
+
+std::string accepted_forms(const Spec& s) {
+  switch (s.kind) {
+    case Kind::flag: return "0 or 1";
+    case Kind::string: return "any text";
+    case Kind::choice: {
+      std::string r = "one of ";
+      for (size_t i = 0; i < s.choices.size(); ++i) r += (i > 0 ? ", " : "") + std::string(s.choices[i]);
+      return r;
+    }
+    case Kind::integer:
+    case Kind::real: {
+      const std::string what = s.kind == Kind::integer ? "an integer" : "a number";
+      if (std::isinf(s.max)) return what + (s.min_exclusive ? " > " : " >= ") + number_text(s.min);
+      return what + " in " + (s.min_exclusive ? "(" : "[") + number_text(s.min) + ", " + number_text(s.max) + "]";
+    }
+  }
+  return "?";
+}
+
+Override::Override(std::string_view name, std::optional<std::string> raw) : index_(index_of(name)) {
+  Overrides& o = overrides();
+  std::lock_guard<std::mutex> lock(o.mu);
+  previous_ = o.by_index[index_];
+  o.by_index[index_].emplace(std::move(raw));
+  o.live.fetch_add(1, std::memory_order_release);
+}
+
+Override::~Override() {
+  Overrides& o = overrides();
+  std::lock_guard<std::mutex> lock(o.mu);
+  o.by_index[index_] = std::move(previous_);
+  o.live.fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace forge::env
