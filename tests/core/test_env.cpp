@@ -144,7 +144,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
     // Only numerics switches may change results, and they say so.
     EXPECT_EQ(s.category == env::Category::numerics, s.meaning.find("changes results") != std::string_view::npos);
   }
-  expect_has(std::string(env::spec("FORGE_ALLOW_TF32").meaning), "a run's config key is preferred");
+  expect_has(std::string(env::spec("FORGE_ALLOW_TF32").meaning), "forge train ignores it and takes run.allow_tf32");
 }
 
 TEST(Env, AcceptedFormsAndNames) {

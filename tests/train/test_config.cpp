@@ -97,7 +97,7 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
                           "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.pp", "dist.zero_stage",
-                          "debug.skip_reductions", "debug.abort_at", "debug.hang_at"})
+                          "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32"})
     EXPECT_TRUE(seen.count(key)) << key;
   const auto it = std::find_if(config_keys().begin(), config_keys().end(), [](const KeyInfo& k) { return k.key == "train.steps"; });
   EXPECT_EQ(it->default_value, "1000");

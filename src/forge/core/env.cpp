@@ -25,8 +25,8 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // The table: every FORGE_* switch forge reads, in alphabetical order. A new switch is a row
 // here, a line in docs/environment.md and, if it changes results, a config key instead.
 // (Not here: FORGE_LAUNCHER and FORGE_NCCL_ID, forge launch's plumbing to its ranks,
-// dist/env.h; FORGE_DIST_SKIP_REDUCTIONS and the failure tests' FORGE_TEST_*, which are moving
-// to config keys.) The table and the kept values are never destroyed: a read may come from a
+// dist/env.h; the result-changing switches that are config keys instead: debug.skip_reductions,
+// debug.abort_at, debug.hang_at, run.allow_tf32 for forge train.) The table and the kept values are never destroyed: a read may come from a
 // static destructor.
 const std::vector<Spec>& table() {
   static const auto* rows = new std::vector<Spec>{
@@ -34,8 +34,9 @@ const std::vector<Spec>& table() {
        .kind = Kind::flag,
        .category = Category::numerics,
        .default_value = "0",
-       .meaning = "1: f32 GEMMs on CUDA use TF32 tensor cores (as cuda::set_allow_tf32(true); relative error ~1e-3); "
-                  "changes results; a run's config key is preferred"},
+       .meaning = "1: f32 GEMMs on CUDA use TF32 tensor cores (as ops::set_allow_tf32(true); relative error ~1e-3) in "
+                  "programs that do not set it themselves; changes results, so forge train ignores it and takes "
+                  "run.allow_tf32 from its config"},
       {.name = "FORGE_BIND",
        .kind = Kind::choice,
        .category = Category::performance,

@@ -19,6 +19,22 @@
 
 namespace forge::ops {
 
+void set_allow_tf32(bool on) {
+#ifdef FORGE_WITH_CUDA
+  cuda::set_allow_tf32(on);
+#else
+  (void)on;
+#endif
+}
+
+bool allow_tf32() {
+#ifdef FORGE_WITH_CUDA
+  return cuda::allow_tf32();
+#else
+  return false;
+#endif
+}
+
 using autograd::GradMask;
 using autograd::record;
 

@@ -7,7 +7,8 @@
 // Both operands must have one dtype (no promotion, as PyTorch): f32/f64 (BLAS), bf16/f16
 // (f32 accumulation), i32/i64/u8 (exact loop, CPU only, not differentiable). Gradients of
 // broadcast batch dims are summed back to each operand's shape. On CUDA, f32 products use
-// TF32 tensor cores only when cuda::set_allow_tf32(true) (or FORGE_ALLOW_TF32=1).
+// TF32 tensor cores only when set_allow_tf32(true) (forge train: run.allow_tf32; otherwise the
+// environment's FORGE_ALLOW_TF32, default off).
 #include "forge/core/tensor.h"
 
 namespace forge::ops {
@@ -15,6 +16,10 @@ namespace forge::ops {
 // (K)·(K) -> 0-d; (K)@(*, K, N) -> (*, N); (*, M, K)@(K) -> (*, M);
 // (*a, M, K)@(*b, K, N) -> (*broadcast(a, b), M, N).
 Tensor matmul(const Tensor& a, const Tensor& b);
+// Whether f32 GEMMs on CUDA may use TF32 tensor cores (10-bit mantissa: faster, relative error
+// ~1e-3). Process-wide; a no-op in a build without CUDA (the CPU computes f32 in f32).
+void set_allow_tf32(bool on);
+bool allow_tf32();
 // Strictly 2-D (M, K) x (K, N).
 Tensor mm(const Tensor& a, const Tensor& b);
 // Strictly 3-D (B, M, K) x (B, K, N).

@@ -68,6 +68,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, overwrite,
                   "a fresh run (no --resume) may replace the checkpoints and metrics an earlier run left in the run "
                   "directory"),
+      FORGE_FIELD(run, allow_tf32,
+                  "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
+                  "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
       FORGE_FIELD(model, type, "\"gpt\", \"llama\" or \"lenet\""),
       FORGE_FIELD(model, vocab_size, "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)"),
       FORGE_FIELD(model, block_size, "maximum context in tokens (learned positions for GPT)"),

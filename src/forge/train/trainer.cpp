@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "forge/core/allocator.h"
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/data/shards.h"
 #include "forge/dist/env.h"
@@ -23,6 +24,7 @@
 #include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
+#include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
@@ -71,12 +73,6 @@ void reset_peak_memory(Device d) {
 #endif
   (void)d;
   reset_cpu_peak_memory();
-}
-
-// A diagnostic switch "NAME=1" (docs/train.md).
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
 }
 
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
@@ -167,6 +163,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   Device device = resolve_run_device(cfg.run.device);
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = resolve_run_dtype(cfg.run.dtype, device);
+  ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
   dist::ProcessGroupPtr pg;
   dist::Mesh mesh = dist::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
   if (distributed) {
@@ -328,7 +325,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   // job, never hang; the others' collectives must time out, Note [MPI timeout]).
   const auto abort_at = parse_rank_step(cfg.debug.abort_at, "debug.abort_at");
   const auto hang_at = parse_rank_step(cfg.debug.hang_at, "debug.hang_at");
-  PhaseMarks phases(device, env_flag("FORGE_TRAIN_PHASES"));
+  PhaseMarks phases(device, env::flag("FORGE_TRAIN_PHASES"));
   // A queued step whose figures the host has not read yet (Note [deferred step read]).
   struct QueuedStep {
     int64_t step;
@@ -339,7 +336,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   auto t_mark = Clock::now();  // when the previous step's figures were read (or the loop began)
   // FORGE_TRAIN_SYNC_EACH_STEP=1 (a diagnostic, docs/train.md): read every step's figures as
   // soon as it is queued, so the device drains at every step (what the deferred read saves).
-  const bool sync_each_step = env_flag("FORGE_TRAIN_SYNC_EACH_STEP");
+  const bool sync_each_step = env::flag("FORGE_TRAIN_SYNC_EACH_STEP");
   const bool loss_scaled = dtype == DType::f16;
   // Reads a queued step's figures and does the host's share of it: the non-finite guard's
   // count, the losses, the progress line and metrics. Returns false for a skipped step.
