@@ -10,9 +10,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
-#include "forge/ops/matmul.h"
 #include "forge/ops/norm.h"
-#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -34,11 +32,11 @@ class GPT::Container : public Module {
   }
 };
 
-GPTBlock::GPTBlock(const GPTConfig& c) {
+GPTBlock::GPTBlock(const GPTConfig& c, const LayerSpec& spec) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout, spec));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
-  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout));
+  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout, spec));
 }
 
 // Note [fused residual + layer norm in GPT]: every residual add of the stream is followed by a
@@ -77,15 +75,20 @@ Tensor GPTBlock::forward(const Tensor& x) const {
   return ops::add(h, m);
 }
 
-GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
+GPT::GPT(const GPTConfig& c, uint64_t seed, const LayerSpec& spec) : config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto transformer = register_module("transformer", std::make_shared<Container>());
-  wte = transformer->add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd));
-  wpe = transformer->add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd));
+  wte = transformer->add("wte", spec.make_embedding(c.vocab_size, c.n_embd, EmbeddingRole::token));
+  wpe = transformer->add("wpe", spec.make_embedding(c.block_size, c.n_embd, EmbeddingRole::position));
+  for (const auto& [table, role] :
+       {std::pair{wte.get(), EmbeddingRole::token}, std::pair{wpe.get(), EmbeddingRole::position}})
+    FORGE_CHECK(table->dim == c.n_embd, "GPT: the ", to_string(role), " embedding from the layer spec has dim = ",
+                table->dim, ", but model.n_embd = ", c.n_embd, "; return a table of n_embd columns");
   drop = transformer->add("drop", std::make_shared<Dropout>(c.dropout));
   auto list = transformer->add("h", std::make_shared<Container>());
-  for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(list->add(std::to_string(i), std::make_shared<GPTBlock>(c)));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    h.push_back(list->add(std::to_string(i), std::make_shared<GPTBlock>(c, spec)));
   ln_f = transformer->add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
 
   // GPT-2 initialisation, from one seeded generator in parameter order.
@@ -133,7 +136,7 @@ Tensor GPT::forward(const Tensor& idx) const {
     }
     x = add_norm(*ln_f, x, pending).y;
   }
-  return ops::matmul(x, ops::transpose(wte->weight, 0, 1));  // tied head: (B, T, V)
+  return wte->attend(x);  // tied head: (B, T, V)
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {

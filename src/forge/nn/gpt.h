@@ -6,6 +6,9 @@
 //
 // Init (GPT-2): every Linear and Embedding weight ~ N(0, 0.02), biases 0, and the
 // residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 n_layer)).
+//
+// Its linears and embeddings come from a LayerSpec (nn/layer_spec.h): wte is the token
+// embedding and, through Embedding::attend, the tied head; wpe the position embedding.
 #include <memory>
 #include <vector>
 
@@ -29,7 +32,7 @@ struct GPTConfig {
 
 class GPTBlock : public Module {
  public:
-  explicit GPTBlock(const GPTConfig& c);
+  explicit GPTBlock(const GPTConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
@@ -38,7 +41,7 @@ class GPTBlock : public Module {
 
 class GPT : public Module {
  public:
-  explicit GPT(const GPTConfig& c, uint64_t seed = 0);
+  explicit GPT(const GPTConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
   // idx (B, T) i64 token ids -> logits (B, T, vocab_size).
   Tensor forward(const Tensor& idx) const;
   // Mean cross-entropy of forward(idx) against targets (B, T) (ignore_index -100).

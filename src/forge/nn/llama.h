@@ -2,7 +2,8 @@
 // LLaMA: token embedding, n_layer pre-norm blocks (x += attn(rms(x)); x += swiglu(rms(x)))
 // with rotary positions and grouped-query attention, a final RMSNorm and an untied LM
 // head. Parameter names follow Hugging Face's LlamaForCausalLM ("model.layers.0.self_attn.
-// q_proj.weight", "lm_head.weight"), so its safetensors load by name.
+// q_proj.weight", "lm_head.weight"), so its safetensors load by name. Its linears (lm_head
+// included) and embed_tokens come from a LayerSpec (nn/layer_spec.h).
 #include <memory>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct LlamaConfig {
 
 class LlamaBlock : public Module {
  public:
-  explicit LlamaBlock(const LlamaConfig& c);
+  explicit LlamaBlock(const LlamaConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
@@ -37,7 +38,7 @@ class LlamaBlock : public Module {
 
 class Llama : public Module {
  public:
-  explicit Llama(const LlamaConfig& c, uint64_t seed = 0);
+  explicit Llama(const LlamaConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
   Tensor forward(const Tensor& idx) const;  // (B, T) i64 -> (B, T, vocab_size)
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
