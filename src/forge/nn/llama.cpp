@@ -6,7 +6,6 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
-#include "forge/ops/loss.h"
 
 namespace forge::nn {
 
@@ -46,7 +45,7 @@ Tensor LlamaBlock::forward(const Tensor& x) const {
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
-Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : config(c) {
+Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(spec), config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto model = register_module("model", std::make_shared<Container>());
@@ -70,25 +69,31 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : confi
   }
 }
 
-Tensor Llama::forward(const Tensor& idx) const {
+Stream Llama::embed(const Tensor& idx) const {
   FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
   FORGE_CHECK(idx.size(1) <= config.block_size, "Llama: sequence length ", idx.size(1),
               " exceeds model.block_size = ", config.block_size);
-  Tensor x = embed_tokens->forward(idx);
+  return {embed_tokens->forward(idx), Tensor()};  // (B, T, C)
+}
+
+Stream Llama::blocks(const Stream& in, int64_t begin, int64_t end) const {
+  check_block_range("Llama", begin, end);
+  if (begin == end) return in;
+  Tensor x = in.materialize();  // nothing pending unless a caller built the stream so
   BlockHooks* hooks = block_hooks.get();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LlamaBlock* b = layers[i].get();
+  for (int64_t i = begin; i < end; ++i) {
+    const LlamaBlock* b = layers[static_cast<size_t>(i)].get();
     if (hooks) hooks->before_block(static_cast<int>(i));
     if (config.checkpoint_activations && is_training()) {
-      x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
+      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
     } else {
       x = b->forward(x);
     }
     if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
   }
-  return lm_head->forward(norm->forward(x));
+  return {x, Tensor()};
 }
 
-Tensor Llama::loss(const Tensor& idx, const Tensor& targets) const { return ops::cross_entropy(forward(idx), targets); }
+Tensor Llama::head(const Stream& in) const { return lm_head->forward(norm->forward(in.materialize())); }
 
 }  // namespace forge::nn
