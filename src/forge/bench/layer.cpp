@@ -33,8 +33,8 @@ double elapsed_ms(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// nn::MLP's switch (src/forge/nn/layers.cpp): on CUDA the up-projection and GELU are one GEMM
-// unless FORGE_GELU_FUSION=0.
+// nn::MLP's switch (nn::Linear::forward_gelu, src/forge/nn/linear.cpp): on CUDA the
+// up-projection and GELU are one GEMM unless FORGE_GELU_FUSION=0.
 bool gelu_fused_on(Device d) {
   return d.is_cuda() && env::flag("FORGE_GELU_FUSION");
 }

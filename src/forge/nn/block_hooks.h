@@ -5,9 +5,9 @@
 // after_block, which also wraps the block's outputs so that backward reaching them gathers the
 // parameters again before any of the block's backward runs.
 //
-//   GPT::forward / Llama::forward, for block i:
+//   GPT::blocks / Llama::blocks (and so forward and loss), for each block i of the range:
 //     if (hooks) hooks->before_block(i);
-//     outputs = block_i(inputs);                  // one tensor, or GPT's (stream, pending) pair
+//     outputs = block_i(inputs);                  // one tensor, or GPT's (x, pending) Stream
 //     if (hooks) outputs = hooks->after_block(i, outputs);
 //
 // With activation checkpointing the hooks surround the checkpointed region, so its

@@ -9,10 +9,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
-#include "forge/ops/loss.h"
-#include "forge/ops/matmul.h"
 #include "forge/ops/norm.h"
-#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -34,11 +31,11 @@ class GPT::Container : public Module {
   }
 };
 
-GPTBlock::GPTBlock(const GPTConfig& c) {
+GPTBlock::GPTBlock(const GPTConfig& c, const LayerSpec& spec) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout, spec));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
-  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout));
+  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout, spec));
 }
 
 // Note [fused residual + layer norm in GPT]: every residual add of the stream is followed by a
@@ -46,9 +43,11 @@ GPTBlock::GPTBlock(const GPTConfig& c) {
 // add), so each pair runs as one ops::add_layer_norm: one pass over memory instead of two, the
 // values and gradients of add + layer_norm (bit for bit on the CPU: tests/ops/
 // test_add_layer_norm.cpp). Parameters and their names are untouched. GPTBlock::forward
-// fuses the add after attention with ln_2; GPT::forward also carries the MLP output of each
-// block as a pending residual into the next block's ln_1 (or ln_f), except with activation
-// checkpointing, whose regions take and return the stream itself.
+// fuses the add after attention with ln_2; GPT::blocks also carries the MLP output of each
+// block as a pending residual into the next block's ln_1 (or, in GPT::head, ln_f), except
+// with activation checkpointing, whose regions take and return the stream itself. The
+// pending residual crosses GPT::blocks calls in its Stream (Note [model seams] in
+// nn/causal_lm.h), so a model cut into block ranges fuses exactly as the whole does.
 namespace {
 
 ops::AddLayerNorm add_norm(const LayerNorm& ln, const Tensor& x, const Tensor& residual) {
@@ -77,15 +76,20 @@ Tensor GPTBlock::forward(const Tensor& x) const {
   return ops::add(h, m);
 }
 
-GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
+GPT::GPT(const GPTConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(spec), config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto transformer = register_module("transformer", std::make_shared<Container>());
-  wte = transformer->add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd));
-  wpe = transformer->add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd));
+  wte = transformer->add("wte", spec.make_embedding(c.vocab_size, c.n_embd, EmbeddingRole::token));
+  wpe = transformer->add("wpe", spec.make_embedding(c.block_size, c.n_embd, EmbeddingRole::position));
+  for (const auto& [table, role] :
+       {std::pair{wte.get(), EmbeddingRole::token}, std::pair{wpe.get(), EmbeddingRole::position}})
+    FORGE_CHECK(table->dim == c.n_embd, "GPT: the ", to_string(role), " embedding from the layer spec has dim = ",
+                table->dim, ", but model.n_embd = ", c.n_embd, "; return a table of n_embd columns");
   drop = transformer->add("drop", std::make_shared<Dropout>(c.dropout));
   auto list = transformer->add("h", std::make_shared<Container>());
-  for (int64_t i = 0; i < c.n_layer; ++i) h.push_back(list->add(std::to_string(i), std::make_shared<GPTBlock>(c)));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    h.push_back(list->add(std::to_string(i), std::make_shared<GPTBlock>(c, spec)));
   ln_f = transformer->add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
 
   // GPT-2 initialisation, from one seeded generator in parameter order.
@@ -105,39 +109,44 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config(c) {
   }
 }
 
-Tensor GPT::forward(const Tensor& idx) const {
+Stream GPT::embed(const Tensor& idx) const {
   FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
   const int64_t T = idx.size(1);
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
   Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
-  Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));  // (B, T, C)
-  BlockHooks* hooks = block_hooks.get();
-  if (config.checkpoint_activations && is_training()) {
-    for (size_t i = 0; i < h.size(); ++i) {
-      const GPTBlock* b = h[i].get();
-      if (hooks) hooks->before_block(static_cast<int>(i));
-      x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
-      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
-    }
-    x = ln_f->forward(x);
-  } else {
-    Tensor pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
-    for (size_t i = 0; i < h.size(); ++i) {
-      if (hooks) hooks->before_block(static_cast<int>(i));
-      std::tie(x, pending) = block_pending(*h[i], x, pending);
-      if (hooks) {
-        const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
-        x = out[0];
-        pending = out[1];
-      }
-    }
-    x = add_norm(*ln_f, x, pending).y;
-  }
-  return ops::matmul(x, ops::transpose(wte->weight, 0, 1));  // tied head: (B, T, V)
+  return {drop->forward(ops::add(wte->forward(idx), wpe->forward(pos))), Tensor()};  // (B, T, C)
 }
 
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
-  return ops::cross_entropy(forward(idx), targets);
+Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
+  check_block_range("GPT", begin, end);
+  if (begin == end) return in;
+  BlockHooks* hooks = block_hooks.get();
+  if (config.checkpoint_activations && is_training()) {
+    Tensor x = in.materialize();
+    for (int64_t i = begin; i < end; ++i) {
+      const GPTBlock* b = h[static_cast<size_t>(i)].get();
+      if (hooks) hooks->before_block(static_cast<int>(i));
+      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
+      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
+    }
+    return {x, Tensor()};
+  }
+  Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
+  for (int64_t i = begin; i < end; ++i) {
+    if (hooks) hooks->before_block(static_cast<int>(i));
+    std::tie(x, pending) = block_pending(*h[static_cast<size_t>(i)], x, pending);
+    if (hooks) {
+      const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
+      x = out[0];
+      pending = out[1];
+    }
+  }
+  return {x, pending};
+}
+
+Tensor GPT::head(const Stream& in) const {
+  const Tensor y = in.pending.defined() ? add_norm(*ln_f, in.x, in.pending).y : ln_f->forward(in.x);
+  return wte->attend(y);  // tied head: (B, T, V)
 }
 
 }  // namespace forge::nn

@@ -6,10 +6,16 @@
 //
 // Init (GPT-2): every Linear and Embedding weight ~ N(0, 0.02), biases 0, and the
 // residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 n_layer)).
+//
+// A CausalLM (nn/causal_lm.h): embed / blocks / head / head_loss are its seams, and its
+// Stream carries the MLP output of the last block run as `pending` (Note [model seams]). Its
+// linears and embeddings come from a LayerSpec (nn/layer_spec.h): wte is the token embedding
+// and, through Embedding::attend, the tied head; wpe the position embedding.
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "forge/nn/block_hooks.h"
+#include "forge/nn/causal_lm.h"
 #include "forge/nn/layers.h"
 
 namespace forge::nn {
@@ -29,28 +35,34 @@ struct GPTConfig {
 
 class GPTBlock : public Module {
  public:
-  explicit GPTBlock(const GPTConfig& c);
-  Tensor forward(const Tensor& x) const;
+  explicit GPTBlock(const GPTConfig& c, const LayerSpec& spec = {});
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C), the stream after the block
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
 };
 
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
-  explicit GPT(const GPTConfig& c, uint64_t seed = 0);
-  // idx (B, T) i64 token ids -> logits (B, T, vocab_size).
-  Tensor forward(const Tensor& idx) const;
-  // Mean cross-entropy of forward(idx) against targets (B, T) (ignore_index -100).
-  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  explicit GPT(const GPTConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
+
+  // drop(wte(idx) + wpe(0..T-1)); nothing pending.
+  Stream embed(const Tensor& idx) const override;
+  // Blocks [begin, end); returns the stream with the last block's MLP output pending, or,
+  // with activation checkpointing in training, as one tensor.
+  Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
+  // ln_f (fused with the pending add) and the head tied to wte: logits (B, T, vocab_size).
+  Tensor head(const Stream& in) const override;
+  int64_t num_blocks() const override { return config.n_layer; }
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t block_size() const override { return config.block_size; }
+  int block_of_param(const std::string& param_name) const override { return block_of(param_name); }
 
   GPTConfig config;
   std::shared_ptr<Embedding> wte, wpe;
   std::vector<std::shared_ptr<GPTBlock>> h;
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Dropout> drop;
-  // Called around every block's forward when set (nn/block_hooks.h; ZeRO-3).
-  std::shared_ptr<BlockHooks> block_hooks;
   // The block a parameter name belongs to ("transformer.h.<i>."), or -1.
   static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "transformer.h."); }
 

@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
-#include "forge/core/env.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/conv.h"
@@ -24,6 +24,7 @@ Embedding::Embedding(int64_t n, int64_t d, Generator* gen) : num(n), dim(d) {
   weight = register_parameter("weight", default_init_enabled() ? randn({n, d}, {}, gen) : empty({n, d}));
 }
 Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(weight, ids); }
+Tensor Embedding::attend(const Tensor& x) const { return ops::matmul(x, ops::transpose(weight, 0, 1)); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool with_bias) : eps(eps) {
   weight = register_parameter("weight", ones({dim}));
@@ -36,70 +37,121 @@ Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight,
 
 Tensor Dropout::forward(const Tensor& x) const { return ops::dropout(x, p, is_training()); }
 
-MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout) {
-  c_fc = register_module("c_fc", std::make_shared<Linear>(dim, hidden, bias));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(hidden, dim, bias));
-  drop = register_module("dropout", std::make_shared<Dropout>(dropout));
+// Checks that a linear from the spec has the size the layer feeds it (want_in) or reads from it
+// (want_out); `what` says why the layer expects it.
+namespace {
+void check_in_features(const Linear& l, int64_t want_in, const char* layer, LinearRole role, const char* what) {
+  FORGE_CHECK(l.in_features == want_in, layer, ": the ", to_string(role),
+              " linear from the layer spec has in_features = ", l.in_features, ", but ", what, " is ", want_in,
+              "; make the spec's factory return a linear of that width");
 }
-// On CUDA, c_fc and its GELU are one GEMM (ops::linear_gelu: cuBLASLt's GELU epilogue
-// writes the activation and the saved pre-activation together, saving the separate GELU
-// pass over the (tokens, hidden) activation). FORGE_GELU_FUSION=0 (core/env.h) turns it off
-// (to measure it, or to match the unfused rounding exactly); the CPU always runs linear, then gelu.
-Tensor MLP::forward(const Tensor& x) const {
-  const Tensor h = x.is_cuda() && env::flag("FORGE_GELU_FUSION") ? ops::linear_gelu(x, c_fc->weight, c_fc->bias)
-                                                                 : ops::gelu(c_fc->forward(x), true);
-  return drop->forward(c_proj->forward(h));
+void check_out_features(const Linear& l, int64_t want_out, const char* layer, LinearRole role, const char* what) {
+  FORGE_CHECK(l.out_features == want_out, layer, ": the ", to_string(role),
+              " linear from the layer spec has out_features = ", l.out_features, ", but ", what, " is ", want_out,
+              "; make the spec's factory return a linear of that width");
+}
+// The number of heads of head_dim channels in a projection's out_features (divided by
+// `parts`: 3 for a fused QKV).
+int64_t heads_of(const Linear& l, int64_t parts, int64_t head_dim, const char* layer, LinearRole role) {
+  FORGE_CHECK(l.out_features % (parts * head_dim) == 0, layer, ": the ", to_string(role),
+              " linear from the layer spec has out_features = ", l.out_features, ", not a multiple of ",
+              parts == 1 ? "" : (std::to_string(parts) + " x "), "the head size ", head_dim,
+              "; a sharded projection must hold whole heads");
+  return l.out_features / (parts * head_dim);
+}
+}  // namespace
+
+MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout, const LayerSpec& spec) {
+  c_fc = register_module("c_fc", spec.make_linear(dim, hidden, bias, LinearRole::mlp_up));
+  c_proj = register_module("c_proj", spec.make_linear(hidden, dim, bias, LinearRole::mlp_down));
+  drop = register_module("dropout", std::make_shared<Dropout>(dropout));
+  local_hidden = c_fc->out_features;
+  check_in_features(*c_fc, dim, "MLP", LinearRole::mlp_up, "the model width");
+  check_in_features(*c_proj, local_hidden, "MLP", LinearRole::mlp_down, "the mlp_up linear's out_features");
+  check_out_features(*c_proj, dim, "MLP", LinearRole::mlp_down, "the model width");
 }
 
-SwiGLU::SwiGLU(int64_t dim, int64_t hidden) {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(dim, hidden, false));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(dim, hidden, false));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, dim, false));
+// c_fc's GELU is Linear::forward_gelu: for a plain Linear on CUDA one GEMM with a GELU
+// epilogue (ops::linear_gelu), on the CPU linear then gelu.
+Tensor MLP::forward(const Tensor& x) const { return drop->forward(c_proj->forward(c_fc->forward_gelu(x))); }
+
+SwiGLU::SwiGLU(int64_t dim, int64_t hidden, const LayerSpec& spec) {
+  gate_proj = register_module("gate_proj", spec.make_linear(dim, hidden, false, LinearRole::mlp_gate));
+  up_proj = register_module("up_proj", spec.make_linear(dim, hidden, false, LinearRole::mlp_up));
+  down_proj = register_module("down_proj", spec.make_linear(hidden, dim, false, LinearRole::mlp_down));
+  local_hidden = up_proj->out_features;
+  check_in_features(*gate_proj, dim, "SwiGLU", LinearRole::mlp_gate, "the model width");
+  check_in_features(*up_proj, dim, "SwiGLU", LinearRole::mlp_up, "the model width");
+  check_out_features(*gate_proj, local_hidden, "SwiGLU", LinearRole::mlp_gate, "the mlp_up linear's out_features");
+  check_in_features(*down_proj, local_hidden, "SwiGLU", LinearRole::mlp_down, "the mlp_up linear's out_features");
+  check_out_features(*down_proj, dim, "SwiGLU", LinearRole::mlp_down, "the model width");
 }
 Tensor SwiGLU::forward(const Tensor& x) const {
   return down_proj->forward(ops::mul(ops::silu(gate_proj->forward(x)), up_proj->forward(x)));
 }
 
-CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias, double dropout)
+CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias, double dropout, const LayerSpec& spec)
     : dim(dim), n_head(n_head) {
   FORGE_CHECK(n_head > 0 && dim % n_head == 0, "CausalSelfAttention: n_head = ", n_head,
               " must divide the width n_embd = ", dim);
-  c_attn = register_module("c_attn", std::make_shared<Linear>(dim, 3 * dim, bias));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(dim, dim, bias));
+  head_dim = dim / n_head;
+  c_attn = register_module("c_attn", spec.make_linear(dim, 3 * dim, bias, LinearRole::attention_qkv));
+  c_proj = register_module("c_proj", spec.make_linear(dim, dim, bias, LinearRole::attention_out));
   resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
+  local_heads = heads_of(*c_attn, 3, head_dim, "CausalSelfAttention", LinearRole::attention_qkv);
+  check_in_features(*c_attn, dim, "CausalSelfAttention", LinearRole::attention_qkv, "the model width");
+  check_in_features(*c_proj, local_heads * head_dim, "CausalSelfAttention", LinearRole::attention_out,
+                    "the attention's output width (its local heads x head size)");
+  check_out_features(*c_proj, dim, "CausalSelfAttention", LinearRole::attention_out, "the model width");
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  const int64_t B = x.size(0), T = x.size(1), D = dim / n_head;
-  Tensor qkv = c_attn->forward(x);                                  // (B, T, 3C)
-  TensorList parts = ops::split(qkv, dim, -1);                      // 3 x (B, T, C)
-  auto heads = [&](const Tensor& t) { return ops::transpose(ops::reshape(t, {B, T, n_head, D}), 1, 2); };
+  const int64_t B = x.size(0), T = x.size(1), H = local_heads, D = head_dim;
+  Tensor qkv = c_attn->forward(x);                                  // (B, T, 3 H D)
+  TensorList parts = ops::split(qkv, H * D, -1);                    // 3 x (B, T, H D)
+  auto heads = [&](const Tensor& t) { return ops::transpose(ops::reshape(t, {B, T, H, D}), 1, 2); };
   Tensor y = ops::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);  // (B, H, T, D)
-  y = ops::reshape(ops::transpose(y, 1, 2), {B, T, dim});
+  y = ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D});
   return resid_drop->forward(c_proj->forward(y));
 }
 
-LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta)
+LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta,
+                               const LayerSpec& spec)
     : dim(dim), n_head(n_head), n_kv_head(n_kv_head), head_dim(n_head > 0 ? dim / n_head : 0), rope_theta(rope_theta) {
   FORGE_CHECK(n_head > 0 && dim % n_head == 0, "LlamaAttention: n_head = ", n_head, " must divide dim = ", dim);
   FORGE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "LlamaAttention: n_kv_head = ", n_kv_head,
               " must divide n_head = ", n_head);
   FORGE_CHECK(head_dim % 2 == 0, "LlamaAttention: the head size dim / n_head = ", head_dim,
               " must be even for rotary embeddings");
-  q_proj = register_module("q_proj", std::make_shared<Linear>(dim, n_head * head_dim, false));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(dim, n_kv_head * head_dim, false));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(dim, n_kv_head * head_dim, false));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(n_head * head_dim, dim, false));
+  q_proj = register_module("q_proj", spec.make_linear(dim, n_head * head_dim, false, LinearRole::attention_q));
+  k_proj = register_module("k_proj", spec.make_linear(dim, n_kv_head * head_dim, false, LinearRole::attention_k));
+  v_proj = register_module("v_proj", spec.make_linear(dim, n_kv_head * head_dim, false, LinearRole::attention_v));
+  o_proj = register_module("o_proj", spec.make_linear(n_head * head_dim, dim, false, LinearRole::attention_out));
+  const char* layer = "LlamaAttention";
+  local_heads = heads_of(*q_proj, 1, head_dim, layer, LinearRole::attention_q);
+  local_kv_heads = heads_of(*k_proj, 1, head_dim, layer, LinearRole::attention_k);
+  for (const auto& [proj, role] : {std::pair{q_proj.get(), LinearRole::attention_q},
+                                   std::pair{k_proj.get(), LinearRole::attention_k},
+                                   std::pair{v_proj.get(), LinearRole::attention_v}})
+    check_in_features(*proj, dim, layer, role, "the model width");
+  check_out_features(*v_proj, k_proj->out_features, layer, LinearRole::attention_v,
+                     "the attention_k linear's out_features");
+  FORGE_CHECK(local_kv_heads > 0 && local_heads % local_kv_heads == 0, layer, ": the layer spec gives ", local_heads,
+              " query heads over ", local_kv_heads,
+              " key-value heads; the key-value heads must divide the query heads (shard both by the same factor)");
+  check_in_features(*o_proj, local_heads * head_dim, layer, LinearRole::attention_out,
+                    "the attention's output width (its local heads x head size)");
+  check_out_features(*o_proj, dim, layer, LinearRole::attention_out, "the model width");
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
-  Tensor q = ops::rope(heads(q_proj->forward(x), n_head), position_offset, rope_theta);
-  Tensor k = ops::rope(heads(k_proj->forward(x), n_kv_head), position_offset, rope_theta);
-  Tensor v = heads(v_proj->forward(x), n_kv_head);
+  Tensor q = ops::rope(heads(q_proj->forward(x), local_heads), position_offset, rope_theta);
+  Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), position_offset, rope_theta);
+  Tensor v = heads(v_proj->forward(x), local_kv_heads);
   Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
-  return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, n_head * head_dim}));
+  return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
 }
 
 Conv2d::Conv2d(int64_t in_ch, int64_t out_ch, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,

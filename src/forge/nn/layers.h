@@ -1,19 +1,25 @@
 #pragma once
 // The building blocks of GPT, LLaMA and the CNN: each a Module with torch.nn's parameter
-// names and layouts, so state dicts line up with PyTorch's.
+// names and layouts, so state dicts line up with PyTorch's. The attention and MLP layers get
+// their linears from a LayerSpec (nn/layer_spec.h; the default builds plain Linears) and
+// derive their local sizes (heads, hidden width) from what it returned.
 #include <array>
 
 #include "forge/core/generator.h"
+#include "forge/nn/layer_spec.h"
 #include "forge/nn/linear.h"
 #include "forge/nn/module.h"
 
 namespace forge::nn {
 
-// weight (num, dim) ~ N(0, 1) like torch.nn.Embedding (models re-initialise).
+// weight (num, dim) ~ N(0, 1) like torch.nn.Embedding (models re-initialise). Virtual, so a
+// vocabulary-parallel table (one slice of the rows per rank) can derive from it.
 class Embedding : public Module {
  public:
   Embedding(int64_t num, int64_t dim, Generator* gen = nullptr);
-  Tensor forward(const Tensor& ids) const;  // (*) i64 -> (*, dim)
+  virtual Tensor forward(const Tensor& ids) const;  // (*) i64 -> (*, dim)
+  // The table used as an output layer (a head tied to the embedding): x W^T, (*, dim) -> (*, num).
+  virtual Tensor attend(const Tensor& x) const;
   int64_t num, dim;
   Tensor weight;
 };
@@ -43,41 +49,52 @@ class Dropout : public Module {
   double p;
 };
 
-// GPT-2's MLP: c_proj(gelu_tanh(c_fc(x))), hidden = 4 * dim by default.
+// GPT-2's MLP: c_proj(gelu_tanh(c_fc(x))), hidden = 4 * dim by default; c_fc has role
+// mlp_up (its GELU runs through Linear::forward_gelu), c_proj mlp_down. local_hidden is
+// c_fc's out_features (hidden unless the spec shards it).
 class MLP : public Module {
  public:
-  MLP(int64_t dim, int64_t hidden, bool bias = true, double dropout = 0.0);
+  MLP(int64_t dim, int64_t hidden, bool bias = true, double dropout = 0.0, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
+  int64_t local_hidden;
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<Dropout> drop;
 };
 
-// LLaMA's MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+// LLaMA's MLP: down_proj(silu(gate_proj(x)) * up_proj(x)), no biases; roles mlp_gate, mlp_up,
+// mlp_down. local_hidden is up_proj's out_features.
 class SwiGLU : public Module {
  public:
-  SwiGLU(int64_t dim, int64_t hidden);
+  SwiGLU(int64_t dim, int64_t hidden, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
+  int64_t local_hidden;
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
-// GPT-2 attention: one fused QKV projection (c_attn, dim -> 3 dim), causal SDPA over
-// n_head heads, output projection c_proj.
+// GPT-2 attention: one fused QKV projection (c_attn, role attention_qkv, dim -> 3 dim), causal
+// SDPA, output projection c_proj (role attention_out). n_head is the model's head count; the
+// layer computes local_heads = c_attn's out_features / (3 head_dim) of them (n_head unless the
+// spec shards c_attn).
 class CausalSelfAttention : public Module {
  public:
-  CausalSelfAttention(int64_t dim, int64_t n_head, bool bias = true, double dropout = 0.0);
+  CausalSelfAttention(int64_t dim, int64_t n_head, bool bias = true, double dropout = 0.0,
+                      const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
-  int64_t dim, n_head;
+  int64_t dim, n_head, head_dim, local_heads;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
 };
 
-// LLaMA attention: q/k/v/o projections without bias, grouped-query heads (n_kv_head
-// divides n_head), rotary position embedding on q and k.
+// LLaMA attention: q/k/v/o projections without bias (roles attention_q/k/v/out),
+// grouped-query heads (n_kv_head divides n_head), rotary position embedding on q and k. The
+// layer computes local_heads = q_proj's out_features / head_dim query heads over
+// local_kv_heads = k_proj's out_features / head_dim key-value heads (n_head and n_kv_head
+// unless the spec shards them).
 class LlamaAttention : public Module {
  public:
-  LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta);
+  LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
-  int64_t dim, n_head, n_kv_head, head_dim;
+  int64_t dim, n_head, n_kv_head, head_dim, local_heads, local_kv_heads;
   double rope_theta;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 };

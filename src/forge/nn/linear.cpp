@@ -1,9 +1,13 @@
 #include "forge/nn/linear.h"
 
 #include <cmath>
+#include <string>
+#include <typeinfo>
 
+#include "forge/core/env.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
+#include "forge/ops/unary.h"
 
 namespace forge::nn {
 
@@ -19,6 +23,20 @@ Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
   return ops::linear(x, weight, bias);
+}
+
+// On CUDA, a Linear and its GELU are one GEMM (ops::linear_gelu: cuBLASLt's GELU epilogue
+// writes the activation and the saved pre-activation together, saving the separate GELU
+// pass over the (tokens, out) activation; GPT's MLP uses it for c_fc). FORGE_GELU_FUSION=0
+// (core/env.h) turns it off (to measure it, or to match the unfused rounding exactly); the CPU
+// always runs linear, then gelu.
+
+Tensor Linear::forward_gelu(const Tensor& x) const {
+  // The fused GEMM stands in for forward() only where forward() is this class's own
+  // ops::linear: a subclass may compute something else (communication, a shard).
+  const bool plain = typeid(*this) == typeid(Linear);
+  if (plain && x.is_cuda() && env::flag("FORGE_GELU_FUSION")) return ops::linear_gelu(x, weight, bias);
+  return ops::gelu(forward(x), true);
 }
 
 }  // namespace forge::nn

@@ -1,6 +1,10 @@
 #pragma once
 // y = x W^T + b (ops::linear), W (out, in), b (out): torch.nn.Linear's layout and default init
 // (U(-1/sqrt(in), 1/sqrt(in)) for both; models override it, e.g. GPT-2's N(0, 0.02)).
+//
+// forward and forward_gelu are virtual so that a tensor-parallel linear (column- or
+// row-parallel) derives from Linear, keeps `weight` / `bias` (and so the state dict's names)
+// and replaces the computation; models get such a module from a LayerSpec (nn/layer_spec.h).
 #include "forge/core/generator.h"
 #include "forge/nn/module.h"
 
@@ -9,7 +13,11 @@ namespace forge::nn {
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
-  Tensor forward(const Tensor& x) const;  // (*, in) -> (*, out)
+  virtual Tensor forward(const Tensor& x) const;  // (*, in) -> (*, out)
+  // gelu_tanh(forward(x)). For a plain Linear on CUDA it is one GEMM with a GELU epilogue
+  // (ops::linear_gelu) unless FORGE_GELU_FUSION=0; a subclass gets the unfused
+  // gelu(forward(x)), which stays correct whatever its forward does, unless it overrides this.
+  virtual Tensor forward_gelu(const Tensor& x) const;
 
   int64_t in_features, out_features;
   Tensor weight;  // (out, in)

@@ -6,7 +6,6 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
-#include "forge/ops/loss.h"
 
 namespace forge::nn {
 
@@ -33,9 +32,10 @@ class Llama::Container : public Module {
   }
 };
 
-LlamaBlock::LlamaBlock(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c.dim, c.n_head, c.n_kv_head, c.rope_theta));
-  mlp = register_module("mlp", std::make_shared<SwiGLU>(c.dim, c.ffn_hidden));
+LlamaBlock::LlamaBlock(const LlamaConfig& c, const LayerSpec& spec) {
+  self_attn = register_module("self_attn",
+                              std::make_shared<LlamaAttention>(c.dim, c.n_head, c.n_kv_head, c.rope_theta, spec));
+  mlp = register_module("mlp", std::make_shared<SwiGLU>(c.dim, c.ffn_hidden, spec));
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
 }
@@ -45,15 +45,20 @@ Tensor LlamaBlock::forward(const Tensor& x) const {
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
-Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
+Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(spec), config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below
   auto model = register_module("model", std::make_shared<Container>());
-  embed_tokens = model->add("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.dim));
+  embed_tokens = model->add("embed_tokens", spec.make_embedding(c.vocab_size, c.dim, EmbeddingRole::token));
+  FORGE_CHECK(embed_tokens->dim == c.dim, "Llama: the token embedding from the layer spec has dim = ",
+              embed_tokens->dim, ", but model.dim = ", c.dim, "; return a table of model.dim columns");
   auto list = model->add("layers", std::make_shared<Container>());
-  for (int64_t i = 0; i < c.n_layer; ++i) layers.push_back(list->add(std::to_string(i), std::make_shared<LlamaBlock>(c)));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    layers.push_back(list->add(std::to_string(i), std::make_shared<LlamaBlock>(c, spec)));
   norm = model->add("norm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(c.dim, c.vocab_size, false));
+  lm_head = register_module("lm_head", spec.make_linear(c.dim, c.vocab_size, false, LinearRole::lm_head));
+  FORGE_CHECK(lm_head->in_features == c.dim, "Llama: the lm_head linear from the layer spec has in_features = ",
+              lm_head->in_features, ", but model.dim = ", c.dim, "; return a head that reads the whole width");
 
   // Hugging Face's LLaMA init: N(0, init_std) for every Linear and Embedding weight.
   Generator gen(seed);
@@ -64,25 +69,31 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config(c) {
   }
 }
 
-Tensor Llama::forward(const Tensor& idx) const {
+Stream Llama::embed(const Tensor& idx) const {
   FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
   FORGE_CHECK(idx.size(1) <= config.block_size, "Llama: sequence length ", idx.size(1),
               " exceeds model.block_size = ", config.block_size);
-  Tensor x = embed_tokens->forward(idx);
+  return {embed_tokens->forward(idx), Tensor()};  // (B, T, C)
+}
+
+Stream Llama::blocks(const Stream& in, int64_t begin, int64_t end) const {
+  check_block_range("Llama", begin, end);
+  if (begin == end) return in;
+  Tensor x = in.materialize();  // nothing pending unless a caller built the stream so
   BlockHooks* hooks = block_hooks.get();
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LlamaBlock* b = layers[i].get();
+  for (int64_t i = begin; i < end; ++i) {
+    const LlamaBlock* b = layers[static_cast<size_t>(i)].get();
     if (hooks) hooks->before_block(static_cast<int>(i));
     if (config.checkpoint_activations && is_training()) {
-      x = autograd::checkpoint([b](const TensorList& in) { return b->forward(in[0]); }, {x});
+      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
     } else {
       x = b->forward(x);
     }
     if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
   }
-  return lm_head->forward(norm->forward(x));
+  return {x, Tensor()};
 }
 
-Tensor Llama::loss(const Tensor& idx, const Tensor& targets) const { return ops::cross_entropy(forward(idx), targets); }
+Tensor Llama::head(const Stream& in) const { return lm_head->forward(norm->forward(in.materialize())); }
 
 }  // namespace forge::nn

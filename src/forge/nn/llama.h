@@ -3,10 +3,15 @@
 // with rotary positions and grouped-query attention, a final RMSNorm and an untied LM
 // head. Parameter names follow Hugging Face's LlamaForCausalLM ("model.layers.0.self_attn.
 // q_proj.weight", "lm_head.weight"), so its safetensors load by name.
+//
+// A CausalLM (nn/causal_lm.h): embed / blocks / head / head_loss are its seams (its residual
+// adds are unfused, so its Stream never carries pending). Its linears (lm_head included) and
+// embed_tokens come from a LayerSpec (nn/layer_spec.h).
 #include <memory>
+#include <string>
 #include <vector>
 
-#include "forge/nn/block_hooks.h"
+#include "forge/nn/causal_lm.h"
 #include "forge/nn/layers.h"
 
 namespace forge::nn {
@@ -31,26 +36,30 @@ struct LlamaConfig {
 
 class LlamaBlock : public Module {
  public:
-  explicit LlamaBlock(const LlamaConfig& c);
+  explicit LlamaBlock(const LlamaConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<SwiGLU> mlp;
 };
 
-class Llama : public Module {
+class Llama : public CausalLM {
  public:
-  explicit Llama(const LlamaConfig& c, uint64_t seed = 0);
-  Tensor forward(const Tensor& idx) const;  // (B, T) i64 -> (B, T, vocab_size)
-  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  explicit Llama(const LlamaConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
+
+  Stream embed(const Tensor& idx) const override;  // embed_tokens(idx)
+  Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
+  Tensor head(const Stream& in) const override;  // lm_head(norm(x)): (B, T, vocab_size)
+  int64_t num_blocks() const override { return config.n_layer; }
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t block_size() const override { return config.block_size; }
+  int block_of_param(const std::string& param_name) const override { return block_of(param_name); }
 
   LlamaConfig config;
   std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<LlamaBlock>> layers;
   std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<Linear> lm_head;
-  // Called around every block's forward when set (nn/block_hooks.h; ZeRO-3).
-  std::shared_ptr<BlockHooks> block_hooks;
   // The block a parameter name belongs to ("model.layers.<i>."), or -1.
   static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "model.layers."); }
 

@@ -1,0 +1,93 @@
+#pragma once
+// CausalLM: a decoder-only language model cut at its seams, so that a pipeline stage runs a
+// range of its blocks and a vocabulary-parallel head computes the loss itself. GPT and LLaMA
+// derive from it.
+//
+//   Stream s = model.embed(idx);                 // idx (B, T) i64 -> token (+ position) embedding
+//   s = model.blocks(s, 0, k);                    // blocks [0, k), on one stage ...
+//   s = model.blocks(s, k, model.num_blocks());   // ... blocks [k, n), on the next
+//   Tensor logits = model.head(s);                // final norm + LM head: (B, T, vocab_size)
+//   Tensor loss = model.head_loss(s, targets);    // final norm + head + mean cross-entropy
+//
+// forward(idx) = head(blocks(embed(idx), 0, n)) and loss(idx, targets) = head_loss(blocks(
+// embed(idx), 0, n), targets), so the pieces give the same values and gradients as the whole,
+// bit for bit, wherever the blocks are cut (tests/nn/test_model_seams.cpp).
+//
+// Note [model seams]: the residual stream between blocks is a Stream {x, pending}, not one
+// tensor, because GPT fuses every residual add with the LayerNorm after it (Note [fused
+// residual + layer norm in GPT], nn/gpt.cpp): a block's MLP output is not added to the stream
+// where the block ends but carried as `pending` into the next block's ln_1 (or ln_f), where
+// ops::add_layer_norm adds and normalises in one pass. A cut between blocks k-1 and k falls
+// inside that fused add, so blocks(s, 0, k) returns the stream still split, and blocks(s, k,
+// n) finishes the add in block k's ln_1 exactly as the uncut model does. A pipeline stage
+// therefore sends both tensors across (x and, when defined, pending), or calls
+// Stream::materialize() and sends their sum: one tensor less to send, at the cost of the
+// fusion at that boundary (one more pass over the activation; on the CPU the values stay
+// bit-identical, since add_layer_norm equals add + layer_norm there). LLaMA adds its
+// residuals unfused, so its streams never carry pending; with activation checkpointing GPT's
+// checkpointed regions take and return the plain stream too.
+//
+// Hooks: blocks() calls block_hooks (nn/block_hooks.h; ZeRO-3) around each block it runs, with
+// the block's index in the whole model, exactly as forward() does.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "forge/nn/block_hooks.h"
+#include "forge/nn/layer_spec.h"
+#include "forge/nn/module.h"
+
+namespace forge::nn {
+
+// The residual stream between blocks: x + pending, the sum not yet formed while pending is
+// defined (Note [model seams]). Each tensor is (B, T, C).
+struct Stream {
+  Tensor x;
+  Tensor pending;  // undefined: the stream is x alone
+  // x + pending as one tensor (x itself when nothing is pending). Forming the sum costs GPT
+  // the fused add + LayerNorm at this point.
+  Tensor materialize() const;
+};
+
+class CausalLM : public Module {
+ public:
+  explicit CausalLM(LayerSpec spec = {}) : layer_spec(std::move(spec)) {}
+
+  // idx (B, T) i64 token ids -> the stream entering block 0. Checks the shape and the context.
+  virtual Stream embed(const Tensor& idx) const = 0;
+  // Runs blocks [begin, end) (0 <= begin <= end <= num_blocks()) on the stream.
+  virtual Stream blocks(const Stream& in, int64_t begin, int64_t end) const = 0;
+  // Final norm + LM head on the stream after the last block -> logits (B, T, vocab_size)
+  // (a vocabulary-parallel head: this rank's slice of the vocabulary).
+  virtual Tensor head(const Stream& in) const = 0;
+  // Final norm + head + the mean cross-entropy against targets (B, T) (ignore_index -100),
+  // through layer_spec.loss when set (a vocabulary-parallel cross-entropy that never gathers
+  // the logits), else ops::cross_entropy. Virtual so a model can compute it another way.
+  virtual Tensor head_loss(const Stream& in, const Tensor& targets) const;
+
+  // idx (B, T) i64 -> logits (B, T, vocab_size): head(blocks(embed(idx), 0, num_blocks())).
+  Tensor forward(const Tensor& idx) const;
+  // Mean cross-entropy against targets (B, T): head_loss(blocks(embed(idx), 0, n), targets).
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+  virtual int64_t num_blocks() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t block_size() const = 0;  // the longest context
+  // The block a parameter name belongs to, or -1 outside the blocks (embeddings, final
+  // norm, head). (Not named block_of: GPT::block_of and Llama::block_of are static
+  // functions other code takes the address of, and C++ allows no static and virtual member
+  // of one name and signature.)
+  virtual int block_of_param(const std::string& param_name) const = 0;
+
+  // The layers the model was built from (nn/layer_spec.h); its loss is head_loss's.
+  LayerSpec layer_spec;
+  // Called around every block's forward when set (nn/block_hooks.h; ZeRO-3).
+  std::shared_ptr<BlockHooks> block_hooks;
+
+ protected:
+  // Throws unless 0 <= begin <= end <= num_blocks(); `model` names the caller.
+  void check_block_range(const char* model, int64_t begin, int64_t end) const;
+};
+
+}  // namespace forge::nn
