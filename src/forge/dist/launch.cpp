@@ -38,7 +38,7 @@
 #include "forge/ops/creation.h"
 
 #ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/nccl_group.h"
+#include "forge/dist/nccl_group.h"
 #endif
 
 extern char** environ;
@@ -88,7 +88,7 @@ bool is_executable_file(const std::string& path) {
 
 std::string make_nccl_id_hex() {
 #ifdef FORGE_WITH_CUDA
-  return cuda::new_nccl_id_hex();
+  return dist::new_nccl_id_hex();
 #else
   FORGE_THROW("forge launch: GPU ranks need NCCL, and this forge was built without CUDA");
 #endif

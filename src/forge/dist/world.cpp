@@ -24,7 +24,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/nccl_group.h"
+#include "forge/dist/nccl_group.h"
 #endif
 
 namespace forge::dist {
@@ -142,26 +142,26 @@ ProcessGroupPtr make_cuda_world([[maybe_unused]] const LaunchEnv& env, [[maybe_u
               " visible to this process; use cuda:LOCAL_RANK with one process per GPU (and check CUDA_VISIBLE_DEVICES)");
   std::string id;
   if (!env.nccl_id_hex.empty()) {
-    cuda::check_nccl_id_hex(env.nccl_id_hex, "FORGE_NCCL_ID");
+    dist::check_nccl_id_hex(env.nccl_id_hex, "FORGE_NCCL_ID");
     id = env.nccl_id_hex;
   } else if (env.world_size == 1) {
-    id = cuda::new_nccl_id_hex();
+    id = dist::new_nccl_id_hex();
   } else if (env.uses_mpi()) {
     // Rank 0 makes the id and broadcasts it over MPI (mpirun, srun).
-    id = env.rank == 0 ? cuda::new_nccl_id_hex() : std::string(256, '0');
+    id = env.rank == 0 ? dist::new_nccl_id_hex() : std::string(256, '0');
     FORGE_CHECK(id.size() == 256, "init_world: unexpected NCCL id length ", id.size());
     mpi::broadcast_bytes(id.data(), static_cast<int>(id.size()), 0);
-    cuda::check_nccl_id_hex(id, "the NCCL id broadcast by rank 0");
+    dist::check_nccl_id_hex(id, "the NCCL id broadcast by rank 0");
   } else if (env.launcher == Launcher::torchrun) {
     // torchrun without MPI: rank 0 serves its id on MASTER_ADDR:MASTER_PORT + 1 (rendezvous.h).
     id = rendezvous_exchange(env.master_addr, env.master_port + 1, env.rank, env.world_size,
-                             env.rank == 0 ? cuda::new_nccl_id_hex() : std::string());
-    cuda::check_nccl_id_hex(id, "the NCCL id from rank 0's rendezvous");
+                             env.rank == 0 ? dist::new_nccl_id_hex() : std::string());
+    dist::check_nccl_id_hex(id, "the NCCL id from rank 0's rendezvous");
   } else {
     FORGE_THROW("init_world: a CUDA world of ", env.world_size, " ranks started by ", launcher_name(env.launcher),
                 " has no NCCL id; start it with forge launch, mpirun, srun or torchrun");
   }
-  return cuda::make_nccl_group(id, env.rank, env.world_size, device.index);
+  return dist::make_nccl_group(id, env.rank, env.world_size, device.index);
 #endif
 }
 

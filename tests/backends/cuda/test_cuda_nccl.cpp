@@ -1,4 +1,4 @@
-// forge::dist on NCCL (backends/cuda/nccl_group.cpp): a world of one process on cuda:0
+// forge::dist on NCCL (dist/nccl_group.cpp): a world of one process on cuda:0
 // (every operation, avg included, through init_world and directly), and, with two or more
 // GPUs, a group of two ranks in one process (one thread per rank and GPU, as two processes
 // would run them), sub-groups included.
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
-#include "forge/backends/cuda/nccl_group.h"
+#include "forge/dist/nccl_group.h"
 #include "forge/backends/cuda/stream.h"
 #include "forge/dist/world.h"
 #include "forge/forge.h"
@@ -239,14 +239,14 @@ TEST(NcclGroup, WorldOfOne) {
 
 TEST(NcclGroup, Ids) {
   FORGE_SKIP_WITHOUT_GPU();
-  const std::string id = cuda::new_nccl_id_hex();
+  const std::string id = dist::new_nccl_id_hex();
   EXPECT_EQ(id.size(), 256u);
-  EXPECT_NO_THROW(cuda::check_nccl_id_hex(id, "test"));
-  EXPECT_NE(cuda::new_nccl_id_hex(), id);
-  EXPECT_THROW(cuda::check_nccl_id_hex("abc", "test"), Error);
-  EXPECT_THROW(cuda::check_nccl_id_hex(std::string(256, 'g'), "test"), Error);
-  EXPECT_FALSE(cuda::nccl_version().empty());
-  auto g = cuda::make_nccl_group(id, 0, 1, 0);
+  EXPECT_NO_THROW(dist::check_nccl_id_hex(id, "test"));
+  EXPECT_NE(dist::new_nccl_id_hex(), id);
+  EXPECT_THROW(dist::check_nccl_id_hex("abc", "test"), Error);
+  EXPECT_THROW(dist::check_nccl_id_hex(std::string(256, 'g'), "test"), Error);
+  EXPECT_FALSE(dist::nccl_version().empty());
+  auto g = dist::make_nccl_group(id, 0, 1, 0);
   check_group(*g, 7);
 }
 
@@ -254,10 +254,10 @@ TEST(NcclGroup, Ids) {
 TEST(NcclGroup, TwoRanksTwoGpus) {
   FORGE_SKIP_WITHOUT_GPU();
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda_device_count() << " visible";
-  const std::string id = cuda::new_nccl_id_hex();
+  const std::string id = dist::new_nccl_id_hex();
   auto rank_main = [&](int r) {
     try {
-      auto g = cuda::make_nccl_group(id, r, 2, r);
+      auto g = dist::make_nccl_group(id, r, 2, r);
       EXPECT_EQ(g->rank(), r);
       EXPECT_EQ(g->size(), 2);
       EXPECT_EQ(g->device(), Device::cuda(r));

@@ -1,7 +1,8 @@
 #pragma once
 // The NCCL engine of forge::dist: ProcessGroups over NCCL communicators for CUDA tensors.
 // Plain C++ (no CUDA or NCCL headers), so dist/world.cpp and forge launch can include it
-// under #ifdef FORGE_WITH_CUDA.
+// under #ifdef FORGE_WITH_CUDA. Its implementation needs the CUDA and NCCL headers, so it is
+// compiled with the CUDA backend's objects (CMakeLists.txt: the dist/nccl_*.cpp sources).
 //
 // Note [NCCL groups]:
 //   - One ncclComm_t per group and one non-blocking communication stream of its own
@@ -25,7 +26,7 @@
 
 #include "forge/dist/process_group.h"
 
-namespace forge::cuda {
+namespace forge::dist {
 
 // A new NCCL unique id (ncclGetUniqueId), hex-encoded (256 characters): forge launch makes
 // one per job and hands it to the ranks as FORGE_NCCL_ID.
@@ -36,9 +37,9 @@ void check_nccl_id_hex(const std::string& hex, const char* where);
 
 // Rank `rank` of a `size`-rank NCCL group on cuda:`device`, from a hex id every rank got
 // from the same new_nccl_id_hex() (ncclCommInitRank: blocks until every rank has joined).
-dist::ProcessGroupPtr make_nccl_group(const std::string& id_hex, int rank, int size, int device);
+ProcessGroupPtr make_nccl_group(const std::string& id_hex, int rank, int size, int device);
 
 // NCCL's version as "2.28.9" (the library loaded at run time).
 std::string nccl_version();
 
-}  // namespace forge::cuda
+}  // namespace forge::dist

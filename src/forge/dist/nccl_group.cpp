@@ -1,5 +1,5 @@
 // forge::dist on NCCL (CUDA tensors): Note [NCCL groups] in nccl_group.h.
-#include "forge/backends/cuda/nccl_group.h"
+#include "forge/dist/nccl_group.h"
 
 #include <nccl.h>
 
@@ -24,7 +24,13 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 
-namespace forge::cuda {
+namespace forge::dist {
+
+using cuda::DeviceGuard;
+using cuda::Event;
+using cuda::Stream;
+using cuda::StreamGuard;
+using cuda::record_stream;
 
 namespace {
 
@@ -512,7 +518,7 @@ void check_nccl_id_hex(const std::string& hex, const char* where) {
     FORGE_CHECK(hex_value(hex[i]) >= 0, where, ": character ", i, " ('", hex[i], "') is not a hex digit");
 }
 
-dist::ProcessGroupPtr make_nccl_group(const std::string& id_hex, int rank, int size, int device) {
+ProcessGroupPtr make_nccl_group(const std::string& id_hex, int rank, int size, int device) {
   const ncclUniqueId id = decode_id(id_hex);
   FORGE_CHECK(size >= 1 && rank >= 0 && rank < size, "NCCL: rank ", rank, " outside a group of ", size);
   DeviceGuard g(device);
@@ -531,4 +537,4 @@ std::string nccl_version() {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-}  // namespace forge::cuda
+}  // namespace forge::dist
