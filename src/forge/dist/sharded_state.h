@@ -11,7 +11,15 @@
 // A single-process checkpoint's optimizer.safetensors ("state.<k>.<name>", slot k = the k-th
 // parameter over the optimizer's groups) is read through add_full_state with the names of the
 // slots. Whatever wrote the state, get(param, state, lo, hi) assembles any range from the
-// pieces that cover it (Note [resharding]).
+// pieces that cover it.
+//
+// Note [resharding]. A checkpoint's optimizer state is keyed by (parameter name, element range),
+// never by rank or by optimizer slot, and the model's weights are always saved whole (ZeRO-3's
+// blocks gathered for the save). So a run resumes under any layout: another world size, another
+// ZeRO stage, DDP, or one process. Each rank asks this RangedState for exactly the ranges its
+// new layout owns (DataParallel's pieces, or whole parameters for one process), which may span
+// several saved pieces or cut one; a range the files cover only in part is an error naming the
+// missing shard file. The update counts must agree across the pieces a range spans.
 #include <filesystem>
 #include <map>
 #include <set>
@@ -19,7 +27,7 @@
 #include <vector>
 
 #include "forge/core/tensor.h"
-#include "forge/dist/data_parallel.h"
+#include "forge/dist/dp_state.h"
 #include "forge/io/safetensors.h"
 
 namespace forge::dist {

@@ -60,9 +60,7 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout
                                         LanguageModel& model, DType dtype, std::ostream& log) {
   FORGE_CHECK(layout.tp == 1 && layout.pp == 1, "make_strategy: tensor and pipeline parallelism are not implemented "
               "(train/layout.h refuses dist.tp / dist.pp > 1)");
-  // Note [data-parallel runs]: a job of several ranks, or ZeRO on one (its sharded code paths on
-  // a world of one), trains through dist::DataParallel; one process without ZeRO trains the model
-  // and its optimizer directly.
+  // Note [data-parallel runs] (strategy.h).
   if (layout.dp > 1 || layout.zero > 0) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
   return make_single_process(cfg, model, dtype);
 }

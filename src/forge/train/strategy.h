@@ -80,9 +80,12 @@ class Strategy {
   virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;
 };
 
-// The strategy of `layout` over `model` (on its device, in its dtype, weights final):
-// SingleProcess for one process without ZeRO, else DataParallelStrategy over mesh's
-// data-parallel group. `log` gets what rank 0 should say.
+// The strategy of `layout` over `model` (on its device, in its dtype, weights final).
+// Note [data-parallel runs]: a job of several ranks, or ZeRO on a world of one (so its sharded
+// code paths run, and can be tested, on one process), trains through DataParallelStrategy on the
+// mesh's data-parallel group; one process without ZeRO trains through SingleProcess, without a
+// process group or MPI. Both write checkpoints in the one format (Note [resharding]), so a run
+// moves between them on --resume. `log` gets what rank 0 should say.
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                         LanguageModel& model, DType dtype, std::ostream& log);
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# forge before and after a change, on the GPU machine, in one run: the same workloads with the
+# binary of a base commit (A) and of the working tree (B), alternating A and B within every
+# round so that clocks and thermals fall on both alike. For changes that must not move speed
+# or results (a refactor): the ratio B / A of each row is the figure to quote.
+#
+#   # here (no GPU): the base tree and the packages the GPU machine lacks
+#   BASE=<commit> benchmarks/ab/run_ab.sh prepare      # .ab/base (git archive), .deps/*.deb
+#   # on the GPU machine (device tool: carry .ab and .deps):
+#   benchmarks/ab/run_ab.sh build                      # both trees' forge (+ B's tests), in parallel
+#   ROUNDS=3 benchmarks/ab/run_ab.sh runs              # the rows below; table at the end
+#
+# Rows (each its own process; figures from metrics.jsonl, the mean of the last two logging
+# intervals of 60 steps, i.e. steps 41-60):
+#   gpt2_1gpu   GPT-2 124M (configs/gpt2-124m.toml), bf16, batch 16 x 1024, one GPU
+#   gpt2_2gpu   the same with DDP on two GPUs (forge launch), batch 32 = 16 per GPU
+#   lenet       LeNet on Fashion-MNIST (configs/fashion-mnist.toml) on one GPU: test accuracy and
+#               images/s (needs the dataset: .deps/dataset-fashion-mnist*.deb)
+# Output: .ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+AB=$ROOT/.ab
+PHASE=${1:-runs}
+JOBS=${JOBS:-$(( $(nproc) / 2 ))}
+export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+
+deps_args() {  # the header-only packages and data the GPU machine lacks (scripts/fetch-gpu-deps.sh)
+  local args=()
+  if compgen -G "$ROOT/.deps/*.deb" >/dev/null; then
+    mkdir -p "$ROOT/.deps/root"
+    for deb in "$ROOT"/.deps/*.deb; do dpkg -x "$deb" "$ROOT/.deps/root"; done
+    [ -f /usr/include/toml++/toml.h ] || args+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
+  fi
+  echo "${args[@]}"
+}
+
+case "$PHASE" in
+prepare)
+  : "${BASE:?set BASE=<commit> (the code before the change)}"
+  rm -rf "$AB/base" && mkdir -p "$AB/base"
+  git archive "$BASE" | tar -x -C "$AB/base"
+  echo "$BASE" > "$AB/base/.commit"
+  git rev-parse HEAD > "$AB/head_commit"
+  bash scripts/fetch-gpu-deps.sh
+  (cd .deps && { ls dataset-fashion-mnist_*.deb >/dev/null 2>&1 || apt-get download dataset-fashion-mnist; })
+  ex="$(git rev-parse --git-dir)/info/exclude"; mkdir -p "$(dirname "$ex")"; grep -qxF /.ab/ "$ex" 2>/dev/null || echo /.ab/ >> "$ex"
+  du -sh "$AB" .deps
+  ;;
+build)
+  args=$(deps_args)
+  for t in base head; do
+    src=$([ $t = base ] && echo "$AB/base" || echo "$ROOT")
+    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_dist_tests"
+    ( cmake -S "$src" -B "$AB/build-$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
+        -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc $args > "$AB/configure-$t.log" 2>&1 &&
+      cmake --build "$AB/build-$t" -j "$JOBS" --target $targets > "$AB/build-$t.log" 2>&1
+      echo "build $t: exit $? ($(grep -ci warning "$AB/build-$t.log") warning lines)" ) &
+  done
+  wait
+  ls -la "$AB"/build-*/forge
+  ;;
+runs)
+  R=${ROUNDS:-3}
+  OUTD=$AB/results
+  rm -rf "$OUTD" && mkdir -p "$OUTD"
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUTD/gpus.txt"
+  G=(configs/gpt2-124m.toml --run.overwrite=true --train.steps=60 --train.log_every=10 --checkpoint.at_end=false)
+  fig() {  # RUN_DIR -> "tokens_per_s ms_per_step" of the last two progress records
+    python3 - "$1/metrics.jsonl" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")][-2:]
+print(f'{sum(r["tokens_per_s"] for r in prog) / len(prog):.1f} {sum(r["ms_per_step"] for r in prog) / len(prog):.3f}')
+PY
+  }
+  one() {  # WHICH ROW ROUND
+    local bin=$AB/build-$1/forge name="$2_$1_r$3" rc
+    case $2 in
+      gpt2_1gpu) "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      gpt2_2gpu) "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
+                   --train.batch_size=32 > "$OUTD/$name.log" 2>&1; rc=$? ;;
+    esac
+    if [ $rc -eq 0 ]; then echo "$2 $1 $3 $(fig "$OUTD/runs/$name")" | tee -a "$OUTD/figures.txt"
+    else echo "$2 $1 $3 FAILED (exit $rc): $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')" | tee -a "$OUTD/figures.txt"; fi
+  }
+  for r in $(seq 1 "$R"); do
+    # A then B in odd rounds, B then A in even ones.
+    order="base head"; [ $((r % 2)) -eq 0 ] && order="head base"
+    for row in gpt2_1gpu gpt2_2gpu; do for w in $order; do one "$w" "$row" "$r"; done; done
+  done
+  if [ -d "$ROOT/.deps/root/usr/share/datasets/fashion-mnist" ] || [ -d /usr/share/datasets/fashion-mnist ]; then
+    D=$([ -d /usr/share/datasets/fashion-mnist ] && echo /usr/share/datasets/fashion-mnist || echo "$ROOT/.deps/root/usr/share/datasets/fashion-mnist")
+    for w in base head; do
+      "$AB/build-$w/forge" train configs/fashion-mnist.toml --run.dir="$OUTD/runs" --run.name="lenet_$w" \
+        --run.overwrite=true --run.device=cuda --data.dir="$D" > "$OUTD/lenet_$w.log" 2>&1
+      echo "lenet $w: exit $? $(grep -E 'test accuracy' "$OUTD/lenet_$w.log" | tail -1)" | tee -a "$OUTD/figures.txt"
+    done
+  fi
+  python3 - "$OUTD/figures.txt" <<'PY' | tee "$OUTD/ab_summary.txt"
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    p = line.split()
+    if len(p) >= 5 and p[0].startswith("gpt2") and p[3] != "FAILED":
+        rows.setdefault(p[0], {}).setdefault(p[1], {})[int(p[2])] = (float(p[3]), float(p[4]))
+print(f"{'row':<11}{'A tokens/s':>12}{'B tokens/s':>12}{'B/A':>8}   per round B/A")
+for row, d in rows.items():
+    if "base" not in d or "head" not in d: continue
+    a = statistics.median(v[0] for v in d["base"].values()); b = statistics.median(v[0] for v in d["head"].values())
+    per = " ".join(f"{d['head'][k][0] / d['base'][k][0]:.4f}" for k in sorted(d["head"]) if k in d["base"])
+    print(f"{row:<11}{a:>12.0f}{b:>12.0f}{b / a:>8.4f}   {per}")
+PY
+  if [ -n "${OUT:-}" ]; then  # at most 8 files come back: the tables, and the logs in one archive
+    cp "$OUTD"/*.txt "$OUT"/ 2>/dev/null
+    tar czf "$OUT/ab_logs.tgz" -C "$OUTD" $(cd "$OUTD" && ls *.log) 2>/dev/null
+  fi
+  ;;
+*) echo "usage: $0 prepare|build|runs" >&2; exit 2 ;;
+esac
