@@ -9,6 +9,7 @@
 #   # on the GPU machine (device tool: carry .ab and .deps):
 #   benchmarks/ab/run_ab.sh build                      # both trees' forge (+ B's tests), in parallel
 #   ROUNDS=3 benchmarks/ab/run_ab.sh runs              # the rows below; table at the end
+# (carry .ab and .deps with the build call only: a carried path replaces what is there.)
 #
 # Rows (each its own process; figures from metrics.jsonl, the mean of the last two logging
 # intervals of 60 steps, i.e. steps 41-60):
@@ -16,11 +17,13 @@
 #   gpt2_2gpu   the same with DDP on two GPUs (forge launch), batch 32 = 16 per GPU
 #   lenet       LeNet on Fashion-MNIST (configs/fashion-mnist.toml) on one GPU: test accuracy and
 #               images/s (needs the dataset: .deps/dataset-fashion-mnist*.deb)
-# Output: .ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
+# Output: build-ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-AB=$ROOT/.ab
+AB=$ROOT/.ab          # the base tree (prepare; carried to the GPU machine)
+OB=$ROOT/build-ab     # builds and results (ignored like every build*/; kept between device calls
+                      # while the machine is warm, as long as the call does not carry it or .ab)
 PHASE=${1:-runs}
 JOBS=${JOBS:-$(( $(nproc) / 2 ))}
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -49,20 +52,21 @@ prepare)
   ;;
 build)
   args=$(deps_args)
+  mkdir -p "$OB"
   for t in base head; do
     src=$([ $t = base ] && echo "$AB/base" || echo "$ROOT")
-    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_dist_tests"
-    ( cmake -S "$src" -B "$AB/build-$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
-        -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc $args > "$AB/configure-$t.log" 2>&1 &&
-      cmake --build "$AB/build-$t" -j "$JOBS" --target $targets > "$AB/build-$t.log" 2>&1
-      echo "build $t: exit $? ($(grep -ci warning "$AB/build-$t.log") warning lines)" ) &
+    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_dist_tests forge_hf_parity"
+    ( cmake -S "$src" -B "$OB/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
+        -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc $args > "$OB/configure-$t.log" 2>&1 &&
+      cmake --build "$OB/$t" -j "$JOBS" --target $targets > "$OB/build-$t.log" 2>&1
+      echo "build $t: exit $? ($(grep -ci warning "$OB/build-$t.log") warning lines)" ) &
   done
   wait
-  ls -la "$AB"/build-*/forge
+  ls -la "$OB"/*/forge
   ;;
 runs)
   R=${ROUNDS:-3}
-  OUTD=$AB/results
+  OUTD=$OB/results
   rm -rf "$OUTD" && mkdir -p "$OUTD"
   nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUTD/gpus.txt"
   G=(configs/gpt2-124m.toml --run.overwrite=true --train.steps=60 --train.log_every=10 --checkpoint.at_end=false)
@@ -75,7 +79,7 @@ print(f'{sum(r["tokens_per_s"] for r in prog) / len(prog):.1f} {sum(r["ms_per_st
 PY
   }
   one() {  # WHICH ROW ROUND
-    local bin=$AB/build-$1/forge name="$2_$1_r$3" rc
+    local bin=$OB/$1/forge name="$2_$1_r$3" rc
     case $2 in
       gpt2_1gpu) "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
       gpt2_2gpu) "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
@@ -92,7 +96,7 @@ PY
   if [ -d "$ROOT/.deps/root/usr/share/datasets/fashion-mnist" ] || [ -d /usr/share/datasets/fashion-mnist ]; then
     D=$([ -d /usr/share/datasets/fashion-mnist ] && echo /usr/share/datasets/fashion-mnist || echo "$ROOT/.deps/root/usr/share/datasets/fashion-mnist")
     for w in base head; do
-      "$AB/build-$w/forge" train configs/fashion-mnist.toml --run.dir="$OUTD/runs" --run.name="lenet_$w" \
+      "$OB/$w/forge" train configs/fashion-mnist.toml --run.dir="$OUTD/runs" --run.name="lenet_$w" \
         --run.overwrite=true --run.device=cuda --data.dir="$D" > "$OUTD/lenet_$w.log" 2>&1
       echo "lenet $w: exit $? $(grep -E 'test accuracy' "$OUTD/lenet_$w.log" | tail -1)" | tee -a "$OUTD/figures.txt"
     done

@@ -191,7 +191,8 @@ class DataParallelStrategy final : public Strategy {
   }
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
-    const json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class_name(cfg_));
+    const std::string name = optimizer_class_name(cfg_);
+    const json& o = checkpoint_optimizer_record(ck, ck_path, name);
     const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
     dp_->load_piece_state(
         [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
