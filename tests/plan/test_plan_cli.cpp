@@ -77,6 +77,19 @@ TEST_F(PlanCli, ReadsAForgeConfigWithOverrides) {
   EXPECT_EQ(j["training"]["precision"], "fp32");
   j = json_of({"plan", "--config", cfg.string(), "--model.n_layer=2", "--gpu", "cpu", "--peak-tflops", "0.1", "--json"});
   EXPECT_EQ(j["model"]["n_layer"], 2);
+  // The config's layout keys are the plan's defaults (one layout type, dist::Layout), and
+  // train.batch_size is the global batch: 2 micro-batches of 4 on one GPU, or of 2 on each of two.
+  j = json_of({"plan", "--config", cfg.string(), "--dist.zero_stage=2", "--dist.offload_optimizer=true",
+               "--train.grad_accum=2", "--gpu", "cpu", "--peak-tflops", "0.1", "--json"});
+  EXPECT_EQ(j["layout"]["zero"], 2);
+  EXPECT_EQ(j["layout"]["offload"], true);
+  EXPECT_EQ(j["layout"]["micro_batch"], 4);
+  EXPECT_EQ(j["layout"]["grad_accum"], 2);
+  EXPECT_DOUBLE_EQ(j["flops"]["tokens"].get<double>(), 10.0 * 8 * 64);
+  j = json_of({"plan", "--config", cfg.string(), "--train.grad_accum=2", "--gpus", "2", "--gpu", "h100", "--json"});
+  EXPECT_EQ(j["layout"]["dp"], 2);
+  EXPECT_EQ(j["layout"]["micro_batch"], 2);
+  EXPECT_EQ(j["layout"]["grad_accum"], 2);
   fs::remove_all(dir);
 }
 
