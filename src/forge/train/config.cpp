@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "forge/core/error.h"
+#include "forge/data/idx.h"
 #include "forge/ops/creation.h"
 
 namespace forge::train {
@@ -722,10 +723,16 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(o.name == "adamw" || o.name == "sgd", "optim.name = '", o.name, "' is unknown; use \"adamw\" or \"sgd\"");
   FORGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "optim.lr must be > 0, got ", o.lr);
   FORGE_CHECK(o.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", o.weight_decay);
-  FORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 must be in [0, 1), got ", o.beta1);
-  FORGE_CHECK(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 must be in [0, 1), got ", o.beta2);
-  FORGE_CHECK(o.eps > 0, "optim.eps must be > 0, got ", o.eps);
-  FORGE_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
+  // Each optimizer's own keys are checked for it only (AdamW ignores momentum, SGD the betas).
+  if (o.name == "adamw") {
+    FORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 must be in [0, 1), got ", o.beta1);
+    FORGE_CHECK(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 must be in [0, 1), got ", o.beta2);
+    FORGE_CHECK(o.eps > 0, "optim.eps must be > 0, got ", o.eps);
+  } else {
+    FORGE_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
+    FORGE_CHECK(!o.nesterov || o.momentum > 0, "optim.nesterov = true needs optim.momentum > 0, got momentum ",
+                o.momentum, "; set optim.momentum (e.g. 0.9) or optim.nesterov = false");
+  }
   FORGE_CHECK(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = no clipping), got ", o.grad_clip);
   const auto& s = c.schedule;
   FORGE_CHECK(s.kind == "cosine" || s.kind == "linear" || s.kind == "constant", "schedule.kind = '", s.kind,
@@ -739,6 +746,7 @@ void validate(const RunConfig& c) {
   const auto& t = c.train;
   FORGE_CHECK(t.batch_size > 0, "train.batch_size must be > 0, got ", t.batch_size);
   FORGE_CHECK(t.log_every > 0, "train.log_every must be > 0, got ", t.log_every);
+  FORGE_CHECK(t.max_bad_steps >= 1, "train.max_bad_steps must be >= 1, got ", t.max_bad_steps);
   if (lm) {
     FORGE_CHECK(t.steps > 0, "train.steps must be > 0, got ", t.steps);
     FORGE_CHECK(t.grad_accum <= 0 || t.batch_size % t.grad_accum == 0, "train.batch_size = ", t.batch_size,
@@ -749,10 +757,13 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(t.seq_len <= m.block_size, "train.seq_len = ", t.seq_len, " exceeds model.block_size = ", m.block_size,
                 "; lower train.seq_len or raise model.block_size");
     FORGE_CHECK(t.grad_accum > 0, "train.grad_accum must be > 0, got ", t.grad_accum);
-    FORGE_CHECK(t.max_bad_steps >= 1, "train.max_bad_steps must be >= 1, got ", t.max_bad_steps);
   } else {
     FORGE_CHECK(t.epochs > 0, "train.epochs must be > 0, got ", t.epochs);
     FORGE_CHECK(t.eval_batch_size > 0, "train.eval_batch_size must be > 0, got ", t.eval_batch_size);
+    FORGE_CHECK(t.grad_accum == 1, "train.grad_accum = ", t.grad_accum, ": model.type = '", m.type,
+                "' trains one batch of train.batch_size images per step; set train.grad_accum = 1");
+    FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32", "run.dtype = '", c.run.dtype, "': model.type = '",
+                m.type, "' trains in f32; set run.dtype = \"auto\" or \"f32\"");
   }
   FORGE_CHECK(c.eval.every >= 0, "eval.every must be >= 0 (0 = only at the end), got ", c.eval.every);
   FORGE_CHECK(c.eval.batches >= 0, "eval.batches must be >= 0 (0 = every validation window), got ", c.eval.batches);
@@ -808,6 +819,12 @@ void validate(const RunConfig& c) {
   } else {
     FORGE_CHECK(d.max_train_samples >= 0, "data.max_train_samples must be >= 0 (0 = all), got ", d.max_train_samples);
     FORGE_CHECK(d.max_test_samples >= 0, "data.max_test_samples must be >= 0 (0 = all), got ", d.max_test_samples);
+    FORGE_CHECK(!d.dir.empty(), "data.dir is empty; set it to the Fashion-MNIST directory (", data::kFashionMnistDir,
+                ", from the Debian package dataset-fashion-mnist)");
+    const std::string missing = data::missing_fashion_mnist_file(d.dir);
+    FORGE_CHECK(missing.empty(), "data.dir: Fashion-MNIST file '", missing, "' (or the same without .gz) not found; "
+                "install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or point "
+                "data.dir at a directory holding {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]");
   }
 }
 
