@@ -4,7 +4,7 @@
 // commands: sampling (sample.h), export (export.h), tokenisation into shards (run_data.h).
 //
 // The files of train/, one concern each:
-//   config        the run config: schema, TOML, overrides, checks
+//   config        the run config: schema, TOML, overrides; config_checks: validate()
 //   layout        the config's [dist] and [train] keys as a dist::Layout, checked against the world
 //   task          Task: what a kind of model changes (language_task: GPT/LLaMA; image_task: LeNet)
 //   run_data      tokenizer, token shards, random tokens, the bigram baseline
