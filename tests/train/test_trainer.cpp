@@ -10,8 +10,10 @@
 #include <sstream>
 
 #include "forge/core/error.h"
+#include "forge/data/idx.h"
 #include "forge/data/shards.h"
 #include "forge/io/checkpoint.h"
+#include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/train/config.h"
 #include "forge/train/trainer.h"
@@ -310,38 +312,61 @@ TEST_F(TrainerTest, SampleIsDeterministicForASeed) {
   EXPECT_NE(error_of([&] { sample(o); }).find("does not exist"), std::string::npos);
 }
 
-TEST_F(TrainerTest, TrainImageOptionsMapTheConfigKeys) {
-  const RunConfig c = parse_config(
-      "[run]\nname = \"fm\"\ndir = \"/tmp/x\"\nseed = 3\n[model]\ntype = \"lenet\"\n"
-      "[data]\ndir = \"/data/fm\"\nmax_train_samples = 100\nmax_test_samples = 50\n"
+// A lenet run goes through the same loop and reads the same keys as a language model's: each key
+// of the config shows in what the run did (steps, lr at every step, optimizer state, metrics).
+TEST_F(TrainerTest, LenetRunReadsItsConfigKeys) {
+  const std::string toml =
+      "[run]\nname = \"fm\"\ndir = \"" + scratch.str("runs") + "\"\nseed = 3\ndevice = \"cpu\"\n"
+      "[model]\ntype = \"lenet\"\n"
+      "[data]\ndir = \"DATA\"\nmax_train_samples = 100\nmax_test_samples = 50\n"
       "[optim]\nname = \"sgd\"\nlr = 0.05\nmomentum = 0.8\nnesterov = true\nweight_decay = 1e-4\ngrad_clip = 2.0\n"
       "[schedule]\nkind = \"linear\"\nwarmup_steps = 7\nmin_lr = 0.001\n"
-      "[train]\nepochs = 2\nbatch_size = 32\neval_batch_size = 500\nlog_every = 9\n",
-      "fm.toml");
-  const ImageTrainOptions o = image_options(c);
-  EXPECT_EQ(o.data_dir, "/data/fm");
-  EXPECT_EQ(o.max_train_samples, 100);
-  EXPECT_EQ(o.max_test_samples, 50);
-  EXPECT_EQ(o.model, "lenet");
-  EXPECT_EQ(o.optimizer, "sgd");
-  EXPECT_DOUBLE_EQ(o.lr, 0.05);
-  EXPECT_DOUBLE_EQ(o.momentum, 0.8);
-  EXPECT_TRUE(o.nesterov);
-  EXPECT_DOUBLE_EQ(o.weight_decay, 1e-4);
-  EXPECT_DOUBLE_EQ(o.grad_clip, 2.0);
-  EXPECT_EQ(o.schedule, "linear");
-  EXPECT_EQ(o.warmup_steps, 7);
-  EXPECT_DOUBLE_EQ(o.min_lr, 0.001);
-  EXPECT_EQ(o.epochs, 2);
-  EXPECT_EQ(o.batch_size, 32);
-  EXPECT_EQ(o.eval_batch_size, 500);
-  EXPECT_EQ(o.log_every, 9);
-  EXPECT_EQ(o.seed, 3u);
-  EXPECT_EQ(o.run_dir, "/tmp/x/fm");
-  // A lenet run has no --resume, and its data directory is checked before any work.
-  EXPECT_NE(error_of([&] { std::ostringstream log; run_training(c, {.resume = true}, log); }).find("--resume is not supported"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { std::ostringstream log; run_training(c, {}, log); }).find("/data/fm"), std::string::npos);
+      "[train]\nepochs = 2\nbatch_size = 32\neval_batch_size = 20\nlog_every = 3\n";
+  auto with_data = [&](const std::string& dir) {
+    std::string t = toml;
+    return t.replace(t.find("DATA"), 4, dir);
+  };
+  // The data directory is checked with the config, before any work.
+  const std::string e = error_of([&] { parse_config(with_data("/data/fm"), "fm.toml"); });
+  EXPECT_NE(e.find("/data/fm/train-images-idx3-ubyte.gz"), std::string::npos) << e;
+  EXPECT_NE(e.find("dataset-fashion-mnist"), std::string::npos) << e;
+  if (!data::missing_fashion_mnist_file(data::kFashionMnistDir).empty())
+    GTEST_SKIP() << "Fashion-MNIST not installed in " << data::kFashionMnistDir;
+
+  const RunConfig c = parse_config(with_data(data::kFashionMnistDir), "fm.toml");
+  const TrainResult r = train(c);
+  EXPECT_EQ(r.run_dir, scratch.str("runs") + "/fm");
+  ASSERT_TRUE(r.image.has_value()) << last_log;
+  EXPECT_EQ(r.image->train_images, 100);  // data.max_train_samples
+  EXPECT_EQ(r.image->test_images, 50);    // data.max_test_samples
+  EXPECT_EQ(r.image->steps_per_epoch, 4);  // ceil(100 / train.batch_size)
+  EXPECT_EQ(r.final_step, 8);              // train.epochs x 4
+  EXPECT_EQ(r.image->epoch_test_accuracy.size(), 2u);
+  EXPECT_NE(last_log.find("sgd, lr 0.05, linear schedule"), std::string::npos) << last_log;
+
+  // train.log_every = 3 (and the first step and each epoch's last); the schedule's lr at each.
+  const optim::LRSchedule schedule{.kind = optim::ScheduleKind::linear, .lr = 0.05, .min_lr = 0.001,
+                                   .warmup_steps = 7, .total_steps = 8};
+  std::vector<int64_t> logged;
+  for (const auto& j : telemetry::read_jsonl(fs::path(r.run_dir) / "metrics.jsonl")) {
+    if (!j.contains("lr")) continue;
+    const int64_t step = j["step"].get<int64_t>();
+    logged.push_back(step);
+    EXPECT_DOUBLE_EQ(j["lr"].get<double>(), schedule.lr_at(step - 1)) << "step " << step;
+  }
+  EXPECT_EQ(logged, (std::vector<int64_t>{1, 3, 4, 6, 8}));
+
+  // The optimizer the [optim] keys make, as its checkpointed state records it.
+  const auto ck = io::load_checkpoint(r.last_checkpoint);
+  const auto& opt = ck.extra.at("optimizer");
+  EXPECT_EQ(opt.at("name"), "SGD");
+  EXPECT_DOUBLE_EQ(opt.at("scalars").at("group.0.momentum").get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(opt.at("scalars").at("group.0.nesterov").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(opt.at("scalars").at("group.0.weight_decay").get<double>(), 1e-4);
+  EXPECT_DOUBLE_EQ(opt.at("scalars").at("group.1.weight_decay").get<double>(), 0.0);  // biases
+  EXPECT_EQ(ck.config.at("run").at("seed"), 3);
+  EXPECT_DOUBLE_EQ(ck.config.at("optim").at("grad_clip").get<double>(), 2.0);
+  EXPECT_EQ(ck.config.at("train").at("eval_batch_size"), 20);
 }
 
 }  // namespace

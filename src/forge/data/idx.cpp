@@ -131,6 +131,17 @@ Tensor read_idx_labels(const std::string& path) {
   return t;
 }
 
+std::string missing_fashion_mnist_file(const std::string& dir) {
+  for (const char* name :
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    const auto base = std::filesystem::path(dir) / name;
+    const std::string gz = base.string() + ".gz";
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(gz, ec) && !std::filesystem::is_regular_file(base, ec)) return gz;
+  }
+  return "";
+}
+
 ImageDataset load_fashion_mnist(const std::string& split, const FashionMnistOptions& opt) {
   FORGE_CHECK(split == "train" || split == "test", "load_fashion_mnist: split \"", split,
               "\" must be \"train\" or \"test\"");

@@ -62,6 +62,11 @@ struct FashionMnistOptions {
   float std = 0.3530f;
 };
 
+// The first of the four Fashion-MNIST files ({train,t10k}-{images-idx3,labels-idx1}-ubyte, each
+// name.gz or name) that `dir` lacks, as the name.gz path; "" when all four are there. Reads
+// nothing but directory entries.
+std::string missing_fashion_mnist_file(const std::string& dir);
+
 // split: "train" (60000) or "test" (10000, the t10k files). Finds name.gz, else name.
 ImageDataset load_fashion_mnist(const std::string& split, const FashionMnistOptions& opt = {});
 

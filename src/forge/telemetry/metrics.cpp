@@ -95,7 +95,8 @@ std::string progress_line(const Progress& p) {
   std::snprintf(head, sizeof(head), "step %*lld/%lld | loss %.4f | lr %.2e", width, static_cast<long long>(p.step),
                 static_cast<long long>(p.total_steps), p.loss, p.lr);
   std::ostringstream os;
-  os << head << " | " << format_count(p.tokens_per_s) << " tok/s";
+  if (p.epochs > 0) os << "epoch " << p.epoch << "/" << p.epochs << " | ";
+  os << head << " | " << format_count(p.rate) << " " << p.unit << "/s";
   if (p.mfu >= 0) {
     char mfu[32];
     std::snprintf(mfu, sizeof(mfu), "MFU %.1f%%", 100.0 * p.mfu);

@@ -9,6 +9,7 @@
 //
 // The progress line (progress_line):
 //   step   120/500 | loss 4.1234 | lr 5.87e-04 | 18.2k tok/s | 1.21 GB | 0:42 elapsed | ETA 2:13
+//   epoch 1/2 | step 1875/3750 | loss 0.3690 | lr 1.25e-02 | 3.83k img/s | 223 MB | 0:18 elapsed | ETA 0:16
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -51,11 +52,13 @@ struct Progress {
   int64_t total_steps = 0;
   double loss = 0.0;
   double lr = 0.0;
-  double tokens_per_s = 0.0;
+  double rate = 0.0;          // units per second
+  std::string unit = "tok";   // "tok", "img"
   double elapsed_s = 0.0;
   double eta_s = 0.0;
   int64_t memory_bytes = -1;  // < 0: not shown
   double mfu = -1.0;          // model FLOPs utilisation in [0, 1] (Note [MFU]); < 0: not shown
+  int64_t epoch = 0, epochs = 0;  // epochs > 0: "epoch E/N | " leads the line
 };
 std::string progress_line(const Progress& p);
 

@@ -29,8 +29,9 @@
 //   - a value of the wrong type is an error naming the key, the expected type and the
 //     value found (an integer is accepted where a float is expected, nothing else converts);
 //   - overrides "--section.key=value" are parsed to the key's declared type;
-//   - validate() then checks values and their relations (heads dividing the width,
-//     sizes > 0, data files present and non-empty, ...), each error naming the key and the fix.
+//   - validate() (config_checks.cpp) then checks values and their relations (heads dividing
+//     the width, sizes > 0, data files present and non-empty, ...), each error naming the key
+//     and the fix.
 // Every error is a forge::Error; nothing is read but the config file and the metadata of
 // the data files.
 #include <cstdint>

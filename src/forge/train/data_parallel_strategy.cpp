@@ -2,8 +2,9 @@
 // the mesh, on dist::DataParallel (dist/data_parallel.h: gradient buckets reduced while backward
 // runs, the optimizer state sharded by parameter ranges, block parameters sharded and gathered
 // around each block). Its step:
-//   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch),
-//     forward, loss / K, begin_backward(sync = last), backward, end_backward
+//   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch of
+//     dp * b rows; Note [uneven rows] for a batch that does not divide), forward, loss / K,
+//     begin_backward(sync = last), backward, end_backward
 //   the loss of the global batch: all-reduce (avg) behind the last gradient bucket
 //   the global gradient norm (f16: unscaled first, the overflow flag agreed by every rank),
 //   clipping, the non-finite skip, the sharded update and the all-gather of the weights.
@@ -33,7 +34,7 @@ namespace {
 
 class DataParallelStrategy final : public Strategy {
  public:
-  DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, LanguageModel& model,
+  DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
     // The data-parallel group: the world when dp spans it (tp = pp = 1), else the mesh's.
@@ -62,7 +63,7 @@ class DataParallelStrategy final : public Strategy {
         << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero))
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
-        << layout.micro_batch * layout.dp << " sequences per micro-batch on each rank\n";
+        << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";
   }
 
   std::string describe() const override { return "layout: " + layout_.describe(); }
@@ -75,10 +76,20 @@ class DataParallelStrategy final : public Strategy {
     for (int64_t k = 0; k < K; ++k) {
       // Every rank draws the same global micro-batch and trains on its own rows of it.
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
-      const int64_t b = global.inputs.size(0) / dp_size;
-      const data::Batch mb = strategy_detail::local_rows(global, dp_rank * b, b, device_);
+      const int64_t rows = global.inputs.size(0);
+      const int64_t lo = dp_rank * rows / dp_size, hi = (dp_rank + 1) * rows / dp_size;
+      FORGE_CHECK(hi > lo, "train: a micro-batch of ", rows, " rows leaves rank ", dp_rank, " of ", dp_size,
+                  " without a row; every micro-batch needs at least one row per data-parallel rank");
+      const data::Batch mb = strategy_detail::local_rows(global, lo, hi - lo, device_);
       if (k == K - 1) phases.mark(0);
-      const Tensor loss = ops::cross_entropy(model_.forward(mb.inputs), mb.targets);
+      Tensor loss = ops::cross_entropy(model_.forward(mb.inputs), mb.targets);
+      // Note [uneven rows]: a global micro-batch of R rows that dp does not divide (the last batch
+      // of an image run's epoch) gives rank r its share [r R / dp, (r + 1) R / dp); its mean loss
+      // weighted by rows_r dp / R makes the average over the ranks (of the losses and of the
+      // gradients) the mean over all R rows, as in one process. Batches that divide skip the
+      // multiplication, so their numbers are unchanged.
+      if ((hi - lo) * dp_size != rows)
+        loss = loss * (static_cast<double>((hi - lo) * dp_size) / static_cast<double>(rows));
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
@@ -117,8 +128,8 @@ class DataParallelStrategy final : public Strategy {
   // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward
   // gathers the blocks: collectives), and rank 0 reports it.
   bool evaluates() const override { return group_->rank() == 0 || layout_.zero == 3; }
-  double evaluate(data::SequentialWindows& windows, int64_t max_batches) override {
-    return strategy_detail::evaluate_model(model_, windows, max_batches);
+  EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
+    return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
   }
 
   // Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
@@ -208,7 +219,7 @@ class DataParallelStrategy final : public Strategy {
  private:
   const RunConfig cfg_;
   const dist::Layout layout_;
-  LanguageModel& model_;
+  Model& model_;
   Device device_;
   dist::ProcessGroupPtr group_;
   std::unique_ptr<dist::DataParallel> dp_;
@@ -218,7 +229,7 @@ class DataParallelStrategy final : public Strategy {
 }  // namespace
 
 std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
-                                             LanguageModel& model, DType dtype, std::ostream& log) {
+                                             Model& model, DType dtype, std::ostream& log) {
   return std::make_unique<DataParallelStrategy>(cfg, layout, mesh, model, dtype, log);
 }
 

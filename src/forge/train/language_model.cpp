@@ -1,3 +1,4 @@
+// GPT and LLaMA behind train::LanguageModel (contracts in language_model.h).
 #include "forge/train/language_model.h"
 
 #include "forge/core/error.h"
@@ -5,11 +6,6 @@
 #include "forge/nn/llama.h"
 
 namespace forge::train {
-
-Device LanguageModel::device() const {
-  const auto ps = module->parameters();
-  return ps.empty() ? Device::cpu() : ps.front().device();
-}
 
 LanguageModel build_language_model(const RunConfig& cfg) {
   const auto& m = cfg.model;

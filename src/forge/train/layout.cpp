@@ -40,7 +40,7 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.zero = static_cast<int>(cfg.dist.zero_stage);
   l.offload = cfg.dist.offload_optimizer;
   l.checkpointing = m.checkpoint_activations ? dist::Checkpointing::full : dist::Checkpointing::none;
-  if (cfg.is_language_model()) {                                     // 3.
+  {                                                                  // 3.
     const int64_t K = cfg.train.grad_accum, B = cfg.train.batch_size;
     FORGE_CHECK(B % (l.dp * K) == 0, "train.batch_size = ", B, " is not divisible by the world size ", world_size,
                 l.dp == world_size ? std::string() : " / (dist.tp x dist.pp) = dp " + std::to_string(l.dp),
@@ -48,8 +48,6 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
                 "; train.batch_size is the global batch (Note [global batch]): make it a multiple of ", l.dp * K);
     l.grad_accum = K;
     l.micro_batch = B / (l.dp * K);
-  } else {
-    l.micro_batch = cfg.train.batch_size;
   }
   FORGE_CHECK(tp == 1, "dist.tp = ", tp, ": tensor parallelism is not implemented yet (the mesh and checks are); "
               "set dist.tp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");  // 4.

@@ -10,7 +10,8 @@
 //   1. the world splits into dist.tp x dist.pp model replicas (dist::Mesh::carve);
 //   2. the model splits over the layout: model.n_head, the kv-heads, the FFN width and the
 //      vocabulary (when known: model.vocab_size > 0) divisible by dist.tp; model.n_layer >= dist.pp;
-//   3. the batch splits: train.batch_size divisible by dp x train.grad_accum (Note [global batch]);
+//   3. the batch splits: train.batch_size divisible by dp x train.grad_accum (Note [global batch];
+//      an image run's last batch of an epoch may not: Note [uneven rows]);
 //   4. what is not built yet: dist.tp > 1 and dist.pp > 1 are refused (tensor and pipeline
 //      parallelism are the next pieces), never ignored.
 #include "forge/dist/layout.h"

@@ -21,7 +21,7 @@ namespace {
 
 class SingleProcess final : public Strategy {
  public:
-  SingleProcess(const RunConfig& cfg, LanguageModel& model, DType dtype)
+  SingleProcess(const RunConfig& cfg, Model& model, DType dtype)
       : cfg_(cfg), model_(model), device_(model.device()), params_(model.module->parameters()),
         optimizer_(make_optimizer_for(cfg, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay))) {
     if (dtype == DType::f16) scaler_.emplace(device_);
@@ -68,8 +68,8 @@ class SingleProcess final : public Strategy {
   }
 
   bool evaluates() const override { return true; }
-  double evaluate(data::SequentialWindows& windows, int64_t max_batches) override {
-    return strategy_detail::evaluate_model(model_, windows, max_batches);
+  EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
+    return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
   }
 
   fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
@@ -102,7 +102,7 @@ class SingleProcess final : public Strategy {
 
  private:
   const RunConfig cfg_;
-  LanguageModel& model_;
+  Model& model_;
   Device device_;
   std::vector<Tensor> params_;
   std::unique_ptr<optim::Optimizer> optimizer_;
@@ -111,7 +111,7 @@ class SingleProcess final : public Strategy {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, LanguageModel& model, DType dtype) {
+std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model, DType dtype) {
   return std::make_unique<SingleProcess>(cfg, model, dtype);
 }
 

@@ -4,7 +4,9 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
 #include "forge/ops/join.h"
+#include "forge/ops/binary.h"
 #include "forge/ops/loss.h"
+#include "forge/ops/reduce.h"
 
 namespace forge::train {
 
@@ -25,23 +27,24 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
   return b;
 }
 
-double evaluate_model(const LanguageModel& model, data::SequentialWindows& windows, int64_t max_batches) {
+EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct) {
   NoGradGuard no_grad;
   const bool was_training = model.module->is_training();
   model.module->eval();
-  double sum = 0.0;
-  int64_t count = 0;
+  const Device device = model.device();
+  EvalSums sums;
   for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
-    auto batch = windows.next();
+    auto batch = batches.next();
     if (!batch) break;
-    const Tensor loss = ops::cross_entropy(model.forward(batch->inputs.to(model.device())),
-                                           batch->targets.to(model.device()), -100, ops::Reduction::sum);
-    sum += loss.item();
-    count += batch->targets.numel();
+    const Tensor targets = batch->targets.to(device);
+    const Tensor logits = model.forward(batch->inputs.to(device));
+    sums.loss_sum += ops::cross_entropy(logits, targets, -100, ops::Reduction::sum).item();
+    if (count_correct) sums.correct += ops::sum(ops::eq(ops::argmax(logits, -1), targets)).item<int64_t>();
+    sums.count += batch->targets.numel();
   }
   model.module->train(was_training);
-  FORGE_CHECK(count > 0, "evaluate: no validation window");
-  return sum / static_cast<double>(count);
+  FORGE_CHECK(sums.count > 0, "evaluate: no evaluation batch");
+  return sums;
 }
 
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale) {
@@ -52,12 +55,12 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
 
 }  // namespace strategy_detail
 
-std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, LanguageModel& model, DType dtype);
+std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model, DType dtype);
 std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
-                                             LanguageModel& model, DType dtype, std::ostream& log);
+                                             Model& model, DType dtype, std::ostream& log);
 
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
-                                        LanguageModel& model, DType dtype, std::ostream& log) {
+                                        Model& model, DType dtype, std::ostream& log) {
   FORGE_CHECK(layout.tp == 1 && layout.pp == 1, "make_strategy: tensor and pipeline parallelism are not implemented "
               "(train/layout.h refuses dist.tp / dist.pp > 1)");
   // Note [data-parallel runs] (strategy.h).

@@ -8,7 +8,7 @@
 //   for each step:
 //     Tensor figures = s->train_step(micro_batches, lr, phases);           // no host sync
 //     ... read figures one step later (Note [deferred step read]) ...
-//     if (s->evaluates()) v = s->evaluate(windows, batches);
+//     if (s->evaluates()) sums = s->evaluate(batches, max_batches, count_correct);
 //     s->save_checkpoint(run_dir, step, state, keep_last);                 // collective
 //
 // A strategy owns:
@@ -40,7 +40,7 @@
 #include "forge/dist/mesh.h"
 #include "forge/io/checkpoint.h"
 #include "forge/train/config.h"
-#include "forge/train/language_model.h"
+#include "forge/train/model.h"
 #include "forge/train/phase_marks.h"
 
 namespace forge::train {
@@ -53,6 +53,16 @@ struct RunState {
   nlohmann::json extra;
 };
 
+// An evaluation pass's sums over its batches: the cross-entropy summed over every target, the
+// targets counted, and (when asked) the targets whose arg-max logit is right.
+struct EvalSums {
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  int64_t count = 0;
+  double mean_loss() const { return loss_sum / static_cast<double>(count); }
+  double accuracy() const { return static_cast<double>(correct) / static_cast<double>(count); }
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -61,15 +71,17 @@ class Strategy {
   virtual std::string describe() const = 0;
 
   // One optimizer step. `micro_batches` are the step's GLOBAL micro-batches (train.grad_accum of
-  // them, batch_size / grad_accum rows each, on the host); the strategy trains this rank's rows.
+  // them, batch_size / grad_accum rows each, on the host; an image run's last batch of an epoch
+  // may have fewer); the strategy trains this rank's rows (Note [uneven rows]).
   // Returns, on the device and without a host synchronisation, a 1-D f32 tensor:
   //   [mean loss of the global batch, global gradient norm, skipped (1) or not (0), (loss scale: f16)]
   virtual Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) = 0;
 
   // Whether this rank evaluates (rank 0 speaks for the job; ZeRO-3: every rank, its forward is
-  // collective), and the mean cross-entropy per target token of the first `max_batches` windows.
+  // collective), and the sums of the first `max_batches` batches of `batches` (0 = all of them),
+  // the model in eval mode under NoGradGuard; `count_correct`: also the arg-max hits.
   virtual bool evaluates() const = 0;
-  virtual double evaluate(data::SequentialWindows& windows, int64_t max_batches) = 0;
+  virtual EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) = 0;
 
   // Writes the checkpoint of `step` under run_dir (collective where the layout needs it: every
   // rank calls it) atomically, keeping the last `keep_last`; returns its directory.
@@ -87,16 +99,15 @@ class Strategy {
 // process group or MPI. Both write checkpoints in the one format (Note [resharding]), so a run
 // moves between them on --resume. `log` gets what rank 0 should say.
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
-                                        LanguageModel& model, DType dtype, std::ostream& log);
+                                        Model& model, DType dtype, std::ostream& log);
 
 // Shared pieces of the implementations.
 namespace strategy_detail {
 // One micro-batch's rows [row0, row0 + rows) of a global micro-batch, moved to `device` (through
 // pinned memory on a GPU: a queued copy, no host wait).
 data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device);
-// Mean cross-entropy per target token over the first `max_batches` windows (0 = all), in eval
-// mode under NoGradGuard.
-double evaluate_model(const LanguageModel& model, data::SequentialWindows& windows, int64_t max_batches);
+// Strategy::evaluate on one model replica.
+EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct);
 // The step's figures as one 1-D f32 tensor (train_step's return value).
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
 }  // namespace strategy_detail

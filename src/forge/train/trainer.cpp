@@ -1,6 +1,7 @@
-// The training loop of language models, whatever the layout (contracts in trainer.h): the run
-// directory, data, model and strategy are prepared in order, then each step draws its
-// micro-batches, lets the strategy train on them, and reads the step's figures one step later.
+// The training loop, whatever the model and the layout (contracts in trainer.h): the run
+// directory, the task's data and model (train/task.h) and the strategy (train/strategy.h) are
+// prepared in order, then each step draws its micro-batches, lets the strategy train on them,
+// and reads the step's figures one step later.
 #include "forge/train/trainer.h"
 
 #include <algorithm>
@@ -17,13 +18,13 @@
 #include "forge/core/allocator.h"
 #include "forge/core/env.h"
 #include "forge/core/error.h"
-#include "forge/data/shards.h"
 #include "forge/dist/env.h"
 #include "forge/dist/mesh.h"
 #include "forge/dist/numa.h"
 #include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
+#include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
@@ -32,6 +33,7 @@
 #include "forge/train/phase_marks.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
+#include "forge/train/task.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/memory.h"
 #include "forge/backends/cuda/stream.h"
@@ -85,7 +87,9 @@ void reset_peak_memory(Device d) {
 // non-finite guard's count, train.max_bad_steps) happens in step order, one step later; the
 // update itself never waited for the host (the skip is decided on the device). Before an
 // evaluation, a checkpoint or the end, the pending step is read first, so those see a
-// state whose every step has been accounted for. On a CPU the read is immediate.
+// state whose every step has been accounted for. On a CPU, where train_step has done all its
+// work when it returns, each step is read at once: deferring it would save nothing and would
+// count a step's time in the next one's.
 class StepReadback {
  public:
   explicit StepReadback(const Tensor& values) {
@@ -113,7 +117,7 @@ class StepReadback {
 #endif
 };
 
-TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
+TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
   const auto t_start = Clock::now();
   RunConfig cfg = cfg_in;
   const fs::path run_dir = cfg.run_dir();
@@ -126,7 +130,12 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   const bool distributed = layout.gpus() > 1 || layout.zero > 0;
   std::ostream null_log(nullptr);
   std::ostream& log = rank0 ? rank_log : null_log;  // rank 0 speaks for the job
+  // What differs between language models and image classifiers (train/task.h).
+  const std::unique_ptr<Task> task = make_task(cfg, layout, rank0);
+  const Units units = task->units();
   std::error_code ec;
+  FORGE_CHECK(!fs::exists(run_dir, ec) || fs::is_directory(run_dir, ec), "run.dir: the run directory '",
+              run_dir.string(), "' exists and is not a directory; choose another run.name or run.dir");
   fs::create_directories(run_dir, ec);
   FORGE_CHECK(!ec, "run.dir: cannot create the run directory '", run_dir.string(), "': ", ec.message());
   const fs::path metrics_path = run_dir / "metrics.jsonl";
@@ -144,9 +153,6 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
       ck_path = resolve_checkpoint(opt.resume_from, "--resume");
     }
     ck = io::load_checkpoint(ck_path);
-    FORGE_CHECK(ck->step < cfg.train.steps, "--resume: checkpoint '", ck_path.string(), "' is at step ", ck->step,
-                ", and train.steps = ", cfg.train.steps, "; raise train.steps (e.g. --train.steps=", 2 * ck->step,
-                ") to train further");
   } else if (rank0) {
     const auto existing = io::list_checkpoints(run_dir);
     if (!existing.empty() || fs::exists(metrics_path, ec)) {
@@ -159,10 +165,11 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
   }
 
-  // 2. Device, tokenizer, model (checked against the checkpoint before any data work), shards.
+  // 2. Device, the task's data, the model (checked against the checkpoint before the batches'
+  // data work: shards), the batches.
   Device device = resolve_run_device(cfg.run.device);
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
-  const DType dtype = resolve_run_dtype(cfg.run.dtype, device);
+  const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
   dist::ProcessGroupPtr pg;
   dist::Mesh mesh = dist::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
@@ -176,80 +183,56 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     pg = dist::world() ? dist::world() : dist::init_world(denv, device);
     mesh.attach(pg);
   }
-  // Rank 0 prepares the run directory, tokenizer and shards; the other ranks then reuse them.
-  auto barrier = [&] {
-    if (pg) pg->barrier()->synchronize();
+  // Rank 0 prepares the task's shared files (tokenizer, shards) first; the other ranks wait for it,
+  // then reuse them. Rank 0 tells them whether it succeeded (one all-reduce of a flag), so that an
+  // error there (bad data, a checkpoint that does not fit) stops every rank at once instead of
+  // leaving the others waiting for it until FORGE_DIST_TIMEOUT.
+  auto rank0_failed = [&](bool failed) {
+    if (!pg) return failed;
+    Tensor flag = full({1}, failed ? 1.0 : 0.0, {.dtype = DType::f32, .device = device});
+    pg->all_reduce(flag, dist::ReduceOp::max)->wait();
+    return flag.item() != 0.0;
   };
-  if (!rank0) barrier();
-  const bool random_data = cfg.data.source == "random";
-  std::optional<data::BpeTokenizer> tok;
-  std::optional<fs::path> resume_tok;
-  std::vector<std::string> shard_paths;
-  if (!random_data) {
-    const auto files = resolve_data_files(cfg.data);
-    if (ck) resume_tok = ck_path.parent_path().parent_path() / kTokenizerFile;
-    tok = load_or_train_tokenizer(cfg, files, resume_tok, log);
-    if (cfg.model.vocab_size == 0) cfg.model.vocab_size = tok->vocab_size();
-    FORGE_CHECK(cfg.model.vocab_size >= tok->vocab_size(), "model.vocab_size = ", cfg.model.vocab_size,
-                " is smaller than the tokenizer's vocabulary (", tok->vocab_size(),
-                " tokens); set model.vocab_size = 0 or >= ", tok->vocab_size());
-    check_vocab_splits(cfg, cfg.model.vocab_size);
-  }
-  manual_seed(static_cast<uint64_t>(cfg.run.seed));
-  LanguageModel model = build_language_model(cfg);
-  // Initialised on the CPU (the same weights whatever the device), then moved and cast once.
-  model.module->to(device, dtype);
-  if (ck) {
-    try {
-      io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck->model,
-                           "checkpoint '" + ck_path.string() + "'");
-    } catch (const Error& e) {
-      FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
-                  (ck_path / "state.json").string(), ")");
+  if (!rank0)
+    FORGE_CHECK(!rank0_failed(false), "train: rank 0 failed to prepare the run (its error says why); rank ",
+                denv.rank, " stops too");
+  std::unique_ptr<data::BatchSource> source;
+  try {
+    task->prepare_data(ck, ck_path, log);
+    manual_seed(static_cast<uint64_t>(cfg.run.seed));
+    Model& m = task->model();
+    // Initialised on the CPU (the same weights whatever the device), then moved and cast once.
+    m.module->to(device, dtype);
+    if (ck) {
+      try {
+        io::check_compatible(io::named_shapes(io::NamedTensors(m.module->state_dict())), ck->model,
+                             "checkpoint '" + ck_path.string() + "'");
+      } catch (const Error& e) {
+        FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
+                    (ck_path / "state.json").string(), ")");
+      }
+      task->check_resume(*ck, ck_path);
     }
-    if (tok) {
-      const std::string tok_hash = fnv1a_hex(tok->to_json());
-      FORGE_CHECK(!ck->extra.is_object() || ck->extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
-                  ck_path.string(), "' was trained with another tokenizer than '", resume_tok->string(), "'");
-    }
+    source = task->train_batches(log);
+  } catch (...) {
+    if (rank0) rank0_failed(true);
+    throw;
   }
-  if (random_data) {
-    shard_paths = {write_random_shard(cfg, log, rank0)};
-    cfg.data.val_fraction = 0.0;  // random tokens have nothing to validate
-  } else {
-    shard_paths = prepare_shards(cfg, *tok, resolve_data_files(cfg.data), log);
-  }
-  if (rank0) barrier();
-
-  // 3. Train/val split and batches.
-  const auto shards = data::open_shards(shard_paths);
-  const auto split = data::split_train_val(shards, cfg.data.val_fraction);
-  // Note [global batch]: B sequences per optimizer step over every rank, drawn as K global
-  // micro-batches of B / K; each data-parallel rank trains on its B / (K * dp) rows of each.
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, K = cfg.train.grad_accum, micro = B / K;
+  if (rank0) rank0_failed(false);
+  Model& model = task->model();
   TrainResult result;
   result.run_dir = run_dir.string();
-  int64_t train_starts = 0;
-  for (const auto& r : split.train) result.train_tokens += r.size(), train_starts += std::max<int64_t>(0, r.size() - T);
-  for (const auto& r : split.val) result.val_tokens += r.size();
-  FORGE_CHECK(train_starts > 0, "data: no training file holds a window of train.seq_len + 1 = ", T + 1, " tokens (",
-              result.train_tokens, " training tokens in ", shards.size(),
-              " file(s)); lower train.seq_len or add text to data.files");
-  const bool has_val = cfg.data.val_fraction > 0;
-  data::SequentialWindows val_windows(split.val, micro, T);
-  FORGE_CHECK(!has_val || val_windows.num_windows() > 0, "data.val_fraction = ", cfg.data.val_fraction,
-              " leaves no validation window of train.seq_len + 1 = ", T + 1, " tokens (", result.val_tokens,
-              " validation tokens); raise data.val_fraction or lower train.seq_len");
-  auto sampler = std::make_unique<data::RandomWindowSampler>(split.train, micro, T,
-                                                              static_cast<uint64_t>(cfg.run.seed) ^ kDataSeedSalt);
+  const int64_t total_steps = task->total_steps(), K = task->micro_batches_per_step();
 
-  // 4. Restore the model, RNG and data position; then the layout's strategy wraps the model (its
-  // shards, ZeRO-3's included, are views of the final weights) and restores the optimizer.
+  // 3. Restore the model, RNG, data position and the task's state; then the layout's strategy
+  // wraps the model (its shards, ZeRO-3's included, are views of the final weights) and restores
+  // the optimizer.
   int64_t step = 0;
   if (ck) {
     model.module->load_state_dict(ck->model.items());
     io::restore_rng(*ck);
-    sampler->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
+    source->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
+    task->restore(*ck);
     step = ck->step;
     if (rank0) telemetry::truncate_jsonl_after_step(metrics_path, step);
   }
@@ -262,7 +245,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
 
   optim::LRSchedule schedule{.kind = schedule_kind(cfg.schedule.kind), .lr = cfg.optim.lr, .min_lr = cfg.schedule.min_lr,
                              .warmup_steps = cfg.schedule.warmup_steps,
-                             .total_steps = cfg.schedule.decay_steps == 0 ? cfg.train.steps : cfg.schedule.decay_steps};
+                             .total_steps = cfg.schedule.decay_steps == 0 ? total_steps : cfg.schedule.decay_steps};
   // A run shorter than its warmup never leaves it (the decay cannot end before warmup does).
   schedule.total_steps = std::max(schedule.total_steps, schedule.warmup_steps);
   schedule.validate();
@@ -270,47 +253,31 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   const json config_json = config_to_json(cfg);
   if (rank0)
     io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
-  const json extra_base = tok ? json{{"tokenizer", fnv1a_hex(tok->to_json())}} : json{{"data", "random"}};
   // Rank 0 writes the metrics; the other ranks' writer goes to /dev/null.
   telemetry::JsonlWriter metrics(rank0 ? metrics_path : fs::path("/dev/null"));
 
-  log << "model: " << cfg.model.type << ", " << telemetry::format_count(static_cast<double>(result.num_parameters))
-      << " parameters (" << cfg.model.n_layer << " layers, " << cfg.model.n_head << " heads, width "
-      << (cfg.model.type == "gpt" ? cfg.model.n_embd : cfg.model.dim) << ", vocabulary " << cfg.model.vocab_size
-      << ", context " << cfg.model.block_size << ")\n"
-      << "data: " << telemetry::format_count(static_cast<double>(result.train_tokens)) << " training tokens, "
-      << telemetry::format_count(static_cast<double>(result.val_tokens)) << " validation tokens; batch " << B << " x "
-      << T << (K > 1 ? " (" + std::to_string(K) + " micro-batches of " + std::to_string(micro) + ")" : std::string())
-      << " = " << B * T
-      << " tokens per step\n";
+  log << task->describe();
   if (ck) log << "resume: from " << ck_path.string() << " at step " << step << "\n";
-  log << "train: " << cfg.train.steps - step << " steps (" << cfg.optim.name << ", lr " << cfg.optim.lr << ", "
+  log << "train: " << total_steps - step << " steps (" << cfg.optim.name << ", lr " << cfg.optim.lr << ", "
       << cfg.schedule.kind << " schedule) -> " << run_dir.string() << "\n";
 
-  auto eval_windows = [&]() -> data::SequentialWindows& {
-    val_windows.reset();
-    return val_windows;
-  };
-
-  // 5. Steps.
-  data::DataLoader loader(std::move(sampler), 4);
+  // 4. Steps.
+  data::DataLoader loader(std::move(source), 4);
   double train_seconds = 0.0, interval_seconds = 0.0;
-  const int64_t tokens_per_step = B * T;
-  int64_t interval_steps = 0, steps_this_call = 0;
-  // Training tokens seen by the run, across resumes.
-  int64_t tokens_done = ck && ck->extra.is_object() ? ck->extra.value("tokens", int64_t{0}) : 0;
+  int64_t interval_steps = 0, interval_units = 0, units_this_call = 0;
+  // Training units (tokens, images) seen by the run, across resumes.
+  int64_t units_done = ck && ck->extra.is_object() ? ck->extra.value(units.name, int64_t{0}) : 0;
   auto checkpoint_now = [&](int64_t at) {
-    json extra = extra_base;
-    extra["tokens"] = tokens_done;
+    json extra = task->checkpoint_extra();
+    extra[units.name] = units_done;
     const fs::path dir = strategy->save_checkpoint(run_dir, at, {loader.state(), config_json, extra}, cfg.checkpoint.keep_last);
     result.last_checkpoint = dir.string();
     return dir;
   };
-  // Throughput figures: model FLOPs per token (telemetry/mfu.h) over the device's dense peak
-  // for the compute dtype (unknown for CPUs and unlisted GPUs: no MFU then).
-  const double flops_per_token = telemetry::transformer_flops_per_token(
-      static_cast<double>(matmul_parameters(*model.module)), cfg.model.n_layer, T,
-      cfg.model.type == "gpt" ? cfg.model.n_embd : cfg.model.dim);
+  // Throughput figures: model FLOPs per unit (telemetry/mfu.h) over the device's dense peak for
+  // the compute dtype (unknown for CPUs and unlisted GPUs, and for tasks without a FLOP count:
+  // no MFU then).
+  const std::optional<double> flops_per_unit = task->flops_per_unit();
   const std::optional<double> peak_flops = telemetry::device_peak_flops(device, dtype);
   if (device.is_cuda())
     log << "device: " << device.str() << " (" << telemetry::device_name(device) << "), " << dtype_name(dtype)
@@ -330,13 +297,15 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   struct QueuedStep {
     int64_t step;
     double lr;
+    int64_t units;        // targets of its micro-batches: tokens, or images
     StepReadback values;  // loss, gradient norm, skip flag (and the loss scale under f16)
   };
   std::optional<QueuedStep> pending;
   auto t_mark = Clock::now();  // when the previous step's figures were read (or the loop began)
   // FORGE_TRAIN_SYNC_EACH_STEP=1 (a diagnostic, docs/train.md): read every step's figures as
-  // soon as it is queued, so the device drains at every step (what the deferred read saves).
-  const bool sync_each_step = env::flag("FORGE_TRAIN_SYNC_EACH_STEP");
+  // soon as it is queued, so the device drains at every step (what the deferred read saves). CPU
+  // steps are always read at once (Note [deferred step read]).
+  const bool read_at_once = env::flag("FORGE_TRAIN_SYNC_EACH_STEP") || !device.is_cuda();
   const bool loss_scaled = dtype == DType::f16;
   // Reads a queued step's figures and does the host's share of it: the non-finite guard's
   // count, the losses, the progress line and metrics. Returns false for a skipped step.
@@ -347,7 +316,7 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     const double loss_value = host[0], gnorm = host[1];
     const double dt = seconds_since(t_mark);
     t_mark = Clock::now();
-    tokens_done += tokens_per_step;
+    units_done += q.units;
     // Note [non-finite guard]: a step whose loss or gradient norm is inf/NaN is skipped (the
     // update did nothing), logged and counted; max_bad_steps of them in a row stop the run
     // without writing a checkpoint, so the last good one stays the latest. With f16 the loss
@@ -369,34 +338,40 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     bad_in_a_row = 0;
     result.losses.push_back(loss_value);
+    task->on_step(q.step, loss_value, q.units);
     train_seconds += dt;
     interval_seconds += dt;
     ++interval_steps;
-    ++steps_this_call;
-    if (q.step % cfg.train.log_every == 0 || q.step == cfg.train.steps || q.step == result.start_step + 1) {
-      const double tps = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
+    interval_units += q.units;
+    units_this_call += q.units;
+    const std::optional<EpochPlace> place = task->epoch_of(q.step);
+    if (q.step % cfg.train.log_every == 0 || q.step == total_steps || q.step == result.start_step + 1 ||
+        (place && place->ends_epoch)) {
+      const double rate = static_cast<double>(interval_units) / std::max(interval_seconds, 1e-9);
       const double elapsed = seconds_since(t_start);
-      const double eta =
-          static_cast<double>(cfg.train.steps - q.step) * interval_seconds / static_cast<double>(interval_steps);
+      const double eta = static_cast<double>(total_steps - q.step) * interval_seconds / static_cast<double>(interval_steps);
       const int64_t mem = peak_memory(device);
-      // tps counts the whole job's tokens: MFU is over the peak of all its GPUs (Note [MFU]).
-      const double mfu = peak_flops ? tps * flops_per_token / (*peak_flops * world_size) : -1.0;
-      log << telemetry::progress_line({.step = q.step, .total_steps = cfg.train.steps, .loss = loss_value,
-                                       .lr = q.lr, .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
-                                       .memory_bytes = mem, .mfu = mfu})
+      // rate counts the whole job's units: MFU is over the peak of all its GPUs (Note [MFU]).
+      const double mfu = peak_flops && flops_per_unit ? rate * *flops_per_unit / (*peak_flops * world_size) : -1.0;
+      log << telemetry::progress_line({.step = q.step, .total_steps = total_steps, .loss = loss_value, .lr = q.lr,
+                                       .rate = rate, .unit = units.abbrev, .elapsed_s = elapsed, .eta_s = eta,
+                                       .memory_bytes = mem, .mfu = mfu, .epoch = place ? place->epoch : 0,
+                                       .epochs = place ? place->epochs : 0})
           << std::endl;
-      json rec = {{"step", q.step}, {"loss", loss_value}, {"lr", q.lr}, {"grad_norm", gnorm}, {"tokens_per_s", tps},
+      json rec = {{"step", q.step}, {"loss", loss_value}, {"lr", q.lr}, {"grad_norm", gnorm}, {units.name + "_per_s", rate},
                   {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
-                  {"tokens", tokens_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
+                  {units.name, units_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
+      if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
       if (host.size() > 3) rec["loss_scale"] = host[3];
       metrics.write(rec);
       interval_seconds = 0.0;
       interval_steps = 0;
+      interval_units = 0;
     }
     return true;
   };
-  while (step < cfg.train.steps) {
+  while (step < total_steps) {
     if (abort_at && abort_at->rank == denv.rank && abort_at->step == step + 1) {
       std::fprintf(stderr, "forge train: debug.abort_at: rank %d aborts at step %lld\n", denv.rank,
                    static_cast<long long>(step + 1));
@@ -409,29 +384,33 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
     }
     const double lr = schedule.lr_at(step);
     std::vector<data::Batch> micro_batches;
+    int64_t step_units = 0;
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
-      FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly");
+      FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly at step ", step + 1);
+      step_units += batch->targets.numel();
       micro_batches.push_back(std::move(*batch));
     }
-    QueuedStep queued{step + 1, lr, StepReadback(strategy->train_step(micro_batches, lr, phases))};
+    QueuedStep queued{step + 1, lr, step_units, StepReadback(strategy->train_step(micro_batches, lr, phases))};
     ++step;
     if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
     pending.emplace(std::move(queued));
 
-    const bool last = step == cfg.train.steps;
-    const bool eval_now = has_val && evaluates && cfg.eval.every > 0 && step % cfg.eval.every == 0 && !last;
+    const bool last = step == total_steps;
+    const bool eval_now = evaluates && task->eval_due(step);
     const bool checkpoint_due = cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0 && !last;
-    if (!(eval_now || checkpoint_due || last || sync_each_step)) continue;
+    if (!(eval_now || checkpoint_due || last || read_at_once)) continue;
     // Evaluations and checkpoints see a state whose every step has been read.
     const bool ok = finish(*pending);
     pending.reset();
-    if (!ok) continue;  // a skipped step neither evaluates nor checkpoints
+    if (!ok && !last) continue;  // a skipped step neither evaluates nor checkpoints (the end still evaluates)
     if (eval_now) {
-      const double v = strategy->evaluate(eval_windows(), cfg.eval.batches);
-      result.evals.push_back({step, v});
-      log << "eval step " << step << ": val loss " << fixed(v) << std::endl;
-      metrics.write({{"step", step}, {"val_loss", v}, {"elapsed_s", seconds_since(t_start)}});
+      Evaluation e = task->evaluate(*strategy, step);
+      result.evals.push_back({step, e.loss});
+      log << e.line << std::endl;
+      e.record["step"] = step;
+      e.record["elapsed_s"] = seconds_since(t_start);
+      metrics.write(e.record);
     }
     if (checkpoint_due) {
       const fs::path dir = checkpoint_now(step);
@@ -441,31 +420,20 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
   }
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
   result.final_step = step;
-  result.tokens_per_s = static_cast<double>(steps_this_call * tokens_per_step) / std::max(train_seconds, 1e-9);
+  const double units_per_s = static_cast<double>(units_this_call) / std::max(train_seconds, 1e-9);
 
-  // 6. The end: validation, the bigram baseline, the final checkpoint.
+  // 5. The end: the task's (validation and the bigram baseline; the test accuracy), the final
+  // checkpoint.
   json final_record = {{"step", step}, {"final", true}};
   if (!result.losses.empty()) final_record["train_loss"] = result.losses.back();
-  if (has_val && evaluates) {
-    result.final_val_loss = strategy->evaluate(eval_windows(), cfg.eval.batches);
-    result.evals.push_back({step, result.final_val_loss});
-    final_record["val_loss"] = result.final_val_loss;
-    if (cfg.eval.bigram_baseline && rank0) {
-      result.bigram_val_loss = bigram_baseline(split.train, eval_windows(), cfg.eval.batches, tok->vocab_size());
-      final_record["bigram_val_loss"] = result.bigram_val_loss;
-      log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
-          << " (step " << step << ")" << std::endl;
-    } else {
-      log << "val loss " << fixed(result.final_val_loss, 2) << " (step " << step << ")" << std::endl;
-    }
-  }
+  task->finish(*strategy, evaluates, step, units_per_s, result, final_record, log);
   const fs::path final_dir = cfg.checkpoint.at_end ? checkpoint_now(step) : fs::path();
   result.seconds = seconds_since(t_start);
   final_record["elapsed_s"] = result.seconds;
-  final_record["tokens_per_s"] = result.tokens_per_s;
+  final_record[units.name + "_per_s"] = units_per_s;
   metrics.write(final_record);
   log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
-      << telemetry::format_count(result.tokens_per_s) << " tok/s); "
+      << telemetry::format_count(units_per_s) << " " << units.abbrev << "/s); "
       << (cfg.checkpoint.at_end ? "checkpoint " + final_dir.string() : std::string("no final checkpoint (checkpoint.at_end = false)"))
       << std::endl;
   return result;
@@ -473,49 +441,14 @@ TrainResult train_language_model(const RunConfig& cfg_in, const TrainOptions& op
 
 }  // namespace
 
-ImageTrainOptions image_options(const RunConfig& cfg) {
-  ImageTrainOptions o;
-  o.data_dir = cfg.data.dir;
-  o.max_train_samples = cfg.data.max_train_samples;
-  o.max_test_samples = cfg.data.max_test_samples;
-  o.model = cfg.model.type;
-  o.optimizer = cfg.optim.name;
-  o.lr = cfg.optim.lr;
-  o.momentum = cfg.optim.momentum;
-  o.nesterov = cfg.optim.nesterov;
-  o.beta1 = cfg.optim.beta1;
-  o.beta2 = cfg.optim.beta2;
-  o.eps = cfg.optim.eps;
-  o.weight_decay = cfg.optim.weight_decay;
-  o.grad_clip = cfg.optim.grad_clip;
-  o.schedule = cfg.schedule.kind;
-  o.warmup_steps = cfg.schedule.warmup_steps;
-  o.min_lr = cfg.schedule.min_lr;
-  o.epochs = cfg.train.epochs;
-  o.batch_size = cfg.train.batch_size;
-  o.eval_batch_size = cfg.train.eval_batch_size;
-  o.log_every = cfg.train.log_every;
-  o.seed = static_cast<uint64_t>(cfg.run.seed);
-  o.run_dir = cfg.run_dir();
-  o.device = resolve_run_device(cfg.run.device);
-  return o;
+std::unique_ptr<Task> make_task(RunConfig& cfg, const dist::Layout& layout, bool rank0) {
+  if (cfg.is_language_model()) return make_language_task(cfg, layout, rank0);
+  return make_image_task(cfg, layout, rank0);
 }
 
 TrainResult run_training(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log) {
   validate(cfg);
-  if (cfg.is_language_model()) return train_language_model(cfg, opt, log);
-  FORGE_CHECK(!opt.resume, "--resume is not supported for model.type = \"", cfg.model.type,
-              "\" (its runs are short and write one final checkpoint); start the run again without --resume");
-  const ImageTrainOptions o = image_options(cfg);
-  validate_image_train_options(o);
-  TrainResult r;
-  r.run_dir = o.run_dir;
-  r.image = train_image_classifier(o, log);
-  r.final_step = r.image->steps;
-  r.losses = r.image->losses;
-  r.seconds = r.image->seconds;
-  r.last_checkpoint = r.image->checkpoint;
-  return r;
+  return train(cfg, opt, log);
 }
 
 }  // namespace forge::train

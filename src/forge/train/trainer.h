@@ -4,49 +4,66 @@
 // commands: sampling (sample.h), export (export.h), tokenisation into shards (run_data.h).
 //
 // The files of train/, one concern each:
-//   config        the run config: schema, TOML, overrides, checks
+//   config        the run config: schema, TOML, overrides; config_checks: validate()
 //   layout        the config's [dist] and [train] keys as a dist::Layout, checked against the world
+//   task          Task: what a kind of model changes (language_task: GPT/LLaMA; image_task: LeNet)
 //   run_data      tokenizer, token shards, random tokens, the bigram baseline
-//   language_model  GPT / LLaMA behind one interface
+//   model, language_model  what the loop and strategies need of a model; GPT / LLaMA behind it
 //   strategy      Strategy: what a parallel layout changes (single_process, data_parallel_strategy)
 //   run_checkpoint  checkpoint plumbing every layout shares (optimizer slots, ranged state)
 //   phase_marks   FORGE_TRAIN_PHASES
+//   train_result  TrainResult
 //   trainer       the loop (this header's run_training)
-//   sample, export, image_trainer
+//   sample, export
 //
-// Language models (model.type = "gpt" | "llama"), in order:
+// One loop for every model: the run's Task (task.h, from model.type) supplies the data, the model,
+// the number of steps, the evaluation and the end-of-run extras; the layout's Strategy
+// (strategy.h) wraps the model and optimizer and trains each step. In order:
 //   1. the run directory <run.dir>/<run.name>; a fresh run refuses to overwrite an earlier
 //      run's checkpoints unless run.overwrite (or --resume continues it);
-//   2. the tokenizer: data.tokenizer, or one trained on data.files (data.vocab_size),
-//      saved as <run dir>/tokenizer.json and reused while the files and vocab_size are the
-//      same (a resumed run uses the tokenizer.json of its checkpoint's run);
-//   3. token shards, one per data file (data/shards.h), in data.shards_dir (default
-//      <run dir>/data) with a manifest; reused while the tokenizer and files are the same;
-//   4. train/val split: the last data.val_fraction of each shard is validation;
-//   5. the model (seeded by run.seed) and the LR schedule; with --resume the model, RNG,
-//      data-sampler position and step are restored from the checkpoint (after
-//      io::check_compatible on the shapes); then the layout's Strategy (strategy.h) wraps the
-//      model and its optimizer (AdamW or SGD over optim::decay_groups) and restores the
+//   2. the task's data: language models: the tokenizer (data.tokenizer, or one trained on
+//      data.files, saved as <run dir>/tokenizer.json and reused while the files and
+//      data.vocab_size are the same; a resumed run uses its checkpoint run's); images: the
+//      Fashion-MNIST IDX files of data.dir, their first data.max_train_samples /
+//      data.max_test_samples images, normalised with the training images' mean and std;
+//   3. the model (seeded by run.seed: GPT / LLaMA, or LeNet), checked against the checkpoint
+//      on resume; then the training batches: token shards, one per data file (data/shards.h),
+//      in data.shards_dir (default <run dir>/data) with a manifest, reused while the tokenizer
+//      and files are the same, the last data.val_fraction of each shard held out for
+//      validation; or the training images, reshuffled every epoch;
+//   4. with --resume the model, RNG, data position, step and the task's state are restored
+//      from the checkpoint; then the layout's Strategy (strategy.h) wraps the model and its
+//      optimizer (AdamW or SGD over optim::decay_groups: make_optimizer_for) and restores the
 //      optimizer state;
-//   6. steps: lr from the schedule; train.grad_accum global micro-batches of
-//      batch_size / grad_accum sequences (Note [global batch]) drawn on every rank; the
+//   5. steps (language models: train.steps; images: train.epochs x ceil(N / train.batch_size)):
+//      lr from the schedule; the task's micro-batches (language models: train.grad_accum
+//      global micro-batches of batch_size / grad_accum windows, Note [global batch]; images:
+//      one batch of batch_size images, the last of an epoch smaller) drawn on every rank; the
 //      strategy's train_step (forward, backward, reductions, clip, update); a progress line and
-//      a metrics.jsonl record every log_every steps; a validation pass every eval.every steps;
-//      a checkpoint every checkpoint.every steps (keeping checkpoint.keep_last);
-//   7. at the end: validation, the bigram baseline (eval.bigram_baseline) on the same
-//      windows, a final checkpoint.
+//      a metrics.jsonl record every log_every steps (and at the end of each epoch); an evaluation
+//      when the task calls for one (language models: every eval.every steps; images: after every
+//      epoch, test loss and accuracy over the whole test set); a checkpoint every
+//      checkpoint.every steps (keeping checkpoint.keep_last);
+//   6. at the end: the task's last evaluation (validation, and the bigram baseline with
+//      eval.bigram_baseline, on the same windows; images: the last epoch's test accuracy), a
+//      final checkpoint.
 // Determinism: on the CPU with the same thread count, a run resumed from a checkpoint at
 // step k gives bit-identical losses at every step after k to the uninterrupted run: every
 // source of randomness (init, data order, dropout) is a Philox stream whose position the
 // checkpoint records, the schedule is a function of the step, and the optimizer state is
 // saved exactly.
 //
-// model.type = "lenet" is delegated to train_image_classifier (image_trainer.h).
-//
-// metrics.jsonl records (one JSON object per line):
-//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tokens", "elapsed_s", "mem_bytes"}
-//   {"step", "val_loss", "elapsed_s"}                                 every validation pass
-//   {"step", "final": true, "val_loss", "bigram_val_loss", "train_loss", "elapsed_s"}   at the end
+// metrics.jsonl records (one JSON object per line; <units> is "tokens" for language models and
+// "images" for image runs):
+//   {"step", "loss", "lr", "grad_norm", "<units>_per_s", "ms_per_step", "<units>", "elapsed_s",
+//    "mem_bytes", ("mfu"), ("loss_scale"), ("epoch": image runs)}  every log_every steps, the
+//                                                                     first, the last, and each epoch's last
+//   {"step", "skipped": true, "loss", "grad_norm"}                   a step skipped by the non-finite guard
+//   {"step", "val_loss", "elapsed_s"}                                every validation pass (language models)
+//   {"step", "epoch", "train_loss", "test_loss", "test_accuracy", "elapsed_s"}   after every epoch (images;
+//                                                                     train_loss: the epoch's mean)
+//   {"step", "final": true, "train_loss", "<units>_per_s", "elapsed_s", and "val_loss",
+//    "bigram_val_loss" (language models) or "test_loss", "test_accuracy" (images)}   at the end
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -58,10 +75,10 @@
 
 #include "forge/train/config.h"
 #include "forge/train/export.h"
-#include "forge/train/image_trainer.h"
 #include "forge/train/language_model.h"
 #include "forge/train/run_data.h"
 #include "forge/train/sample.h"
+#include "forge/train/train_result.h"
 
 namespace forge::train {
 
@@ -70,33 +87,8 @@ struct TrainOptions {
   std::string resume_from = {};  // with resume: a checkpoint directory or a run directory ("" = this run's latest)
 };
 
-struct EvalRecord {
-  int64_t step = 0;
-  double val_loss = 0.0;
-};
-
-struct TrainResult {
-  std::string run_dir;
-  int64_t start_step = 0;      // steps already done when the call began (the checkpoint's, on resume)
-  int64_t final_step = 0;
-  std::vector<double> losses;  // losses[i]: the training loss of step start_step + i + 1 (non-finite: skipped)
-  std::vector<EvalRecord> evals;
-  double final_val_loss = std::numeric_limits<double>::quiet_NaN();
-  double bigram_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN unless eval.bigram_baseline
-  std::string last_checkpoint;
-  int64_t num_parameters = 0;
-  int64_t train_tokens = 0, val_tokens = 0;
-  double seconds = 0.0;        // the whole call
-  double tokens_per_s = 0.0;   // training tokens per second of the training steps
-  int64_t skipped_steps = 0;   // steps skipped for a non-finite loss or gradient norm (Note [non-finite guard])
-  std::optional<ImageTrainResult> image;  // model.type = "lenet"
-};
-
 // Runs the training cfg describes; progress goes to `log`. Throws forge::Error (naming the
 // config key where one is at fault) before any training step for every bad input.
 TrainResult run_training(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log);
-
-// The ImageTrainOptions of a lenet config (the keys each field names in image_trainer.h).
-ImageTrainOptions image_options(const RunConfig& cfg);
 
 }  // namespace forge::train

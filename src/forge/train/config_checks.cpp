@@ -1,0 +1,167 @@
+// validate(): the value checks of a RunConfig and the relations between its keys, run after
+// every load and override and again by run_training (contracts in config.h). Each error names the
+// key and the fix; nothing is read but the metadata of the data files.
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "forge/core/error.h"
+#include "forge/data/idx.h"
+#include "forge/train/config.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+void validate(const RunConfig& c) {
+  // [run]
+  FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
+              "run.name must be a non-empty name without '/', got '", c.run.name, "'");
+  FORGE_CHECK(!c.run.dir.empty(), "run.dir must not be empty (use \".\" for the current directory)");
+  FORGE_CHECK(c.run.seed >= 0, "run.seed must be >= 0, got ", c.run.seed);
+  check_run_device_syntax(c.run.device);  // the syntax; whether the GPU exists is checked when the run starts
+  FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
+              "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
+
+  // [model]
+  const auto& m = c.model;
+  FORGE_CHECK(m.type == "gpt" || m.type == "llama" || m.type == "lenet", "model.type = '", m.type,
+              "' is not a model forge trains; use \"gpt\", \"llama\" or \"lenet\"");
+  const bool lm = c.is_language_model();
+  if (lm) {
+    FORGE_CHECK(m.vocab_size == 0 || m.vocab_size >= 256, "model.vocab_size = ", m.vocab_size,
+                " is smaller than 256 (a byte-level BPE vocabulary has 256 byte tokens); set model.vocab_size = 0 "
+                "to use the tokenizer's size, or a value >= 256");
+    FORGE_CHECK(m.block_size > 0, "model.block_size must be > 0, got ", m.block_size);
+    FORGE_CHECK(m.n_layer > 0, "model.n_layer must be > 0, got ", m.n_layer);
+    FORGE_CHECK(m.n_head > 0, "model.n_head must be > 0, got ", m.n_head);
+  }
+  if (m.type == "gpt") {
+    FORGE_CHECK(m.n_embd > 0 && m.n_embd % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.n_embd = ",
+                m.n_embd, "; choose n_embd a multiple of n_head (each head gets n_embd / n_head channels)");
+    FORGE_CHECK(m.dropout >= 0 && m.dropout < 1, "model.dropout must be in [0, 1), got ", m.dropout);
+  } else if (m.type == "llama") {
+    FORGE_CHECK(m.dim > 0 && m.dim % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.dim = ", m.dim,
+                "; choose dim a multiple of n_head");
+    FORGE_CHECK((m.dim / m.n_head) % 2 == 0, "model.dim / model.n_head = ", m.dim / m.n_head,
+                " must be even for rotary embeddings; change model.dim or model.n_head");
+    const int64_t kv = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
+    FORGE_CHECK(kv > 0 && m.n_head % kv == 0, "model.n_kv_head = ", m.n_kv_head, " does not divide model.n_head = ",
+                m.n_head, "; choose n_kv_head a divisor of n_head (0 = n_head)");
+    FORGE_CHECK(m.ffn_hidden >= 0, "model.ffn_hidden must be >= 0 (0 = 8*dim/3), got ", m.ffn_hidden);
+    FORGE_CHECK(m.rope_theta > 0, "model.rope_theta must be > 0, got ", m.rope_theta);
+    FORGE_CHECK(m.norm_eps > 0, "model.norm_eps must be > 0, got ", m.norm_eps);
+    FORGE_CHECK(m.init_std > 0, "model.init_std must be > 0, got ", m.init_std);
+  }
+
+  // [optim] and [schedule]
+  const auto& o = c.optim;
+  FORGE_CHECK(o.name == "adamw" || o.name == "sgd", "optim.name = '", o.name, "' is unknown; use \"adamw\" or \"sgd\"");
+  FORGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "optim.lr must be > 0, got ", o.lr);
+  FORGE_CHECK(o.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", o.weight_decay);
+  // Each optimizer's own keys are checked for it only (AdamW ignores momentum, SGD the betas).
+  if (o.name == "adamw") {
+    FORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1 must be in [0, 1), got ", o.beta1);
+    FORGE_CHECK(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2 must be in [0, 1), got ", o.beta2);
+    FORGE_CHECK(o.eps > 0, "optim.eps must be > 0, got ", o.eps);
+  } else {
+    FORGE_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
+    FORGE_CHECK(!o.nesterov || o.momentum > 0, "optim.nesterov = true needs optim.momentum > 0, got momentum ",
+                o.momentum, "; set optim.momentum (e.g. 0.9) or optim.nesterov = false");
+  }
+  FORGE_CHECK(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = no clipping), got ", o.grad_clip);
+  const auto& s = c.schedule;
+  FORGE_CHECK(s.kind == "cosine" || s.kind == "linear" || s.kind == "constant", "schedule.kind = '", s.kind,
+              "' is unknown; use \"cosine\", \"linear\" or \"constant\"");
+  FORGE_CHECK(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0, got ", s.warmup_steps);
+  FORGE_CHECK(s.min_lr >= 0 && s.min_lr <= o.lr, "schedule.min_lr = ", s.min_lr, " must be in [0, optim.lr = ", o.lr,
+              "]");
+  FORGE_CHECK(s.decay_steps >= 0, "schedule.decay_steps must be >= 0 (0 = train.steps), got ", s.decay_steps);
+
+  // [train], [eval], [checkpoint]
+  const auto& t = c.train;
+  FORGE_CHECK(t.batch_size > 0, "train.batch_size must be > 0, got ", t.batch_size);
+  FORGE_CHECK(t.log_every > 0, "train.log_every must be > 0, got ", t.log_every);
+  FORGE_CHECK(t.max_bad_steps >= 1, "train.max_bad_steps must be >= 1, got ", t.max_bad_steps);
+  if (lm) {
+    FORGE_CHECK(t.steps > 0, "train.steps must be > 0, got ", t.steps);
+    FORGE_CHECK(t.grad_accum <= 0 || t.batch_size % t.grad_accum == 0, "train.batch_size = ", t.batch_size,
+                " is not divisible by train.grad_accum = ", t.grad_accum,
+                "; train.batch_size is the global batch of an optimizer step (Note [global batch]): make it a multiple "
+                "of ", t.grad_accum, " (e.g. ", t.batch_size / t.grad_accum * t.grad_accum + t.grad_accum, ")");
+    FORGE_CHECK(t.seq_len > 0, "train.seq_len must be > 0, got ", t.seq_len);
+    FORGE_CHECK(t.seq_len <= m.block_size, "train.seq_len = ", t.seq_len, " exceeds model.block_size = ", m.block_size,
+                "; lower train.seq_len or raise model.block_size");
+    FORGE_CHECK(t.grad_accum > 0, "train.grad_accum must be > 0, got ", t.grad_accum);
+  } else {
+    FORGE_CHECK(t.epochs > 0, "train.epochs must be > 0, got ", t.epochs);
+    FORGE_CHECK(t.eval_batch_size > 0, "train.eval_batch_size must be > 0, got ", t.eval_batch_size);
+    FORGE_CHECK(t.grad_accum == 1, "train.grad_accum = ", t.grad_accum, ": model.type = '", m.type,
+                "' trains one batch of train.batch_size images per step; set train.grad_accum = 1");
+    FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32", "run.dtype = '", c.run.dtype, "': model.type = '",
+                m.type, "' trains in f32; set run.dtype = \"auto\" or \"f32\"");
+  }
+  FORGE_CHECK(c.eval.every >= 0, "eval.every must be >= 0 (0 = only at the end), got ", c.eval.every);
+  FORGE_CHECK(c.eval.batches >= 0, "eval.batches must be >= 0 (0 = every validation window), got ", c.eval.batches);
+  FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
+  FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
+  // [dist]
+  FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 3, "dist.zero_stage must be 0, 1, 2 or 3, got ",
+              c.dist.zero_stage);
+  FORGE_CHECK(c.dist.zero_stage != 3 || c.model.type == "gpt" || c.model.type == "llama",
+              "dist.zero_stage = 3 shards the blocks of a GPT or LLaMA; model.type = '", c.model.type,
+              "' has none: use dist.zero_stage = 2");
+  FORGE_CHECK(!c.dist.offload_optimizer || c.dist.zero_stage >= 1,
+              "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
+  FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
+              c.dist.bucket_mb);
+  FORGE_CHECK(!(c.run.dtype == "f16" && c.dist.offload_optimizer),
+              "run.dtype = \"f16\" with dist.offload_optimizer = true is not supported (the gradients reach the "
+              "offloaded optimizer before the loss scale is known to be finite); use run.dtype = \"bf16\" or "
+              "dist.offload_optimizer = false");
+  FORGE_CHECK(c.dist.tp >= 1, "dist.tp must be >= 1 (1 = no tensor parallelism), got ", c.dist.tp);
+  FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
+  FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
+              m.type, "' trains with dist.tp = 1 and dist.pp = 1");
+  // [debug]
+  FORGE_CHECK(!c.debug.skip_reductions || c.dist.zero_stage <= 1,
+              "debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only (ZeRO-2/3 own their gradients "
+              "through the reduce-scatter)");
+  parse_rank_step(c.debug.abort_at, "debug.abort_at");
+  parse_rank_step(c.debug.hang_at, "debug.hang_at");
+
+  // [data]
+  const auto& d = c.data;
+  if (lm) {
+    FORGE_CHECK(d.source == "files" || d.source == "random", "data.source = '", d.source,
+                "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)");
+    FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
+    std::error_code ec;
+    if (d.source == "random") {
+      FORGE_CHECK(m.vocab_size > 0, "data.source = \"random\" needs model.vocab_size > 0 (there is no tokenizer to "
+                  "take it from); set model.vocab_size, e.g. 50304");
+    } else if (d.tokenizer.empty()) {
+      FORGE_CHECK(d.vocab_size >= 256, "data.vocab_size = ", d.vocab_size,
+                  " is smaller than 256 (a byte-level BPE vocabulary starts with the 256 bytes); set data.vocab_size "
+                  ">= 256, e.g. 1024");
+      FORGE_CHECK(m.vocab_size == 0 || m.vocab_size >= d.vocab_size, "model.vocab_size = ", m.vocab_size,
+                  " is smaller than data.vocab_size = ", d.vocab_size,
+                  " (the tokenizer's ids would not fit); set model.vocab_size = 0 or >= data.vocab_size");
+    } else {
+      FORGE_CHECK(fs::is_regular_file(d.tokenizer, ec), "data.tokenizer: '", d.tokenizer,
+                  "' does not exist; give a tokenizer written by `forge tokenize train`, or \"\" to train one");
+    }
+    if (d.source == "files") resolve_data_files(d);
+  } else {
+    FORGE_CHECK(d.max_train_samples >= 0, "data.max_train_samples must be >= 0 (0 = all), got ", d.max_train_samples);
+    FORGE_CHECK(d.max_test_samples >= 0, "data.max_test_samples must be >= 0 (0 = all), got ", d.max_test_samples);
+    FORGE_CHECK(!d.dir.empty(), "data.dir is empty; set it to the Fashion-MNIST directory (", data::kFashionMnistDir,
+                ", from the Debian package dataset-fashion-mnist)");
+    const std::string missing = data::missing_fashion_mnist_file(d.dir);
+    FORGE_CHECK(missing.empty(), "data.dir: Fashion-MNIST file '", missing, "' (or the same without .gz) not found; "
+                "install the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist) or point "
+                "data.dir at a directory holding {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]");
+  }
+}
+
+}  // namespace forge::train

@@ -1,0 +1,187 @@
+// The task of language models (model.type = "gpt" | "llama"; train/task.h): the tokenizer,
+// token shards (or random tokens), random training windows, validation over sequential windows,
+// the bigram baseline, tokens per second and MFU. What the loop does with them: train/trainer.h.
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "forge/core/error.h"
+#include "forge/data/shards.h"
+#include "forge/telemetry/metrics.h"
+#include "forge/telemetry/mfu.h"
+#include "forge/train/language_model.h"
+#include "forge/train/layout.h"
+#include "forge/train/run_data.h"
+#include "forge/train/task.h"
+
+namespace forge::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+class LanguageTask final : public Task {
+ public:
+  LanguageTask(RunConfig& cfg, bool rank0) : cfg_(cfg), rank0_(rank0) {}
+
+  Units units() const override { return {"tokens", "tok"}; }
+  DType compute_dtype(Device device) const override { return resolve_run_dtype(cfg_.run.dtype, device); }
+
+  // The tokenizer (the run's, or its checkpoint run's on resume), and model.vocab_size from it.
+  void prepare_data(const std::optional<io::CheckpointData>& ck, const fs::path& ck_path, std::ostream& log) override {
+    if (random_data()) return;
+    const auto files = resolve_data_files(cfg_.data);
+    if (ck) resume_tok_ = ck_path.parent_path().parent_path() / kTokenizerFile;
+    tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
+    if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
+    FORGE_CHECK(cfg_.model.vocab_size >= tok_->vocab_size(), "model.vocab_size = ", cfg_.model.vocab_size,
+                " is smaller than the tokenizer's vocabulary (", tok_->vocab_size(),
+                " tokens); set model.vocab_size = 0 or >= ", tok_->vocab_size());
+    check_vocab_splits(cfg_, cfg_.model.vocab_size);
+  }
+
+  Model& model() override {
+    if (!model_.module) model_ = build_language_model(cfg_);
+    return model_;
+  }
+
+  void check_resume(const io::CheckpointData& ck, const fs::path& ck_path) const override {
+    FORGE_CHECK(ck.step < cfg_.train.steps, "--resume: checkpoint '", ck_path.string(), "' is at step ", ck.step,
+                ", and train.steps = ", cfg_.train.steps, "; raise train.steps (e.g. --train.steps=", 2 * ck.step,
+                ") to train further");
+    if (tok_) {
+      const std::string tok_hash = fnv1a_hex(tok_->to_json());
+      FORGE_CHECK(!ck.extra.is_object() || ck.extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
+                  ck_path.string(), "' was trained with another tokenizer than '", resume_tok_->string(), "'");
+    }
+  }
+
+  // Shards (or the random-token shard), the train/val split, the training sampler and the
+  // validation windows.
+  std::unique_ptr<data::BatchSource> train_batches(std::ostream& log) override {
+    std::vector<std::string> shard_paths;
+    if (random_data()) {
+      shard_paths = {write_random_shard(cfg_, log, rank0_)};
+      cfg_.data.val_fraction = 0.0;  // random tokens have nothing to validate
+    } else {
+      shard_paths = prepare_shards(cfg_, *tok_, resolve_data_files(cfg_.data), log);
+    }
+    shards_ = data::open_shards(shard_paths);
+    split_ = data::split_train_val(shards_, cfg_.data.val_fraction);
+    // Note [global batch]: B sequences per optimizer step over every rank, drawn as K global
+    // micro-batches of B / K; each data-parallel rank trains on its B / (K * dp) rows of each.
+    const int64_t T = cfg_.train.seq_len, micro = cfg_.train.batch_size / cfg_.train.grad_accum;
+    int64_t train_starts = 0;
+    for (const auto& r : split_.train) train_tokens_ += r.size(), train_starts += std::max<int64_t>(0, r.size() - T);
+    for (const auto& r : split_.val) val_tokens_ += r.size();
+    FORGE_CHECK(train_starts > 0, "data: no training file holds a window of train.seq_len + 1 = ", T + 1, " tokens (",
+                train_tokens_, " training tokens in ", shards_.size(),
+                " file(s)); lower train.seq_len or add text to data.files");
+    val_windows_.emplace(split_.val, micro, T);
+    FORGE_CHECK(!has_val() || val_windows_->num_windows() > 0, "data.val_fraction = ", cfg_.data.val_fraction,
+                " leaves no validation window of train.seq_len + 1 = ", T + 1, " tokens (", val_tokens_,
+                " validation tokens); raise data.val_fraction or lower train.seq_len");
+    return std::make_unique<data::RandomWindowSampler>(split_.train, micro, T,
+                                                        static_cast<uint64_t>(cfg_.run.seed) ^ kDataSeedSalt);
+  }
+
+  void restore(const io::CheckpointData&) override {}
+
+  int64_t micro_batches_per_step() const override { return cfg_.train.grad_accum; }
+  int64_t total_steps() const override { return cfg_.train.steps; }
+
+  std::string describe() const override {
+    const auto& m = cfg_.model;
+    const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len, K = cfg_.train.grad_accum;
+    std::string s = "model: " + m.type + ", " +
+                    telemetry::format_count(static_cast<double>(model_.module->num_parameters())) + " parameters (" +
+                    std::to_string(m.n_layer) + " layers, " + std::to_string(m.n_head) + " heads, width " +
+                    std::to_string(width()) + ", vocabulary " + std::to_string(m.vocab_size) + ", context " +
+                    std::to_string(m.block_size) + ")\n";
+    s += "data: " + telemetry::format_count(static_cast<double>(train_tokens_)) + " training tokens, " +
+         telemetry::format_count(static_cast<double>(val_tokens_)) + " validation tokens; batch " + std::to_string(B) +
+         " x " + std::to_string(T) +
+         (K > 1 ? " (" + std::to_string(K) + " micro-batches of " + std::to_string(B / K) + ")" : std::string()) +
+         " = " + std::to_string(B * T) + " tokens per step\n";
+    return s;
+  }
+
+  std::optional<double> flops_per_unit() const override {
+    return telemetry::transformer_flops_per_token(static_cast<double>(matmul_parameters(*model_.module)),
+                                                  cfg_.model.n_layer, cfg_.train.seq_len, width());
+  }
+  std::optional<EpochPlace> epoch_of(int64_t) const override { return std::nullopt; }
+  void on_step(int64_t, double, int64_t) override {}
+
+  // Every eval.every steps before the last; the last step's evaluation is finish()'s.
+  bool eval_due(int64_t step) const override {
+    return has_val() && cfg_.eval.every > 0 && step % cfg_.eval.every == 0 && step != cfg_.train.steps;
+  }
+  Evaluation evaluate(Strategy& strategy, int64_t step) override {
+    const double v = validation_loss(strategy);
+    return {v, json{{"val_loss", v}}, "eval step " + std::to_string(step) + ": val loss " + fixed(v, 4)};
+  }
+
+  json checkpoint_extra() const override {
+    return tok_ ? json{{"tokenizer", fnv1a_hex(tok_->to_json())}} : json{{"data", "random"}};
+  }
+
+  // A last validation pass and the bigram baseline on the same windows.
+  void finish(Strategy& strategy, bool evaluates, int64_t step, double units_per_s, TrainResult& result,
+              json& final_record, std::ostream& log) override {
+    result.train_tokens = train_tokens_;
+    result.val_tokens = val_tokens_;
+    result.tokens_per_s = units_per_s;
+    if (!has_val() || !evaluates) return;
+    result.final_val_loss = validation_loss(strategy);
+    result.evals.push_back({step, result.final_val_loss});
+    final_record["val_loss"] = result.final_val_loss;
+    if (cfg_.eval.bigram_baseline && rank0_) {
+      val_windows_->reset();
+      result.bigram_val_loss = bigram_baseline(split_.train, *val_windows_, cfg_.eval.batches, tok_->vocab_size());
+      final_record["bigram_val_loss"] = result.bigram_val_loss;
+      log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
+          << " (step " << step << ")" << std::endl;
+    } else {
+      log << "val loss " << fixed(result.final_val_loss, 2) << " (step " << step << ")" << std::endl;
+    }
+  }
+
+ private:
+  bool random_data() const { return cfg_.data.source == "random"; }
+  bool has_val() const { return cfg_.data.val_fraction > 0; }
+  int64_t width() const { return cfg_.model.type == "gpt" ? cfg_.model.n_embd : cfg_.model.dim; }
+  // The mean cross-entropy per target token of the first eval.batches validation windows (the
+  // same windows every time).
+  double validation_loss(Strategy& strategy) {
+    val_windows_->reset();
+    return strategy.evaluate(*val_windows_, cfg_.eval.batches, /*count_correct=*/false).mean_loss();
+  }
+
+  RunConfig& cfg_;
+  const bool rank0_;
+  std::optional<data::BpeTokenizer> tok_;
+  std::optional<fs::path> resume_tok_;
+  LanguageModel model_;
+  std::vector<std::shared_ptr<const data::TokenShard>> shards_;
+  data::TrainValRanges split_;
+  std::optional<data::SequentialWindows> val_windows_;
+  int64_t train_tokens_ = 0, val_tokens_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_language_task(RunConfig& cfg, const dist::Layout&, bool rank0) {
+  return std::make_unique<LanguageTask>(cfg, rank0);
+}
+
+}  // namespace forge::train

@@ -1,0 +1,37 @@
+#pragma once
+// train::Model: what the training loop and its strategies need of any model they train, whatever
+// its kind (a GPT or a LLaMA: train/language_model.h; LeNet: train/image_task.cpp).
+//
+//   Model m = ...;                          // module initialised from run.seed on the CPU
+//   m.module->to(device, dtype);            // moved and cast once
+//   Tensor logits = m.forward(inputs);      // inputs on m.device()
+//
+// forward maps a batch's inputs to logits whose last dimension is the classes, so that
+// cross_entropy(logits, targets) is the training loss: (B, T) token ids -> (B, T, vocab) for
+// language models, (B, 1, 28, 28) images -> (B, classes) for LeNet.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "forge/core/tensor.h"
+#include "forge/nn/block_hooks.h"
+#include "forge/nn/module.h"
+
+namespace forge::train {
+
+struct Model {
+  std::shared_ptr<nn::Module> module;
+  std::function<Tensor(const Tensor&)> forward;
+  // ZeRO-3: installs the hooks the model calls around each block (nn/block_hooks.h), and the
+  // block a parameter name belongs to (-1 outside the blocks; a model without blocks answers -1
+  // for every parameter and ignores the hooks; the config refuses ZeRO-3 for it).
+  std::function<void(std::shared_ptr<nn::BlockHooks>)> set_block_hooks;
+  std::function<int(const std::string&)> block_of;
+  // Where its parameters are.
+  Device device() const {
+    const auto ps = module->parameters();
+    return ps.empty() ? Device::cpu() : ps.front().device();
+  }
+};
+
+}  // namespace forge::train
