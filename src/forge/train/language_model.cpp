@@ -2,6 +2,7 @@
 #include "forge/train/language_model.h"
 
 #include "forge/core/error.h"
+#include "forge/nn/causal_lm.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
 
@@ -50,6 +51,9 @@ LanguageModel build_language_model(const RunConfig& cfg) {
   } else {
     FORGE_THROW("model.type = '", m.type, "' is not a language model; use \"gpt\" or \"llama\"");
   }
+  // The loss through the model's seam (Note [model seams]): its head computes it.
+  auto lm = std::static_pointer_cast<nn::CausalLM>(out.module);
+  out.loss = [lm = lm.get()](const Tensor& idx, const Tensor& targets) { return lm->loss(idx, targets); };
   return out;
 }
 

@@ -16,12 +16,18 @@
 #include "forge/core/tensor.h"
 #include "forge/nn/block_hooks.h"
 #include "forge/nn/module.h"
+#include "forge/ops/loss.h"
 
 namespace forge::train {
 
 struct Model {
   std::shared_ptr<nn::Module> module;
   std::function<Tensor(const Tensor&)> forward;
+  // The mean training loss of a batch. Unset: cross_entropy(forward(inputs), targets). A language
+  // model's is nn::CausalLM::loss, whose head computes the loss itself (Note [model seams]): the
+  // seam a vocabulary-parallel head needs, which never gathers the full logits.
+  std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss;
+  Tensor training_loss(const Tensor& inputs, const Tensor& targets) const;
   // ZeRO-3: installs the hooks the model calls around each block (nn/block_hooks.h), and the
   // block a parameter name belongs to (-1 outside the blocks; a model without blocks answers -1
   // for every parameter and ignores the hooks; the config refuses ZeRO-3 for it).
@@ -33,5 +39,9 @@ struct Model {
     return ps.empty() ? Device::cpu() : ps.front().device();
   }
 };
+
+inline Tensor Model::training_loss(const Tensor& inputs, const Tensor& targets) const {
+  return loss ? loss(inputs, targets) : ops::cross_entropy(forward(inputs), targets);
+}
 
 }  // namespace forge::train
