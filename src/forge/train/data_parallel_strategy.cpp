@@ -209,11 +209,7 @@ class DataParallelStrategy final : public Strategy {
         [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
         [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
     dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
-    if (scaler_ && ck.extra.is_object() && ck.extra.contains("loss_scaler")) {
-      optim::StateDict sd;
-      for (const auto& [k, v] : ck.extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
-      scaler_->load_state_dict(sd);
-    }
+    if (scaler_) restore_loss_scaler(*scaler_, ck);
   }
 
  private:

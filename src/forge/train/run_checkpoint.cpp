@@ -118,4 +118,11 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
   opt.load_state_dict(sd);
 }
 
+void restore_loss_scaler(optim::LossScaler& scaler, const io::CheckpointData& ck) {
+  if (!ck.extra.is_object() || !ck.extra.contains("loss_scaler")) return;
+  optim::StateDict sd;
+  for (const auto& [k, v] : ck.extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
+  scaler.load_state_dict(sd);
+}
+
 }  // namespace forge::train

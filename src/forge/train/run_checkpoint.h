@@ -13,6 +13,7 @@
 #include "forge/dist/sharded_state.h"
 #include "forge/io/checkpoint.h"
 #include "forge/nn/module.h"
+#include "forge/optim/loss_scale.h"
 #include "forge/optim/optimizer.h"
 #include "forge/train/config.h"
 
@@ -41,5 +42,8 @@ dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const std
 // data-parallel run's shards).
 void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const std::filesystem::path& ck_path,
                        const std::vector<std::pair<std::string, Tensor>>& slots);
+
+// f16: the loss scaler's state a checkpoint recorded (extra.loss_scaler), if any.
+void restore_loss_scaler(optim::LossScaler& scaler, const io::CheckpointData& ck);
 
 }  // namespace forge::train

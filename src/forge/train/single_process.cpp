@@ -93,11 +93,7 @@ class SingleProcess final : public Strategy {
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
     restore_optimizer(*optimizer_, ck, ck_path, optimizer_slots(cfg_, *model_.module));
-    if (scaler_ && ck.extra.is_object() && ck.extra.contains("loss_scaler")) {
-      optim::StateDict sd;
-      for (const auto& [k, v] : ck.extra["loss_scaler"].items()) sd.scalars[k] = v.get<double>();
-      scaler_->load_state_dict(sd);
-    }
+    if (scaler_) restore_loss_scaler(*scaler_, ck);
   }
 
  private:
