@@ -59,12 +59,14 @@ std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model
 std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                              Model& model, DType dtype, std::ostream& log);
 
+bool needs_process_group(const dist::Layout& layout) { return layout.gpus() > 1 || layout.zero > 0; }
+
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {
   FORGE_CHECK(layout.tp == 1 && layout.pp == 1, "make_strategy: tensor and pipeline parallelism are not implemented "
               "(train/layout.h refuses dist.tp / dist.pp > 1)");
   // Note [data-parallel runs] (strategy.h).
-  if (layout.dp > 1 || layout.zero > 0) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
+  if (needs_process_group(layout)) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
   return make_single_process(cfg, model, dtype);
 }
 

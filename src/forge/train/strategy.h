@@ -101,6 +101,9 @@ class Strategy {
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log);
 
+// Whether `layout` trains through a process group (Note [data-parallel runs]): several ranks, or ZeRO.
+bool needs_process_group(const dist::Layout& layout);
+
 // Shared pieces of the implementations.
 namespace strategy_detail {
 // One micro-batch's rows [row0, row0 + rows) of a global micro-batch, moved to `device` (through

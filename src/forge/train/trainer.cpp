@@ -127,7 +127,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const bool rank0 = denv.rank == 0;
   const dist::Layout layout = run_layout(cfg, world_size);
   // Note [data-parallel runs]: several ranks, or ZeRO on one, train through a process group.
-  const bool distributed = layout.gpus() > 1 || layout.zero > 0;
+  const bool distributed = needs_process_group(layout);
   std::ostream null_log(nullptr);
   std::ostream& log = rank0 ? rank_log : null_log;  // rank 0 speaks for the job
   // What differs between language models and image classifiers (train/task.h).
