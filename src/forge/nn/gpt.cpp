@@ -6,6 +6,7 @@
 
 #include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
+#include "forge/nn/model_registry.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -14,12 +15,8 @@
 namespace forge::nn {
 
 void GPTConfig::validate() const {
-  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
-  FORGE_CHECK(block_size > 0, "model.block_size must be positive, got ", block_size);
-  FORGE_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
-  FORGE_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0, "model.n_head = ", n_head,
-              " must divide model.n_embd = ", n_embd, " (each head gets n_embd / n_head channels)");
-  FORGE_CHECK(dropout >= 0 && dropout < 1, "model.dropout must be in [0, 1), got ", dropout);
+  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be > 0 (resolved) to build a GPT, got ", vocab_size);
+  validate_model(model_config(*this));
 }
 
 // Holds modules under a name without a forward of its own (nanoGPT's `transformer`
@@ -35,7 +32,7 @@ GPTBlock::GPTBlock(const GPTConfig& c, const LayerSpec& spec) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, c.bias, c.dropout, spec));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, c.bias));
-  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, 4 * c.n_embd, c.bias, c.dropout, spec));
+  mlp = register_module("mlp", std::make_shared<MLP>(c.n_embd, c.ffn_hidden(), c.bias, c.dropout, spec));
 }
 
 // Note [fused residual + layer norm in GPT]: every residual add of the stream is followed by a

@@ -29,7 +29,10 @@ struct GPTConfig {
   double dropout = 0.0;
   bool bias = true;
   bool checkpoint_activations = false;  // re-run each block's forward in backward
-  // Throws forge::Error naming the key when the shape is impossible.
+  // The MLP width: 4 * n_embd (the one copy of the rule; nn/model_registry's shape reads it).
+  int64_t ffn_hidden() const { return 4 * n_embd; }
+  // Throws forge::Error naming the model.<key> when the shape is impossible: the registry's
+  // rules for model.type = "gpt" (nn/model_registry.h), and a resolved vocabulary.
   void validate() const;
 };
 

@@ -4,25 +4,19 @@
 
 #include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
+#include "forge/nn/model_registry.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
 
 namespace forge::nn {
 
 void LlamaConfig::validate() const {
-  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be positive, got ", vocab_size);
-  FORGE_CHECK(block_size > 0, "model.block_size must be positive, got ", block_size);
-  FORGE_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
-  FORGE_CHECK(n_head > 0 && dim > 0 && dim % n_head == 0, "model.n_head = ", n_head, " must divide model.dim = ", dim);
-  FORGE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "model.n_kv_head = ", n_kv_head,
-              " must divide model.n_head = ", n_head);
-  FORGE_CHECK((dim / n_head) % 2 == 0, "model.dim / model.n_head = ", dim / n_head,
-              " must be even for rotary position embeddings");
-  FORGE_CHECK(ffn_hidden > 0, "model.ffn_hidden must be positive, got ", ffn_hidden);
-  FORGE_CHECK(std::isfinite(norm_eps) && norm_eps >= 0, "model.norm_eps must be finite and >= 0, got ", norm_eps);
-  FORGE_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "model.rope_theta must be a positive finite base, got ",
-              rope_theta);
-  FORGE_CHECK(std::isfinite(init_std) && init_std >= 0, "model.init_std must be finite and >= 0, got ", init_std);
+  FORGE_CHECK(vocab_size > 0, "model.vocab_size must be > 0 (resolved) to build a LLaMA, got ", vocab_size);
+  FORGE_CHECK(n_kv_head > 0, "model.n_kv_head must be > 0 (resolved: 0 means n_head only in a config) to build a "
+              "LLaMA, got ", n_kv_head);
+  FORGE_CHECK(ffn_hidden > 0, "model.ffn_hidden must be > 0 (resolved: LlamaConfig::default_ffn_hidden(dim)) to "
+              "build a LLaMA, got ", ffn_hidden);
+  validate_model(model_config(*this));
 }
 
 class Llama::Container : public Module {

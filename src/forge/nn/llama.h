@@ -28,9 +28,12 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double init_std = 0.02;
   bool checkpoint_activations = false;
+  // Throws forge::Error naming the model.<key>: the registry's rules for model.type = "llama"
+  // (nn/model_registry.h), and what a module needs resolved (vocab_size, n_kv_head, ffn_hidden > 0).
   void validate() const;
   // The SwiGLU width when none is given (model.ffn_hidden = 0): 8 * dim / 3 rounded up to a
-  // multiple of 32. The one copy of the rule: the trainer, `forge plan` and the layout checks use it.
+  // multiple of 32. The one copy of the rule: the registry's shape() applies it for the trainer,
+  // `forge plan`, the layout checks and the export.
   static int64_t default_ffn_hidden(int64_t dim) { return (8 * dim / 3 + 31) / 32 * 32; }
 };
 
