@@ -7,6 +7,7 @@
 
 #include "forge/core/error.h"
 #include "forge/data/bpe.h"
+#include "forge/dist/env.h"
 #include "forge/train/config.h"
 #include "forge/train/trainer.h"
 
@@ -16,6 +17,10 @@ int run_train(const TrainArgs& args) {
   std::vector<std::string> overrides = args.overrides;
   if (!args.device.empty()) overrides.push_back("--run.device=" + args.device);
   const train::RunConfig cfg = train::load_config(args.config, overrides);
+  if (dist::launch_env().rank == 0)  // once per job
+    for (const auto& key : train::ignored_model_keys(cfg))
+      std::cerr << "forge train: note: " << key << " is ignored: model.type = \"" << cfg.model.type
+                << "\" does not read it (docs/train.md, [model], says which type reads which key)\n";
   if (args.print_config) {
     std::cout << train::config_to_toml(cfg);
     return 0;

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "forge/core/error.h"
+#include "forge/nn/model_registry.h"
 #include "forge/ops/creation.h"
 
 namespace forge::train {
@@ -24,6 +25,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string RunConfig::run_dir() const { return (fs::path(run.dir) / run.name).string(); }
+
+bool RunConfig::is_language_model() const {
+  const nn::ModelFamily* f = nn::find_model_family(model.type);
+  return f != nullptr && f->is_transformer();
+}
 
 const char* key_type_name(KeyType t) {
   switch (t) {
@@ -53,6 +59,18 @@ struct Field {
   std::string doc;
 };
 
+// A [model] key's documentation, led by the model types that read it (nn/model_registry.h)
+// unless every language model does: "llama: RMSNorm epsilon".
+std::string model_doc(const std::string& key, const std::string& doc) {
+  std::string readers;
+  bool every_lm = true;
+  for (const auto& f : nn::model_families()) {
+    if (f.reads(key)) readers += (readers.empty() ? "" : ", ") + f.type;
+    else if (f.is_transformer()) every_lm = false;
+  }
+  return every_lm ? doc : readers + ": " + doc;
+}
+
 #define FORGE_FIELD(sec, member, doc) \
   Field{#sec "." #member, #sec, #member, AnyAccessor{+[](RunConfig& c) -> auto& { return c.sec.member; }}, doc}
 
@@ -71,21 +89,23 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, allow_tf32,
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
-      FORGE_FIELD(model, type, "\"gpt\", \"llama\" or \"lenet\""),
-      FORGE_FIELD(model, vocab_size, "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)"),
-      FORGE_FIELD(model, block_size, "maximum context in tokens (learned positions for GPT)"),
-      FORGE_FIELD(model, n_layer, "transformer blocks"),
-      FORGE_FIELD(model, n_head, "attention heads (must divide n_embd / dim)"),
-      FORGE_FIELD(model, n_embd, "GPT: the residual width"),
-      FORGE_FIELD(model, dropout, "GPT: dropout probability in [0, 1)"),
-      FORGE_FIELD(model, bias, "GPT: biases in Linear and LayerNorm layers"),
-      FORGE_FIELD(model, checkpoint_activations, "re-run each block's forward in backward to save memory"),
-      FORGE_FIELD(model, n_kv_head, "LLaMA: key/value heads for grouped-query attention; 0 = n_head"),
-      FORGE_FIELD(model, dim, "LLaMA: the residual width"),
-      FORGE_FIELD(model, ffn_hidden, "LLaMA: SwiGLU hidden width; 0 = 8*dim/3 rounded up to a multiple of 32"),
-      FORGE_FIELD(model, rope_theta, "LLaMA: rotary embedding base"),
-      FORGE_FIELD(model, norm_eps, "LLaMA: RMSNorm epsilon"),
-      FORGE_FIELD(model, init_std, "LLaMA: standard deviation of the weight init"),
+      FORGE_FIELD(model, type, nn::model_type_list()),
+      FORGE_FIELD(model, vocab_size, model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),
+      FORGE_FIELD(model, block_size, model_doc("block_size", "maximum context in tokens (learned positions for GPT)")),
+      FORGE_FIELD(model, n_layer, model_doc("n_layer", "transformer blocks")),
+      FORGE_FIELD(model, n_head, model_doc("n_head", "attention heads (must divide n_embd / dim)")),
+      FORGE_FIELD(model, n_embd, model_doc("n_embd", "the residual width")),
+      FORGE_FIELD(model, dropout, model_doc("dropout", "dropout probability in [0, 1)")),
+      FORGE_FIELD(model, bias, model_doc("bias", "biases in Linear and LayerNorm layers")),
+      FORGE_FIELD(model, checkpoint_activations,
+                  model_doc("checkpoint_activations", "re-run each block's forward in backward to save memory")),
+      FORGE_FIELD(model, n_kv_head, model_doc("n_kv_head", "key/value heads for grouped-query attention; 0 = n_head")),
+      FORGE_FIELD(model, dim, model_doc("dim", "the residual width")),
+      FORGE_FIELD(model, ffn_hidden,
+                  model_doc("ffn_hidden", "SwiGLU hidden width; 0 = 8*dim/3 rounded up to a multiple of 32")),
+      FORGE_FIELD(model, rope_theta, model_doc("rope_theta", "rotary embedding base")),
+      FORGE_FIELD(model, norm_eps, model_doc("norm_eps", "RMSNorm epsilon")),
+      FORGE_FIELD(model, init_std, model_doc("init_std", "standard deviation of the weight init")),
       FORGE_FIELD(data, source,
                   "language models: \"files\" (data.files, tokenized) or \"random\" (uniform random tokens of "
                   "model.vocab_size, for benchmarks; no tokenizer, no validation)"),
@@ -440,6 +460,19 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
+}
+
+std::vector<std::string> ignored_model_keys(const RunConfig& cfg) {
+  static const RunConfig defaults;
+  const nn::ModelFamily* family = nn::find_model_family(cfg.model.type);
+  std::vector<std::string> out;
+  if (family == nullptr) return out;  // validate() names the type
+  for (const auto& f : fields()) {
+    if (f.section != "model" || family->reads(f.name)) continue;
+    const std::string value = value_text(f, cfg);
+    if (value != value_text(f, defaults)) out.push_back(f.key + " = " + value);
+  }
+  return out;
 }
 
 const std::vector<KeyInfo>& config_keys() {

@@ -8,8 +8,8 @@
 // Sections and keys (docs/train.md documents each one with its default):
 //   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
-//                n_embd, dropout, bias, checkpoint_activations (GPT); n_kv_head, dim,
-//                ffn_hidden, rope_theta, norm_eps, init_std (LLaMA)
+//                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
+//                rope_theta, norm_eps, init_std (which type reads which: nn/model_registry.cpp)
 //   [data]       source, files, exclude, tokenizer, vocab_size, val_fraction, shards_dir (language
 //                models); dir, max_train_samples, max_test_samples (lenet)
 //   [optim]      name, lr, weight_decay, beta1, beta2, eps, momentum, nesterov, grad_clip
@@ -43,6 +43,7 @@
 
 #include "forge/core/device.h"
 #include "forge/core/dtype.h"
+#include "forge/nn/model_config.h"
 
 namespace forge::train {
 
@@ -56,23 +57,9 @@ struct RunSection {
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
 };
 
-struct ModelSection {
-  std::string type = "gpt";        // "gpt" | "llama" | "lenet"
-  int64_t vocab_size = 0;          // 0: the tokenizer's vocabulary size
-  int64_t block_size = 256;        // maximum context (tokens)
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_embd = 128;            // GPT width
-  double dropout = 0.0;            // GPT
-  bool bias = true;                // GPT: biases in Linear and LayerNorm
-  bool checkpoint_activations = false;
-  int64_t n_kv_head = 0;           // LLaMA: key/value heads (0: n_head)
-  int64_t dim = 128;               // LLaMA width
-  int64_t ffn_hidden = 0;          // LLaMA SwiGLU width (0: 8·dim/3 rounded up to a multiple of 32)
-  double rope_theta = 10000.0;     // LLaMA
-  double norm_eps = 1e-5;          // LLaMA RMSNorm epsilon
-  double init_std = 0.02;          // LLaMA weight init
-};
+// [model]: nn::ModelConfig (nn/model_config.h), the struct the model-family registry
+// (nn/model_registry.h) checks, shapes and builds from; each model.type reads its own keys.
+using ModelSection = nn::ModelConfig;
 
 struct DataSection {
   std::vector<std::string> files;  // text files, glob patterns or directories (their files, not recursive)
@@ -162,7 +149,8 @@ struct RunConfig {
 
   // <run.dir>/<run.name>
   std::string run_dir() const;
-  bool is_language_model() const { return model.type == "gpt" || model.type == "llama"; }
+  // model.type names a transformer family of the registry (gpt, llama): trained on tokens.
+  bool is_language_model() const;
 };
 
 // One key of the schema.
@@ -186,8 +174,12 @@ RunConfig parse_config(const std::string& toml_text, const std::string& origin,
                        const std::vector<std::string>& overrides = {});
 // Applies one override ("--train.steps=100") without validating.
 void apply_override(RunConfig& cfg, const std::string& override_arg);
-// Checks every value and their relations (and that data files exist and are non-empty).
+// Checks every value and their relations (and that data files exist and are non-empty); the
+// [model] keys through the registry's entry for model.type (nn::validate_model).
 void validate(const RunConfig& cfg);
+// The [model] keys set to something other than their default that model.type does not read
+// (nn::ModelFamily::keys), as "model.dim = 256": a user who set them probably meant another type.
+std::vector<std::string> ignored_model_keys(const RunConfig& cfg);
 
 // Splits command-line arguments into overrides (each "--section.key=value", or
 // "--section.key value" taken as one "--section.key=value") and the rest, keeping order.

@@ -7,6 +7,7 @@
 
 #include "forge/core/error.h"
 #include "forge/data/idx.h"
+#include "forge/nn/model_registry.h"
 #include "forge/train/config.h"
 
 namespace forge::train {
@@ -23,35 +24,14 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
               "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
 
-  // [model]
+  // [model]: the family's own rules (nn/model_registry.h), then what training adds to them.
   const auto& m = c.model;
-  FORGE_CHECK(m.type == "gpt" || m.type == "llama" || m.type == "lenet", "model.type = '", m.type,
-              "' is not a model forge trains; use \"gpt\", \"llama\" or \"lenet\"");
+  nn::validate_model(m);
   const bool lm = c.is_language_model();
   if (lm) {
     FORGE_CHECK(m.vocab_size == 0 || m.vocab_size >= 256, "model.vocab_size = ", m.vocab_size,
                 " is smaller than 256 (a byte-level BPE vocabulary has 256 byte tokens); set model.vocab_size = 0 "
                 "to use the tokenizer's size, or a value >= 256");
-    FORGE_CHECK(m.block_size > 0, "model.block_size must be > 0, got ", m.block_size);
-    FORGE_CHECK(m.n_layer > 0, "model.n_layer must be > 0, got ", m.n_layer);
-    FORGE_CHECK(m.n_head > 0, "model.n_head must be > 0, got ", m.n_head);
-  }
-  if (m.type == "gpt") {
-    FORGE_CHECK(m.n_embd > 0 && m.n_embd % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.n_embd = ",
-                m.n_embd, "; choose n_embd a multiple of n_head (each head gets n_embd / n_head channels)");
-    FORGE_CHECK(m.dropout >= 0 && m.dropout < 1, "model.dropout must be in [0, 1), got ", m.dropout);
-  } else if (m.type == "llama") {
-    FORGE_CHECK(m.dim > 0 && m.dim % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.dim = ", m.dim,
-                "; choose dim a multiple of n_head");
-    FORGE_CHECK((m.dim / m.n_head) % 2 == 0, "model.dim / model.n_head = ", m.dim / m.n_head,
-                " must be even for rotary embeddings; change model.dim or model.n_head");
-    const int64_t kv = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
-    FORGE_CHECK(kv > 0 && m.n_head % kv == 0, "model.n_kv_head = ", m.n_kv_head, " does not divide model.n_head = ",
-                m.n_head, "; choose n_kv_head a divisor of n_head (0 = n_head)");
-    FORGE_CHECK(m.ffn_hidden >= 0, "model.ffn_hidden must be >= 0 (0 = 8*dim/3), got ", m.ffn_hidden);
-    FORGE_CHECK(m.rope_theta > 0, "model.rope_theta must be > 0, got ", m.rope_theta);
-    FORGE_CHECK(m.norm_eps > 0, "model.norm_eps must be > 0, got ", m.norm_eps);
-    FORGE_CHECK(m.init_std > 0, "model.init_std must be > 0, got ", m.init_std);
   }
 
   // [optim] and [schedule]
@@ -108,7 +88,7 @@ void validate(const RunConfig& c) {
   // [dist]
   FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 3, "dist.zero_stage must be 0, 1, 2 or 3, got ",
               c.dist.zero_stage);
-  FORGE_CHECK(c.dist.zero_stage != 3 || c.model.type == "gpt" || c.model.type == "llama",
+  FORGE_CHECK(c.dist.zero_stage != 3 || lm,
               "dist.zero_stage = 3 shards the blocks of a GPT or LLaMA; model.type = '", c.model.type,
               "' has none: use dist.zero_stage = 2");
   FORGE_CHECK(!c.dist.offload_optimizer || c.dist.zero_stage >= 1,

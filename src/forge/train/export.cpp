@@ -10,7 +10,7 @@
 #include "forge/io/checkpoint.h"
 #include "forge/io/hf_names.h"
 #include "forge/io/safetensors.h"
-#include "forge/nn/llama.h"
+#include "forge/nn/model_registry.h"
 #include "forge/train/language_model.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/run_data.h"
@@ -40,22 +40,23 @@ ExportResult export_model(const ExportOptions& opt) {
                        "checkpoint '" + dir.string() + "'");
   io::TensorItems state = ck.model.items();
   json hf;
+  // The HF config from the family's shape (nn/model_registry.h): widths, kv-heads and FFN resolved.
   const auto& m = cfg.model;
-  if (m.type == "gpt") {
+  const nn::TransformerShape s = nn::transformer_shape(m);
+  if (s.arch == nn::Arch::gpt) {
     state = io::gpt2_to_hf(state);
-    hf = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab_size},
-          {"n_positions", m.block_size}, {"n_ctx", m.block_size}, {"n_embd", m.n_embd}, {"n_layer", m.n_layer},
-          {"n_head", m.n_head}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+    hf = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", s.vocab_size},
+          {"n_positions", s.block_size}, {"n_ctx", s.block_size}, {"n_embd", s.d_model}, {"n_layer", s.n_layer},
+          {"n_head", s.n_head}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
           {"resid_pdrop", m.dropout}, {"embd_pdrop", m.dropout}, {"attn_pdrop", m.dropout},
-          {"tie_word_embeddings", true}};
-    FORGE_CHECK(m.bias, "export: a GPT without biases (model.bias = false) has no GPT2LMHeadModel layout");
+          {"tie_word_embeddings", s.tied_head()}};
+    FORGE_CHECK(s.bias, "export: a GPT without biases (model.bias = false) has no GPT2LMHeadModel layout");
   } else {
-    const int64_t ffn = m.ffn_hidden > 0 ? m.ffn_hidden : nn::LlamaConfig::default_ffn_hidden(m.dim);
-    hf = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
-          {"hidden_size", m.dim}, {"intermediate_size", ffn}, {"num_hidden_layers", m.n_layer},
-          {"num_attention_heads", m.n_head}, {"num_key_value_heads", m.n_kv_head == 0 ? m.n_head : m.n_kv_head},
-          {"max_position_embeddings", m.block_size}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
-          {"hidden_act", "silu"}, {"tie_word_embeddings", false}};
+    hf = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", s.vocab_size},
+          {"hidden_size", s.d_model}, {"intermediate_size", s.ffn_hidden}, {"num_hidden_layers", s.n_layer},
+          {"num_attention_heads", s.n_head}, {"num_key_value_heads", s.n_kv_head},
+          {"max_position_embeddings", s.block_size}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
+          {"hidden_act", "silu"}, {"tie_word_embeddings", s.tied_head()}};
   }
   ExportResult r;
   r.checkpoint = dir.string();

@@ -9,6 +9,7 @@
 
 #include "forge/core/error.h"
 #include "forge/data/shards.h"
+#include "forge/nn/model_registry.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
 #include "forge/train/language_model.h"
@@ -159,7 +160,7 @@ class LanguageTask final : public Task {
  private:
   bool random_data() const { return cfg_.data.source == "random"; }
   bool has_val() const { return cfg_.data.val_fraction > 0; }
-  int64_t width() const { return cfg_.model.type == "gpt" ? cfg_.model.n_embd : cfg_.model.dim; }
+  int64_t width() const { return nn::transformer_shape(cfg_.model).d_model; }
   // The mean cross-entropy per target token of the first eval.batches validation windows (the
   // same windows every time).
   double validation_loss(Strategy& strategy) {

@@ -2,7 +2,7 @@
 
 #include "forge/core/error.h"
 #include "forge/dist/mesh.h"
-#include "forge/nn/llama.h"
+#include "forge/nn/model_registry.h"
 
 namespace forge::train {
 
@@ -18,16 +18,15 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   const dist::Mesh mesh = dist::Mesh::carve(world_size, 0, tp, pp);  // 1.
   const auto& m = cfg.model;
   if (cfg.is_language_model()) {                                     // 2.
-    const bool llama = m.type == "llama";
-    const int64_t kv = llama && m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
-    const int64_t ffn = !llama ? 4 * m.n_embd : m.ffn_hidden > 0 ? m.ffn_hidden : nn::LlamaConfig::default_ffn_hidden(m.dim);
+    const nn::TransformerShape shape = nn::transformer_shape(m);    // kv-heads and FFN width resolved
+    const int64_t kv = shape.n_kv_head, ffn = shape.ffn_hidden;
     FORGE_CHECK(m.n_head % tp == 0, "model.n_head = ", m.n_head, " is not divisible by dist.tp = ", tp,
                 " (each tensor-parallel rank computes n_head / tp heads); choose dist.tp a divisor of ", m.n_head);
     FORGE_CHECK(kv % tp == 0 || tp % kv == 0, "the ", kv,
                 " key/value heads (model.n_kv_head) and dist.tp = ", tp,
                 " do not split: kv-heads must be a multiple of tp, or divide it (then they are replicated); choose "
                 "dist.tp accordingly");
-    FORGE_CHECK(ffn % tp == 0, "the FFN width ", ffn, " (", llama ? "model.ffn_hidden" : "4 x model.n_embd",
+    FORGE_CHECK(ffn % tp == 0, "the FFN width ", ffn, " (", nn::model_family(m.type).ffn_rule,
                 ") is not divisible by dist.tp = ", tp, "; choose dist.tp a divisor of it");
     check_vocab_splits(cfg, m.vocab_size);
     FORGE_CHECK(m.n_layer >= pp, "dist.pp = ", pp, " pipeline stages need at least as many blocks, but model.n_layer = ",
