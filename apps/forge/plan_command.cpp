@@ -275,7 +275,7 @@ int run_plan(const std::vector<std::string>& overrides) {
   if (a.given("--kv-heads")) m.n_kv_head = a.kv_heads;
   else if (m.arch == Arch::gpt || !from_file) m.n_kv_head = m.n_head;
   if (a.given("--ffn")) m.ffn_hidden = a.ffn;
-  else if (a.given("--width")) m.ffn_hidden = m.arch == Arch::gpt ? 4 * m.d_model : default_llama_ffn(m.d_model);
+  else if (a.given("--width")) m.ffn_hidden = nn::default_ffn_hidden(m.arch, m.d_model);
   if (a.given("--vocab")) m.vocab_size = a.vocab;
   if (a.given("--seq")) {
     m.seq_len = a.seq;

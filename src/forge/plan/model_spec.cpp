@@ -5,7 +5,7 @@
 
 #include "forge/core/error.h"
 #include "forge/data/bpe.h"
-#include "forge/nn/llama.h"
+#include "forge/nn/model_registry.h"
 #include "forge/plan/names.h"
 #include "forge/train/config.h"
 
@@ -15,37 +15,40 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-ModelSpec gpt(const std::string& name, int64_t layers, int64_t width, int64_t heads) {
+// A spec from the shape of a [model] section (nn/model_registry.h) and plan's own fields.
+ModelSpec spec_of(const std::string& name, const nn::TransformerShape& shape, int64_t seq_len) {
   ModelSpec m;
+  static_cast<nn::TransformerShape&>(m) = shape;
   m.name = name;
-  m.arch = Arch::gpt;
-  m.n_layer = layers;
-  m.d_model = width;
-  m.n_head = heads;
-  m.n_kv_head = heads;
-  m.ffn_hidden = 4 * width;
-  m.vocab_size = 50257;
-  m.block_size = 1024;
-  m.seq_len = 1024;
-  m.bias = true;
+  m.seq_len = seq_len;
   return m;
+}
+
+// The presets are written as the [model] section a run config would give them.
+ModelSpec gpt(const std::string& name, int64_t layers, int64_t width, int64_t heads) {
+  nn::ModelConfig c;
+  c.type = "gpt";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.vocab_size = 50257;
+  c.block_size = 1024;
+  c.bias = true;
+  return spec_of(name, nn::transformer_shape(c), 1024);
 }
 
 ModelSpec llama(const std::string& name, int64_t layers, int64_t width, int64_t heads, int64_t kv, int64_t ffn,
                 int64_t vocab, int64_t context) {
-  ModelSpec m;
-  m.name = name;
-  m.arch = Arch::llama;
-  m.n_layer = layers;
-  m.d_model = width;
-  m.n_head = heads;
-  m.n_kv_head = kv;
-  m.ffn_hidden = ffn;
-  m.vocab_size = vocab;
-  m.block_size = context;
-  m.seq_len = context;
-  m.bias = false;
-  return m;
+  nn::ModelConfig c;
+  c.type = "llama";
+  c.n_layer = layers;
+  c.dim = width;
+  c.n_head = heads;
+  c.n_kv_head = kv;
+  c.ffn_hidden = ffn;
+  c.vocab_size = vocab;
+  c.block_size = context;
+  return spec_of(name, nn::transformer_shape(c), context);
 }
 
 // K/V heads one GPU holds under tensor parallelism tp (replicated when tp > n_kv_head).
@@ -71,10 +74,6 @@ BlockParams block_params_tp(const ModelSpec& m, int64_t tp) {
 }
 
 }  // namespace
-
-const char* arch_name(Arch a) { return a == Arch::gpt ? "GPT" : "LLaMA"; }
-
-int64_t default_llama_ffn(int64_t dim) { return nn::LlamaConfig::default_ffn_hidden(dim); }
 
 void ModelSpec::validate() const {
   FORGE_CHECK(n_layer > 0, "model: layers must be > 0, got ", n_layer);
@@ -148,35 +147,16 @@ const Preset& find_preset(const std::string& name) {
 }
 
 ModelSpec from_run_config(const train::RunConfig& cfg) {
-  const auto& m = cfg.model;
-  FORGE_CHECK(m.type == "gpt" || m.type == "llama", "forge plan: model.type = '", m.type, "' in ",
+  nn::ModelConfig m = cfg.model;
+  const nn::ModelFamily* family = nn::find_model_family(m.type);
+  FORGE_CHECK(family == nullptr || family->is_transformer(), "forge plan: model.type = '", m.type, "' in ",
               cfg.source.empty() ? std::string("the config") : cfg.source,
-              " is not a language model; plan covers \"gpt\" and \"llama\"");
-  ModelSpec s;
-  s.name = cfg.source.empty() ? "config" : cfg.source;
-  s.arch = m.type == "gpt" ? Arch::gpt : Arch::llama;
-  s.n_layer = m.n_layer;
-  s.n_head = m.n_head;
-  s.block_size = m.block_size;
-  s.seq_len = cfg.train.seq_len;
-  if (m.vocab_size > 0) {
-    s.vocab_size = m.vocab_size;
-  } else if (!cfg.data.tokenizer.empty()) {
-    s.vocab_size = data::BpeTokenizer::load(cfg.data.tokenizer).vocab_size();
-  } else {
-    s.vocab_size = cfg.data.vocab_size;  // the tokenizer the trainer trains on the fly
+              " is not a language model; plan covers ", nn::model_type_list(/*transformers_only=*/true, " and "));
+  if (m.vocab_size == 0) {
+    m.vocab_size = cfg.data.tokenizer.empty() ? cfg.data.vocab_size  // the tokenizer the trainer trains on the fly
+                                              : data::BpeTokenizer::load(cfg.data.tokenizer).vocab_size();
   }
-  if (s.arch == Arch::gpt) {
-    s.d_model = m.n_embd;
-    s.n_kv_head = m.n_head;
-    s.ffn_hidden = 4 * m.n_embd;
-    s.bias = m.bias;
-  } else {
-    s.d_model = m.dim;
-    s.n_kv_head = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
-    s.ffn_hidden = m.ffn_hidden > 0 ? m.ffn_hidden : default_llama_ffn(m.dim);
-    s.bias = false;
-  }
+  const ModelSpec s = spec_of(cfg.source.empty() ? "config" : cfg.source, nn::transformer_shape(m), cfg.train.seq_len);
   s.validate();
   return s;
 }

@@ -21,37 +21,29 @@
 #include <string>
 #include <vector>
 
+#include "forge/nn/model_registry.h"
+
 namespace forge::train {
 struct RunConfig;
 }
 
 namespace forge::plan {
 
-enum class Arch { gpt, llama };
-const char* arch_name(Arch a);
+// The block layouts and the architecture are nn's (nn/model_registry.h): a run config's model
+// reaches plan through its family's shape(), so plan holds no copy of a family's rules.
+using Arch = nn::Arch;
+using nn::arch_name;
 
-struct ModelSpec {
+// The architecture (nn::TransformerShape: layout, layers, width h, heads a, kv-heads, FFN width
+// f, vocabulary V, context, biases; the defaults are GPT-2 small's) and what plan adds to it.
+struct ModelSpec : nn::TransformerShape {
   std::string name = "custom";  // preset name, config path, or "custom"
-  Arch arch = Arch::gpt;
-  int64_t n_layer = 12;
-  int64_t d_model = 768;        // h: the width (GPT n_embd, LLaMA dim)
-  int64_t n_head = 12;          // a
-  int64_t n_kv_head = 12;       // LLaMA grouped-query attention (GPT: = n_head)
-  int64_t ffn_hidden = 3072;    // f: GPT 4h; LLaMA the SwiGLU width
-  int64_t vocab_size = 50257;   // V
-  int64_t block_size = 1024;    // the context the model is built for (GPT's position table)
   int64_t seq_len = 1024;       // s: tokens per training sequence (<= block_size)
-  bool bias = true;             // GPT: biases in Linear and LayerNorm
-  bool tied_head() const { return arch == Arch::gpt; }
-  int64_t head_dim() const { return d_model / n_head; }
   // Throws forge::Error naming the field and the fix for an impossible shape.
   void validate() const;
   // "LLaMA, 32 layers, width 4096, 32 heads (32 kv), ffn 11008, vocab 32000, seq 4096"
   std::string describe() const;
 };
-
-// The SwiGLU width forge uses when model.ffn_hidden = 0 (nn::LlamaConfig::default_ffn_hidden).
-int64_t default_llama_ffn(int64_t dim);
 
 // ---- presets ----------------------------------------------------------------------------------
 
@@ -68,9 +60,10 @@ const std::vector<Preset>& presets();
 // 'llama2-7b'?") and all presets.
 const Preset& find_preset(const std::string& name);
 
-// The [model] and [train] sections of a forge run config (train/config.h): architecture,
-// block size, seq_len. model.vocab_size = 0 resolves like the trainer does: the tokenizer's
-// size (data.tokenizer's JSON, or data.vocab_size for a tokenizer trained on the fly).
+// The [model] and [train] sections of a forge run config (train/config.h): the architecture is
+// the model family's shape (nn::transformer_shape), plus train.seq_len. model.vocab_size = 0
+// resolves like the trainer does: the tokenizer's size (data.tokenizer's JSON, or
+// data.vocab_size for a tokenizer trained on the fly).
 ModelSpec from_run_config(const train::RunConfig& cfg);
 
 // ---- parameters -------------------------------------------------------------------------------
