@@ -74,9 +74,10 @@ TEST(ModelRegistry, ListsEveryFamilyAndNamesTheKnownTypesForAnUnknownOne) {
 }
 
 TEST(ModelRegistry, EachFamilyReadsItsOwnKeys) {
-  const ModelFamily& gpt = model_family("gpt");
-  const ModelFamily& llama = model_family("llama");
-  const ModelFamily& lenet = model_family("lenet");
+  const std::string types[] = {"gpt", "llama", "lenet"};  // lvalues: the families live in the registry
+  const ModelFamily& gpt = model_family(types[0]);
+  const ModelFamily& llama = model_family(types[1]);
+  const ModelFamily& lenet = model_family(types[2]);
   for (const char* k : {"type", "vocab_size", "block_size", "n_layer", "n_head", "checkpoint_activations"}) {
     EXPECT_TRUE(gpt.reads(k)) << k;
     EXPECT_TRUE(llama.reads(k)) << k;
