@@ -90,7 +90,8 @@ const std::vector<Field>& fields() {
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
       FORGE_FIELD(model, type, nn::model_type_list()),
-      FORGE_FIELD(model, vocab_size, model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),
+      FORGE_FIELD(model, vocab_size,
+                  model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),
       FORGE_FIELD(model, block_size, model_doc("block_size", "maximum context in tokens (learned positions for GPT)")),
       FORGE_FIELD(model, n_layer, model_doc("n_layer", "transformer blocks")),
       FORGE_FIELD(model, n_head, model_doc("n_head", "attention heads (must divide n_embd / dim)")),
