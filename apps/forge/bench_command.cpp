@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/bench/attention.h"
 #include "forge/bench/burn.h"
 #include "forge/bench/collectives.h"
 #include "forge/bench/gemm.h"
@@ -55,6 +56,17 @@ struct LayerArgs {
   bool json = false;
 };
 LayerArgs g_layer;
+
+struct AttentionArgs {
+  std::string device = "auto";
+  std::vector<std::string> shapes;  // empty: the device's defaults
+  std::string backends;             // empty: the device's defaults
+  std::string dtype;
+  int repeats = 20;
+  int warmup = 3;
+  bool json = false;
+};
+AttentionArgs g_attention;
 
 struct CollectivesArgs {
   std::string device = "auto";
@@ -233,6 +245,40 @@ int run_layer_command() {
   return 0;
 }
 
+// ---- attention ----------------------------------------------------------------------------------
+
+int run_attention_command() {
+  bench::AttentionOptions o;
+  o.device = parse_device(g_attention.device);
+  o.dtype = g_attention.dtype.empty() ? (o.device.is_cuda() ? DType::bf16 : DType::f32) : parse_dtype(g_attention.dtype);
+  for (const std::string& s : g_attention.shapes) o.shapes.push_back(bench::parse_attention_shape(s));
+  if (o.shapes.empty()) o.shapes = bench::default_attention_shapes(o.device);
+  o.backends = g_attention.backends.empty() ? bench::default_attention_backends(o.device)
+                                            : bench::parse_attention_backends(g_attention.backends, o.device);
+  o.repeats = g_attention.repeats;
+  o.warmup_runs = g_attention.warmup;
+  const bench::AttentionReport r = bench::run_attention(o);
+  if (g_attention.json) {
+    print_json(bench::to_json(r));
+    return 0;
+  }
+  std::printf("forge bench attention on %s (%s), %s%s%s; median of %d, %s\n", r.device.c_str(), r.device_name.c_str(),
+              dtype_name(o.dtype), r.cudnn_version.empty() ? "" : ", cuDNN ", r.cudnn_version.c_str(), o.repeats,
+              r.timer.c_str());
+  std::printf("FLOPs: forward 4 B H T S D (halved when causal), backward 2.5 x forward\n\n");
+  std::printf("%-22s %-10s %10s %10s %10s %10s\n", "B x H x Hkv x T x D", "back-end", "fwd ms", "fwd TF/s", "bwd ms",
+              "bwd TF/s");
+  for (const auto& x : r.results) {
+    if (!x.skipped.empty()) {
+      std::printf("%-22s %-10s   skipped: %s\n", bench::shape_str(x.shape).c_str(), x.backend.c_str(), x.skipped.c_str());
+      continue;
+    }
+    std::printf("%-22s %-10s %10.3f %10.1f %10.3f %10.1f\n", bench::shape_str(x.shape).c_str(), x.backend.c_str(),
+                x.fwd_ms, x.fwd_tflops, x.bwd_ms, x.bwd_tflops);
+  }
+  return 0;
+}
+
 // ---- roofline -----------------------------------------------------------------------------------
 
 void print_roofline_table(const bench::Roofline& r, const std::string& svg) {
@@ -396,7 +442,7 @@ int run_collectives_command() {
 
 CLI::App* add_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand(
-      "bench", "measure this machine (gemm, memory, layer, roofline, burn); method: docs/bench.md");
+      "bench", "measure this machine (gemm, memory, layer, attention, roofline, burn, collectives); method: docs/bench.md");
   bench->require_subcommand(1);
   auto* gemm = bench->add_subcommand("gemm", "TFLOP/s of forge's matrix product (cuBLASLt on a GPU, OpenBLAS on the CPU)");
   gemm->add_option("--device", g_gemm.device, "auto (the first GPU if any), cpu, cuda or cuda:N")->capture_default_str();
@@ -450,6 +496,23 @@ CLI::App* add_bench_command(CLI::App& app) {
   layer->add_flag("--json", g_layer.json, "print one JSON object instead of the table");
   layer->footer("Method (parts, FLOP and byte counts, timer): docs/bench.md.");
 
+  auto* attn = bench->add_subcommand(
+      "attention", "scaled dot-product attention forward and backward on each of forge's back-ends (cuDNN, flash)");
+  attn->add_option("--device", g_attention.device, "auto (the first GPU if any), cpu, cuda or cuda:N")->capture_default_str();
+  attn->add_option("--shape", g_attention.shapes,
+                   "BxHxHKVxTxD[,full] (repeatable), e.g. 4x32x8x2048x128; default: T 1k..8k at 16k tokens for head "
+                   "dims 64 (12/12 and 16/4 heads) and 128 (32/8 heads), causal")
+      ->check(parser_check([](const std::string& s) { bench::parse_attention_shape(s); }, "SHAPE"));
+  attn->add_option("--backends", g_attention.backends,
+                   "comma-separated among cudnn, cudnn-det, flash, composed (GPU) or cpu; default cudnn,flash (GPU)");
+  attn->add_option("--dtype", g_attention.dtype, "bf16 or f16 on a GPU (default bf16); f32 or f64 on the CPU");
+  attn->add_option("--repeats", g_attention.repeats, "timed runs (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  attn->add_option("--warmup", g_attention.warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  attn->add_flag("--json", g_attention.json, "print one JSON object instead of the table");
+  attn->footer("Method (back-ends, FLOP count, timer): docs/bench.md. Beside PyTorch: benchmarks/attention/run.sh.");
+
   auto* roof = bench->add_subcommand("roofline", "arithmetic intensity vs achieved FLOP/s of every kernel, with an SVG plot");
   roof->add_option("--device", g_roofline.device, "auto (the first GPU if any), cpu, cuda or cuda:N")->capture_default_str();
   roof->add_option("--from", g_roofline.from, "a `forge bench gemm|memory|layer --json` file to plot instead of measuring (repeatable)")
@@ -487,6 +550,7 @@ int run_bench(const CLI::App& bench) {
   if (bench.get_subcommand("gemm")->parsed()) return run_gemm_command();
   if (bench.get_subcommand("memory")->parsed()) return run_memory_command();
   if (bench.get_subcommand("layer")->parsed()) return run_layer_command();
+  if (bench.get_subcommand("attention")->parsed()) return run_attention_command();
   if (bench.get_subcommand("roofline")->parsed()) return run_roofline_command();
   if (bench.get_subcommand("burn")->parsed()) return run_burn_command();
   if (bench.get_subcommand("collectives")->parsed()) return run_collectives_command();

@@ -117,6 +117,35 @@ Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
 
 }  // namespace
 
+namespace {
+std::string g_backend = "auto";
+bool g_deterministic = false;
+}  // namespace
+
+bool is_attention_backend(const std::string& name) { return name == "auto" || name == "flash" || name == "composed"; }
+
+void set_attention_backend(const std::string& name) {
+  FORGE_CHECK(is_attention_backend(name), "attention back-end '", name,
+              "' is not one of auto, flash, composed (run.attention)");
+  g_backend = name;
+#ifdef FORGE_WITH_CUDA
+  cuda::set_attention_backend(name == "auto"    ? cuda::AttentionBackend::automatic
+                              : name == "flash" ? cuda::AttentionBackend::flash
+                                                : cuda::AttentionBackend::composed);
+#endif
+}
+
+std::string attention_backend() { return g_backend; }
+
+void set_deterministic(bool on) {
+  g_deterministic = on;
+#ifdef FORGE_WITH_CUDA
+  cuda::set_deterministic_attention(on);
+#endif
+}
+
+bool deterministic() { return g_deterministic; }
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                     const Tensor& mask) {
   check_inputs(q, k, v, scale, mask);

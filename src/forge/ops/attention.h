@@ -29,9 +29,28 @@
 // S and P are rounded to the compute dtype between the GEMMs) and the result may be a
 // non-contiguous view (dense in q's memory order, so the usual transpose(1, 2).reshape()
 // after attention is a view).
+#include <string>
+
 #include "forge/core/tensor.h"
 
 namespace forge::ops {
+
+// Which CUDA attention kernels may run (Note [attention back-ends] in
+// backends/cuda/attention.cu): "auto" (cuDNN's fused attention, then forge's flash kernels,
+// then the composed GEMM path, each where it applies), "flash" (forge's flash kernels, then
+// the composed path), "composed" (the composed path only). Process-wide; forge train sets it
+// from run.attention. Throws naming the valid values on any other name. No effect on the CPU.
+void set_attention_backend(const std::string& name);
+std::string attention_backend();
+// The names set_attention_backend takes, e.g. for a config check.
+bool is_attention_backend(const std::string& name);
+
+// Deterministic attention backward on CUDA: no atomics, so gradients are the same bit for bit
+// from run to run (cuDNN's deterministic algorithm, else the composed path; a few percent of
+// the step slower). Process-wide; forge train sets it from run.deterministic. The CPU kernels
+// are always deterministic.
+void set_deterministic(bool on);
+bool deterministic();
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double scale = 0.0, const Tensor& mask = {});

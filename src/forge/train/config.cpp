@@ -89,6 +89,13 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, allow_tf32,
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
+      FORGE_FIELD(run, attention,
+                  "which CUDA attention kernels run: \"auto\" (cuDNN's fused attention where it applies, then forge's "
+                  "flash kernels, then the composed GEMM path), \"flash\" (forge's flash kernels, then the composed "
+                  "path) or \"composed\" (GEMMs and a fused softmax only); results differ in the last bits"),
+      FORGE_FIELD(run, deterministic,
+                  "CUDA attention backward without atomics, so reruns give the same gradients bit for bit (cuDNN's "
+                  "deterministic algorithm, else the composed path; slower)"),
       FORGE_FIELD(model, type, nn::model_type_list()),
       FORGE_FIELD(model, vocab_size,
                   model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),

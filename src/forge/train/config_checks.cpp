@@ -8,6 +8,7 @@
 #include "forge/core/error.h"
 #include "forge/data/idx.h"
 #include "forge/nn/model_registry.h"
+#include "forge/ops/attention.h"
 #include "forge/train/config.h"
 
 namespace forge::train {
@@ -23,6 +24,8 @@ void validate(const RunConfig& c) {
   check_run_device_syntax(c.run.device);  // the syntax; whether the GPU exists is checked when the run starts
   FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
               "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
+  FORGE_CHECK(ops::is_attention_backend(c.run.attention), "run.attention = '", c.run.attention,
+              "' is unknown; use \"auto\", \"flash\" or \"composed\"");
 
   // [model]: the family's own rules (nn/model_registry.h), then what training adds to them.
   const auto& m = c.model;

@@ -24,6 +24,7 @@
 #include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
+#include "forge/ops/attention.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
@@ -171,6 +172,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
+  ops::set_attention_backend(cfg.run.attention);
+  ops::set_deterministic(cfg.run.deterministic);
   dist::ProcessGroupPtr pg;
   dist::Mesh mesh = dist::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
   if (distributed) {

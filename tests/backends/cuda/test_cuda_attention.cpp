@@ -21,11 +21,13 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
 #include "forge/backends/cpu/attention.h"
 #include "forge/backends/cuda/attention.h"
+#include "forge/backends/cuda/cudnn_attention.h"
 #include "forge/backends/cuda/flash_attention.h"
 #include "forge/core/env.h"
 #include "forge/forge.h"
@@ -220,10 +222,19 @@ TEST(CudaAttentionModels, GptAttentionBlockMatchesCpu) {
 
 // ---- flash attention (bf16 / f16, D in {64, 128}, no mask) ---------------------------------
 
-// FORGE_FLASH_ATTENTION as `value` for a scope (the switch is read once per process: core/env.h).
+// The attention back-end for a scope (Note [attention back-ends]).
+struct BackendGuard {
+  explicit BackendGuard(cuda::AttentionBackend b) : prev_(cuda::attention_backend()) { cuda::set_attention_backend(b); }
+  ~BackendGuard() { cuda::set_attention_backend(prev_); }
+  cuda::AttentionBackend prev_;
+};
+
+// FORGE_FLASH_ATTENTION as `value` for a scope (the switch is read once per process: core/env.h),
+// with cuDNN's fused attention out of the way so that these tests exercise forge's own kernels.
 struct FlashEnv {
   explicit FlashEnv(const char* value) : override_("FORGE_FLASH_ATTENTION", value) {}
   env::Override override_;
+  BackendGuard backend_{cuda::AttentionBackend::flash};
 };
 
 std::vector<AttnCase> flash_cases() {
@@ -365,6 +376,147 @@ TEST(CudaFlashAttentionPath, EnvSwitchFallsBackToGemms) {
   const TensorList flash = run();
   expect_close(flash[0].to(DType::f32), gemm[0].to(DType::f32), 1e-2, "flash vs GEMM out");
   expect_close(flash[1].to(DType::f32), gemm[1].to(DType::f32), 1e-2, "flash vs GEMM d(qkv)");
+}
+
+// ---- cuDNN's fused attention (Note [cuDNN attention]) ---------------------------------------
+
+#define FORGE_SKIP_WITHOUT_CUDNN()                                                        \
+  do {                                                                                     \
+    FORGE_SKIP_WITHOUT_GPU();                                                              \
+    if (!cuda::cudnn_attention_available())                                                \
+      GTEST_SKIP() << "cuDNN attention unavailable: " << cuda::cudnn_version_string();     \
+  } while (0)
+
+std::vector<AttnCase> cudnn_cases() {
+  using L = Layout;
+  using M = MaskKind;
+  std::vector<AttnCase> all;
+  for (int64_t D : {64, 128})
+    for (bool causal : {true, false})
+      for (int64_t T : {1, 17, 100, 256, 1024}) {
+        const int64_t B = T >= 1024 ? 1 : 2, H = T >= 256 ? 2 : 3;
+        all.push_back({"cudnn contiguous", B, H, H, T, T, D, D, causal, M::none, L::contiguous});
+      }
+  for (int64_t D : {64, 128}) {
+    all.push_back({"cudnn GQA 8/2, causal", 1, 8, 2, 100, 100, D, D, true, M::none, L::contiguous});
+    all.push_back({"cudnn GQA 4/1, not causal", 1, 4, 1, 77, 77, D, D, false, M::none, L::contiguous});
+    all.push_back({"cudnn fused QKV views, causal", 2, 2, 2, 100, 100, D, D, true, M::none, L::fused_qkv});
+    all.push_back({"cudnn permuted views, GQA 4/2", 2, 4, 2, 70, 70, D, D, true, M::none, L::permuted});
+    all.push_back({"cudnn T < S bottom-right causal", 2, 2, 2, 45, 130, D, D, true, M::none, L::contiguous});
+    all.push_back({"cudnn T != S not causal", 1, 2, 2, 33, 90, D, D, false, M::none, L::contiguous});
+  }
+  all.push_back({"cudnn head dim 96 (not a flash size)", 2, 4, 2, 130, 130, 96, 96, true, M::none, L::contiguous});
+  return all;
+}
+
+class CudaCudnnAttention : public ::testing::TestWithParam<DType> {};
+
+// Forward and backward against the CPU; each applicable case must run on cuDNN (or, where its
+// graph was declined, say so on stderr and still match through forge's kernels).
+TEST_P(CudaCudnnAttention, MatchesCpuForwardAndBackward) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  BackendGuard automatic(cuda::AttentionBackend::automatic);
+  uint64_t seed = 9000;
+  int64_t taken = 0;
+  for (AttnCase c : cudnn_cases()) {
+    const std::string what = describe(c);
+    c.what = what.c_str();
+    const int64_t before = cuda::cudnn_attention_calls();
+    check_attention(GetParam(), c, seed += 20);
+    const int64_t calls = cuda::cudnn_attention_calls() - before;
+    EXPECT_TRUE(calls == 0 || calls == 2) << what << ": forward and backward ran on different back-ends";
+    taken += calls / 2;
+  }
+  // Every case is inside cuDNN's documented support (D <= 128, multiples of 8, T <= S when
+  // causal): at least the GPT-2 and LLaMA shapes must be taken.
+  EXPECT_GE(taken, static_cast<int64_t>(cudnn_cases().size()) - 4) << "cuDNN declined most problems";
+}
+
+// cuDNN's Stats are forge's lse: natural-log logsumexp of the scaled scores, f32.
+TEST_P(CudaCudnnAttention, LogSumExpMatchesCpu) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  const DType dt = GetParam();
+  for (bool causal : {true, false}) {
+    const int64_t B = 2, H = 4, Hkv = 2, T = 90, S = 90, D = 64;
+    const Pair q = on_both(host_input({B, H, T, D}, Domain::real, dt, 71));
+    const Pair k = on_both(host_input({B, Hkv, S, D}, Domain::real, dt, 72));
+    const Pair v = on_both(host_input({B, Hkv, S, D}, Domain::real, dt, 73));
+    ASSERT_TRUE(cuda::cudnn_attention_applies(q.gpu, k.gpu, v.gpu, Tensor(), causal));
+    Tensor og = empty({B, H, T, D}, {.dtype = dt, .device = kGpu});
+    Tensor lg = empty({B, H, T}, {.dtype = DType::f32, .device = kGpu});
+    ASSERT_TRUE(cuda::cudnn_attention_forward(q.gpu, k.gpu, v.gpu, causal, 0.125, og, lg));
+    const Tensor qc = q.cpu.to(DType::f32), kc = k.cpu.to(DType::f32), vc = v.cpu.to(DType::f32);
+    Tensor oc = empty({B, H, T, D}, {.dtype = DType::f32});
+    Tensor lc = empty({B, H, T}, {.dtype = DType::f32});
+    cpu::attention_forward(qc, kc, vc, Tensor(), causal, 0.125, oc, lc);
+    expect_matches(og, oc, tolerance(dt), "cudnn out");
+    const auto g = lg.to_vector<double>(), r = lc.to_vector<double>();
+    ASSERT_EQ(g.size(), r.size());
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_NEAR(g[i], r[i], 1e-3 * (1 + std::abs(r[i]))) << "lse[" << i << "]";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaCudnnAttention, ::testing::Values(DType::bf16, DType::f16));
+
+// A forward by one back-end and a backward by another agree (the shared lse contract), and
+// cuDNN agrees with forge's flash kernels.
+TEST(CudaCudnnAttentionPath, AgreesWithFlashAndMixesWithIt) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  const int64_t B = 2, T = 300, H = 4, D = 64;
+  const Pair qkv = on_both(host_input({B, T, 3 * H * D}, Domain::real, DType::bf16, 7300));
+  const Pair g = on_both(host_input({B, H, T, D}, Domain::real, DType::bf16, 7301));
+  auto run = [&](cuda::AttentionBackend fwd, cuda::AttentionBackend bwd) {
+    Tensor leaf = qkv.gpu.detach().requires_grad_();
+    const TensorList parts = ops::split(leaf, H * D, -1);
+    TensorList h;
+    for (const Tensor& p : parts) h.push_back(ops::transpose(ops::reshape(p, {B, T, H, D}), 1, 2));
+    Tensor y;
+    {
+      BackendGuard b(fwd);
+      y = ops::scaled_dot_product_attention(h[0], h[1], h[2], true);
+    }
+    BackendGuard b(bwd);
+    y.backward(g.gpu);
+    return TensorList{y.detach(), leaf.grad()};
+  };
+  using AB = cuda::AttentionBackend;
+  const TensorList flash = run(AB::flash, AB::flash), cudnn = run(AB::automatic, AB::automatic);
+  const TensorList mixed1 = run(AB::automatic, AB::flash), mixed2 = run(AB::flash, AB::automatic);
+  expect_close(cudnn[0].to(DType::f32), flash[0].to(DType::f32), 1e-2, "cudnn vs flash out");
+  expect_close(cudnn[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "cudnn vs flash d(qkv)");
+  expect_close(mixed1[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "cudnn forward + flash backward");
+  expect_close(mixed2[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "flash forward + cudnn backward");
+}
+
+// run.deterministic: two backward passes over the same inputs give the same bits (cuDNN's
+// deterministic algorithm, or the composed path where cuDNN has none); the flash kernels'
+// atomics are not used.
+TEST(CudaCudnnAttentionPath, DeterministicBackwardIsBitwiseRepeatable) {
+  FORGE_SKIP_WITHOUT_GPU();
+  struct DetGuard {
+    DetGuard() { cuda::set_deterministic_attention(true); }
+    ~DetGuard() { cuda::set_deterministic_attention(false); }
+  } det;
+  BackendGuard automatic(cuda::AttentionBackend::automatic);
+  for (const auto& [H, Hkv, D] : {std::tuple{8, 2, 128}, std::tuple{12, 12, 64}}) {
+    const int64_t B = 2, T = 512;
+    const Pair q = on_both(host_input({B, H, T, D}, Domain::real, DType::bf16, 7400));
+    const Pair k = on_both(host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 7401));
+    const Pair v = on_both(host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 7402));
+    const Pair g = on_both(host_input({B, H, T, D}, Domain::real, DType::bf16, 7403));
+    auto run = [&]() {
+      TensorList leaves{q.gpu.detach().requires_grad_(), k.gpu.detach().requires_grad_(),
+                        v.gpu.detach().requires_grad_()};
+      Tensor y = ops::scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], true);
+      y.backward(g.gpu);
+      return TensorList{leaves[0].grad().to(DType::f32), leaves[1].grad().to(DType::f32),
+                        leaves[2].grad().to(DType::f32)};
+    };
+    const int64_t flash_before = cuda::flash_attention_calls();
+    const TensorList a = run(), b = run();
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(a[i].to_vector<float>(), b[i].to_vector<float>()) << "gradient " << i;
+    EXPECT_LE(cuda::flash_attention_calls() - flash_before, 2) << "the flash backward (atomics) must not run";
+  }
 }
 
 }  // namespace

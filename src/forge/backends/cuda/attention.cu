@@ -37,11 +37,24 @@
 // Memory: forward one (chunk, G*T, S) scratch; backward two. Nothing of size (T, S) is
 // saved between forward and backward: P is recomputed from the lse.
 //
-// bf16 / f16 problems with D == Dv in {64, 128}, no explicit mask and 16-byte aligned rows
-// do not come here: attention_forward / attention_backward hand them to the fused kernels of
-// flash_attention.cu (Note [flash attention]) unless FORGE_FLASH_ATTENTION=0. Forward and
-// backward decide independently (same lse contract), e.g. a misaligned upstream gradient
-// sends only the backward down this path.
+// Note [attention back-ends]
+// attention_forward / attention_backward run the first of three back-ends that takes the
+// problem, in this order:
+//   1. cuDNN's fused attention (cudnn_attention.h, Note [cuDNN attention]): bf16 / f16, head
+//      dims up to 128, no explicit mask, causal only with T <= S; when cuDNN builds a plan;
+//   2. forge's flash-attention kernels (flash_attention.h, Note [flash attention]): bf16 /
+//      f16, D == Dv in {64, 128}, no explicit mask, unless FORGE_FLASH_ATTENTION=0;
+//   3. the composition of GEMMs and a fused softmax below (any dtype, mask, shape).
+// set_attention_backend() starts the list lower (flash: skip cuDNN; composed: only 3); the
+// automatic order puts cuDNN first because it was faster than forge's flash kernels
+// forward and backward on every shape `forge bench attention` measured
+// (benchmarks/results/attention_*.md). All three write the same lse (natural-log
+// logsumexp of the scaled scores, f32), so forward and backward decide independently, e.g.
+// a misaligned upstream gradient sends only the backward down another path.
+// Deterministic backward (set_deterministic_attention(true), forge train's
+// run.deterministic): the flash backward adds dQ with f32 atomics, so it is skipped; cuDNN
+// runs its deterministic algorithm, and where it has none the composed path (no atomics)
+// runs.
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
@@ -51,6 +64,7 @@
 
 #include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/blaslt.h"
+#include "forge/backends/cuda/cudnn_attention.h"
 #include "forge/backends/cuda/flash_attention.h"
 #include "forge/backends/cuda/loops.cuh"
 #include "forge/backends/cuda/runtime.h"
@@ -415,6 +429,16 @@ template <class T> constexpr int vec_of() { return static_cast<int>(16 / sizeof(
 
 }  // namespace
 
+namespace {
+std::atomic<AttentionBackend> g_backend{AttentionBackend::automatic};
+std::atomic<bool> g_deterministic{false};
+}  // namespace
+
+void set_attention_backend(AttentionBackend b) { g_backend = b; }
+AttentionBackend attention_backend() { return g_backend.load(); }
+void set_deterministic_attention(bool on) { g_deterministic = on; }
+bool deterministic_attention() { return g_deterministic.load(); }
+
 int64_t set_attention_scratch_bytes(int64_t bytes) {
   FORGE_CHECK(bytes > 0, "set_attention_scratch_bytes: expected a positive size, got ", bytes);
   return g_scratch_bytes.exchange(bytes);
@@ -436,7 +460,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     fill(lse, -std::numeric_limits<double>::infinity());
     return;
   }
-  if (flash_attention_applies(q, k, v, mask) && flash_attention_layout_ok(out)) {  // Note [flash attention]
+  const AttentionBackend backend = attention_backend();  // Note [attention back-ends]
+  if (backend == AttentionBackend::automatic && cudnn_attention_applies(q, k, v, mask, causal) &&
+      cudnn_attention_forward(q, k, v, causal, scale, out, lse))
+    return;
+  if (backend != AttentionBackend::composed && flash_attention_applies(q, k, v, mask) &&
+      flash_attention_layout_ok(out)) {
     flash_attention_forward(q, k, v, causal, scale, out, lse);
     return;
   }
@@ -506,8 +535,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   }
   const bool need_q = dq.defined(), need_k = dk.defined(), need_v = dv.defined(), need_ds = need_q || need_k;
   if (!need_q && !need_k && !need_v) return;
-  if (flash_attention_applies(q, k, v, mask) && flash_attention_layout_ok(dout) && flash_attention_layout_ok(out) &&
-      flash_attention_layout_ok(dq) && flash_attention_layout_ok(dk) && flash_attention_layout_ok(dv)) {
+  const AttentionBackend backend = attention_backend();  // Note [attention back-ends]
+  const bool deterministic = deterministic_attention();
+  if (backend == AttentionBackend::automatic && cudnn_attention_applies(q, k, v, mask, causal) &&
+      flash_attention_layout_ok(dout) && flash_attention_layout_ok(out) && flash_attention_layout_ok(dq) &&
+      flash_attention_layout_ok(dk) && flash_attention_layout_ok(dv) &&
+      cudnn_attention_backward(dout, q, k, v, out, lse, causal, scale, deterministic, dq, dk, dv))
+    return;
+  if (backend != AttentionBackend::composed && !deterministic && flash_attention_applies(q, k, v, mask) &&
+      flash_attention_layout_ok(dout) && flash_attention_layout_ok(out) && flash_attention_layout_ok(dq) &&
+      flash_attention_layout_ok(dk) && flash_attention_layout_ok(dv)) {
     flash_attention_backward(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
     return;
   }

@@ -4,9 +4,10 @@
 // ops/attention.h: GQA, bottom-right causal, bool mask, a zero row where no key is allowed).
 // Plain C++ declarations; the kernels and the decomposition are in attention.cu.
 //
-// bf16 / f16 with head dim 64 or 128 and no mask run the fused flash-attention kernels
-// (flash_attention.h; FORGE_FLASH_ATTENTION=0 disables them). Everything else is
-// composed of cuBLASLt GEMMs and a fused softmax:
+// bf16 / f16 problems without a mask run fused kernels: cuDNN's fused attention
+// (cudnn_attention.h) or forge's flash-attention kernels (flash_attention.h), chosen as Note
+// [attention back-ends] in attention.cu says. Everything else is composed of cuBLASLt GEMMs
+// and a fused softmax:
 //   forward   S = scale q k^T (GEMM), P = softmax(S masked) with lse (one kernel), O = P v (GEMM)
 //   backward  S again (GEMM), dP = dO v^T (GEMM), P = exp(S - lse) and dS = P (dP - delta)
 //             with delta = rowsum(dO * O) (one kernel), dv = P^T dO, dq = scale dS k,
@@ -31,6 +32,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk,
                         Tensor& dv);
+
+// Which back-ends may run (Note [attention back-ends]): automatic = cuDNN, then flash, then
+// the composed path; flash = forge's flash kernels, then the composed path; composed = only
+// the composed path. Process-wide; forge train sets it from run.attention.
+enum class AttentionBackend : uint8_t { automatic, flash, composed };
+void set_attention_backend(AttentionBackend b);
+AttentionBackend attention_backend();
+
+// Deterministic backward (no atomics: dq, dk, dv the same bit for bit from run to run):
+// process-wide; forge train sets it from run.deterministic.
+void set_deterministic_attention(bool on);
+bool deterministic_attention();
 
 // Bytes per scratch buffer of (T, S) score matrices (forward uses one, backward two);
 // default 256 MiB. Returns the previous value. A tuning and testing knob: smaller budgets

@@ -1,0 +1,51 @@
+#pragma once
+// cuDNN's fused attention (the SDPA node of cuDNN's graph API, built through NVIDIA's
+// header-only cudnn-frontend, third_party/cudnn-frontend) as a back-end of
+// cuda::attention_forward / attention_backward. Same contract as attention.h and
+// flash_attention.h (Note [attention conventions] in ops/attention.h): q (B, H, T, D), k and
+// v (B, Hkv, S, D), GQA, bottom-right causal alignment, lse a contiguous f32 (B, H, T) of
+// natural-log units (cuDNN's "Stats" tensor is exactly that, so a forward by one back-end
+// and a backward by another agree). The design is Note [cuDNN attention] in
+// cudnn_attention.cpp; which back-end runs is Note [attention back-ends] in attention.cu.
+//
+// Internal to backends/cuda/ (and its tests); plain C++, no cuDNN headers.
+#include <cstdint>
+#include <string>
+
+#include "forge/core/tensor.h"
+
+namespace forge::cuda {
+
+// Whether forge was built with cuDNN (FORGE_WITH_CUDNN) and the library loaded at run time
+// is version 9 or newer. The version found, e.g. "9.19.0", or why not ("not built with
+// cuDNN").
+bool cudnn_attention_available();
+std::string cudnn_version_string();
+
+// Whether cuDNN's fused attention may take this problem: available, q/k/v bf16 or f16, 4-D,
+// D == Dv, D a multiple of 8 and at most 128, no mask, 0 < T <= S when causal (every row
+// then has a key: cuDNN's rows without keys are not forge's zero rows), and every tensor
+// readable in place (unit stride in the last dim, other strides multiples of 8 elements,
+// 16-byte aligned). cuDNN may still decline a problem when its graph is built (no engine):
+// the calls below then return false and the caller runs another back-end.
+bool cudnn_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal);
+
+// Runs the forward; false when cuDNN has no plan for it (nothing was written). out and lse as
+// attention.h; out readable in place.
+bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+                             Tensor& lse);
+
+// Runs the backward; false when cuDNN has no plan for it (nothing was written). Undefined
+// dq / dk / dv are computed into scratch and dropped (cuDNN writes all three).
+// deterministic: cuDNN's deterministic algorithm (no atomics: dq is the same bit for bit from
+// run to run); false when cuDNN offers none for this problem.
+bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, bool causal, double scale, bool deterministic, Tensor& dq, Tensor& dk,
+                              Tensor& dv);
+
+// How many cuDNN forward + backward calls have run, and how many distinct graphs were built
+// (or refused), in this process (tests check the path is taken and the cache hit).
+int64_t cudnn_attention_calls();
+int64_t cudnn_attention_graphs_built();
+
+}  // namespace forge::cuda
