@@ -29,7 +29,7 @@ echo "== PyTorch scaled_dot_product_attention (cudnn, flash)"
 OUTFILE="benchmarks/results/attention_${GPU}.md"
 "$PY" benchmarks/attention/report.py --forge "$RAW/forge.json" --torch "$RAW/torch.json" \
   --command "benchmarks/attention/run.sh (REPEATS=$REPEATS WARMUP=$WARMUP BACKENDS=$BACKENDS)" \
-  --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" > "$OUTFILE"
+  --commit "${FORGE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$OUTFILE"
 echo "wrote $OUTFILE"
 cat "$OUTFILE"
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then cp "$OUTFILE" "$OUT/"; tar -czf "$OUT/attention_raw.tgz" "$RAW"; fi

@@ -62,6 +62,16 @@ void attention_cases(std::vector<GradCase>& c) {
                [] { return TensorList{arg({1, 2, 3, 2}, 143), arg({1, 2, 3, 2}, 144).detach(), arg({1, 2, 3, 2}, 145)}; },
                sdpa(true)});
   c.push_back({op, "T=S=70 spans two query blocks, causal", qkv(1, 1, 1, 70, 70, 2, 146), sdpa(true)});
+
+  // qkv_attention: the packed (B, T, 3C) projection in, merged heads out.
+  const char* packed = "qkv_attention";
+  c.push_back({packed, "causal, B=2 T=5 H=2 D=3", [] { return TensorList{arg({2, 5, 18}, 161)}; },
+               [](const TensorList& in) { return qkv_attention(in[0], 2, true); }});
+  c.push_back({packed, "non-causal, scale 0.6, H=3 D=2", [] { return TensorList{arg({1, 4, 18}, 162)}; },
+               [](const TensorList& in) { return qkv_attention(in[0], 3, false, 0.6); }});
+  c.push_back({packed, "strided qkv (every other column of a wider leaf), causal",
+               [] { return TensorList{arg_strided({2, 3, 12}, 163)}; },
+               [](const TensorList& in) { return qkv_attention(in[0], 2, true); }});
 }
 
 void rope_cases(std::vector<GradCase>& c) {

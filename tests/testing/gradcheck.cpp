@@ -139,7 +139,7 @@ const std::vector<std::string>& differentiable_ops() {
       "unsqueeze", "contiguous", "clone", "to",
       // neural-network ops
       "embedding", "layer_norm", "add_layer_norm", "rms_norm", "dropout", "cross_entropy",
-      "scaled_dot_product_attention", "rope", "conv2d", "max_pool2d"};
+      "scaled_dot_product_attention", "qkv_attention", "rope", "conv2d", "max_pool2d"};
   return ops;
 }
 

@@ -106,12 +106,9 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias,
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  const int64_t B = x.size(0), T = x.size(1), H = local_heads, D = head_dim;
-  Tensor qkv = c_attn->forward(x);                                  // (B, T, 3 H D)
-  TensorList parts = ops::split(qkv, H * D, -1);                    // 3 x (B, T, H D)
-  auto heads = [&](const Tensor& t) { return ops::transpose(ops::reshape(t, {B, T, H, D}), 1, 2); };
-  Tensor y = ops::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);  // (B, H, T, D)
-  y = ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D});
+  const int64_t H = local_heads;
+  // q, k, v heads straight from the fused projection (Note [packed QKV attention]).
+  const Tensor y = ops::qkv_attention(c_attn->forward(x), H, true);  // (B, T, 3 H D) -> (B, T, H D)
   return resid_drop->forward(c_proj->forward(y));
 }
 

@@ -55,4 +55,13 @@ bool deterministic();
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double scale = 0.0, const Tensor& mask = {});
 
+// Multi-head attention straight from a fused QKV projection:
+//   qkv (B, T, 3 C) = [q | k | v] along the last dim, C = n_head * D  ->  (B, T, C)
+// the same values as splitting qkv into three (B, T, n_head, D) head views, attending
+// (scaled_dot_product_attention, no mask) and merging the heads back. One autograd node: the
+// backward writes dq, dk and dv side by side into one (B, T, 3 C) gradient, which is qkv's
+// gradient as it stands (split + views would give three zero-filled (B, T, 3 C) gradients and
+// two full-size additions: Note [packed QKV attention] in attention.cpp).
+Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool causal = true, double scale = 0.0);
+
 }  // namespace forge::ops

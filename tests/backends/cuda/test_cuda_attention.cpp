@@ -378,6 +378,45 @@ TEST(CudaFlashAttentionPath, EnvSwitchFallsBackToGemms) {
   expect_close(flash[1].to(DType::f32), gemm[1].to(DType::f32), 1e-2, "flash vs GEMM d(qkv)");
 }
 
+// ---- packed QKV attention (ops::qkv_attention, Note [packed QKV attention]) -------------------
+
+class CudaQkvAttention : public ::testing::TestWithParam<DType> {};
+
+// Against the CPU, on every back-end that takes the shape: head dims 64 and 128 (cuDNN, flash),
+// 16 (the composed path), causal and not; the gradient of qkv is one dense (B, T, 3C) tensor.
+TEST_P(CudaQkvAttention, MatchesCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 8100;
+  for (const auto& [B, T, H, D, causal] :
+       {std::tuple{2, 100, 4, 64, true}, std::tuple{2, 77, 2, 128, false}, std::tuple{2, 37, 4, 16, true},
+        std::tuple{1, 300, 12, 64, true}}) {
+    for (auto backend : {cuda::AttentionBackend::automatic, cuda::AttentionBackend::flash,
+                         cuda::AttentionBackend::composed}) {
+      BackendGuard guard(backend);
+      const std::string what = "qkv_attention B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                               " H=" + std::to_string(H) + " D=" + std::to_string(D) +
+                               (causal ? " causal" : "") + " back-end " + std::to_string(static_cast<int>(backend)) +
+                               " [" + dtype_name(dt) + "]";
+      const Pair x = on_both(host_input({B, T, 3 * H * D}, Domain::real, dt, seed += 10));
+      Tensor xg = x.gpu.detach().requires_grad_(), xc = ref_of(x.cpu).requires_grad_();
+      Tensor yg = ops::qkv_attention(xg, H, causal), yc = ops::qkv_attention(xc, H, causal);
+      ASSERT_EQ(yg.shape(), (Shape{B, T, H * D})) << what;
+      EXPECT_TRUE(yg.is_contiguous()) << what;
+      const double tol = attn_tolerance(dt);
+      expect_matches(yg, yc, tol, what + " out");
+      const Pair g = on_both(host_input(yc.shape(), Domain::real, dt, seed + 5));
+      yg.backward(g.gpu);
+      yc.backward(ref_of(g.cpu));
+      ASSERT_TRUE(xg.grad().defined()) << what;
+      EXPECT_TRUE(xg.grad().is_contiguous()) << what;
+      expect_matches(xg.grad(), xc.grad(), tol, what + " d(qkv)");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaQkvAttention, ::testing::Values(DType::f32, DType::bf16, DType::f16));
+
 // ---- cuDNN's fused attention (Note [cuDNN attention]) ---------------------------------------
 
 #define FORGE_SKIP_WITHOUT_CUDNN()                                                        \

@@ -229,7 +229,9 @@ const std::map<std::string, std::vector<std::string>>& coverage() {
     c["dropout"] = {"CudaDropout.SameMaskAndGradientAsTheCpu"};
     c["cross_entropy"] = {"FloatDTypes/CudaCrossEntropy.VocabularyRowsWithIgnoredTargets*"};
     c["scaled_dot_product_attention"] = {"Dtypes/CudaAttention.MatchesCpuForwardAndBackward*",
-                                         "Dtypes/CudaFlashAttention.MatchesCpuForwardAndBackward*"};
+                                         "Dtypes/CudaFlashAttention.MatchesCpuForwardAndBackward*",
+                                         "Dtypes/CudaCudnnAttention.MatchesCpuForwardAndBackward*"};
+    c["qkv_attention"] = {"Dtypes/CudaQkvAttention.MatchesCpu*"};
     c["rope"] = {"Dtypes/CudaRope.MatchesTheCpu*"};
     c["conv2d"] = {"Dtypes/CudaConv.MatchesTheCpu*"};
     c["max_pool2d"] = {"CudaMaxPool.ValuesIndicesAndGradientsEqualTheCpu"};

@@ -74,6 +74,7 @@ bool cudnn_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
     return false;
   if (Hkv <= 0 || H % Hkv != 0 || B <= 0 || T <= 0 || S <= 0) return false;
   if (causal && T > S) return false;
+  if (T == 1 && S == 1) return false;  // cuDNN's backward refuses s_q = s_kv = 1
   return layout_ok(q) && layout_ok(k) && layout_ok(v);
 }
 
