@@ -100,7 +100,7 @@ clocks() {
 }
 nvidia-smi > "$RAW/nvidia-smi.txt" 2>&1 || true
 nvidia-smi -q -d CLOCK,POWER,PERFORMANCE > "$RAW/nvidia-smi-clocks.txt" 2>&1 || true
-"$FORGE" info > "$RAW/forge_info.txt" 2>&1 || true
+timeout 60 "$FORGE" info > "$RAW/forge_info.txt" 2>&1 || true
 CLOCKS_BEFORE="$(clocks)"
 write_meta() {  # the figures report.py heads the results with; CLOCKS_AFTER once the runs are done
   GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \

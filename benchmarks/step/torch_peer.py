@@ -242,7 +242,7 @@ def main():
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model, device_ids=[dev.index])
+        net = DDP(model, device_ids=[dev.index], broadcast_buffers=False)  # forge broadcasts no buffers
     step_fn = torch.compile(net) if a.mode == "compile" else net
     if rank == 0:
         print(f"torch_peer: {shapes.describe(s)}", flush=True)
