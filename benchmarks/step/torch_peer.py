@@ -214,12 +214,16 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     ddp = world > 1
-    if ddp:
+    if ddp and a.device != "cpu":
         import torch.distributed as dist
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         dev = torch.device("cuda", local)
+    elif ddp:  # --device cpu under torchrun: gloo (a smoke test of this script)
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dev = torch.device("cpu")
     else:
         dev = torch.device(a.device)
     cuda = dev.type == "cuda"
@@ -242,7 +246,8 @@ def main():
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model, device_ids=[dev.index], broadcast_buffers=False)  # forge broadcasts no buffers
+        net = DDP(model, device_ids=[dev.index] if cuda else None,
+                  broadcast_buffers=False)  # forge broadcasts no buffers
     step_fn = torch.compile(net) if a.mode == "compile" else net
     if rank == 0:
         print(f"torch_peer: {shapes.describe(s)}", flush=True)
@@ -261,8 +266,9 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = loss.detach()
-        if ddp:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+        if ddp:  # the mean loss over the ranks, for the host (forge's step does the same)
+            dist.all_reduce(loss)
+            loss /= world
         return loss
 
     # The host reads step i-1's loss after queuing step i (Note [deferred step read]).
