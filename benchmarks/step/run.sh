@@ -76,6 +76,12 @@ fi
 source benchmarks/common.sh
 bench_setup run.sh  # sets FORGE, PY and GPU (the first GPU's name, for file names)
 NGPU=$(nvidia-smi -L | wc -l)
+# The commit, before this script touches the tree (the GPU tool's copy has no .git: FORGE_COMMIT).
+commit="${FORGE_COMMIT:-}"
+if [[ -z "$commit" ]] && git rev-parse --git-dir > /dev/null 2>&1; then
+  commit="$(git rev-parse --short=12 HEAD)"
+  [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit="$commit (with uncommitted changes)"
+fi
 # shellcheck disable=SC2153
 RAW="benchmarks/results/raw/step_${GPU}"
 RESULT="benchmarks/results/step_${GPU}.md"
@@ -89,11 +95,6 @@ say "step benchmark: $NGPU x $GPU; rows $ROWS; STEPS=$STEPS WARMUP=$WARMUP; forg
 say "raw -> $RAW, results -> $RESULT"
 
 # ---- what this run is ----------------------------------------------------------------------------
-commit="${FORGE_COMMIT:-}"
-if [[ -z "$commit" ]] && git rev-parse --git-dir > /dev/null 2>&1; then
-  commit="$(git rev-parse --short=12 HEAD)"
-  [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit="$commit (with uncommitted changes)"
-fi
 clocks() {
   nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv,noheader \
     | tr '\n' ';' | sed 's/;$//'
