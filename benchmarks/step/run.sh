@@ -173,6 +173,7 @@ run_forge() {  # N
       --tokens-per-step $((BATCH * SEQ)))"
   fi
   "$FORGE" plan --config "$CONFIG" --batch "$BATCH" > "$RAW/row${n}_forge_plan.txt" 2>&1 || true
+  say "row $n: forge's parameters (forge plan): $(awk '$1 == "parameters" { print $2; exit }' "$RAW/row${n}_forge_plan.txt")"
 }
 run_peer() {  # N MODE [extra torch_peer.py arguments]
   local n=$1 mode=$2 log="$RAW/row$1_$2.log" rc=0
@@ -193,6 +194,7 @@ run_peer() {  # N MODE [extra torch_peer.py arguments]
     rm -f "$RAW/row${n}_${mode}.json"
   else
     say "row $n: PyTorch $mode: $("$PY" benchmarks/step/report.py --line-peer "$RAW/row${n}_${mode}.json")"
+    say "row $n: $(grep -m1 'torch_peer: parameters' "$log" || true)"
   fi
 }
 for n in $ROWS; do
