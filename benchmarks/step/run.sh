@@ -34,8 +34,8 @@
 #   FORGE_ARGS, PEER_ARGS    words added to every forge train / torch_peer.py command (a diagnostic
 #                            or a smoke test of this script: they change the workload, so the
 #                            results file names them)
-# Wall time at the defaults on one H100 pair: about 7-8 minutes, most of it torch.compile's
-# compilations (about a minute each, four of them); see README.md.
+# Wall time at the defaults, four rows on two H100s: expected 7-8 minutes (an estimate until a run
+# records it), most of it torch.compile's four compilations of about a minute each; README.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -338,5 +338,5 @@ fi
 CLOCKS_AFTER="$(clocks)"
 write_meta
 finalize
-say "done in ${SECONDS} s -> $RESULT"
-cat "$RESULT"
+say "done in ${SECONDS} s -> $RESULT${OUT:+ (and $OUT)}"
+sed -n '/^## Summary/,/^## Row 1/p' "$RESULT" | sed '$d'  # the summary; the rest is in the file
