@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Turns the raw outputs of benchmarks/gpt2_124m/run.sh into the Markdown results table."""
+"""Turns the raw outputs of the former benchmarks/gpt2_124m/run.sh (forge-b<B>.jsonl, pytorch-<mode>-b<B>.json,
+forge-ncu.csv) into the Markdown table of benchmarks/results/gpt2_124m_<gpu>.md. Superseded by
+benchmarks/step/report.py (run.sh beside this file now runs benchmarks/step/run.sh); kept to re-read
+the raw directories of that time. Its kernel table divides a window of launches by nothing: per
+window, not per step."""
 import argparse
 import csv
 import json
