@@ -445,6 +445,50 @@ TEST(NNCrossEntropy, UniformLogitsGiveLogV) {
   }
 }
 
+// Note [dlogits in place]: when the logits are dropped after the loss (as a language model's
+// head does), the backward writes dlogits over them; kept logits, a retained graph and the
+// in-place path all give the same gradient, and kept logits are left untouched.
+TEST(NNCrossEntropy, DlogitsInPlaceOnlyWhenTheLogitsAreDropped) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Generator gen(77);
+    const Tensor x = randn({6, 5}, {.dtype = dt}, &gen), w = randn({11, 5}, {.dtype = dt}, &gen);
+    const Tensor targets = i64({0, 3, -100, 10, 7, 1}, {6});
+    auto grad_of_x = [&](bool keep, bool retain, Tensor* kept) {
+      Tensor leaf = x.detach().requires_grad_();
+      Tensor loss;
+      {
+        Tensor logits = ops::matmul(leaf, w.t());  // (6, 11): not saved by matmul's backward
+        loss = ops::cross_entropy(logits, targets);
+        if (keep) *kept = logits;
+      }
+      loss.backward(Tensor(), retain);
+      Tensor g1 = leaf.grad().clone();
+      if (retain) {  // a second backward over the retained graph sees intact logits
+        leaf.zero_grad();
+        loss.backward();
+        EXPECT_EQ(leaf.grad().to(DType::f64).to_vector<double>(), g1.to(DType::f64).to_vector<double>())
+            << "second backward of a retained graph [" << dtype_name(dt) << "]";
+      }
+      return g1.to(DType::f64).to_vector<double>();
+    };
+    Tensor kept;
+    int64_t before = ops::cross_entropy_backwards_in_place();
+    const auto in_place = grad_of_x(false, false, nullptr);
+    EXPECT_EQ(ops::cross_entropy_backwards_in_place(), before + 1) << "dropped logits: in place";
+    before = ops::cross_entropy_backwards_in_place();
+    const auto with_kept = grad_of_x(true, false, &kept);
+    EXPECT_EQ(ops::cross_entropy_backwards_in_place(), before) << "kept logits: not in place";
+    // A retained graph: the first backward leaves the logits; the second (not retained) may reuse them.
+    const auto retained = grad_of_x(false, true, nullptr);
+    EXPECT_EQ(ops::cross_entropy_backwards_in_place(), before + 1) << "only the last backward of a retained graph";
+    EXPECT_EQ(in_place, with_kept) << dtype_name(dt);
+    EXPECT_EQ(in_place, retained) << dtype_name(dt);
+    // The kept logits still hold x w^T.
+    const Tensor ref = ops::matmul(x, w.t());
+    EXPECT_EQ(kept.to(DType::f64).to_vector<double>(), ref.to(DType::f64).to_vector<double>()) << dtype_name(dt);
+  }
+}
+
 TEST(NNCrossEntropy, HandComputedRows) {
   Tensor logits = f64({1, 2, 3, 0, 0, 10}, {2, 3});
   Tensor targets = i64({2, 0}, {2});

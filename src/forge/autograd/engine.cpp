@@ -49,7 +49,18 @@ void check_grad(const Node& node, size_t i, const Tensor& g) {
 
 }  // namespace
 
+namespace {
+thread_local bool t_retaining_graph = false;
+}  // namespace
+
+bool retaining_graph() { return t_retaining_graph; }
+
 void backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  struct RetainScope {
+    bool prev;
+    explicit RetainScope(bool on) : prev(t_retaining_graph) { t_retaining_graph = on; }
+    ~RetainScope() { t_retaining_graph = prev; }
+  } retain_scope(retain_graph);
   FORGE_CHECK(grads.empty() || grads.size() == roots.size(), "backward: got ", grads.size(), " gradients for ",
               roots.size(), " roots");
   std::unordered_map<Node*, Tensor> buffers;

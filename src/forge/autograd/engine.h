@@ -11,4 +11,10 @@ namespace forge::autograd {
 // after it runs.
 void backward(const TensorList& roots, const TensorList& grads = {}, bool retain_graph = false);
 
+// True while this thread runs a backward() called with retain_graph: a node's backward must
+// then leave what it saved intact (it may run again). Otherwise a backward function that holds
+// the only reference to a saved tensor may reuse its memory for its result (e.g.
+// cross_entropy's dlogits written over the logits: Note [dlogits in place] in ops/loss.cpp).
+bool retaining_graph();
+
 }  // namespace forge::autograd

@@ -31,4 +31,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 const char* reduction_name(Reduction r);
 
+// How many cross_entropy backwards wrote dlogits over the logits (Note [dlogits in place] in
+// loss.cpp); for tests.
+int64_t cross_entropy_backwards_in_place();
+
 }  // namespace forge::ops

@@ -172,8 +172,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
         const T* xr = px + n * V;
         const M gs = static_cast<M>(static_cast<double>(pg[n * gstep]) * scale);
         const M l = static_cast<M>(pl[n]);
+        const M xt = convert<M>(xr[t]);  // read first: dlogits may be the logits (in place)
         for (int64_t j = 0; j < V; ++j) dr[j] = convert<T>(std::exp(convert<M>(xr[j]) - l) * gs);
-        dr[t] = convert<T>((std::exp(convert<M>(xr[t]) - l) - M(1)) * gs);
+        dr[t] = convert<T>((std::exp(xt - l) - M(1)) * gs);
       }
     });
   });

@@ -27,7 +27,7 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
 // dlogits[n, j] = (softmax(logits[n])_j - [j == targets[n]]) * grad_n * scale, zero rows where
 // targets[n] == ignore_index.
 //   grad    ()  or (N)  contiguous, cross_entropy_lse_dtype: one upstream gradient for every row, or one per row
-//   dlogits (N, V)      contiguous, logits' dtype; overwritten
+//   dlogits (N, V)      contiguous, logits' dtype; overwritten (may be logits itself: in place)
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             double scale, int64_t ignore_index, Tensor& dlogits);
 

@@ -157,14 +157,14 @@ __global__ void __launch_bounds__(kTotalThreads)
 
 template <class T, class I>
 __global__ void __launch_bounds__(kReduceThreads)
-    cross_entropy_backward_kernel(const T* __restrict__ logits,   // (N, V)
+    cross_entropy_backward_kernel(const T* logits,   // (N, V); may be dlogits itself (in place)
                                   const I* __restrict__ targets,  // (N)
                                   const Lse<T>* __restrict__ lse,  // (N)
                                   const Lse<T>* __restrict__ grad,  // () or (N): grad[n * gstep]
                                   int64_t gstep,
                                   const Lse<T>* __restrict__ scale,  // () or null (= 1)
                                   int64_t N, int64_t V, int64_t ignore_index, bool vec,
-                                  T* __restrict__ dlogits) {  // (N, V)
+                                  T* dlogits) {  // (N, V)
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
   constexpr bool kFast = is_half_v<T>;

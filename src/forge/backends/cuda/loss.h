@@ -30,7 +30,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
 // targets[n] == ignore_index.
 //   grad    ()  or (N)  contiguous, logits' dtype: one upstream gradient for every row, or one per row
 //   scale   ()          lse's dtype on the device (the forward's), or undefined for 1
-//   dlogits (N, V)      contiguous, logits' dtype; overwritten
+//   dlogits (N, V)      contiguous, logits' dtype; overwritten (may be logits itself: in place)
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             const Tensor& scale, int64_t ignore_index, Tensor& dlogits);
 
