@@ -89,6 +89,11 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, allow_tf32,
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
+      FORGE_FIELD(run, gemm_tuning,
+                  "\"cached\": on CUDA, time cuBLASLt's candidate algorithms for each GEMM shape once and run the "
+                  "fastest, kept in the tuning cache file (FORGE_GEMM_TUNE_CACHE) for later runs; \"off\": "
+                  "cuBLASLt's heuristic first choice. Another algorithm may round differently in the last bits, "
+                  "so it is recorded with the run"),
       FORGE_FIELD(model, type, nn::model_type_list()),
       FORGE_FIELD(model, vocab_size,
                   model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),

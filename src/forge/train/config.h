@@ -6,7 +6,7 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32
+//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, gemm_tuning
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
 //                rope_theta, norm_eps, init_std (which type reads which: nn/model_registry.cpp)
@@ -55,6 +55,7 @@ struct RunSection {
   std::string dtype = "auto";      // compute dtype: "auto" (bf16 on a GPU, f32 on the CPU) | "f32" | "bf16" | "f16"
   bool overwrite = false;          // a fresh run may replace an earlier run's checkpoints and metrics
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
+  std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)
 };
 
 // [model]: nn::ModelConfig (nn/model_config.h), the struct the model-family registry

@@ -23,6 +23,9 @@ void validate(const RunConfig& c) {
   check_run_device_syntax(c.run.device);  // the syntax; whether the GPU exists is checked when the run starts
   FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
               "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
+  FORGE_CHECK(c.run.gemm_tuning == "cached" || c.run.gemm_tuning == "off", "run.gemm_tuning = '", c.run.gemm_tuning,
+              "' is unknown; use \"cached\" (time each GEMM shape's algorithms once) or \"off\" (cuBLASLt's "
+              "heuristic)");
 
   // [model]: the family's own rules (nn/model_registry.h), then what training adds to them.
   const auto& m = c.model;
