@@ -67,7 +67,7 @@ TEST(GemmTuningCache, RoundTrip) {
   const nlohmann::json j = nlohmann::json::parse(slurp(path));
   EXPECT_EQ(j["format"], "forge-gemm-tuning");
   EXPECT_EQ(j["version"], gt::kFormatVersion);
-  const auto& section = j["devices"][kH100.key()];
+  const nlohmann::json section = j["devices"][kH100.key()];
   EXPECT_EQ(section["gpu"], kH100.gpu);
   EXPECT_EQ(section["compute_capability"], "9.0");
   EXPECT_EQ(section["sm_count"], 132);
@@ -146,11 +146,12 @@ TEST(GemmTuningCache, MalformedEntriesAreDroppedAndCounted) {
   const auto path = dir / "c.json";
   gt::save(path, kH100, {{"good", entry(1)}});
   nlohmann::json j = nlohmann::json::parse(slurp(path));
-  auto& entries = j["devices"][kH100.key()]["entries"];
+  nlohmann::json entries = j["devices"][kH100.key()]["entries"];
   entries["short algo"] = {{"algo", "00ff"}};
   entries["no algo"] = {{"tuned_ms", 1.0}};
   entries["negative time"] = {{"algo", std::string(128, 'a')}, {"tuned_ms", -1.0}};
   entries["not an object"] = 7;
+  j["devices"][kH100.key()]["entries"] = entries;
   spit(path, j.dump());
   const gt::Loaded l = gt::load(path, kH100);
   EXPECT_EQ(l.dropped, 4);

@@ -189,9 +189,9 @@ Loaded load(const fs::path& path, const Identity& id) {
                     "; it is rewritten when new shapes are tuned (or delete it)";
     return out;
   }
-  const json& devices = (*doc)["devices"];
-  const auto section = devices.find(id.key());
-  if (section == devices.end()) return out;  // nothing tuned on this GPU and cuBLASLt yet
+  const auto devices = doc->find("devices");  // an object (read_document)
+  const auto section = devices->find(id.key());
+  if (section == devices->end()) return out;  // nothing tuned on this GPU and cuBLASLt yet
   const auto entries = section->is_object() ? section->find("entries") : section->end();
   if (entries == section->end() || !entries->is_object()) {
     out.warning = "the GEMM tuning cache " + quoted(path) + ": the section of '" + id.key() +
@@ -215,7 +215,8 @@ void save(const fs::path& path, const Identity& id, const Entries& entries) {
   doc["format"] = kFormatName;
   doc["version"] = kFormatVersion;
   if (!doc.contains("devices")) doc["devices"] = json::object();
-  json& section = doc["devices"][id.key()];
+  const std::string key = id.key();
+  json& section = doc["devices"][key];
   if (!section.is_object()) section = json::object();
   section["gpu"] = id.gpu;
   section["compute_capability"] = std::to_string(id.cc_major) + "." + std::to_string(id.cc_minor);

@@ -178,7 +178,7 @@ TEST_F(CudaGemmTuning, CacheFileIsWrittenAndReadBack) {
   ASSERT_TRUE(fs::exists(cache_file()));
   const nlohmann::json j = nlohmann::json::parse(testing::slurp(cache_file()));
   ASSERT_EQ(j["devices"].size(), 1u);
-  const auto& entries = j["devices"].begin().value()["entries"];
+  const nlohmann::json entries = j["devices"].begin().value()["entries"];
   ASSERT_EQ(entries.size(), 1u);
   expect_has(entries.begin().key(), "bf16 acc32f m=384 n=512 k=256 batch=1");
   EXPECT_EQ(entries.begin().value()["algo"].get<std::string>().size(), 128u);
