@@ -1,5 +1,6 @@
-// cuBLASLt handles, workspaces and the plan cache, and the row-major GEMM call
-// (Note [row-major GEMMs on cuBLASLt] in blaslt.h). Host code only.
+// cuBLASLt handles, workspaces and the plan cache, the row-major GEMM call (Note [row-major
+// GEMMs on cuBLASLt] in blaslt.h), algorithm tuning with its cache file and the reported
+// fallbacks (Note [GEMM algorithm tuning]). Host code only.
 #include "forge/backends/cuda/blaslt.h"
 
 #include <cublasLt.h>
