@@ -30,6 +30,7 @@ struct GemmArgs {
   int repeats = 20;
   int warmup = 3;
   double warmup_ms = 50;
+  bool compare_tuning = false;
   bool json = false;
 };
 
@@ -123,18 +124,29 @@ void print_gemm_table(const bench::GemmReport& r) {
   const bool cpu = r.device == "cpu";
   std::printf("forge bench gemm on %s (%s%s)\n", r.device.c_str(), r.device_name.empty() ? "?" : r.device_name.c_str(),
               r.catalogue.empty() ? "" : (", catalogue: " + r.catalogue).c_str());
-  std::printf("C = A B, row-major, randn inputs; median of %d timed runs after warm-up (%s); FLOPs = 2*M*N*K\n\n",
+  std::printf("C = A B, row-major, randn inputs; median of %d timed runs after warm-up (%s); FLOPs = 2*M*N*K\n",
               r.options.repeats, r.timer.c_str());
-  std::printf("  %-5s %7s %7s %7s %11s %11s %10s %8s\n", "dtype", "M", "N", "K", "median ms", "min ms",
-              cpu ? "GFLOP/s" : "TFLOP/s", "% peak");
+  const bool compare = r.gemm_tuning == "compare";
+  if (!cpu)
+    std::printf("GEMM algorithm: %s\n", compare ? "tuned, beside cuBLASLt's heuristic choice (heur. ms)"
+                                      : r.gemm_tuning == "cached" ? "tuned (FORGE_GEMM_TUNING=cached)"
+                                                                  : "cuBLASLt's heuristic choice (FORGE_GEMM_TUNING=off)");
+  std::printf("\n  %-5s %7s %7s %7s %11s %11s %10s %8s%s\n", "dtype", "M", "N", "K", "median ms", "min ms",
+              cpu ? "GFLOP/s" : "TFLOP/s", "% peak", compare ? "   heur. ms  speed-up" : "");
   for (const auto& x : r.results) {
     const double rate = cpu ? x.tflops * 1e3 : x.tflops;
     char pct[32] = "-";
     if (x.peak_tflops > 0) std::snprintf(pct, sizeof(pct), "%.1f", x.peak_pct);
-    std::printf("  %-5s %7lld %7lld %7lld %11.4f %11.4f %10.1f %8s\n", x.dtype.c_str(),
+    char heur[48] = "";
+    if (compare && x.heuristic_median_ms > 0)
+      std::snprintf(heur, sizeof(heur), " %10.4f %8.3fx", x.heuristic_median_ms, x.heuristic_median_ms / x.median_ms);
+    std::printf("  %-5s %7lld %7lld %7lld %11.4f %11.4f %10.1f %8s%s\n", x.dtype.c_str(),
                 static_cast<long long>(x.shape.m), static_cast<long long>(x.shape.n),
-                static_cast<long long>(x.shape.k), x.median_ms, x.min_ms, rate, pct);
+                static_cast<long long>(x.shape.k), x.median_ms, x.min_ms, rate, pct, heur);
   }
+  if (r.gemm_fallback_shapes > 0)
+    std::printf("  %lld GEMM shape(s) had no cuBLASLt algorithm (the fallback ran; stderr names them)\n",
+                static_cast<long long>(r.gemm_fallback_shapes));
   for (const auto& s : r.skipped)
     std::printf("  %s%s: %s\n", s.dtype.c_str(), s.shape.empty() ? "" : (" " + s.shape).c_str(), s.reason.c_str());
   if (!cpu && r.catalogue.empty())
@@ -151,6 +163,7 @@ int run_gemm_command() {
   o.repeats = g_gemm.repeats;
   o.warmup_runs = g_gemm.warmup;
   o.warmup_ms = g_gemm.warmup_ms;
+  o.compare_tuning = g_gemm.compare_tuning;
   const bench::GemmReport r = bench::run_gemm(o);
   if (g_gemm.json) {
     print_json(bench::to_json(r));
@@ -460,6 +473,8 @@ CLI::App* add_bench_command(CLI::App& app) {
   gemm->add_option("--warmup-ms", g_gemm.warmup_ms, "warm up for at least this long (ms)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  gemm->add_flag("--compare-tuning", g_gemm.compare_tuning,
+                 "GPU: time each GEMM with cuBLASLt's heuristic choice too, beside the tuned algorithm");
   gemm->add_flag("--json", g_gemm.json, "print one JSON object instead of the table");
   gemm->footer("Method (timer, warm-up, repeats, FLOP count): docs/bench.md.");
 

@@ -157,6 +157,18 @@ TEST_F(BenchGemmCliTest, CpuJson) {
   EXPECT_DOUBLE_EQ(j["results"][1]["flops"].get<double>(), 2.0 * 128 * 128 * 128);
 }
 
+TEST_F(BenchGemmCliTest, CompareTuningIsAGpuMeasurement) {
+  // On the CPU there is no algorithm to tune: the flag is accepted and nothing more is timed.
+  const CliRun r = run_forge({"bench", "gemm", "--device", "cpu", "--sizes", "64", "--dtype", "f32", "--repeats", "2",
+                              "--warmup-ms", "0", "--compare-tuning", "--json"},
+                             Stderr::dropped);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["method"].contains("gemm_tuning"));
+  ASSERT_EQ(j["results"].size(), 1u);
+  EXPECT_FALSE(j["results"][0].contains("heuristic_median_ms"));
+}
+
 TEST_F(BenchGemmCliTest, TableMnkAndUsageErrors) {
   const CliRun r = run_forge({"bench", "gemm", "--device", "cpu", "--mnk", "64x32x16", "--mnk", "8x8x8", "--repeats", "2",
                               "--warmup-ms", "0"},

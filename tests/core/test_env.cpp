@@ -120,6 +120,8 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_FLASH_ATTENTION", env::Category::performance},
       {"FORGE_GELU_FUSION", env::Category::performance},
       {"FORGE_GEMM_SM_TARGET", env::Category::performance},
+      {"FORGE_GEMM_TUNE_CACHE", env::Category::performance},
+      {"FORGE_GEMM_TUNING", env::Category::performance},
       {"FORGE_MPI_MAX_COUNT", env::Category::debugging},
       {"FORGE_NCCL_HIGH_PRIORITY", env::Category::performance},
       {"FORGE_NO_GRAD_BUFFER_CLAIM", env::Category::diagnostic},
@@ -145,6 +147,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
     EXPECT_EQ(s.category == env::Category::numerics, s.meaning.find("changes results") != std::string_view::npos);
   }
   expect_has(std::string(env::spec("FORGE_ALLOW_TF32").meaning), "forge train ignores it and takes run.allow_tf32");
+  expect_has(std::string(env::spec("FORGE_GEMM_TUNING").meaning), "forge train ignores it and takes run.gemm_tuning");
 }
 
 TEST(Env, AcceptedFormsAndNames) {

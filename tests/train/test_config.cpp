@@ -97,7 +97,8 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
                           "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.pp", "dist.zero_stage",
-                          "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32"})
+                          "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32",
+                          "run.gemm_tuning"})
     EXPECT_TRUE(seen.count(key)) << key;
   const auto it = std::find_if(config_keys().begin(), config_keys().end(), [](const KeyInfo& k) { return k.key == "train.steps"; });
   EXPECT_EQ(it->default_value, "1000");
@@ -231,6 +232,10 @@ TEST_F(ConfigTest, ShapeAndSizeChecksNameTheKeyAndTheFix) {
   EXPECT_NE(error(base(), {"--run.device=gpu0"}).find("run.device = 'gpu0' is not a device; use \"auto\", \"cpu\""),
             std::string::npos);
   EXPECT_NE(error(base(), {"--run.dtype=fp8"}).find("run.dtype = 'fp8' is unknown"), std::string::npos);
+  EXPECT_NE(error(base(), {"--run.gemm_tuning=on"}).find("run.gemm_tuning = 'on' is unknown; use \"cached\""),
+            std::string::npos);
+  EXPECT_EQ(parse("", {"--run.gemm_tuning=off"}).run.gemm_tuning, "off");
+  EXPECT_EQ(RunConfig().run.gemm_tuning, "cached");
   EXPECT_NE(error(base(), {"--train.max_bad_steps=0"}).find("train.max_bad_steps must be >= 1"), std::string::npos);
   EXPECT_NE(error(base(), {"--data.source=web"}).find("data.source = 'web' is unknown"), std::string::npos);
   EXPECT_NE(error(base(), {"--data.source=random"}).find("needs model.vocab_size > 0"), std::string::npos);

@@ -86,6 +86,18 @@ class Tf32Guard {
  private:
   bool prev_;
 };
+
+// Sets cuda::gemm_tuning for its scope and restores the previous value.
+class TuningGuard {
+ public:
+  explicit TuningGuard(bool on) : prev_(cuda::gemm_tuning()) { cuda::set_gemm_tuning(on); }
+  ~TuningGuard() { cuda::set_gemm_tuning(prev_); }
+  TuningGuard(const TuningGuard&) = delete;
+  TuningGuard& operator=(const TuningGuard&) = delete;
+
+ private:
+  bool prev_;
+};
 #endif
 
 DType storage_dtype(const std::string& name) {
@@ -147,12 +159,25 @@ void measure(const GemmOptions& opt, GemmResult& r) {
       }
       next = (next + 1) % sets;
     };
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < opt.warmup_runs || elapsed_ms(t0) < opt.warmup_ms; ++i) {
-      run();
-      cuda::synchronize_current_stream(dev);
+    // Warm-up (where a new shape is tuned, untimed), then the timed runs.
+    const auto time_runs = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < opt.warmup_runs || elapsed_ms(t0) < opt.warmup_ms; ++i) {
+        run();
+        cuda::synchronize_current_stream(dev);
+      }
+      return cuda::time_with_events(dev, opt.repeats, run);
+    };
+    if (opt.compare_tuning && !fp8) {
+      {
+        TuningGuard heuristic(false);
+        r.heuristic_median_ms = median(time_runs());
+      }
+      TuningGuard tuned(true);
+      ms = time_runs();
+    } else {
+      ms = time_runs();
     }
-    ms = cuda::time_with_events(dev, opt.repeats, run);
 #endif
   } else {
     const auto run = [&] {
@@ -274,6 +299,9 @@ GemmReport run_gemm(const GemmOptions& opt) {
   if (opt.device.is_cuda()) {
     rep.timer = "cuda events";
     rep.device_name = telemetry::device_name(opt.device);
+#ifdef FORGE_WITH_CUDA
+    rep.gemm_tuning = opt.compare_tuning ? "compare" : cuda::gemm_tuning() ? "cached" : "off";
+#endif
     if (const auto cat = telemetry::catalogue_name(rep.device_name)) {
       rep.catalogue = *cat;
       gpu = &plan::find_gpu(*cat);
@@ -309,6 +337,9 @@ GemmReport run_gemm(const GemmOptions& opt) {
       rep.results.push_back(r);
     }
   }
+#ifdef FORGE_WITH_CUDA
+  if (opt.device.is_cuda()) rep.gemm_fallback_shapes = cuda::gemm_tuning_stats().fallback_shapes;
+#endif
   return rep;
 }
 
@@ -327,12 +358,15 @@ nlohmann::json to_json(const GemmReport& r) {
                  {"layout", "C(MxN) = A(MxK) B(KxN), row-major, C contiguous"},
                  {"inputs", "randn"},
                  {"path", r.device == "cpu" ? "ops::matmul (OpenBLAS)" : "cuda::matmul (cuBLASLt)"}};
-  if (r.device != "cpu")
+  if (r.device != "cpu") {
+    j["method"]["gemm_tuning"] = r.gemm_tuning;
+    j["gemm_fallback_shapes"] = r.gemm_fallback_shapes;
     j["method"]["fp8"] = {{"path", "cuda::fp8_gemm_bf16_out (cuBLASLt)"},
                           {"layout", "D(MxN) bf16 = A(MxK) B_t(NxK)^T, A and B_t e4m3 row-major (cuBLASLt TN)"},
                           {"inputs", "e4m3 of uniform [-2, 2)"},
                           {"scales", "per-tensor f32 scale_a = scale_b = 1, from device memory"},
                           {"accumulation", "f32 (fast accumulation off)"}};
+  }
   nlohmann::json results = nlohmann::json::array();
   for (const GemmResult& x : r.results) {
     nlohmann::json e = {{"dtype", x.dtype},         {"m", x.shape.m},
@@ -343,6 +377,7 @@ nlohmann::json to_json(const GemmReport& r) {
                         {"input_sets", x.input_sets}};
     e["peak_tflops"] = x.peak_tflops > 0 ? nlohmann::json(x.peak_tflops) : nlohmann::json(nullptr);
     e["peak_pct"] = x.peak_tflops > 0 ? nlohmann::json(x.peak_pct) : nlohmann::json(nullptr);
+    if (x.heuristic_median_ms > 0) e["heuristic_median_ms"] = x.heuristic_median_ms;
     results.push_back(e);
   }
   j["results"] = results;

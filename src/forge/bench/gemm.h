@@ -60,6 +60,10 @@ struct GemmOptions {
   int warmup_runs = 3;       // at least this many untimed runs ...
   double warmup_ms = 50;     // ... and at least this long (wall clock)
   int repeats = 20;          // timed runs; the median is reported
+  // CUDA, not fp8: each (dtype, shape) measured twice, with cuBLASLt's heuristic first choice
+  // (GEMM tuning off) and with the tuned algorithm (Note [GEMM algorithm tuning] in
+  // backends/cuda/blaslt.h). Otherwise the process's setting (FORGE_GEMM_TUNING) is measured.
+  bool compare_tuning = false;
 };
 
 struct GemmResult {
@@ -71,6 +75,7 @@ struct GemmResult {
   double peak_tflops = 0;    // the catalogue's dense peak for the dtype (0: unknown)
   double peak_pct = 0;       // 100 tflops / peak_tflops (0: unknown)
   int input_sets = 1;        // distinct (A, B) pairs the runs rotate through
+  double heuristic_median_ms = 0;  // compare_tuning: the median with the heuristic's choice (0: not measured)
 };
 
 struct GemmSkip {
@@ -84,6 +89,8 @@ struct GemmReport {
   std::string device_name;   // "NVIDIA H100 80GB HBM3", the CPU model, ...
   std::string catalogue;     // the GPU catalogue entry ("" when unknown / CPU)
   std::string timer;         // "cuda events" / "steady_clock"
+  std::string gemm_tuning;   // CUDA: "cached" / "off" (the process's setting) or "compare"; "" on the CPU
+  int64_t gemm_fallback_shapes = 0;  // CUDA: GEMM shapes without a cuBLASLt algorithm so far (cuda::gemm_tuning_stats)
   GemmOptions options;
   std::vector<GemmResult> results;
   std::vector<GemmSkip> skipped;

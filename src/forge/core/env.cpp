@@ -26,7 +26,8 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // here, a line in docs/environment.md and, if it changes results, a config key instead.
 // (Not here: FORGE_LAUNCHER and FORGE_NCCL_ID, forge launch's plumbing to its ranks,
 // dist/env.h; the result-changing switches that are config keys instead: debug.skip_reductions,
-// debug.abort_at, debug.hang_at, run.allow_tf32 for forge train.) The table and the kept values are never destroyed: a read may come from a
+// debug.abort_at, debug.hang_at, run.allow_tf32 for forge train; FORGE_GEMM_TUNING is the default of
+// programs that do not set it, forge train takes run.gemm_tuning.) The table and the kept values are never destroyed: a read may come from a
 // static destructor.
 const std::vector<Spec>& table() {
   static const auto* rows = new std::vector<Spec>{
@@ -80,6 +81,21 @@ const std::vector<Spec>& table() {
                   "stream (NCCL); 0: all SMs (docs/dist.md)",
        .min = 0,
        .max = kIntMax},
+      {.name = "FORGE_GEMM_TUNE_CACHE",
+       .kind = Kind::string,
+       .category = Category::performance,
+       .default_value = "",
+       .meaning = "the GEMM tuning cache file (the algorithm timed for each GEMM shape, reused by later runs); "
+                  "unset: $XDG_CACHE_HOME/forge/gemm_tuning.json or ~/.cache/forge/gemm_tuning.json; none: no file "
+                  "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GEMM_TUNING",
+       .kind = Kind::choice,
+       .category = Category::performance,
+       .default_value = "cached",
+       .meaning = "cached: time cuBLASLt's candidate algorithms once per GEMM shape and keep the fastest (and in "
+                  "FORGE_GEMM_TUNE_CACHE); off: the heuristic's first choice; in programs that do not set it "
+                  "themselves (as ops::set_gemm_tuning); forge train ignores it and takes run.gemm_tuning",
+       .choices = {"cached", "off"}},
       {.name = "FORGE_MPI_MAX_COUNT",
        .kind = Kind::integer,
        .category = Category::debugging,

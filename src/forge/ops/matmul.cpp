@@ -35,6 +35,22 @@ bool allow_tf32() {
 #endif
 }
 
+void set_gemm_tuning(bool on) {
+#ifdef FORGE_WITH_CUDA
+  cuda::set_gemm_tuning(on);
+#else
+  (void)on;
+#endif
+}
+
+bool gemm_tuning() {
+#ifdef FORGE_WITH_CUDA
+  return cuda::gemm_tuning();
+#else
+  return false;
+#endif
+}
+
 using autograd::GradMask;
 using autograd::record;
 

@@ -20,6 +20,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // ~1e-3). Process-wide; a no-op in a build without CUDA (the CPU computes f32 in f32).
 void set_allow_tf32(bool on);
 bool allow_tf32();
+// Whether CUDA GEMMs time cuBLASLt's candidate algorithms once per shape and run the fastest
+// (kept in the tuning cache file for later runs), instead of the heuristic's first choice:
+// Note [GEMM algorithm tuning] in backends/cuda/blaslt.h. The same math, but another kernel may
+// round differently in the last bits. forge train: run.gemm_tuning; otherwise the environment's
+// FORGE_GEMM_TUNING (default cached). Process-wide; a no-op in a build without CUDA.
+void set_gemm_tuning(bool on);
+bool gemm_tuning();
 // Strictly 2-D (M, K) x (K, N).
 Tensor mm(const Tensor& a, const Tensor& b);
 // Strictly 3-D (B, M, K) x (B, K, N).

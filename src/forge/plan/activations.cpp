@@ -130,7 +130,8 @@ SavedTensors forge_lists(const ModelSpec& m, const ActivationOptions& o, int64_t
   }
   t.head.push_back({"logits (kept by cross_entropy)", V, e, false, false});
   t.head.push_back({"cross_entropy.logsumexp", 1, kStat, true, false});
-  t.head_transient.push_back({"cross_entropy.dlogits", V, e, false, false});
+  // No transient for dlogits: cross_entropy's backward writes it over the logits (Note [dlogits
+  // in place] in ops/loss.cpp).
   return t;
 }
 

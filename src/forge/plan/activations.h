@@ -20,7 +20,7 @@
 // fused add + layer_norm (GPT) keeps the new residual stream and f32 mean/rstd; rms_norm its
 // input and rstd; gelu/silu their input; every *binary* op's closure holds both inputs and
 // its output (LLaMA's residual adds and SwiGLU product); the head's logits stay alive for
-// cross_entropy, whose backward allocates dlogits. A GPT block keeps 17*h values per token,
+// cross_entropy, whose backward writes dlogits over them (no transient). A GPT block keeps 17*h values per token,
 // a LLaMA block 9h + 2*kv*d + 4f. It predicts forge's measured CPU peak (tests/plan,
 // docs/plan.md) and is the default for `--gpu cpu`.
 #include <cstdint>

@@ -95,7 +95,13 @@ const std::vector<Field>& fields() {
                   "path) or \"composed\" (GEMMs and a fused softmax only); results differ in the last bits"),
       FORGE_FIELD(run, deterministic,
                   "CUDA attention backward without atomics, so reruns give the same gradients bit for bit (cuDNN's "
-                  "deterministic algorithm, else the composed path; slower)"),
+                  "deterministic algorithm, else the composed path; slower), and GEMM algorithms from cuBLASLt's "
+                  "heuristic, never timed (run.gemm_tuning is ignored)"),
+      FORGE_FIELD(run, gemm_tuning,
+                  "\"cached\": on CUDA, time cuBLASLt's candidate algorithms for each GEMM shape once and run the "
+                  "fastest, kept in the tuning cache file (FORGE_GEMM_TUNE_CACHE) for later runs; \"off\": "
+                  "cuBLASLt's heuristic first choice. Another algorithm may round differently in the last bits, "
+                  "so it is recorded with the run"),
       FORGE_FIELD(model, type, nn::model_type_list()),
       FORGE_FIELD(model, vocab_size,
                   model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),

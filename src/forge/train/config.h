@@ -6,7 +6,8 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, attention, deterministic
+//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, attention, deterministic,
+//                gemm_tuning
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
 //                rope_theta, norm_eps, init_std (which type reads which: nn/model_registry.cpp)
@@ -57,6 +58,7 @@ struct RunSection {
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
+  std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)
 };
 
 // [model]: nn::ModelConfig (nn/model_config.h), the struct the model-family registry

@@ -26,6 +26,9 @@ void validate(const RunConfig& c) {
               "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
   FORGE_CHECK(ops::is_attention_backend(c.run.attention), "run.attention = '", c.run.attention,
               "' is unknown; use \"auto\", \"flash\" or \"composed\"");
+  FORGE_CHECK(c.run.gemm_tuning == "cached" || c.run.gemm_tuning == "off", "run.gemm_tuning = '", c.run.gemm_tuning,
+              "' is unknown; use \"cached\" (time each GEMM shape's algorithms once) or \"off\" (cuBLASLt's "
+              "heuristic)");
 
   // [model]: the family's own rules (nn/model_registry.h), then what training adds to them.
   const auto& m = c.model;

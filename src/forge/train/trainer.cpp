@@ -36,6 +36,7 @@
 #include "forge/train/strategy.h"
 #include "forge/train/task.h"
 #ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/matmul.h"
 #include "forge/backends/cuda/memory.h"
 #include "forge/backends/cuda/stream.h"
 #endif
@@ -174,6 +175,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
   ops::set_attention_backend(cfg.run.attention);
   ops::set_deterministic(cfg.run.deterministic);
+  // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
+  // choice, which depends on the shapes alone, never on a timing.
+  ops::set_gemm_tuning(cfg.run.gemm_tuning == "cached" && !cfg.run.deterministic);
   dist::ProcessGroupPtr pg;
   dist::Mesh mesh = dist::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
   if (distributed) {
@@ -422,6 +426,16 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
+#ifdef FORGE_WITH_CUDA
+  if (device.is_cuda()) {  // Note [GEMM algorithm tuning] (backends/cuda/blaslt.h)
+    const cuda::GemmTuningStats g = cuda::gemm_tuning_stats();
+    log << "gemm: run.gemm_tuning = " << cfg.run.gemm_tuning;
+    if (cfg.run.gemm_tuning == "cached")
+      log << ": " << g.tuned << " shapes tuned in " << fixed(g.tuning_ms / 1e3, 2) << " s (" << g.changed
+          << " faster than cuBLASLt's first choice), " << g.loaded << " from the tuning cache";
+    log << "; " << g.fallback_shapes << " shapes without a cuBLASLt algorithm" << std::endl;
+  }
+#endif
   result.final_step = step;
   const double units_per_s = static_cast<double>(units_this_call) / std::max(train_seconds, 1e-9);
 

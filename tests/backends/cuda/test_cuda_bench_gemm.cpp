@@ -1,6 +1,6 @@
 // forge bench gemm on a GPU: the cuBLASLt path timed with CUDA events gives positive, sane
 // throughput in every dtype (fp8 where the GPU has FP8 GEMMs, else reported as skipped), and
-// allow_tf32 is restored.
+// allow_tf32 is restored; --compare-tuning times the heuristic's and the tuned algorithm.
 #include <gtest/gtest.h>
 
 #include "cuda_testing.h"
@@ -46,6 +46,32 @@ TEST(CudaBenchGemm, AllDtypesOnSmallSizes) {
       EXPECT_LT(x.peak_pct, 150) << x.dtype;
     }
   }
+}
+
+TEST(CudaBenchGemm, CompareTuningTimesTheHeuristicAndTheTunedAlgorithm) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const bool tuning_before = cuda::gemm_tuning();
+  bench::GemmOptions o;
+  o.device = Device::cuda(0);
+  o.shapes = {{512, 768, 384}};
+  o.dtypes = {"f32", "bf16"};
+  o.repeats = 3;
+  o.warmup_ms = 2;
+  o.compare_tuning = true;
+  const bench::GemmReport r = bench::run_gemm(o);
+  EXPECT_EQ(cuda::gemm_tuning(), tuning_before);
+  EXPECT_EQ(r.gemm_tuning, "compare");
+  ASSERT_EQ(r.results.size(), 2u);
+  for (const auto& x : r.results) {
+    EXPECT_GT(x.heuristic_median_ms, 0) << x.dtype;
+    EXPECT_GT(x.median_ms, 0) << x.dtype;
+  }
+  const nlohmann::json j = bench::to_json(r);
+  EXPECT_EQ(j["method"]["gemm_tuning"], "compare");
+  EXPECT_TRUE(j["results"][0].contains("heuristic_median_ms"));
+  EXPECT_TRUE(j.contains("gemm_fallback_shapes"));
+  o.compare_tuning = false;
+  EXPECT_EQ(bench::run_gemm(o).gemm_tuning, tuning_before ? "cached" : "off");
 }
 
 TEST(CudaBenchGemm, EventTimerMeasuresEachRun) {

@@ -395,5 +395,6 @@ void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tenso
 }
 
 int64_t gemm_plans_cached(int device) { return blas::plans_cached(device); }
+void reset_gemm_plans(int device) { blas::reset_plans(device); }
 
 }  // namespace forge::cuda

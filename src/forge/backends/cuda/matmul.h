@@ -47,7 +47,38 @@ void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tenso
 void set_allow_tf32(bool on);
 bool allow_tf32();
 
+// GEMM algorithm tuning (Note [GEMM algorithm tuning] in blaslt.h): on, each GEMM plan's first
+// use outside a CUDA graph capture times cuBLASLt's candidate algorithms (or takes the one the
+// tuning cache file holds for it) and keeps the fastest; off, the heuristic's first choice
+// runs, as before. The choice changes which kernel runs, so results may differ in the last
+// bits. Starts as FORGE_GEMM_TUNING (default cached); forge train sets it from
+// run.gemm_tuning. Affects GEMMs issued after the call; a plan keeps both algorithms, so
+// switching back and forth costs nothing.
+void set_gemm_tuning(bool on);
+bool gemm_tuning();
+
+// What tuning and the fallbacks did in this process (every device), for tests, forge bench
+// and the trainer's log.
+struct GemmTuningStats {
+  int64_t tuned = 0;            // plans whose algorithm this process chose (timed, or a single candidate)
+  int64_t timed = 0;            //   of which two or more candidates were timed
+  int64_t changed = 0;          //   of which the winner is not the heuristic's first choice
+  int64_t loaded = 0;           // plans whose algorithm came from the tuning cache file
+  int64_t stale = 0;            // cache entries cuBLASLt refused (cublasLtMatmulAlgoCheck): dropped, timed again
+  int64_t capture_skips = 0;    // plans first used inside a stream capture (heuristic choice; tuned later)
+  int64_t failed = 0;           // timings that failed (the heuristic's choice runs)
+  int64_t fallback_shapes = 0;  // plans cuBLASLt has no algorithm for (each reported once on stderr)
+  int64_t fallback_calls = 0;   // GEMM calls that took such a plan's fallback
+  double tuning_ms = 0;         // host time spent timing candidates
+  int64_t file_writes = 0;      // successful writes of the tuning cache file
+};
+GemmTuningStats gemm_tuning_stats();
+
 // GEMM plans (descriptors + chosen algorithm) cached for `device`, for tests.
 int64_t gemm_plans_cached(int device);
+
+// Drops `device`'s plans and what it read of the tuning cache file: the next GEMMs plan again
+// and read FORGE_GEMM_TUNE_CACHE again (for tests and forge bench: "a new process").
+void reset_gemm_plans(int device);
 
 }  // namespace forge::cuda
