@@ -38,6 +38,32 @@ TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
   EXPECT_EQ(vals(x.grad()), (std::vector<double>{1, 1}));
 }
 
+// Note [pending input gradient]: a node that asks for its input's pending gradient gets what
+// the input's other consumers have accumulated when it runs, and returns the sum; one that
+// does not take it leaves the addition to the engine. Either way the gradient is the same.
+TEST(Autograd, PendingInputGradientIsHandedOverOnce) {
+  for (bool take : {true, false}) {
+    Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_();
+    Tensor h = mul(x, 1.0);  // a non-leaf with two consumers
+    int taken = 0;
+    // c = 2h, recorded first (an earlier node runs later), so the other consumer has run by then.
+    Tensor c = mul(h.detach(), 2.0);
+    autograd::record("fusing_double", c, {h}, [&taken, take](const Tensor& g, const autograd::GradMask&) {
+      Tensor mine = mul(g, 2.0);
+      if (!take) return TensorList{mine};
+      Tensor pending = autograd::take_pending_input_grad();
+      EXPECT_FALSE(autograd::take_pending_input_grad().defined()) << "handed over once";
+      if (pending.defined()) ++taken;
+      return TensorList{pending.defined() ? add(mine, pending) : mine};
+    });
+    c.grad_fn()->fuse_input_grad = 0;
+    Tensor a = mul(h, 3.0);
+    sum(add(a, c)).backward();
+    EXPECT_EQ(vals(x.grad()), (std::vector<double>{5, 5})) << "take = " << take;
+    EXPECT_EQ(taken, take ? 1 : 0);
+  }
+}
+
 TEST(Autograd, DiamondGraphSumsBothPaths) {
   Tensor x = from_vector<double>({2}, {1}).requires_grad_();
   Tensor a = mul(x, 3.0), b = exp(x);

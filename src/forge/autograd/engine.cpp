@@ -51,7 +51,10 @@ void check_grad(const Node& node, size_t i, const Tensor& g) {
 
 namespace {
 thread_local bool t_retaining_graph = false;
+thread_local Tensor t_pending_input_grad;  // Note [pending input gradient]
 }  // namespace
+
+Tensor take_pending_input_grad() { return std::move(t_pending_input_grad); }
 
 bool retaining_graph() { return t_retaining_graph; }
 
@@ -126,7 +129,21 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
     }
     TensorList out;
     if (g.defined()) {
+      // Note [pending input gradient]: hand over what the fused input has accumulated so far.
+      Node* fused = nullptr;
+      if (node->fuse_input_grad >= 0 && static_cast<size_t>(node->fuse_input_grad) < node->next_edges.size())
+        fused = node->next_edges[static_cast<size_t>(node->fuse_input_grad)].node.get();
+      if (fused) {
+        if (auto it = buffers.find(fused); it != buffers.end() && it->second.defined()) {
+          t_pending_input_grad = std::move(it->second);
+          buffers.erase(it);
+        }
+      }
       out = node->apply(g);
+      if (t_pending_input_grad.defined()) {  // not taken: the engine adds it, as usual
+        buffers[fused] = std::move(t_pending_input_grad);
+        t_pending_input_grad = Tensor();
+      }
       g = Tensor();
       if (!retain_graph) node->release_saved();
       FORGE_CHECK(out.empty() || out.size() == node->next_edges.size(), "backward: ", node->name(), " returned ",

@@ -43,6 +43,13 @@ class Node {
 
   std::vector<Edge> next_edges;
   std::vector<InputMeta> input_meta;
+  // Note [pending input gradient]: >= 0 asks the engine to hand this node, while it runs, the
+  // gradient its input `fuse_input_grad` has already accumulated from the input's other
+  // consumers (take_pending_input_grad()), so the node can add it into its own gradient for
+  // that input inside a kernel it runs anyway (the norm backward adds the residual stream's
+  // gradient: one pass over memory less than the engine's separate addition). A node that
+  // takes it returns the sum; one that does not leaves it to the engine, as usual.
+  int fuse_input_grad = -1;
   // Creation order: the engine prefers later nodes when several are ready, like PyTorch.
   uint64_t sequence_nr;
 };
@@ -89,6 +96,12 @@ class AccumulateGrad final : public Node {
  private:
   std::shared_ptr<TensorImpl> leaf_;
 };
+
+// Inside a node's backward function (Note [pending input gradient]): the gradient accumulated so
+// far for the node's input Node::fuse_input_grad, handed over to the caller (who must then
+// include it in the gradient it returns for that input); undefined when there is none yet or
+// the node did not ask for it. A second call returns undefined.
+Tensor take_pending_input_grad();
 
 // a and b are the same view of the same memory (a gradient that arrives as a leaf's claimed
 // gradient buffer, Note [claimed grad buffer]).

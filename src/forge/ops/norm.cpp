@@ -7,6 +7,7 @@
 
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/norm.h"
+#include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
@@ -52,6 +53,30 @@ int64_t rows_of(const Tensor& x) {
   return r;
 }
 
+// Note [residual gradient in the norm backward]: a norm's input is the residual stream, which
+// also reaches the rest of the model by the residual path (GPT's add_layer_norm h feeds the
+// next add; LLaMA's x feeds its residual add). Its gradient is the norm's dx plus what came back
+// along that path. On CUDA the norm node asks the engine for the part already accumulated
+// (Note [pending input gradient], autograd/node.h) and the backward kernel adds it while it
+// writes dx: the separate (R, C) addition of the two, one read of each and a write, disappears.
+// The pending tensor is only read (it may be shared with another input's gradient).
+// Takes the pending gradient of the norm's input into grads.dx_add when the CUDA kernel can read
+// it; returns what must still be added to dx after the kernel (undefined when nothing).
+Tensor fuse_pending_into(cpu::NormGrads& grads, const Tensor& xs) {
+  if (!grads.dx.defined() || xs.is_cpu()) return Tensor();
+  Tensor pending = autograd::take_pending_input_grad();
+  if (!pending.defined()) return Tensor();
+  if (pending.is_contiguous() && pending.shape() == xs.shape() && pending.dtype() == xs.dtype() &&
+      pending.device() == xs.device()) {
+    grads.dx_add = pending;
+    return Tensor();
+  }
+  return pending;
+}
+
+// dx + rest (rest: what fuse_pending_into could not hand to the kernel).
+Tensor with_rest(const Tensor& dx, const Tensor& rest) { return rest.defined() ? add(dx, rest) : dx; }
+
 // Records y as the layer norm of `x` (the autograd input) with the forward's saved state: xs
 // (x's values, contiguous), ws (the weight, contiguous or undefined), mean and rstd.
 // Backward (fused, {cpu,cuda}::layer_norm_backward): with xhat = (x - mean) * rstd, g = dy * w,
@@ -69,10 +94,12 @@ void record_layer_norm(const char* name, Tensor& y, const Tensor& x, const Tenso
     if (need[1]) grads.dweight = detail::grad_output(w_leaf, {C}, opt);
     if (need[2]) grads.dbias = detail::grad_output(b_leaf, {C}, opt);
     const Tensor gc = contiguous(g);
+    const Tensor rest = fuse_pending_into(grads, xs);
     if (xs.is_cpu()) cpu::layer_norm_backward(gc, xs, ws, mean, rstd, grads);
     else FORGE_ON_CUDA("layer_norm", cuda::layer_norm_backward(gc, xs, ws, mean, rstd, grads));
-    return TensorList{grads.dx, grads.dweight, grads.dbias};
+    return TensorList{with_rest(grads.dx, rest), grads.dweight, grads.dbias};
   }, {xs, ws, mean, rstd});
+  if (y.grad_fn() && xs.is_cuda()) y.grad_fn()->fuse_input_grad = 0;  // Note [residual gradient in the norm backward]
 }
 
 }  // namespace
@@ -139,10 +166,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     // dweight may be the weight's pre-allocated gradient buffer (Note [claimed grad buffer]).
     if (need[1]) grads.dweight = detail::grad_output(w_leaf, {xs.shape().back()}, opt);
     const Tensor gc = contiguous(g);
+    const Tensor rest = fuse_pending_into(grads, xs);
     if (xs.is_cpu()) cpu::rms_norm_backward(gc, xs, ws, rstd, grads);
     else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_backward(gc, xs, ws, rstd, grads));
-    return TensorList{grads.dx, grads.dweight};
+    return TensorList{with_rest(grads.dx, rest), grads.dweight};
   }, {xs, ws, rstd});
+  if (y.grad_fn() && xs.is_cuda()) y.grad_fn()->fuse_input_grad = 0;  // Note [residual gradient in the norm backward]
   return y;
 }
 

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
+#include "forge/backends/cpu/norm.h"
+#include "forge/backends/cuda/norm.h"
 #include "forge/forge.h"
 
 namespace forge {
@@ -205,6 +207,60 @@ TEST_P(CudaNorm, AddLayerNormIsAddThenLayerNormOnTheGpu) {
     // (which could flip the last bit of a few 16-bit results).
     const double tol = dt == DType::f64 ? 1e-14 : (dt == DType::f32 ? 1e-6 : 1e-3);
     expect_close(fused.y, ops::layer_norm(h, w, b), tol, "y = layer_norm(h) (C=" + std::to_string(C) + ")");
+  }
+}
+
+// Note [residual gradient in the norm backward]: the kernel adds dx_add into dx (also in place,
+// dx_add == dx), matching dx + dx_add from the plain kernel; and a residual stream whose norm
+// node takes its pending gradient matches the CPU (the GPT and LLaMA patterns).
+TEST_P(CudaNorm, BackwardAddsTheResidualGradient) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const double tol = dt == DType::f64 ? 1e-13 : (dt == DType::f32 ? 1e-6 : 1e-2);
+  for (int64_t C : {768, 2048, 999}) {
+    for (bool rms : {false, true}) {
+      const std::string what = std::string(rms ? "rms_norm" : "layer_norm") + " C=" + std::to_string(C);
+      const int64_t R = 300;
+      const Tensor x = host_input({R, C}, Domain::real, dt, 900).to(kGpu);
+      const Tensor w = host_input({C}, Domain::positive, dt, 901).to(kGpu);
+      const Tensor dy = host_input({R, C}, Domain::real, dt, 902).to(kGpu);
+      const Tensor extra = host_input({R, C}, Domain::real, dt, 903).to(kGpu);
+      const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
+      Tensor y = empty({R, C}, {.dtype = dt, .device = kGpu});
+      Tensor mean = empty({R}, {.dtype = sd, .device = kGpu}), rstd = empty({R}, {.dtype = sd, .device = kGpu});
+      if (rms) cuda::rms_norm_forward(x, w, 1e-5, y, rstd);
+      else cuda::layer_norm_forward(x, w, Tensor(), 1e-5, y, mean, rstd);
+      auto run = [&](const Tensor& add, bool in_place) {
+        cpu::NormGrads g;
+        g.dx = in_place ? add.clone() : empty({R, C}, {.dtype = dt, .device = kGpu});
+        g.dx_add = in_place ? g.dx : add;
+        g.dweight = empty({C}, {.dtype = dt, .device = kGpu});
+        if (rms) cuda::rms_norm_backward(dy, x, w, rstd, g);
+        else cuda::layer_norm_backward(dy, x, w, mean, rstd, g);
+        return g;
+      };
+      cpu::NormGrads plain;
+      plain.dx = empty({R, C}, {.dtype = dt, .device = kGpu});
+      plain.dweight = empty({C}, {.dtype = dt, .device = kGpu});
+      if (rms) cuda::rms_norm_backward(dy, x, w, rstd, plain);
+      else cuda::layer_norm_backward(dy, x, w, mean, rstd, plain);
+      const Tensor want = ops::add(plain.dx.to(sd), extra.to(sd));
+      for (bool in_place : {false, true}) {
+        const cpu::NormGrads got = run(extra, in_place);
+        expect_close(got.dx.to(sd), want, tol, what + (in_place ? " dx_add in place" : " dx_add"));
+        expect_equal(got.dweight, plain.dweight, what + " dweight unchanged by dx_add");
+      }
+    }
+  }
+  // Through autograd: the residual stream x feeds a norm and, by the residual path, the output.
+  for (bool rms : {false, true}) {
+    const Fn block = [rms](const TensorList& in) {
+      Tensor n = rms ? ops::rms_norm(in[0], in[1]) : ops::layer_norm(in[0], in[1], Tensor());
+      return ops::add(ops::mul(ops::tanh(n), 0.5), in[0]);  // x + f(norm(x))
+    };
+    expect_same_on_gpu(rms ? "residual stream through rms_norm" : "residual stream through layer_norm",
+                       {host_input({4, 33, 768}, Domain::real, dt, 910), host_input({768}, Domain::positive, dt, 911)},
+                       {true, true}, block, dt, tolerance(dt), 912);
   }
 }
 

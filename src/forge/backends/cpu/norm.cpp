@@ -211,6 +211,7 @@ void backward_rows(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
 }
 
 void check_grads(const char* op, const NormGrads& g, const Tensor& x, int64_t C) {
+  FORGE_CHECK(!g.dx_add.defined(), op, ": NormGrads::dx_add is a CUDA kernel option; on the CPU add it to dx after");
   if (g.dx.defined())
     FORGE_CHECK(g.dx.is_contiguous() && g.dx.numel() == x.numel() && g.dx.dtype() == x.dtype(), op,
                 ": dx must be contiguous with x's size and dtype");

@@ -17,6 +17,7 @@ DType norm_stat_dtype(DType x);
 // one is overwritten (never accumulated into).
 struct NormGrads {
   Tensor dx;       // (R, C) x's dtype
+  Tensor dx_add;   // (R, C) x's dtype or undefined: added into dx (CUDA only; may be dx itself)
   Tensor dweight;  // (C)    x's dtype
   Tensor dbias;    // (C)    x's dtype (layer norm only)
 };

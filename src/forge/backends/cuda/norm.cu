@@ -56,8 +56,12 @@
 //     block per SM; shared memory keeps the kernel near 120 registers, two to three blocks.)
 //   C > kRegisterWidth: the dx kernel computes dx only; norm_param_grad_kernel then re-reads
 //     dy and x in (32 columns x a slice of rows) tiles, one partial row per slice.
-// column_sum_kernel finally adds the P partials of each column in order (in f64) and rounds to
-// T. The result is bit-identical from run to run and independent of the GPU's SM count.
+// column_sum_kernel finally adds the P partials of each column in a fixed order (in f64; both
+// gradients in one launch) and rounds to T. The result is bit-identical from run to run and
+// independent of the GPU's SM count.
+// dx_add (Note [residual gradient in the norm backward], ops/norm.cpp): the gradient that
+// reached the norm's input by the residual path is added into dx in the same pass (read before
+// dx is written, so it may be dx's own buffer).
 //
 // Performance notes: the forward reads x and writes y (add_layer_norm: reads x and residual,
 // writes h and y); the backward reads x and dy once and writes dx once, plus (fused path)
@@ -272,16 +276,18 @@ __device__ __forceinline__ void backward_sums(const Vec<T, V>& xv, const Vec<T, 
 template <class T, int V>
 __device__ __forceinline__ void backward_apply(const Vec<T, V>& xv, const Vec<T, V>& gv, int64_t vi, const T* weight,
                                                acc_t<T> mu, acc_t<T> rs, acc_t<T> m1, acc_t<T> m2, T* dxr,
-                                               acc_t<T>* sum_w, acc_t<T>* sum_b, int64_t nvec) {
+                                               const T* addr, acc_t<T>* sum_w, acc_t<T>* sum_b, int64_t nvec) {
   using A = acc_t<T>;
-  Vec<T, V> w, o;
+  Vec<T, V> w, o, a;
   if (weight) w = load_vec<T, V>(weight, vi);
+  if (addr) a = load_vec<T, V>(addr, vi);  // read before dxr is written: addr may be dxr
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const A xh = (static_cast<A>(xv.v[j]) - mu) * rs;
     const A d = static_cast<A>(gv.v[j]);
     const A g = weight ? d * static_cast<A>(w.v[j]) : d;
-    o.v[j] = convert<T>(rs * (g - m1 - xh * m2));
+    const A dxv = rs * (g - m1 - xh * m2);
+    o.v[j] = convert<T>(addr ? dxv + static_cast<A>(a.v[j]) : dxv);
     if (sum_w) sum_w[j * nvec + vi] += d * xh;
     if (sum_b) sum_b[j * nvec + vi] += d;
   }
@@ -299,7 +305,8 @@ __global__ void __launch_bounds__(kRowThreads)
                          const T* __restrict__ weight,        // (C) or null
                          const acc_t<T>* __restrict__ mean,   // (R), layer norm only
                          const acc_t<T>* __restrict__ rstd,   // (R)
-                         T* __restrict__ dx,                  // (R, C) or null
+                         T* dx,                               // (R, C) or null
+                         const T* dx_add,                     // (R, C) or null: added into dx; may be dx
                          acc_t<T>* __restrict__ part_w,       // (gridDim.x, C) or null: sums of dy * xhat
                          acc_t<T>* __restrict__ part_b,       // (gridDim.x, C) or null: sums of dy
                          int64_t R, int64_t C) {
@@ -326,6 +333,7 @@ __global__ void __launch_bounds__(kRowThreads)
     const T* xr = x + row * C;
     const T* gr = dy + row * C;
     T* dxr = dx ? dx + row * C : nullptr;
+    const T* addr = dx_add ? dx_add + row * C : nullptr;
     const A mu = kRms ? A(0) : mean[row];
     const A rs = rstd[row];
 
@@ -348,11 +356,11 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
     for (int k = 0; k < kCache; ++k) {
       const int64_t vi = static_cast<int64_t>(k) * kWarpSize + lane;
-      if (vi < nvec) backward_apply<T, V>(xc[k], gc[k], vi, weight, mu, rs, m1, m2, dxr, sum_w, sum_b, nvec);
+      if (vi < nvec) backward_apply<T, V>(xc[k], gc[k], vi, weight, mu, rs, m1, m2, dxr, addr, sum_w, sum_b, nvec);
     }
     for (int64_t vi = static_cast<int64_t>(kCache) * kWarpSize + lane; vi < nvec; vi += kWarpSize)
-      backward_apply<T, V>(load_vec<T, V>(xr, vi), load_vec<T, V>(gr, vi), vi, weight, mu, rs, m1, m2, dxr, sum_w,
-                           sum_b, nvec);
+      backward_apply<T, V>(load_vec<T, V>(xr, vi), load_vec<T, V>(gr, vi), vi, weight, mu, rs, m1, m2, dxr, addr,
+                           sum_w, sum_b, nvec);
   }
 
   if (!s_w && !s_b) return;  // the same for the whole grid
@@ -416,16 +424,35 @@ __global__ void __launch_bounds__(kTileCols * kTileRows)
   }
 }
 
-// out[c] = T(sum_p part[p, c]), added in p order in f64.
+// out[c] = T(sum_p part[p, c]) for up to two (partials, out) pairs (blockIdx.y picks one), in
+// f64. A block takes kTileCols columns; its kSumRows row lanes each add a fixed, contiguous range
+// of partials in order, then lane 0 adds the kSumRows lane sums in lane order: the same bits on
+// every run and GPU, and parts / kSumRows serial adds instead of parts (the reduction is
+// latency-bound: a few hundred partials of 768 columns).
+constexpr int kSumRows = 8;
 template <class T>
-__global__ void __launch_bounds__(kBlockSize) column_sum_kernel(const acc_t<T>* __restrict__ part,  // (P, C)
-                                                                int64_t parts, int64_t C,
-                                                                T* __restrict__ out) {  // (C)
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= C) return;
+__global__ void __launch_bounds__(kTileCols * kSumRows)
+    column_sum_kernel(const acc_t<T>* __restrict__ part0, T* __restrict__ out0,  // (P, C), (C)
+                      const acc_t<T>* __restrict__ part1, T* __restrict__ out1,  // the same, or null
+                      int64_t parts, int64_t C) {
+  __shared__ double lane_sums[kSumRows][kTileCols];
+  const acc_t<T>* part = blockIdx.y == 0 ? part0 : part1;
+  T* out = blockIdx.y == 0 ? out0 : out1;
+  const int tc = static_cast<int>(threadIdx.x) % kTileCols, tr = static_cast<int>(threadIdx.x) / kTileCols;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols + tc;
+  const int64_t per = (parts + kSumRows - 1) / kSumRows;
+  const int64_t p0 = tr * per, p1 = p0 + per < parts ? p0 + per : parts;
   double s = 0;
-  for (int64_t p = 0; p < parts; ++p) s += static_cast<double>(part[p * C + col]);
-  out[col] = convert<T>(s);
+  if (col < C)
+    for (int64_t p = p0; p < p1; ++p) s += static_cast<double>(part[p * C + col]);
+  lane_sums[tr][tc] = s;
+  __syncthreads();
+  if (tr == 0 && col < C) {
+    double t = 0;
+#pragma unroll
+    for (int r = 0; r < kSumRows; ++r) t += lane_sums[r][tc];
+    out[col] = convert<T>(t);
+  }
 }
 
 // ---- host side -------------------------------------------------------------------------
@@ -546,6 +573,8 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
   check_like(op, "weight", weight, x, C);
   check_like(op, "dy", dy, x, x.numel());
   check_like(op, "dx", grads.dx, x, x.numel());
+  check_like(op, "dx_add", grads.dx_add, x, x.numel());
+  FORGE_CHECK(!grads.dx_add.defined() || grads.dx.defined(), op, ": dx_add needs dx");
   check_like(op, "dweight", grads.dweight, x, C);
   check_like(op, "dbias", grads.dbias, x, C);
   FORGE_CHECK(dy.defined(), op, ": dy must be defined");
@@ -591,13 +620,13 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
           FORGE_CUDA_CHECK(cudaFuncSetAttribute(norm_backward_kernel<T, V, kRms>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         norm_backward_kernel<T, V, kRms><<<blocks, kRowThreads, smem, stream>>>(
-            ptr<T>(dy), ptr<T>(x), ptr<T>(weight), pm, pr, mut_ptr<T>(grads.dx), mut_ptr<A>(part_w),
-            mut_ptr<A>(part_b), R, C);
+            ptr<T>(dy), ptr<T>(x), ptr<T>(weight), pm, pr, mut_ptr<T>(grads.dx), ptr<T>(grads.dx_add),
+            mut_ptr<A>(part_w), mut_ptr<A>(part_b), R, C);
       };
       if constexpr (std::is_same_v<T, double>) {
         launch.template operator()<1>();
       } else {
-        if (use_vectors<T>(C, {&dy, &x, &weight, &grads.dx}))
+        if (use_vectors<T>(C, {&dy, &x, &weight, &grads.dx, &grads.dx_add}))
           launch.template operator()<16 / static_cast<int>(sizeof(T))>();
         else
           launch.template operator()<1>();
@@ -617,16 +646,15 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
                               dtype_name(x.dtype()));
     }
 
-    const unsigned col_blocks = blocks_for(op, C, kBlockSize);
-    if (want_w) {
-      column_sum_kernel<T><<<col_blocks, kBlockSize, 0, stream>>>(ptr<A>(part_w), parts, C,
-                                                                   mut_ptr<T>(grads.dweight));
-      FORGE_CUDA_LAUNCH_CHECK(op, " (dweight) on ", x.device().str(), ": ", C, " columns of ", parts, " partials");
-    }
-    if (want_b) {
-      column_sum_kernel<T><<<col_blocks, kBlockSize, 0, stream>>>(ptr<A>(part_b), parts, C,
-                                                                   mut_ptr<T>(grads.dbias));
-      FORGE_CUDA_LAUNCH_CHECK(op, " (dbias) on ", x.device().str(), ": ", C, " columns of ", parts, " partials");
+    if (want_w || want_b) {
+      const A* p0 = want_w ? ptr<A>(part_w) : ptr<A>(part_b);
+      T* o0 = want_w ? mut_ptr<T>(grads.dweight) : mut_ptr<T>(grads.dbias);
+      const A* p1 = want_w && want_b ? ptr<A>(part_b) : nullptr;
+      T* o1 = want_w && want_b ? mut_ptr<T>(grads.dbias) : nullptr;
+      const dim3 grid(blocks_for(op, C, kTileCols), p1 ? 2u : 1u);
+      column_sum_kernel<T><<<grid, kTileCols * kSumRows, 0, stream>>>(p0, o0, p1, o1, parts, C);
+      FORGE_CUDA_LAUNCH_CHECK(op, " (dweight/dbias) on ", x.device().str(), ": ", C, " columns of ", parts,
+                              " partials");
     }
   });
 }
