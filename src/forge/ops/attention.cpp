@@ -7,8 +7,9 @@
 // output and the gradients are allocated dense in the memory order of q (resp. k, v), e.g.
 // (B, T, H, D) for those views, and returned as (B, H, T, D) views: the usual
 // transpose(1, 2).reshape(B, T, H*D) after attention, and the gradients' way back through
-// the head split, are then views instead of copies. With grouped heads (H > Hkv) the query
-// side is allocated contiguous (B, H, T, D), the layout in which a group's heads stack.
+// the head split, are then views instead of copies. With grouped heads (H > Hkv) on the
+// composed GEMM path the query side is allocated contiguous (B, H, T, D), the layout in which a
+// group's heads stack; the fused kernels keep q's memory order for them too.
 #include "forge/ops/attention.h"
 
 #include <algorithm>
@@ -94,8 +95,12 @@ Tensor empty_in_order_of(const Tensor& t, const Shape& shape) {
 
 Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), Dv = v.size(3);
-  const bool grouped = H != k.size(1);
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  // Grouped heads (H > Hkv) want the query side contiguous (B, H, T, D) only on the composed
+  // GEMM path, which stacks a group's heads; the fused kernels (Note [attention back-ends]) read
+  // and write any row layout, so with them it stays in q's memory order and the head merge after
+  // attention (and the gradient's way back) are views.
+  const bool grouped = H != k.size(1) && !cuda::fused_attention_applies(qd, kd, vd, mask, causal);
   const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
   const TensorOptions opt{.dtype = q.dtype(), .device = q.device()};
   Tensor out = grouped ? empty({B, H, T, Dv}, opt) : empty_in_order_of(qd, {B, H, T, Dv});

@@ -68,6 +68,20 @@ TEST_P(CudaRope, MatchesTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaRope, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
+// The output (and the gradient) keep the input's memory order: LLaMA's (B, T, H, D)
+// projections viewed as (B, H, T, D) stay (B, T, H, D) through rope, so the head merge after
+// attention is a view; the strided D case (last stride 2) is written contiguous.
+TEST(CudaRope, OutputKeepsTheInputsMemoryOrder) {
+  FORGE_SKIP_WITHOUT_GPU();
+  Tensor leaf = host_input({2, 17, 4, 32}, Domain::real, DType::bf16, 95).to(kGpu).detach().requires_grad_();
+  Tensor y = ops::rope(leaf.transpose(1, 2), 3);
+  EXPECT_TRUE(y.transpose(1, 2).is_contiguous()) << "strides " << y.strides();
+  y.backward(ones_like(y));
+  EXPECT_TRUE(leaf.grad().is_contiguous());
+  const Tensor strided = host_input({1, 2, 9, 32}, Domain::real, DType::bf16, 96).to(kGpu).slice(3, 0, 32, 2);
+  EXPECT_TRUE(ops::rope(strided).is_contiguous());
+}
+
 TEST(CudaRope, InverseUndoesTheRotation) {
   FORGE_SKIP_WITHOUT_GPU();
   // The backward of rope is the inverse rotation: rope^T(rope(x)) = x, so the gradient of

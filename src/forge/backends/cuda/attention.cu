@@ -435,6 +435,13 @@ std::atomic<bool> g_deterministic{false};
 }  // namespace
 
 void set_attention_backend(AttentionBackend b) { g_backend = b; }
+
+bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal) {
+  const AttentionBackend b = attention_backend();
+  if (b == AttentionBackend::composed) return false;
+  return (b == AttentionBackend::automatic && cudnn_attention_applies(q, k, v, mask, causal)) ||
+         flash_attention_applies(q, k, v, mask);
+}
 AttentionBackend attention_backend() { return g_backend.load(); }
 void set_deterministic_attention(bool on) { g_deterministic = on; }
 bool deterministic_attention() { return g_deterministic.load(); }

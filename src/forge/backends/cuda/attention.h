@@ -40,6 +40,10 @@ enum class AttentionBackend : uint8_t { automatic, flash, composed };
 void set_attention_backend(AttentionBackend b);
 AttentionBackend attention_backend();
 
+// Whether a fused back-end (cuDNN or forge's flash kernels) takes this problem under the current
+// setting: then any row layout of out and the gradients is read and written in place.
+bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal);
+
 // Deterministic backward (no atomics: dq, dk, dv the same bit for bit from run to run):
 // process-wide; forge train sets it from run.deterministic.
 void set_deterministic_attention(bool on);

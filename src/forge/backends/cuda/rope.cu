@@ -7,7 +7,8 @@
 //   out[..., t, i + h] = x[..., t, i + h] cos(angle_ti) + x[..., t, i] sin(angle_ti)
 // inverse = true rotates by -angle_ti (the backward: dx = rope^-1(dout)).
 //
-// Memory contract: x is read through its strides (any, no copy); out is contiguous and
+// Memory contract: x is read through its strides (any, no copy); out is written through its
+// strides (unit stride in the last dim: the ops layer gives it x's memory order) and
 // overwritten; scratch: the (h) f64 frequency table, freed on return (stream-ordered).
 //
 // Note [CUDA rope precision]: the CPU computes cos/sin in f64. Here the angle is formed in
@@ -60,10 +61,10 @@ template <class A> __device__ __forceinline__ void cos_sin(double angle, A& c, A
 template <class T, int V>
 __global__ void __launch_bounds__(kBlockSize)
     rope_kernel(const T* __restrict__ x,          // (B, H, T, D), strides (sb, sh, st, sd)
-                T* __restrict__ out,              // (B, H, T, D) contiguous
+                T* __restrict__ out,              // (B, H, T, D), strides (ob, oh, ot, 1)
                 const double* __restrict__ freq,  // (D / 2)
                 int64_t H, int64_t len, int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t sd,
-                int64_t position_offset, int64_t items, bool inverse) {
+                int64_t ob, int64_t oh, int64_t ot, int64_t position_offset, int64_t items, bool inverse) {
   using A = acc_t<T>;
   using P = Vec<T, V>;
   const int64_t groups = half / V;  // items per row
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kBlockSize)
     const int64_t i0 = (it - r * groups) * V;
     const int64_t t = r % len, bh = r / len;
     const T* xr = x + (bh / H) * sb + (bh % H) * sh + t * st;
-    T* orow = out + r * 2 * half;
+    T* orow = out + (bh / H) * ob + (bh % H) * oh + t * ot;
     P x1, x2;
     if constexpr (V > 1) {  // sd == 1
       x1 = *reinterpret_cast<const P*>(xr + i0);
@@ -107,10 +108,10 @@ Tensor scratch(int device, const Shape& shape, DType dtype) {
 }  // namespace
 
 void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, bool inverse) {
-  FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() &&
-                  x.size(3) % 2 == 0,
-              "cuda::rope: expected x (B, H, T, D) with D even and a contiguous output of its shape, got ", x.shape(),
-              " -> ", out.shape());
+  FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() &&
+                  (out.size(3) <= 1 || out.stride(3) == 1) && x.size(3) % 2 == 0,
+              "cuda::rope: expected x (B, H, T, D) with D even and an output of its shape with unit stride in the "
+              "last dim, got ", x.shape(), " -> ", out.shape(), " strides ", out.strides());
   FORGE_CHECK(x.is_cuda() && out.device() == x.device(), "cuda::rope: x and out must be on one CUDA device, got ",
               x.device().str(), " and ", out.device().str());
   if (x.numel() == 0) return;
@@ -127,7 +128,9 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, b
 
   // Strides of size-1 dims never move the pointer: count them as 0.
   int64_t s[4];
+  int64_t o[4];
   for (int d = 0; d < 4; ++d) s[d] = x.size(d) == 1 ? 0 : x.stride(d);
+  for (int d = 0; d < 4; ++d) o[d] = out.size(d) == 1 ? 0 : out.stride(d);
   const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count(device)) * kBlocksPerSm;
   dispatch_float(x.dtype(), "rope", [&]<class T>() {
     auto launch = [&]<int V>() {
@@ -136,14 +139,16 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, b
       rope_kernel<T, V><<<blocks, kBlockSize, 0, stream>>>(static_cast<const T*>(x.data_ptr()),
                                                            static_cast<T*>(out.data_ptr()),
                                                            static_cast<const double*>(freq.data_ptr()), H, len, half,
-                                                           s[0], s[1], s[2], s[3], position_offset, items, inverse);
+                                                           s[0], s[1], s[2], s[3], o[0], o[1], o[2], position_offset,
+                                                           items, inverse);
     };
     if constexpr (std::is_same_v<T, double>) {
       launch.template operator()<1>();
     } else {
       constexpr int V = 16 / static_cast<int>(sizeof(T));
       const bool vec = s[3] == 1 && half % V == 0 && s[0] % V == 0 && s[1] % V == 0 &&
-                       s[2] % V == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                       s[2] % V == 0 && o[0] % V == 0 && o[1] % V == 0 && o[2] % V == 0 &&
+                       reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
       if (vec) launch.template operator()<V>();
       else launch.template operator()<1>();

@@ -1,7 +1,8 @@
 #pragma once
 // CUDA rotary position embedding (RoPE), the counterpart of backends/cpu/rope.h: same
 // signature, math ("rotate_half" layout) and memory contract (x read through its strides,
-// out contiguous and overwritten). Plain C++ declaration; the kernel is in rope.cu.
+// out overwritten; on CUDA out may be any layout with unit stride in the last dim). Plain C++
+// declaration; the kernel is in rope.cu.
 #include <cstdint>
 
 #include "forge/core/tensor.h"
