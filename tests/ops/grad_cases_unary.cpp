@@ -44,6 +44,14 @@ std::vector<GradCase> unary_grad_cases() {
     cases.push_back({name, "[4,3] transposed", [] { return TensorList{arg_transposed({4, 3}, 5)}; },
                      [approx](const TensorList& in) { return gelu(in[0], approx); }});
   }
+  cases.push_back({"swiglu", "[3,5] both need grad", [] { return TensorList{arg({3, 5}, 11), arg({3, 5}, 12)}; },
+                   [](const TensorList& in) { return swiglu(in[0], in[1]); }});
+  cases.push_back({"swiglu", "[4,3] transposed gate, strided up",
+                   [] { return TensorList{arg_transposed({4, 3}, 13), arg_strided({4, 3}, 14)}; },
+                   [](const TensorList& in) { return swiglu(in[0], in[1]); }});
+  cases.push_back({"swiglu", "only up needs grad",
+                   [] { return TensorList{arg({2, 6}, 15).detach(), arg({2, 6}, 16)}; },
+                   [](const TensorList& in) { return swiglu(in[0], in[1]); }});
   return cases;
 }
 

@@ -126,6 +126,7 @@ const std::vector<std::string>& differentiable_ops() {
   static const std::vector<std::string> ops = {
       // unary
       "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu",
+      "swiglu",
       // binary (and scalar forms), selection
       "add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "masked_fill",
       // reductions, softmax

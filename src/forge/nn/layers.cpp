@@ -87,7 +87,7 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden, const LayerSpec& spec) {
   check_out_features(*down_proj, dim, "SwiGLU", LinearRole::mlp_down, "the model width");
 }
 Tensor SwiGLU::forward(const Tensor& x) const {
-  return down_proj->forward(ops::mul(ops::silu(gate_proj->forward(x)), up_proj->forward(x)));
+  return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));  // Note [fused SwiGLU]
 }
 
 CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias, double dropout, const LayerSpec& spec)

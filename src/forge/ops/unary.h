@@ -20,4 +20,10 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool approximate = false);
 Tensor silu(const Tensor& x);
 
+// SwiGLU's gate: silu(gate) * up, for two tensors of one shape and floating dtype, as one
+// kernel forward and two backward (dgate, dup). Saves gate and up, not silu(gate): the same
+// values as mul(silu(gate), up) with one f-wide tensor less kept per token and layer, and
+// three passes over memory less (Note [fused SwiGLU] in unary.cpp).
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+
 }  // namespace forge::ops

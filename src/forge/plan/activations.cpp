@@ -116,10 +116,9 @@ SavedTensors forge_lists(const ModelSpec& m, const ActivationOptions& o, int64_t
     L.push_back({"residual_1", h, e, true, false});
     L.push_back({"post_attention_layernorm.out", h, e, true, false});
     L.push_back({"post_attention_layernorm.rstd", 1, kStat, true, false});
-    L.push_back({"mlp.gate_proj.out (silu input)", f, e, false, false});
-    L.push_back({"mlp.silu.out", f, e, false, false});
-    L.push_back({"mlp.up_proj.out", f, e, false, false});
-    L.push_back({"mlp.mul.out (down_proj input)", f, e, false, false});
+    L.push_back({"mlp.gate_proj.out (swiglu input)", f, e, false, false});
+    L.push_back({"mlp.up_proj.out (swiglu input)", f, e, false, false});
+    L.push_back({"mlp.swiglu.out (down_proj input)", f, e, false, false});
     L.push_back({"mlp.down_proj.out", h, e, true, false});
     L.push_back({"residual_2 (block output)", h, e, true, false});
     t.embedding.push_back({"tokens (inputs, targets: i64)", 2, 8, true, false});

@@ -21,7 +21,7 @@
 // input and rstd; gelu/silu their input; every *binary* op's closure holds both inputs and
 // its output (LLaMA's residual adds and SwiGLU product); the head's logits stay alive for
 // cross_entropy, whose backward writes dlogits over them (no transient). A GPT block keeps 17*h values per token,
-// a LLaMA block 9h + 2*kv*d + 4f. It predicts forge's measured CPU peak (tests/plan,
+// a LLaMA block 9h + 2*kv*d + 3f. It predicts forge's measured CPU peak (tests/plan,
 // docs/plan.md) and is the default for `--gpu cpu`.
 #include <cstdint>
 #include <string>

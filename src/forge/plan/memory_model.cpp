@@ -71,14 +71,15 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
   //        frees the MLP output (-h; the sum is y), the gradient entering the block lives on
   //        (+h) and the MLP's backward then holds a gradient of width f: layer + f + h.
   //   LLaMA: the add's backward frees the down projection's output (-h; the sum is y, which
-  //        the list already counts), the gradient entering the block lives on (+h) and the
-  //        SwiGLU product's backward holds three f-wide gradients (its incoming one and one
-  //        per input): layer + 3f.
+  //        the list already counts), the gradient entering the block lives on (+h); the down
+  //        projection's backward frees the SwiGLU output it kept (-f) and the fused SwiGLU's
+  //        backward holds three f-wide gradients (its incoming one and one per input, +3f;
+  //        Note [fused SwiGLU]): layer + 2f.
   const double tokens = static_cast<double>(b * s);
   const double f_gpu = static_cast<double>((m.ffn_hidden + t - 1) / t);
   const double h_gpu = static_cast<double>(m.d_model) / (sp ? static_cast<double>(t) : 1.0);
   const double forge_extra =
-      (m.arch == Arch::gpt ? f_gpu + h_gpu : 3.0 * f_gpu) * bp.activation * tokens;
+      (m.arch == Arch::gpt ? f_gpu + h_gpu : 2.0 * f_gpu) * bp.activation * tokens;
   const double full_working = forge_model ? layer_full + std::max(0.0, forge_extra) : layer_full + grad_io;
   const double recompute = l.checkpointing == Checkpointing::full        ? full_working
                            : l.checkpointing == Checkpointing::selective ? layer_full - layer_selective

@@ -70,6 +70,10 @@ std::vector<Row> rows() {
                [](const TL& in) { return ops::where(in[0], in[1], in[2]); }});
   r.push_back({"masked_fill", "masked_fill(x, mask, -2)", {{m}, {m, Domain::real, false, true}},
                [](const TL& in) { return ops::masked_fill(in[0], in[1], -2.0); }});
+  // SwiGLU's gate (one fused kernel forward, two backward).
+  r.push_back({"swiglu", "silu([7,33]) * [7,33]", {{m}, {m}}, [](const TL& in) { return ops::swiglu(in[0], in[1]); }});
+  r.push_back({"swiglu", "transposed gate", {{{33, 7}}, {m}},
+               [](const TL& in) { return ops::swiglu(in[0].t(), in[1]); }});
   // Reductions along a dim with indices.
   r.push_back({"max", "max over dim 1", {{m}}, [](const TL& in) { return ops::max(in[0], 1).values; }});
   r.push_back({"min", "min over dim 0, keepdim", {{m}}, [](const TL& in) { return ops::min(in[0], 0, true).values; }});
@@ -231,6 +235,7 @@ const std::map<std::string, std::vector<std::string>>& coverage() {
     c["scaled_dot_product_attention"] = {"Dtypes/CudaAttention.MatchesCpuForwardAndBackward*",
                                          "Dtypes/CudaFlashAttention.MatchesCpuForwardAndBackward*",
                                          "Dtypes/CudaCudnnAttention.MatchesCpuForwardAndBackward*"};
+    c["swiglu"] = {"EveryComposedOp/CudaOpTable.*swiglu"};
     c["qkv_attention"] = {"Dtypes/CudaQkvAttention.MatchesCpu*"};
     c["rope"] = {"Dtypes/CudaRope.MatchesTheCpu*"};
     c["conv2d"] = {"Dtypes/CudaConv.MatchesTheCpu*"};

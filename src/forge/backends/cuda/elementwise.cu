@@ -19,6 +19,7 @@
 // dtypes; where 8: about 230 kernels.
 #include "forge/backends/cuda/elementwise.h"
 #include "forge/backends/cuda/loops.cuh"
+#include "forge/backends/swiglu_functors.h"
 #include "forge/core/dispatch.h"
 
 namespace forge::cuda {
@@ -45,6 +46,21 @@ template <BinaryOp Op, class T> struct BinaryFn {
     using A = acc_t<T>;
     if constexpr (kIsComparison<Op>) return static_cast<bool>(f(static_cast<A>(a), static_cast<A>(b)));
     else return T(f(static_cast<A>(a), static_cast<A>(b)));
+  }
+};
+
+template <class T> struct SwiGluFn {
+  __device__ T operator()(T a, T b) const { return T(fn::SwiGlu{}(static_cast<acc_t<T>>(a), static_cast<acc_t<T>>(b))); }
+};
+template <class T> struct SwiGluGradGateFn {
+  __device__ T operator()(T g, T a, T b) const {
+    using A = acc_t<T>;
+    return T(fn::SwiGluGradGate{}(static_cast<A>(g), static_cast<A>(a), static_cast<A>(b)));
+  }
+};
+template <class T> struct SwiGluGradUpFn {
+  __device__ T operator()(T g, T a) const {
+    return T(fn::SwiGluGradUp{}(static_cast<acc_t<T>>(g), static_cast<acc_t<T>>(a)));
   }
 };
 
@@ -107,6 +123,19 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double a
 void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
   dispatch_all(a.dtype(), "where", [&]<class T>() {
     launch_elementwise<3, T, bool, T, T>("where", WhereFn<T>{}, out, {&cond, &a, &b});
+  });
+}
+
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
+  dispatch_float(gate.dtype(), "swiglu", [&]<class T>() {
+    launch_elementwise<2, T, T, T>("swiglu", SwiGluFn<T>{}, out, {&gate, &up});
+  });
+}
+
+void swiglu_backward(const Tensor& g, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup) {
+  dispatch_float(gate.dtype(), "swiglu_backward", [&]<class T>() {
+    if (dgate.defined()) launch_elementwise<3, T, T, T, T>("swiglu_backward", SwiGluGradGateFn<T>{}, dgate, {&g, &gate, &up});
+    if (dup.defined()) launch_elementwise<2, T, T, T>("swiglu_backward", SwiGluGradUpFn<T>{}, dup, {&g, &gate});
   });
 }
 

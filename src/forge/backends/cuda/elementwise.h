@@ -14,5 +14,8 @@ void unary_backward(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double alpha = 1.0);
 // out = cond ? a : b, all broadcast to out's shape; cond bool, a/b/out of one dtype.
 void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out);
+// SwiGLU, as cpu::swiglu / swiglu_backward (backends/swiglu_functors.h).
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+void swiglu_backward(const Tensor& g, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup);
 
 }  // namespace forge::cuda
