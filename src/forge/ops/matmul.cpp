@@ -6,6 +6,7 @@
 #include "forge/backends/cpu/binary.h"
 #include "forge/backends/cpu/matmul.h"
 #include "forge/backends/cpu/unary.h"
+#include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/grad_buffer.h"
@@ -207,6 +208,28 @@ Tensor gelu_tanh_backward(const Tensor& g, const Tensor& pre) {
   return out;
 }
 
+// Note [input gradient accumulated in the GEMM]: when one activation feeds several linears
+// (LLaMA's normed stream into q_proj, k_proj and v_proj, and into gate_proj and up_proj), its
+// gradient is the sum of theirs. On CUDA each linear node asks the engine for what the others
+// have accumulated already (Note [pending input gradient], autograd/node.h) and, when that
+// tensor is its alone (no other handle on it or its memory), adds its dy W into it with the GEMM
+// itself (beta = 1): no separate (M, in) addition, no new buffer. Otherwise dy W is computed into
+// a new tensor and the pending gradient added to it.
+Tensor input_gradient(const Tensor& dy, const Tensor& w, const Shape& x_shape) {
+  Tensor pending = dy.is_cpu() ? Tensor() : autograd::take_pending_input_grad();
+  if (pending.defined()) {
+    const bool exclusive = pending.impl_ptr().use_count() == 1 && pending.storage().use_count() == 1;
+    if (exclusive && pending.is_contiguous() && pending.shape() == x_shape && pending.dtype() == dy.dtype() &&
+        pending.device() == dy.device()) {
+      Tensor acc = reshape(pending, {dy.size(0), w.size(1)});  // a view: pending is contiguous
+      FORGE_ON_CUDA("linear", cuda::matmul(dy, w, acc, 1.0));
+      return pending;
+    }
+    return add(reshape(matmul(dy, w), x_shape), pending);
+  }
+  return reshape(matmul(dy, w), x_shape);
+}
+
 Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
   check_linear(name, x, weight, bias);
   const int64_t in = weight.size(1), out_features = weight.size(0);
@@ -242,7 +265,7 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
     Tensor dy = reshape(g, {M, out_features});
     if (pre.defined()) dy = gelu_tanh_backward(dy, pre);
     Tensor dx, dw, db;
-    if (need[0]) dx = reshape(matmul(dy, w_saved), x_shape);
+    if (need[0]) dx = input_gradient(dy, w_saved, x_shape);
     if (need[1] || need[2]) {
       if (dy.is_cpu()) {
         if (need[1]) {
@@ -261,6 +284,8 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
     return TensorList{dx, dw, db};
   };
   record(name, y, {x, weight, bias}, backward, {x_saved, w_saved, pre});
+  // Note [input gradient accumulated in the GEMM]
+  if (y.grad_fn() && !x.is_cpu() && x.requires_grad()) y.grad_fn()->fuse_input_grad = 0;
   return y;
 }
 

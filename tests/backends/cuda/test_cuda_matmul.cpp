@@ -16,6 +16,7 @@
 #include "backends/cuda/cuda_testing.h"
 #include "forge/backends/cuda/matmul.h"
 #include "forge/forge.h"
+#include "forge/nn/llama.h"
 #include "forge/nn/layers.h"
 
 namespace forge {
@@ -386,6 +387,70 @@ TEST(CudaLinearModules, MlpMatchesTheCpu) {
   expect_close(gpu_mlp.c_fc->bias.grad(), cpu_mlp.c_fc->bias.grad(), 1e-4, "MLP c_fc.bias grad");
   expect_close(gpu_mlp.c_proj->weight.grad(), cpu_mlp.c_proj->weight.grad(), 1e-4, "MLP c_proj.weight grad");
   expect_close(gpu_mlp.c_proj->bias.grad(), cpu_mlp.c_proj->bias.grad(), 1e-4, "MLP c_proj.bias grad");
+}
+
+// Note [input gradient accumulated in the GEMM]: one activation into three linears (LLaMA's q, k,
+// v projections): the second and third add their dy W into the first's gradient with beta = 1;
+// x's gradient matches the CPU, also when a gradient the engine holds must not be overwritten
+// (the activation also feeds an add, whose backward hands the same tensor to both its inputs).
+TEST(CudaLinearModules, SharedInputLinearsAccumulateTheirInputGradient) {
+  FORGE_SKIP_WITHOUT_GPU();
+  for (bool with_residual : {false, true}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Pair x = on_both(host_input({2, 33, 64}, Domain::real, dt, 400));
+      Pair w[3] = {on_both(host_input({48, 64}, Domain::real, dt, 401)),
+                   on_both(host_input({16, 64}, Domain::real, dt, 402)),
+                   on_both(host_input({16, 64}, Domain::real, dt, 403))};
+      auto run = [&](bool gpu) {
+        Tensor xl = (gpu ? x.gpu : ref_of(x.cpu)).detach().requires_grad_();
+        Tensor h = ops::mul(xl, 1.5);  // a non-leaf: its gradient accumulates in the engine
+        Tensor total;
+        for (int i = 0; i < 3; ++i) {
+          const Tensor wi = gpu ? w[i].gpu : ref_of(w[i].cpu);
+          const Tensor y = ops::sum(ops::mul(ops::linear(h, wi), ops::linear(h, wi)));
+          total = total.defined() ? ops::add(total, y) : y;
+        }
+        if (with_residual) total = ops::add(total, ops::sum(ops::mul(ops::add(h, h), 0.25)));
+        total.backward();
+        return xl.grad();
+      };
+      const Tensor gg = run(true), gc = run(false);
+      expect_matches(gg, gc, tolerance(dt) * 4,
+                     std::string("shared-input linears dx [") + dtype_name(dt) + (with_residual ? ", residual]" : "]"));
+    }
+  }
+}
+
+// A small LLaMA (GQA, head dim 64: cuDNN or flash attention, rope in the projections' memory
+// order, fused SwiGLU, RMSNorm with the residual gradient, shared-input linears) on the GPU in
+// f32 against the CPU: loss and every parameter's gradient.
+TEST(CudaLinearModules, TinyLlamaMatchesTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  nn::LlamaConfig c;
+  c.vocab_size = 96;
+  c.block_size = 64;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.dim = 256;
+  c.ffn_hidden = 320;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    nn::Llama cpu_model(c, 7), gpu_model(c, 7);
+    gpu_model.to(kGpu);
+    gpu_model.to(dt);
+    const Tensor idx = randint(0, c.vocab_size, {2, 48}, {.dtype = DType::i64});
+    const Tensor tgt = randint(0, c.vocab_size, {2, 48}, {.dtype = DType::i64});
+    Tensor lg = gpu_model.loss(idx.to(kGpu), tgt.to(kGpu)), lc = cpu_model.loss(idx, tgt);
+    const double tol = dt == DType::f32 ? 2e-4 : 5e-2;
+    EXPECT_NEAR(lg.to(DType::f64).item(), lc.to(DType::f64).item(), tol * 10) << dtype_name(dt);
+    lg.backward();
+    lc.backward();
+    const auto gp = gpu_model.named_parameters(), cp = cpu_model.named_parameters();
+    ASSERT_EQ(gp.size(), cp.size());
+    for (size_t i = 0; i < gp.size(); ++i)
+      expect_close(gp[i].second.grad().to(DType::f32), cp[i].second.grad().to(kGpu), tol,
+                   gp[i].first + " grad [" + dtype_name(dt) + "]");
+  }
 }
 
 }  // namespace

@@ -233,7 +233,7 @@ Tensor packed_vector(const Tensor& v) {
 
 }  // namespace
 
-void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, double beta) {
   const int64_t nd = out.dim();
   FORGE_CHECK(nd >= 2 && a.dim() == nd && b.dim() == nd, "cuda::matmul: expected operands of ", nd,
               " dims (batch dims expanded), got shapes ", a.shape(), ", ", b.shape(), " -> ", out.shape());
@@ -250,7 +250,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   DeviceGuard guard(device);
   if (out.numel() == 0) return;
   if (K == 0) {  // an empty sum
-    fill(out, 0.0);
+    if (beta == 0.0) fill(out, 0.0);
+    else if (beta != 1.0) FORGE_THROW("cuda::matmul: K = 0 with beta = ", beta, " is not supported");
     return;
   }
   const Tensor ar = gemm_readable(a), br = gemm_readable(b);
@@ -262,6 +263,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   g.n = N;
   g.k = K;
   g.ldc = N;
+  g.beta = beta;
   // One strided batch over the largest coalesced dim; the others (rare: broadcasts that do
   // not coalesce) are walked here.
   size_t inner = 0;

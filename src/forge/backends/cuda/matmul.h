@@ -15,10 +15,10 @@ namespace forge::cuda {
 // out[b] = a[b] @ b[b] for every index b of the batch dims, as cpu::matmul:
 //   a   (*batch, M, K)  any strides; batch strides may be 0 (broadcast, never materialised)
 //   b   (*batch, K, N)  any strides; likewise
-//   out (*batch, M, N)  contiguous; overwritten
+//   out (*batch, M, N)  contiguous; overwritten (beta = 0), or out = a @ b + beta * out
 // f32 (f32 accumulate; TF32 tensor cores when allow_tf32()), bf16/f16 (f32 accumulate,
 // rounded once), f64.
-void matmul(const Tensor& a, const Tensor& b, Tensor& out);
+void matmul(const Tensor& a, const Tensor& b, Tensor& out, double beta = 0.0);
 
 // out = x w^T + bias, the forward of torch.nn.Linear:
 //   x    (M, K)  any strides
