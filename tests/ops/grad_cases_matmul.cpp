@@ -74,6 +74,20 @@ std::vector<GradCase> matmul_grad_cases() {
     c.push_back({op, "only the input requires grad",
                  [] { return TensorList{arg({2, 2, 3}, 60), arg({4, 3}, 61).detach(), arg({4}, 62).detach()}; }, f});
   }
+  // gelu_mlp: x (*, in), w_fc (hidden, in), b_fc (hidden), w_proj (out, hidden), b_proj (out).
+  const OpFn mlp = [](const TensorList& in) { return gelu_mlp(in[0], in[1], in[2], in[3], in[4]); };
+  c.push_back({"gelu_mlp", "[2,3,4] -> 6 -> 5, biases",
+               [] { return TensorList{arg({2, 3, 4}, 71), arg({6, 4}, 72), arg({6}, 73), arg({5, 6}, 74), arg({5}, 75)}; },
+               mlp});
+  c.push_back({"gelu_mlp", "no biases, transposed input",
+               [] { return TensorList{arg_transposed({4, 3}, 76), arg({5, 3}, 77), Tensor(), arg({2, 5}, 78), Tensor()}; },
+               mlp});
+  c.push_back({"gelu_mlp", "only x and the up projection's bias need grad",
+               [] {
+                 return TensorList{arg({3, 4}, 79), arg({6, 4}, 80).detach(), arg({6}, 81), arg({5, 6}, 82).detach(),
+                                   arg({5}, 83).detach()};
+               },
+               mlp});
   return c;
 }
 

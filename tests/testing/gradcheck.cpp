@@ -132,7 +132,7 @@ const std::vector<std::string>& differentiable_ops() {
       // reductions, softmax
       "sum", "mean", "var", "amax", "amin", "max", "min", "softmax", "log_softmax",
       // matmul
-      "matmul", "mm", "bmm", "linear", "linear_gelu",
+      "matmul", "mm", "bmm", "linear", "linear_gelu", "gelu_mlp",
       // joins and indexing
       "cat", "stack", "split", "chunk", "index_select", "gather", "scatter_add",
       // views and copies

@@ -315,4 +315,94 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul_impl("bmm", a, b);
 }
 
+// Note [GELU gradient in the GEMM]: GPT's MLP backward, unfused, runs the down projection's
+// input-gradient GEMM (dh = dy W_proj), an elementwise GELU backward (dpre = dh * gelu'(pre):
+// reads dh and pre, writes dpre) and the up projection's bias gradient (a column sum of dpre,
+// a separate cuBLASLt kernel). As one node, the GEMM's DGELU_BGRAD epilogue writes dpre and
+// its column sums directly: dh never exists, and two passes over an (M, 4C) tensor go. Where
+// cuBLASLt has no algorithm (or on the CPU) the three steps run as before, with the same
+// values to rounding.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  constexpr const char* name = "gelu_mlp";
+  check_linear(name, x, w_fc, b_fc);
+  FORGE_CHECK(w_proj.defined() && w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0) && w_proj.dtype() == x.dtype(),
+              name, ": the down projection's weight must be (out, ", w_fc.size(0), ") of ", dtype_name(x.dtype()),
+              ", got ", w_proj.defined() ? w_proj.shape() : Shape{});
+  detail::check_same_device(name, {x, w_proj, b_proj});
+  FORGE_CHECK(!b_proj.defined() || (b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0) &&
+                                    b_proj.dtype() == x.dtype()),
+              name, ": the down projection's bias must be (", w_proj.size(0), "), got ", b_proj.shape());
+  const int64_t in = w_fc.size(1), hidden = w_fc.size(0), out_f = w_proj.size(0);
+  Shape y_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t M = shape_numel(y_shape);
+  y_shape.push_back(out_f);
+  const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
+  const Tensor x2 = reshape(x.detach(), {M, in});
+  const Tensor w1 = w_fc.detach(), b1 = b_fc.defined() ? b_fc.detach() : Tensor();
+  const Tensor w2 = w_proj.detach(), b2 = b_proj.defined() ? b_proj.detach() : Tensor();
+  Tensor pre = empty({M, hidden}, opt), h = empty({M, hidden}, opt), y2 = empty({M, out_f}, opt);
+  if (x.is_cpu()) {
+    cpu_linear(x2, w1, b1, pre);
+    cpu::unary(UnaryOp::gelu_tanh, pre, h);
+    cpu_linear(h, w2, b2, y2);
+  } else {
+    FORGE_ON_CUDA(name, cuda::linear_gelu_forward(x2, w1, b1, h, pre); cuda::linear_forward(h, w2, b2, y2));
+  }
+  Tensor y = Tensor::make(y2.storage(), y_shape, contiguous_strides(y_shape), 0, y2.dtype());
+  const Tensor w1_leaf = detail::grad_buffer_owner(w_fc), b1_leaf = detail::grad_buffer_owner(b_fc);
+  const Tensor w2_leaf = detail::grad_buffer_owner(w_proj), b2_leaf = detail::grad_buffer_owner(b_proj);
+  const Shape x_shape = x.shape();
+  auto backward = [x2, w1, w2, pre, h, x_shape, M, hidden, out_f, w1_leaf, b1_leaf, w2_leaf, b2_leaf](
+                      const Tensor& g, const GradMask& need) {
+    const TensorOptions o{.dtype = pre.dtype(), .device = pre.device()};
+    const Tensor dy = reshape(g, {M, out_f});
+    Tensor dx, dw1, db1, dw2, db2;
+    // The down projection's parameters.
+    if (need[3]) dw2 = detail::grad_output(w2_leaf, {out_f, hidden}, o);
+    if (need[4]) db2 = detail::grad_output(b2_leaf, {out_f}, o);
+    if (need[3] || need[4]) {
+      if (dy.is_cpu()) {
+        if (need[3]) cpu::matmul(transpose(dy, 0, 1), h, dw2);
+        if (need[4]) db2 = sum(dy, {0});
+      } else {
+        FORGE_ON_CUDA("gelu_mlp", cuda::linear_backward_params(dy, h, dw2, db2));
+      }
+    }
+    if (!need[0] && !need[1] && !need[2]) return TensorList{dx, dw1, db1, dw2, db2};
+    // d(pre), and the up projection's bias gradient with it where the epilogue runs.
+    Tensor dpre = empty({M, hidden}, o);
+    bool have_db1 = false;
+    if (!dy.is_cpu()) {
+#ifdef FORGE_WITH_CUDA
+      Tensor db1_out = need[2] ? detail::grad_output(b1_leaf, {hidden}, o) : empty({hidden}, o);
+      if (cuda::gelu_input_gradient(dy, w2, pre, dpre, db1_out)) {
+        have_db1 = true;
+        if (need[2]) db1 = db1_out;
+      } else {
+        dpre = gelu_tanh_backward(matmul(dy, w2), pre);
+      }
+#endif
+    } else {
+      dpre = gelu_tanh_backward(matmul(dy, w2), pre);
+    }
+    // The up projection's weight (and bias, where the epilogue did not give it).
+    if (need[1]) dw1 = detail::grad_output(w1_leaf, {hidden, x2.size(1)}, o);
+    if (need[2] && !have_db1) db1 = detail::grad_output(b1_leaf, {hidden}, o);
+    if (need[1] || (need[2] && !have_db1)) {
+      Tensor db1_todo = have_db1 ? Tensor() : db1;
+      if (dpre.is_cpu()) {
+        if (need[1]) cpu::matmul(transpose(dpre, 0, 1), x2, dw1);
+        if (db1_todo.defined()) db1 = sum(dpre, {0});
+      } else {
+        FORGE_ON_CUDA("gelu_mlp", cuda::linear_backward_params(dpre, x2, dw1, db1_todo));
+      }
+    }
+    if (need[0]) dx = input_gradient(dpre, w1, x_shape);
+    return TensorList{dx, dw1, db1, dw2, db2};
+  };
+  record(name, y, {x, w_fc, b_fc, w_proj, b_proj}, backward, {x2, w1, w2, pre, h});
+  if (y.grad_fn() && !x.is_cpu() && x.requires_grad()) y.grad_fn()->fuse_input_grad = 0;  // Note [input gradient accumulated in the GEMM]
+  return y;
+}
+
 }  // namespace forge::ops

@@ -46,4 +46,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // The backward is gelu_tanh's derivative at the saved pre-activation, then linear's.
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
+// GPT's MLP as one op: linear(linear_gelu(x, w_fc, b_fc), w_proj, b_proj), the same values,
+// one autograd node. Its backward computes the GELU's gradient and the up projection's bias
+// gradient inside the down projection's input-gradient GEMM on CUDA (cuBLASLt's DGELU_BGRAD
+// epilogue: Note [GELU gradient in the GEMM]). Biases may be undefined.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                const Tensor& b_proj);
+
 }  // namespace forge::ops

@@ -223,6 +223,7 @@ const std::map<std::string, std::vector<std::string>>& coverage() {
     c["bmm"] = {"Dtypes/CudaMatmul.BatchedAndBroadcastBatches*"};
     c["linear"] = {"Dtypes/CudaLinear.ForwardAndBackward*"};
     c["linear_gelu"] = {"Dtypes/CudaLinear.GeluForwardAndBackward*"};
+    c["gelu_mlp"] = {"Dtypes/CudaLinear.GeluMlpForwardAndBackward*"};
     c["index_select"] = {"FloatDTypes/CudaIndex.IndexSelectAlongEveryDim*"};
     c["gather"] = {"FloatDTypes/CudaIndex.GatherAndScatterAdd*"};
     c["scatter_add"] = {"FloatDTypes/CudaIndex.GatherAndScatterAdd*"};

@@ -155,6 +155,7 @@ const char* epilogue_name(int64_t e) {
     case CUBLASLT_EPILOGUE_GELU_AUX: return "gelu_aux";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "gelu_aux_bias";
     case CUBLASLT_EPILOGUE_BGRADB: return "bgrad_a";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "dgelu_bgrad";
     default: return "?";
   }
 }
@@ -277,6 +278,7 @@ cublasLtEpilogue_t lt_epilogue(const Gemm& g) {
     case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case Epilogue::gelu_aux: return g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     case Epilogue::bgrad_a: return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A
+    case Epilogue::dgelu_bgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -292,6 +294,10 @@ void set_epilogue_pointers(cublasLtMatmulDesc_t op, const Gemm& g) {
       set_desc(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
       break;
     case Epilogue::bgrad_a: set_desc(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad); break;
+    case Epilogue::dgelu_bgrad:
+      set_desc(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad);
+      set_desc(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux));
+      break;
   }
 }
 
@@ -311,7 +317,8 @@ std::unique_ptr<Plan> make_plan(DeviceState& s, const Gemm& g, cublasComputeType
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   if (g.epilogue != Epilogue::none) {
     set_desc(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(g));
-    if (g.epilogue == Epilogue::gelu_aux) set_desc(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
+    if (g.epilogue == Epilogue::gelu_aux || g.epilogue == Epilogue::dgelu_bgrad)
+      set_desc(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
     // The heuristic reads these pointers' alignment.
     set_epilogue_pointers(plan->op, g);
   }
@@ -394,6 +401,12 @@ void check_args(const Gemm& g) {
                   g.aux_ld, " n=", g.n);
       break;
     case Epilogue::bgrad_a: FORGE_CHECK(g.bias_grad, "cuda gemm: bias-gradient epilogue without an output"); break;
+    case Epilogue::dgelu_bgrad:
+      FORGE_CHECK(g.bias_grad && g.aux && g.aux_ld >= g.n && g.aux_ld % 8 == 0,
+                  "cuda gemm: the GELU-gradient epilogue needs the pre-activation (aux, row stride >= n and a multiple "
+                  "of 8) and a bias-gradient output, got aux_ld=",
+                  g.aux_ld, " n=", g.n);
+      break;
   }
   FORGE_CHECK(g.epilogue == Epilogue::none || g.batch == 1, "cuda gemm: epilogues are single (unbatched) GEMMs here");
 }
@@ -488,6 +501,10 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
   }
   if (g.epilogue == Epilogue::bgrad_a) {
     bgrad_scratch = empty_bytes(device, static_cast<size_t>(g.m) * elt);
+    t.bias_grad = bgrad_scratch.data_ptr();
+  }
+  if (g.epilogue == Epilogue::dgelu_bgrad) {  // its bias gradient has n entries (aux is only read)
+    bgrad_scratch = empty_bytes(device, static_cast<size_t>(g.n) * elt);
     t.bias_grad = bgrad_scratch.data_ptr();
   }
   set_epilogue_pointers(plan.op, t);  // gemm() sets the real ones again before its call
@@ -632,7 +649,9 @@ bool gemm(int device, const Gemm& g) {
                      g.a.trans, batched ? g.a.batch_stride : 0, g.b.ld, g.b.trans, batched ? g.b.batch_stride : 0,
                      g.ldc, batched ? g.c_batch_stride : 0, static_cast<int64_t>(lt_epilogue(g)), g.aux_ld, align[0],
                      align[1], align[2],
-                     alignment(g.epilogue == Epilogue::bgrad_a ? g.bias_grad : g.bias, 0, 1, elt),
+                     alignment(g.epilogue == Epilogue::bgrad_a || g.epilogue == Epilogue::dgelu_bgrad ? g.bias_grad
+                                                                                                     : g.bias,
+                               0, 1, elt),
                      alignment(g.aux, 0, 1, elt), env::integer("FORGE_GEMM_SM_TARGET")}};
 
   std::lock_guard<std::mutex> lock(s.mu);

@@ -36,6 +36,10 @@
 //                  reduces cuBLASLt's B (= our A) over k into a vector as long as D has
 //                  columns (= our m). Linear's weight gradient dW = dY^T X has A = dY^T,
 //                  so this is dbias = column sums of dY, in the same pass.
+//   dgelu_bgrad    C = (A B) * gelu_tanh'(aux) and bias_grad[j] = sum_i C[i, j] (j < n)
+//                  CUBLASLT_EPILOGUE_DGELU_BGRAD: aux is the GELU's input saved by gelu_aux
+//                  ((m, n), row stride aux_ld); the MLP's backward: d(pre) and the up
+//                  projection's bias gradient from the down projection's input-gradient GEMM.
 //
 // Plans: the matmul descriptor, the three layouts and the algorithms (the heuristic's
 // candidates from cublasLtMatmulAlgoGetHeuristic, and the tuned one: Note [GEMM algorithm
@@ -107,7 +111,7 @@
 
 namespace forge::cuda::blas {
 
-enum class Epilogue : uint8_t { none, bias, gelu_aux, bgrad_a };
+enum class Epilogue : uint8_t { none, bias, gelu_aux, bgrad_a, dgelu_bgrad };
 
 // A row-major operand: element (r, c) of matrix i is at
 //   data + i * batch_stride + (trans ? c * ld + r : r * ld + c)   (in elements).
@@ -129,8 +133,9 @@ struct Gemm {
   double alpha = 1.0, beta = 0.0;
   Epilogue epilogue = Epilogue::none;
   const void* bias = nullptr;  // bias, gelu_aux: (n) of dtype, contiguous (optional for gelu_aux)
-  void* bias_grad = nullptr;   // bgrad_a: (m) of dtype, overwritten
-  void* aux = nullptr;         // gelu_aux: (m, n) row-major with row stride aux_ld, overwritten
+  void* bias_grad = nullptr;   // bgrad_a: (m) of dtype; dgelu_bgrad: (n) of dtype; overwritten
+  void* aux = nullptr;         // gelu_aux: (m, n) row-major with row stride aux_ld, overwritten;
+                               // dgelu_bgrad: the GELU's input (m, n), read
   int64_t aux_ld = 0;
 };
 

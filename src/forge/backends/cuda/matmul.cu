@@ -347,6 +347,35 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
   unary(UnaryOp::gelu_tanh, pre, out);
 }
 
+bool gelu_input_gradient(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor& dbias) {
+  const int64_t M = dy.size(0), K = dy.size(1), N = w.size(1);
+  FORGE_CHECK(dy.dim() == 2 && w.dim() == 2 && w.size(0) == K && pre.shape() == (Shape{M, N}) &&
+                  dpre.shape() == (Shape{M, N}) && pre.is_contiguous() && dpre.is_contiguous() &&
+                  dbias.shape() == (Shape{N}) && dbias.is_contiguous() && dy.dtype() == w.dtype() &&
+                  pre.dtype() == dy.dtype() && dpre.dtype() == dy.dtype() && dbias.dtype() == dy.dtype(),
+              "gelu_input_gradient: expected dy (M, K), w (K, N), pre and dpre contiguous (M, N), dbias (N), one "
+              "dtype; got dy ",
+              dy.shape(), ", w ", w.shape(), ", pre ", pre.shape());
+  if (M == 0 || N == 0 || K == 0 || N % 8 != 0 || dy.dtype() == DType::f64) return false;
+  const int device = dy.device().index;
+  DeviceGuard guard(device);
+  const Tensor dr = gemm_readable(dy), wr = gemm_readable(w);
+  blas::Gemm g;
+  g.dtype = dy.dtype();
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.a = operand(dr, layout_of(dr));
+  g.b = operand(wr, layout_of(wr));
+  g.c = dpre.data_ptr();
+  g.ldc = N;
+  g.epilogue = blas::Epilogue::dgelu_bgrad;
+  g.aux = const_cast<void*>(pre.data_ptr());
+  g.aux_ld = N;
+  g.bias_grad = dbias.data_ptr();
+  return blas::gemm(device, g);
+}
+
 void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias) {
   FORGE_CHECK(dy.dim() == 2, "linear backward: dy must be 2-D, got ", dy.shape());
   const int64_t M = dy.size(0), N = dy.size(1);

@@ -40,6 +40,16 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
 // When both are wanted, dbias comes from the same GEMM (CUBLASLT_EPILOGUE_BGRADB). The
 // input gradient dx = dy w is a plain matmul(dy, w, dx).
 void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias);
+// The MLP's backward through a GELU (Note [GELU gradient in the GEMM] in ops/matmul.cpp), one
+// cuBLASLt GEMM with the DGELU_BGRAD epilogue:
+//   dy    (M, K)  any strides: the gradient of the down projection's output
+//   w     (K, N)  the down projection's weight (out_features K, in_features N)
+//   pre   (M, N)  contiguous: the GELU's input, saved by linear_gelu_forward
+//   dpre  (M, N)  contiguous, overwritten with (dy w) * gelu_tanh'(pre)
+//   dbias (N)     contiguous, overwritten with the column sums of dpre (the up projection's bias
+//                 gradient)
+// Returns false, having done nothing, where cuBLASLt has no algorithm (or N % 8 != 0, f64).
+bool gelu_input_gradient(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor& dbias);
 
 // TF32 tensor cores for f32 GEMMs (attention included): off by default, as PyTorch's
 // torch.backends.cuda.matmul.allow_tf32; FORGE_ALLOW_TF32=1 in the environment turns it on
