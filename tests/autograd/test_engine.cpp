@@ -64,6 +64,20 @@ TEST(Autograd, PendingInputGradientIsHandedOverOnce) {
   }
 }
 
+// A node that throws while holding a pending gradient leaves nothing behind for later nodes.
+TEST(Autograd, PendingInputGradientIsClearedWhenABackwardThrows) {
+  Tensor x = from_vector<double>({1, 2}, {2}).requires_grad_();
+  Tensor h = mul(x, 1.0);
+  Tensor c = mul(h.detach(), 2.0);
+  autograd::record("throwing", c, {h}, [](const Tensor&, const autograd::GradMask&) -> TensorList {
+    throw Error("boom");
+  });
+  c.grad_fn()->fuse_input_grad = 0;
+  Tensor a = mul(h, 3.0);  // runs first and leaves a pending gradient for h
+  EXPECT_THROW(sum(add(a, c)).backward(), Error);
+  EXPECT_FALSE(autograd::take_pending_input_grad().defined());
+}
+
 TEST(Autograd, DiamondGraphSumsBothPaths) {
   Tensor x = from_vector<double>({2}, {1}).requires_grad_();
   Tensor a = mul(x, 3.0), b = exp(x);

@@ -139,10 +139,13 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
           buffers.erase(it);
         }
       }
-      out = node->apply(g);
-      if (t_pending_input_grad.defined()) {  // not taken: the engine adds it, as usual
-        buffers[fused] = std::move(t_pending_input_grad);
-        t_pending_input_grad = Tensor();
+      {
+        // Never left behind for another node, also when apply() throws.
+        struct ClearPending {
+          ~ClearPending() { t_pending_input_grad = Tensor(); }
+        } clear_pending;
+        out = node->apply(g);
+        if (t_pending_input_grad.defined()) buffers[fused] = std::move(t_pending_input_grad);  // not taken: added as usual
       }
       g = Tensor();
       if (!retain_graph) node->release_saved();
