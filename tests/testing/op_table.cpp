@@ -180,6 +180,7 @@ double rel_err(const Tensor& got, const Tensor& ref) {
 struct Run {
   Tensor out;
   TensorList grads;  // per input that needs one (undefined where none arrived)
+  std::vector<size_t> of;  // the input each gradient belongs to
 };
 
 Run run_case(const OpCase& c, Device device, DType dtype, DType round_to) {
@@ -190,7 +191,10 @@ Run run_case(const OpCase& c, Device device, DType dtype, DType round_to) {
   const Tensor up = make_input(positive(r.out.shape(), 7919).constant(), device, r.out.dtype(), round_to);
   r.out.backward(up);
   for (size_t i = 0; i < in.size(); ++i)
-    if (c.inputs[i].grad) r.grads.push_back(in[i].grad());
+    if (c.inputs[i].grad) {
+      r.grads.push_back(in[i].grad());
+      r.of.push_back(i);
+    }
   return r;
 }
 
@@ -216,7 +220,7 @@ std::vector<std::string> compare_with_cpu(const OpCase& c, Device device, DType 
   const double out_err = rel_err(got.out, ref.out);
   if (!(out_err <= tol)) bad.push_back("output: " + describe(out_err, tol));
   for (size_t i = 0; i < ref.grads.size(); ++i) {
-    const std::string what = "gradient " + std::to_string(i) + " (of the inputs that need one)";
+    const std::string what = "gradient of input " + std::to_string(ref.of[i]);
     const Tensor& g = got.grads[i];
     const Tensor& r = ref.grads[i];
     if (g.defined() != r.defined()) {
