@@ -22,6 +22,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 #include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -36,6 +37,8 @@ using autograd::record;
 namespace {
 
 constexpr const char* kName = "scaled_dot_product_attention";
+// The differentiable op this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({kName, "qkv_attention"});
 
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const Tensor& mask) {
   FORGE_CHECK(q.defined() && k.defined() && v.defined(), kName, ": q, k and v must be defined tensors");

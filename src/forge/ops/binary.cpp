@@ -8,6 +8,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/reduce.h"
+#include "forge/ops/registry.h"
 #include "forge/ops/unary.h"
 #include "forge/ops/view.h"
 
@@ -19,6 +20,10 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                                           "where", "masked_fill"});
 
 namespace {
 

@@ -7,6 +7,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/conv.h"
@@ -16,6 +17,9 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"conv2d", "max_pool2d"});
 
 namespace {
 

@@ -13,11 +13,15 @@
 #include "forge/autograd/node.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/registry.h"
 
 namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"dropout"});
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   FORGE_CHECK(x.defined(), "dropout: x must be a defined tensor");

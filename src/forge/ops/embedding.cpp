@@ -9,6 +9,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/grad_buffer.h"
+#include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/embedding.h"
@@ -18,6 +19,9 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"embedding"});
 
 // Backward: dweight = zeros (V, C) with dweight[ids[n]] += g[n] for every position n.
 Tensor embedding(const Tensor& weight, const Tensor& ids) {

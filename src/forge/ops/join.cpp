@@ -7,12 +7,16 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 #include "forge/ops/view.h"
 
 namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"cat", "stack", "split", "chunk"});
 
 namespace {
 

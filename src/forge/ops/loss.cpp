@@ -11,6 +11,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/loss.h"
@@ -20,6 +21,9 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"cross_entropy"});
 
 const char* reduction_name(Reduction r) {
   switch (r) {

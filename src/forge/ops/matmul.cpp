@@ -11,6 +11,7 @@
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/grad_buffer.h"
 #include "forge/ops/reduce.h"
+#include "forge/ops/registry.h"
 #include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -54,6 +55,9 @@ bool gemm_tuning() {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"matmul", "mm", "bmm", "linear", "linear_gelu", "gelu_mlp"});
 
 namespace {
 

@@ -12,6 +12,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/grad_buffer.h"
+#include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/norm.h"
@@ -21,6 +22,9 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"layer_norm", "add_layer_norm", "rms_norm"});
 
 namespace {
 

@@ -13,6 +13,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 #include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -24,6 +25,10 @@ namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"sum", "mean", "var", "amax", "amin", "max", "min",
+                                                           "softmax", "log_softmax"});
 
 namespace {
 

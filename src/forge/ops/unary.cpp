@@ -5,12 +5,19 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/elementwise.h"
 #endif
 
 namespace forge::ops {
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos",
+                                                           "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu",
+                                                           "swiglu"});
+
 namespace {
 
 Tensor unary_backward(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y) {

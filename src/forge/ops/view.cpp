@@ -7,11 +7,17 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/reduce.h"
+#include "forge/ops/registry.h"
 
 namespace forge::ops {
 
 using autograd::GradMask;
 using autograd::record;
+
+// The differentiable ops this file defines (Note [op registry] in ops/registry.h).
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"reshape", "view", "flatten", "transpose", "permute",
+                                                           "narrow", "slice", "select", "expand", "squeeze",
+                                                           "unsqueeze"});
 
 namespace {
 
