@@ -55,6 +55,15 @@ TEST(Creation, FromVectorConvertsAndChecksSize) {
   }
 }
 
+TEST(Creation, EmptyInTheMemoryOrderOfAnotherTensor) {
+  const Tensor like = empty({2, 5, 3, 4}).transpose(1, 2);  // (2, 3, 5, 4) over (2, 5, 3, 4) memory
+  const Tensor t = empty_in_order_of(like, {2, 3, 5, 8});
+  EXPECT_EQ(t.shape(), (Shape{2, 3, 5, 8}));
+  EXPECT_TRUE(t.transpose(1, 2).is_contiguous());
+  EXPECT_TRUE(empty_in_order_of(empty({3, 4}), {3, 4}).is_contiguous());
+  EXPECT_THROW(empty_in_order_of(like, {2, 3}), Error);
+}
+
 TEST(Allocator, CpuAlignsTo64BytesAndCounts) {
   const auto before = cpu_memory_stats().allocated;
   {

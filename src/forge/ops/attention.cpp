@@ -12,9 +12,7 @@
 // group's heads stack; the fused kernels keep q's memory order for them too.
 #include "forge/ops/attention.h"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "forge/autograd/node.h"
@@ -82,20 +80,6 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 Tensor readable(const Tensor& t) { return cpu::attention_rows_readable(t) ? t : contiguous(t); }
 
 #ifdef FORGE_WITH_CUDA
-// A new tensor of `shape` (t's rank) whose memory order of dims is t's (dims sorted by t's
-// strides, outermost first), returned as a view with `shape`.
-Tensor empty_in_order_of(const Tensor& t, const Shape& shape) {
-  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
-  Shape dense, inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    dense.push_back(shape[static_cast<size_t>(order[i])]);
-    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
-  }
-  return permute(empty(dense, {.dtype = t.dtype(), .device = t.device()}), inverse);
-}
-
 Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), Dv = v.size(3);
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();

@@ -1,6 +1,9 @@
 #include "forge/ops/creation.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include <cstring>
 
@@ -8,6 +11,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/dispatch_device.h"
+#include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/memory.h"
@@ -81,6 +85,20 @@ Tensor empty(const Shape& shape, const TensorOptions& opt) {
   Tensor t = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, opt.dtype);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
+}
+
+Tensor empty_in_order_of(const Tensor& like, const Shape& shape) {
+  FORGE_CHECK(static_cast<int64_t>(shape.size()) == like.dim(), "empty_in_order_of: shape ", shape, " has ",
+              shape.size(), " dims, the tensor to follow ", like.dim());
+  std::vector<int64_t> order(static_cast<size_t>(like.dim()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  Shape dense, inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    dense.push_back(shape[static_cast<size_t>(order[i])]);
+    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  }
+  return ops::permute(empty(dense, {.dtype = like.dtype(), .device = like.device()}), inverse);
 }
 
 Tensor full(const Shape& shape, double value, const TensorOptions& opt) {

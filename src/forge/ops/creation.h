@@ -17,6 +17,11 @@ struct TensorOptions {
 };
 
 Tensor empty(const Shape& shape, const TensorOptions& opt = {});
+// A new tensor of `shape` (like's rank) with like's dtype and device, laid out in like's memory
+// order (dims sorted by like's strides, outermost first) and returned as a view with `shape`:
+// e.g. dense (B, T, H, D) memory seen as (B, H, T, D) for a permuted like. Kernels that write
+// through strides then keep their inputs' layout, and the views after them stay views.
+Tensor empty_in_order_of(const Tensor& like, const Shape& shape);
 Tensor zeros(const Shape& shape, const TensorOptions& opt = {});
 Tensor ones(const Shape& shape, const TensorOptions& opt = {});
 Tensor full(const Shape& shape, double value, const TensorOptions& opt = {});

@@ -2,16 +2,12 @@
 // inverse rotation).
 #include "forge/ops/rope.h"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <vector>
 
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/rope.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
-#include "forge/ops/view.h"
 #include "forge/ops/registry.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -28,27 +24,14 @@ using autograd::record;
 
 namespace {
 
-// A new tensor of x's shape laid out in x's memory order (dims sorted by x's strides), as a
-// view with x's shape.
-Tensor empty_like_order(const Tensor& x) {
-  std::vector<int64_t> order(static_cast<size_t>(x.dim()));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
-  Shape dense, inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    dense.push_back(x.size(order[i]));
-    inverse[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
-  }
-  return permute(empty(dense, {.dtype = x.dtype(), .device = x.device()}), inverse);
-}
-
 // The rotation (or its inverse) of x into a new tensor: contiguous on the CPU; on CUDA in x's
 // memory order when x's last dim is contiguous, so LLaMA's (B, T, H, D) projections keep that
 // order through rope, attention and the head merge (views, no layout copies), and the
 // gradients come back in it too.
 Tensor rotate(const Tensor& x, int64_t position_offset, double theta, bool inverse) {
   const bool keep_order = !x.is_cpu() && (x.size(3) <= 1 || x.stride(3) == 1);
-  Tensor out = keep_order ? empty_like_order(x) : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor out =
+      keep_order ? empty_in_order_of(x, x.shape()) : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
   if (x.is_cpu()) cpu::rope(x, out, position_offset, theta, inverse);
   else FORGE_ON_CUDA("rope", cuda::rope(x, out, position_offset, theta, inverse));
   return out;

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "forge/backends/cuda/blaslt.h"
+#include "forge/backends/cuda/flash_attention.h"
 #include "forge/backends/cuda/runtime.h"
 
 #ifdef FORGE_WITH_CUDNN
@@ -48,15 +49,9 @@ namespace {
 std::atomic<int64_t> g_calls{0};
 std::atomic<int64_t> g_graphs{0};
 
-bool layout_ok(const Tensor& t) {
-  if (!t.defined()) return true;
-  if (t.dim() != 4 || (t.dtype() != DType::bf16 && t.dtype() != DType::f16)) return false;
-  if (t.size(3) > 1 && t.stride(3) != 1) return false;
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i)
-    if (t.size(i) > 1 && t.stride(i) % 8 != 0) return false;
-  return true;
-}
+// The layout both fused back-ends read and write in place (unit last stride, other strides
+// multiples of 8 elements, 16-byte aligned).
+bool layout_ok(const Tensor& t) { return flash_attention_layout_ok(t); }
 
 }  // namespace
 
