@@ -124,6 +124,7 @@ class BlockPool {
   size_t block_size(const void* ptr) const;
   size_t pending_blocks() const;
   size_t segment_count() const { return segments_.size(); }
+  size_t live_blocks() const { return live_.size(); }
 
   static size_t round_size(size_t nbytes);
   // Bytes of the segment obtained for a request of `rounded` bytes.

@@ -73,6 +73,12 @@ const std::vector<Spec>& table() {
        .default_value = "1",
        .meaning = "0: nn::MLP on CUDA runs linear, then gelu, instead of one cuBLASLt GEMM with a GELU epilogue "
                   "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GELU_MLP",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: nn::MLP on CUDA runs as ops::gelu_mlp, the GELU gradient inside the down projection's GEMM "
+                  "(docs/cuda-kernels.md); off until a same-session A/B shows it faster"},
       {.name = "FORGE_GEMM_SM_TARGET",
        .kind = Kind::integer,
        .category = Category::performance,

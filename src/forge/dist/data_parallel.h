@@ -132,6 +132,10 @@ class DataParallel {
   // Number of optimizer step() calls (skipped ones included).
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
+  // CUDA graphs (train/graphed_step.h; DDP only): the optimizer over this rank's parameters or
+  // pieces (null when it owns none), and the host's count of a step replayed from a graph.
+  optim::Optimizer* local_optimizer() const { return optimizer_->local_optimizer(); }
+  void count_replayed_step() { ++step_count_; }
 
   const DataParallelOptions& options() const { return options_; }
   const ProcessGroupPtr& group() const { return st_.group; }

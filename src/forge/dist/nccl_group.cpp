@@ -436,6 +436,13 @@ class NcclGroup final : public dist::ProcessGroup {
         /*host_wait=*/true);
   }
 
+  void watch_replayed_work(const char* what) override {
+    DeviceGuard g(comm_->device);
+    auto done = std::make_shared<Event>();
+    done->record(Stream::current(comm_->device));
+    comm_->watch(std::move(done), what);
+  }
+
   std::shared_ptr<dist::ProcessGroup> new_group(const std::vector<int>& ranks) override {
     const std::vector<int> members = dist::detail::check_group_ranks(*this, ranks);
     comm_->check_usable("new_group");
@@ -470,7 +477,12 @@ class NcclGroup final : public dist::ProcessGroup {
     comm_->check(launch(comm_->comm, stream_.handle()), op);
     auto w = std::make_shared<NcclWork>(comm_, op, std::move(tensors), host_wait);
     w->done_event().record(stream_);
-    comm_->watch(w->done_ptr(), op);  // Note [NCCL watchdog]
+    // Note [NCCL watchdog]. An operation captured in a CUDA graph runs only when the graph is
+    // replayed, and its event may not be queried before: the replay is watched instead
+    // (watch_replayed_work).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FORGE_CUDA_CHECK(cudaStreamIsCapturing(stream_.handle(), &capture));
+    if (capture == cudaStreamCaptureStatusNone) comm_->watch(w->done_ptr(), op);
     return w;
   }
 

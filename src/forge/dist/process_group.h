@@ -90,6 +90,13 @@ class ProcessGroup {
 
   virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
 
+  // Collectives queued inside a CUDA graph capture run when the graph is replayed, out of the
+  // group's sight: after launching a replay, the caller hands the group the work queued so far
+  // on the device's current stream, which it then watches like its own operations (NCCL: the
+  // watchdog ends a process whose replay does not complete within FORGE_DIST_TIMEOUT, Note
+  // [NCCL watchdog]). `what` names the work in that message. A no-op for MPI.
+  virtual void watch_replayed_work(const char* what) { (void)what; }
+
  protected:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 

@@ -59,6 +59,9 @@ class ShardedOptimizer {
   void load_piece_state(const std::function<Tensor(const ShardPiece&, const std::string&)>& lookup,
                         const std::function<int64_t(const ShardPiece&)>& step_of, int64_t step_count);
 
+  // The optimizer over this rank's pieces (null when it owns none): CUDA graph hooks (train/graphed_step.h).
+  optim::Optimizer* local_optimizer() const { return optimizer_.get(); }
+
  private:
   struct OffloadSlice {
     Tensor cpu_master;       // the owned slice's f32 master weights on the CPU (shard,)

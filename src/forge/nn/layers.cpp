@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
+#include "forge/core/env.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/conv.h"
@@ -73,11 +75,16 @@ MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout, const LayerSpec
 
 // c_fc's GELU is Linear::forward_gelu: for a plain Linear on CUDA one GEMM with a GELU
 // epilogue (ops::linear_gelu), on the CPU linear then gelu.
-// ops::gelu_mlp (Note [GELU gradient in the GEMM], ops/matmul.cpp) computes this MLP as one op
-// whose backward folds the GELU's gradient into the down projection's GEMM. It is tested against
-// the CPU but not used here yet: the one GPT-2 run with it (H200, 2026-11-26) was not faster,
-// and the step has not been measured with and without it in one session (docs/performance.md).
-Tensor MLP::forward(const Tensor& x) const { return drop->forward(c_proj->forward(c_fc->forward_gelu(x))); }
+// With FORGE_GELU_MLP=1, two plain Linears on CUDA run as ops::gelu_mlp (Note [GELU gradient in
+// the GEMM], ops/matmul.cpp): one op whose backward folds the GELU's gradient into the down
+// projection's GEMM. Off by default until the step is measured with and without it in one
+// session (docs/performance.md).
+Tensor MLP::forward(const Tensor& x) const {
+  const bool plain = typeid(*c_fc) == typeid(Linear) && typeid(*c_proj) == typeid(Linear);
+  if (plain && x.is_cuda() && env::flag("FORGE_GELU_MLP"))
+    return drop->forward(ops::gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+  return drop->forward(c_proj->forward(c_fc->forward_gelu(x)));
+}
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden, const LayerSpec& spec) {
   gate_proj = register_module("gate_proj", spec.make_linear(dim, hidden, false, LinearRole::mlp_gate));

@@ -92,11 +92,13 @@ Tensor clone(const Tensor& t) {
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
-Tensor& copy_(Tensor& dst, const Tensor& src) {
+Tensor& copy_(Tensor& dst, const Tensor& src) { return copy_(dst, src, false); }
+
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   check_inplace(dst, "copy_");
   Tensor s = src;
   if (s.shape() != dst.shape()) s = expand(s, dst.shape());
-  copy_kernel(dst, s);
+  copy_kernel(dst, s, non_blocking);
   dst.storage()->bump_version();
   return dst;
 }

@@ -24,6 +24,10 @@ Tensor clone(const Tensor& t);
 // In-place, not differentiable: dst <- src (broadcast to dst's shape, converted to dst's
 // dtype, across devices). Refuses a dst that requires grad while grad mode is on.
 Tensor& copy_(Tensor& dst, const Tensor& src);
+// The same; with non_blocking, a copy between pinned host memory and a GPU is only queued on
+// the GPU's current stream (as to(device, true)): the host must not read or change the pinned
+// side before the copy has run (the pinned allocator keeps its block until then).
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking);
 Tensor& fill_(Tensor& t, double value);
 
 // Throws naming `op` if `t` requires grad and grad mode is on (in-place ops would

@@ -118,6 +118,13 @@ void Optimizer::step(const Tensor& skip_if) {
     skip = skip_if.item<double>() != 0;  // for a flag on a GPU: one synchronisation
     flag_on_device = false;
   }
+  if (graph_capturing_) {
+    FORGE_CHECK(!graph_step_.recorded, name_, ": step() was called twice during one CUDA graph capture; capture one step");
+    graph_step_ = {};
+    graph_step_.recorded = true;
+    graph_step_.skipped_on_host = skip;
+    graph_step_.flag_on_device = flag_on_device;
+  }
   if (skip) {
     ++step_count_;
     return;
@@ -131,9 +138,19 @@ void Optimizer::step(const Tensor& skip_if) {
       const int64_t k = slot++;
       const Tensor grad = param.grad();
       if (!grad.defined()) continue;
+      // The state a first update creates (zeros) would be created again by every replay.
+      FORGE_CHECK(!graph_capturing_ || state_.count(param.impl()) != 0, name_,
+                  ": a parameter's first update cannot be captured in a CUDA graph (its state would be made anew "
+                  "at every replay); run one step before capturing");
       ParamState& s = state_[param.impl()];
       if (!s.param.defined()) s.param = param;
       ++s.step;
+      if (graph_capturing_) {
+        FORGE_CHECK(param.is_cuda() && param.device() == graph_inputs_.device(), name_,
+                    ": a CUDA graph captures the update of parameters on ", graph_inputs_.device().str(), " only, not on ",
+                    param.device().str());
+        graph_step_.updated.emplace_back(k, param);
+      }
       if (param.is_cpu()) {
         Tensor p = param;
         update(group, p, grad, s);
@@ -149,6 +166,11 @@ void Optimizer::step(const Tensor& skip_if) {
       } else if (auto it = skip_counters_.find(device); it != skip_counters_.end()) {
         ds.skipped = it->second;  // earlier flags: the kernels need the counts for t
       }
+      if (graph_capturing_) {
+        ds.graph_inputs = graph_inputs_;
+        ds.graph_lr_index = static_cast<int64_t>(&group - groups_.data());
+        ds.graph_steps_offset = static_cast<int64_t>(groups_.size());
+      }
       update_cuda(group, items, ds);
       if (flag_on_device) {
         for (const DeviceUpdate& u : items) maybe_skipped_[static_cast<size_t>(u.slot)] = 1;
@@ -157,6 +179,50 @@ void Optimizer::step(const Tensor& skip_if) {
     }
   }
   ++step_count_;
+}
+
+void Optimizer::begin_graph_capture(Device device) {
+  FORGE_CHECK(device.is_cuda(), name_, ": CUDA graphs capture updates of GPU parameters, not on ", device.str());
+  FORGE_CHECK(!graph_capturing_, name_, ": begin_graph_capture twice without end_graph_capture");
+  check_groups(groups_);
+  const auto n = static_cast<int64_t>(groups_.size() + num_params());
+  if (!graph_inputs_.defined() || graph_inputs_.numel() != n || graph_inputs_.device() != device)
+    graph_inputs_ = zeros({n}, {.dtype = DType::f64, .device = device});
+  // The skip counters must exist before the capture when a device flag may come: a tensor the
+  // capture made would live in the graph's pool. Made here for the device (zeros, unused without a flag).
+  (void)skip_counters(device.index);
+  graph_step_ = {};
+  graph_capturing_ = true;
+}
+
+void Optimizer::end_graph_capture() { graph_capturing_ = false; }
+
+void Optimizer::count_replayed_step() {
+  FORGE_CHECK(graph_step_.recorded, name_, ": count_replayed_step without a captured step()");
+  ++step_count_;
+  if (graph_step_.skipped_on_host) return;
+  for (const auto& [slot, param] : graph_step_.updated) {
+    ParamState& s = state_[param.impl()];
+    if (!s.param.defined()) s.param = param;
+    ++s.step;
+    if (graph_step_.flag_on_device) {
+      maybe_skipped_[static_cast<size_t>(slot)] = 1;
+      skips_pending_ = true;
+    }
+  }
+}
+
+void Optimizer::stage_graph_inputs() {
+  FORGE_CHECK(graph_inputs_.defined(), name_, ": stage_graph_inputs before begin_graph_capture");
+  std::vector<double> v(static_cast<size_t>(graph_inputs_.numel()), 0.0);
+  for (size_t g = 0; g < groups_.size(); ++g) v[g] = require(groups_[g].lr, "lr", g);
+  for (const auto& [slot, param] : graph_step_.updated) {
+    auto it = state_.find(param.impl());
+    v[groups_.size() + static_cast<size_t>(slot)] = it == state_.end() ? 0.0 : static_cast<double>(it->second.step);
+  }
+  // Pinned, so the copy is only queued (the pinned allocator keeps the block until it has run).
+  const Tensor host = from_vector(v, {graph_inputs_.numel()}).pin_memory();
+  ops::copy_(graph_inputs_, host, /*non_blocking=*/true);
 }
 
 void Optimizer::update_cuda(const ParamGroup&, std::vector<DeviceUpdate>& items, const DeviceSkip&) {
@@ -194,6 +260,7 @@ void Optimizer::fold_skipped_steps() const {
       if (it == state_.end()) continue;
       ParamState& s = it->second;
       s.step -= skipped[k];
+      if (has_graph_step()) continue;  // a captured step's kernels hold its tensors: keep them
       if (s.step <= 0) {  // every update of this parameter was skipped: as if it never had one
         state_.erase(it);
         continue;

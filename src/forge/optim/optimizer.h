@@ -137,6 +137,23 @@ class Optimizer {
   const ParamState* state(const Tensor& p) const;
   // Number of step() calls so far, skipped ones included (restored by load_state_dict).
   int64_t step_count() const { return step_count_; }
+
+  // ---- CUDA graphs (Note [optimizer steps in a CUDA graph], backends/cuda/optim.h) ----------
+  // Between begin_graph_capture(device) and end_graph_capture(), step() makes its CUDA updates
+  // read each group's lr and each parameter's step count from a device tensor of this optimizer
+  // (made by begin_graph_capture on `device`, before the capture) instead of kernel arguments,
+  // and remembers what it did (which parameters it updated, under which skip flag), so that a
+  // replay of the captured step can be accounted for: count_replayed_step() advances the host's
+  // counts as that step() did, and stage_graph_inputs() queues every group's lr and every
+  // parameter's step count into the device tensor on the current stream (call both before
+  // each replay, stage_graph_inputs also once after the capture, before its first launch).
+  // While a captured step exists, a parameter whose every update was skipped keeps its state
+  // (the graph's kernels hold its tensors' addresses). Throws for parameters on a CPU.
+  void begin_graph_capture(Device device);
+  void end_graph_capture();
+  void count_replayed_step();
+  void stage_graph_inputs();
+  bool has_graph_step() const { return graph_inputs_.defined(); }
   const std::string& name() const { return name_; }
 
  protected:
@@ -177,9 +194,14 @@ class Optimizer {
   // The skip flag of a CUDA update and the device's skip counters (i64, one per slot), on
   // the parameters' GPU; either may be undefined (no flag this step / never a flag on this
   // device). Note [skipped steps on the device] in backends/cuda/optim.h.
+  // Also the device-held lr and step counts of a step being captured in a CUDA graph (undefined
+  // otherwise): lr = graph_inputs[graph_lr_index], the step of slot k = graph_inputs[graph_steps_offset + k].
   struct DeviceSkip {
     Tensor flag;
     Tensor skipped;
+    Tensor graph_inputs;
+    int64_t graph_lr_index = 0;
+    int64_t graph_steps_offset = 0;
   };
   // Updates every parameter of `items` (all of group g, all on one GPU, each with a
   // gradient) in as few kernel launches as possible, under NoGradGuard. The default throws.
@@ -212,6 +234,16 @@ class Optimizer {
   mutable std::vector<char> maybe_skipped_;      // by slot: was in a step with a device flag since the last fold
   mutable bool skips_pending_ = false;           // any maybe_skipped_
   int64_t step_count_ = 0;
+  // CUDA graphs: [lr of each group, step of each slot] in f64 on the GPU; whether a capture is
+  // under way; what the captured step() did (Note [optimizer steps in a CUDA graph]).
+  Tensor graph_inputs_;
+  bool graph_capturing_ = false;
+  struct GraphStep {
+    bool recorded = false;      // step() ran during the capture
+    bool skipped_on_host = false;
+    bool flag_on_device = false;
+    std::vector<std::pair<int64_t, Tensor>> updated;  // (slot, parameter)
+  } graph_step_;
 };
 
 // The GPT-2 / nanoGPT weight-decay split: decay the weights of matmuls (tensors with

@@ -112,7 +112,7 @@ void SGD::update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, con
   cuda::sgd_step(params,
                  {.lr = *g.lr, .weight_decay = *g.weight_decay, .momentum = *g.momentum, .dampening = *g.dampening,
                   .nesterov = *g.nesterov},
-                 skip.flag, skip.skipped);
+                 skip.flag, skip.skipped, {skip.graph_inputs, skip.graph_lr_index, skip.graph_steps_offset});
   for (size_t i = 0; i < items.size(); ++i) {
     Tensor p = items[i].param;
     if (params[i].p.is_same(p)) p.storage()->bump_version();

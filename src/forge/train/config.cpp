@@ -102,6 +102,10 @@ const std::vector<Field>& fields() {
                   "fastest, kept in the tuning cache file (FORGE_GEMM_TUNE_CACHE) for later runs; \"off\": "
                   "cuBLASLt's heuristic first choice. Another algorithm may round differently in the last bits, "
                   "so it is recorded with the run"),
+      FORGE_FIELD(run, cuda_graph,
+                  "on CUDA, capture the whole training step (forward, backward, gradient reduction, update) in a "
+                  "CUDA graph at step 2 and replay it from then on; where a step cannot be captured (dropout, "
+                  "ZeRO, a batch of another shape) it runs without the graph and the log says why"),
       FORGE_FIELD(model, type, nn::model_type_list()),
       FORGE_FIELD(model, vocab_size,
                   model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),

@@ -59,6 +59,7 @@ struct RunSection {
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
   std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)
+  bool cuda_graph = true;          // CUDA: capture the training step once, replay it (train/graphed_step.h)
 };
 
 // [model]: nn::ModelConfig (nn/model_config.h), the struct the model-family registry

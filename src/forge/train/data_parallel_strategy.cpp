@@ -201,6 +201,32 @@ class DataParallelStrategy final : public Strategy {
     return dir;
   }
 
+  // Note [the step as a CUDA graph]: DDP's step is device work and NCCL collectives, which a
+  // capture records (they join the captured stream through events); the sharded layouts are not
+  // captured yet.
+  std::string graph_blocker() const override {
+    if (layout_.zero != 0) return "ZeRO-" + std::to_string(layout_.zero) + "'s sharded step is not captured yet";
+    return "";
+  }
+  void begin_graph_capture() override {
+    if (optim::Optimizer* o = dp_->local_optimizer()) o->begin_graph_capture(device_);
+  }
+  void end_graph_capture() override {
+    if (optim::Optimizer* o = dp_->local_optimizer()) {
+      o->end_graph_capture();
+      o->stage_graph_inputs();
+    }
+  }
+  void before_replay(double lr) override {
+    dp_->set_lr(lr);
+    dp_->count_replayed_step();
+    if (optim::Optimizer* o = dp_->local_optimizer()) {
+      o->count_replayed_step();
+      o->stage_graph_inputs();
+    }
+  }
+  void after_replay_launched() override { group_->watch_replayed_work("a CUDA graph replay of the training step"); }
+
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
     const std::string name = optimizer_class_name(cfg_);
     const json& o = checkpoint_optimizer_record(ck, ck_path, name);

@@ -31,6 +31,7 @@ class PhaseMarks {
   void mark(int i);
   // Host seconds spent waiting for a step's figures (the host's slack: near 0, it is the bottleneck).
   void host_waited(double seconds) { waited_ += seconds; }
+  bool on() const { return on_; }
   // The report line (empty when off or too few steps).
   std::string report();
 

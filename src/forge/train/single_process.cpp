@@ -96,6 +96,19 @@ class SingleProcess final : public Strategy {
     if (scaler_) restore_loss_scaler(*scaler_, ck);
   }
 
+  // Note [the step as a CUDA graph]: the whole step is device work (Note [one sync per step]).
+  std::string graph_blocker() const override { return ""; }
+  void begin_graph_capture() override { optimizer_->begin_graph_capture(device_); }
+  void end_graph_capture() override {
+    optimizer_->end_graph_capture();
+    optimizer_->stage_graph_inputs();
+  }
+  void before_replay(double lr) override {
+    for (auto& g : optimizer_->param_groups()) g.lr = lr;
+    optimizer_->count_replayed_step();
+    optimizer_->stage_graph_inputs();
+  }
+
  private:
   const RunConfig cfg_;
   Model& model_;

@@ -20,7 +20,7 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
     b.inputs = b.inputs.narrow(0, row0, rows).contiguous();
     b.targets = b.targets.narrow(0, row0, rows).contiguous();
   }
-  if (device.is_cuda()) {
+  if (device.is_cuda() && !global.inputs.is_cuda()) {  // (a captured step's batch is on the GPU already)
     b.inputs = b.inputs.pin_memory().to(device, /*non_blocking=*/true);
     b.targets = b.targets.pin_memory().to(device, /*non_blocking=*/true);
   }

@@ -90,6 +90,18 @@ class Strategy {
   // Restores the optimizer (and loss-scaler) state of a checkpoint written by any layout. The
   // model's weights were loaded before the strategy was made (they are whole in every checkpoint).
   virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;
+
+  // ---- CUDA graphs: the hooks of GraphedStep (Note [the step as a CUDA graph], train/graphed_step.h)
+  // Why this layout's train_step cannot be captured ("" when it can).
+  virtual std::string graph_blocker() const { return "this layout's step is not captured"; }
+  // Around the capture of one train_step: the optimizer reads its lr and step counts from the
+  // device from then on (end_graph_capture also queues this step's values there).
+  virtual void begin_graph_capture() {}
+  virtual void end_graph_capture() {}
+  // Before a replay of the captured step: the host's bookkeeping of that step (its step counts),
+  // and its lr queued to the device. After launching it: whatever watches the step's work.
+  virtual void before_replay(double lr) { (void)lr; }
+  virtual void after_replay_launched() {}
 };
 
 // The strategy of `layout` over `model` (on its device, in its dtype, weights final).

@@ -30,6 +30,7 @@
 #include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
+#include "forge/train/graphed_step.h"
 #include "forge/train/layout.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/run_checkpoint.h"
@@ -300,6 +301,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const auto abort_at = parse_rank_step(cfg.debug.abort_at, "debug.abort_at");
   const auto hang_at = parse_rank_step(cfg.debug.hang_at, "debug.hang_at");
   PhaseMarks phases(device, env::flag("FORGE_TRAIN_PHASES"));
+  // Note [the step as a CUDA graph]: from here on a GPU run's work may go to a stream of its own.
+  GraphedStep graphed(*strategy, cfg, device, phases.on(), log);
   // A queued step whose figures the host has not read yet (Note [deferred step read]).
   struct QueuedStep {
     int64_t step;
@@ -398,7 +401,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       step_units += batch->targets.numel();
       micro_batches.push_back(std::move(*batch));
     }
-    QueuedStep queued{step + 1, lr, step_units, StepReadback(strategy->train_step(micro_batches, lr, phases))};
+    QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases))};
     ++step;
     if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
     pending.emplace(std::move(queued));
@@ -426,6 +429,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
+  if (const std::string g = graphed.summary(); !g.empty()) log << g << std::endl;
 #ifdef FORGE_WITH_CUDA
   if (device.is_cuda()) {  // Note [GEMM algorithm tuning] (backends/cuda/blaslt.h)
     const cuda::GemmTuningStats g = cuda::gemm_tuning_stats();

@@ -15,9 +15,33 @@
 // cudaMalloc/cudaFree per storage, for debugging memory errors with compute-sanitizer; it
 // keeps the same counters (reserved == allocated). cudaFree waits for the device's pending
 // work, so the stream rule holds there without record_stream.
+//
+// Note [graph memory pools]
+// -------------------------
+// A CUDA graph replays its kernels on the addresses they had when it was captured, so the
+// memory of a captured step must be its own, kept as long as the graph lives (PyTorch's
+// "private pools"). graph_pool_begin(device) makes a new BlockPool the source of every
+// allocation of the calling thread on the device until graph_pool_end; the capture's own
+// allocations and frees then happen in it, in capture order, which is the replay order, so a
+// block a temporary freed during the capture is safely reused by a later kernel of the same
+// graph. Around the rest:
+// - cudaMalloc is a "potentially unsafe" call during a capture: a segment is obtained with
+//   the thread's capture mode relaxed for that one call (the memory is not part of the graph,
+//   only its address is).
+// - A block used on another stream inside the capture (record_stream: NCCL's stream) is not
+//   reused before the capture ends (no event can be queried during a capture); after it, the
+//   graph's own dependencies order the streams, and nothing else allocates from the pool.
+// - A block of the device's main pool freed during a capture may be read by the graph (a
+//   tensor the captured step replaced): it is held, not freed, until the graph is released.
+// - graph_pool_release(id) (the graph is destroyed) gives the pool's segments back once its
+//   last block is freed (tensors the capture returned may outlive the graph).
+// stats() add the pools up, and its peaks are those of the sum; empty_cache() leaves graph
+// pools alone (their blocks are addresses of a graph) and does nothing during a capture.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -41,6 +65,13 @@ class DeviceAllocator : public Allocator {
   virtual void reset_peak() = 0;
   virtual void empty_cache() = 0;
   virtual void record_stream(void* ptr, cudaStream_t stream) = 0;
+  // Note [graph memory pools]; the plain allocator has none (a capture cannot cudaFree).
+  virtual int graph_pool_begin() {
+    FORGE_THROW("CUDA graphs need the caching allocator: FORGE_CUDA_ALLOC=plain frees memory with cudaFree, "
+                "which a graph capture does not allow; unset FORGE_CUDA_ALLOC");
+  }
+  virtual void graph_pool_end() {}
+  virtual void graph_pool_release(int) {}
 
  protected:
   int device_;
@@ -60,11 +91,16 @@ std::pair<size_t, size_t> device_memory_info(int device) {
   return {0, 0};
 }
 
-// cudaMalloc of `bytes` on `device`; nullptr when the device is out of memory.
+// cudaMalloc of `bytes` on `device`; nullptr when the device is out of memory. During a
+// stream capture of this thread cudaMalloc counts as unsafe: relaxed for this call (Note
+// [graph memory pools]).
 void* device_malloc(int device, size_t bytes) {
   DeviceGuard guard(device);
   void* p = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FORGE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   const cudaError_t err = cudaMalloc(&p, bytes);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     return nullptr;
@@ -88,36 +124,150 @@ class CachingAllocator final : public DeviceAllocator {
     if (nbytes == 0) return nullptr;
     const auto stream = reinterpret_cast<BlockPool::StreamId>(current_stream(device_));
     std::lock_guard<std::mutex> lock(mu_);
-    return pool_.allocate(nbytes, stream);
+    void* p = nullptr;
+    if (capturing_ != nullptr && std::this_thread::get_id() == capture_thread_) {
+      p = capturing_->pool->allocate(nbytes, stream);
+      graph_block_owner_.emplace(p, capturing_);
+    } else {
+      p = pool_.allocate(nbytes, stream);
+    }
+    if (!graph_pools_.empty()) raise_peaks();
+    return p;
   }
 
   void deallocate(void* ptr, size_t /*nbytes*/) override {
     if (ptr == nullptr) return;
     try {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!graph_block_owner_.empty()) {
+        if (auto it = graph_block_owner_.find(ptr); it != graph_block_owner_.end()) {
+          GraphPool* g = it->second;
+          graph_block_owner_.erase(it);
+          g->pool->free(ptr);
+          if (g->released && g->pool->live_blocks() == 0) graph_pools_.erase(g->id);
+          return;
+        }
+      }
+      if (capturing_ != nullptr && pool_.block_size(ptr) != 0) {  // the graph may read it
+        capturing_->held.push_back(ptr);
+        return;
+      }
       pool_.free(ptr);
-    } catch (...) {  // std::system_error from the mutex: never thrown in practice
+    } catch (...) {  // std::system_error from the mutex, std::bad_alloc: never thrown in practice
     }
   }
 
   MemoryStats stats() override {
     std::lock_guard<std::mutex> lock(mu_);
-    return pool_.stats();
+    if (graph_pools_.empty() && peak_allocated_ == 0) return pool_.stats();
+    MemoryStats s = totals();
+    s.peak_allocated = std::max(peak_allocated_, s.allocated);
+    s.peak_reserved = std::max(peak_reserved_, s.reserved);
+    return s;
   }
   void reset_peak() override {
     std::lock_guard<std::mutex> lock(mu_);
     pool_.reset_peak();
+    for (auto& [id, g] : graph_pools_) g->pool->reset_peak();
+    if (peak_allocated_ != 0 || !graph_pools_.empty()) {
+      const MemoryStats s = totals();
+      peak_allocated_ = s.allocated;
+      peak_reserved_ = s.reserved;
+    }
   }
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
-    pool_.empty_cache();
+    if (capturing_ == nullptr) pool_.empty_cache();
   }
   void record_stream(void* ptr, cudaStream_t stream) override {
     std::lock_guard<std::mutex> lock(mu_);
-    pool_.record_stream(ptr, reinterpret_cast<BlockPool::StreamId>(stream));
+    const auto id = reinterpret_cast<BlockPool::StreamId>(stream);
+    if (auto it = graph_block_owner_.find(ptr); it != graph_block_owner_.end()) return it->second->pool->record_stream(ptr, id);
+    pool_.record_stream(ptr, id);
+  }
+
+  int graph_pool_begin() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FORGE_CHECK(capturing_ == nullptr, "CUDA graph: cuda:", device_, " is already capturing a graph; one capture at a time");
+    if (graph_pools_.empty() && peak_allocated_ == 0) {  // from now on the peaks are the pools' sum
+      const MemoryStats s = pool_.stats();
+      peak_allocated_ = s.peak_allocated;
+      peak_reserved_ = s.peak_reserved;
+    }
+    auto g = std::make_unique<GraphPool>();
+    g->id = next_graph_pool_++;
+    g->pool = std::make_unique<BlockPool>("CUDA graph pool " + std::to_string(g->id) + " on cuda:" + std::to_string(device_),
+                                          graph_backend(g.get()));
+    capturing_ = g.get();
+    capture_thread_ = std::this_thread::get_id();
+    const int id = g->id;
+    graph_pools_.emplace(id, std::move(g));
+    return id;
+  }
+  void graph_pool_end() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capturing_ != nullptr) capturing_->capturing = false;
+    capturing_ = nullptr;
+  }
+  void graph_pool_release(int id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = graph_pools_.find(id);
+    if (it == graph_pools_.end()) return;
+    GraphPool* g = it->second.get();
+    if (g == capturing_) capturing_ = nullptr;
+    // The graph no longer runs (its owner synchronised before releasing): the main pool's blocks
+    // it kept go back, and so does the pool once no tensor holds one of its blocks.
+    for (void* p : g->held) pool_.free(p);
+    g->held.clear();
+    g->released = true;
+    if (g->pool->live_blocks() == 0) graph_pools_.erase(it);
   }
 
  private:
+  struct GraphPool {
+    int id = 0;
+    bool capturing = true;   // its capture is still running
+    bool released = false;   // its graph is gone: destroyed with its last block
+    std::vector<void*> held; // main-pool blocks freed during the capture
+    std::unique_ptr<BlockPool> pool;
+  };
+
+  MemoryStats totals() const {
+    MemoryStats s = pool_.stats();
+    for (const auto& [id, g] : graph_pools_) {
+      const MemoryStats t = g->pool->stats();
+      s.allocated += t.allocated;
+      s.reserved += t.reserved;
+      s.num_allocs += t.num_allocs;
+      s.num_device_allocs += t.num_device_allocs;
+      s.num_device_frees += t.num_device_frees;
+    }
+    return s;
+  }
+  void raise_peaks() {
+    const MemoryStats s = totals();
+    peak_allocated_ = std::max(peak_allocated_, s.allocated);
+    peak_reserved_ = std::max(peak_reserved_, s.reserved);
+  }
+
+  // A graph pool's callbacks (under mu_). No event is recorded or queried while its capture
+  // runs: a block used on another stream is simply not reused before the capture ends.
+  // Segments are freed only when the pool is destroyed (its blocks are addresses of a graph).
+  BlockPool::Backend graph_backend(GraphPool* g) {
+    const int device = device_;
+    BlockPool::Backend b;
+    b.allocate_segment = [device](size_t bytes) { return device_malloc(device, bytes); };
+    b.free_segment = [](void* p, size_t) { device_free(p); };
+    b.record_event = [](BlockPool::StreamId) -> BlockPool::EventId { return reinterpret_cast<BlockPool::EventId>(1); };
+    b.event_done = [g](BlockPool::EventId) { return !g->capturing; };
+    b.wait_event = [g](BlockPool::EventId) {
+      FORGE_CHECK(!g->capturing, "CUDA graph pool: out of device memory during a capture");
+    };
+    b.release_event = [](BlockPool::EventId) {};
+    b.memory_info = [device] { return device_memory_info(device); };
+    return b;
+  }
+
   // Callbacks run under mu_. Events are recorded on streams of this device (the pool's
   // StreamId 0 is this device's legacy stream), so they are created here too, and kept in
   // a free list for the next record_stream (as cheap as it gets in the steady state).
@@ -156,6 +306,12 @@ class CachingAllocator final : public DeviceAllocator {
   std::mutex mu_;
   std::vector<cudaEvent_t> free_events_;  // declared before pool_: the callbacks use it
   BlockPool pool_;
+  std::map<int, std::unique_ptr<GraphPool>> graph_pools_;           // by id
+  std::unordered_map<const void*, GraphPool*> graph_block_owner_;  // live blocks of graph pools
+  GraphPool* capturing_ = nullptr;  // the pool of the capture running now
+  std::thread::id capture_thread_;
+  int next_graph_pool_ = 1;
+  int64_t peak_allocated_ = 0, peak_reserved_ = 0;  // of the sum, once a graph pool existed
 };
 
 // FORGE_CUDA_ALLOC=plain: a cudaMalloc per storage, exact sizes.
@@ -255,6 +411,10 @@ int64_t max_memory_reserved(int device) { return memory_stats(device).peak_reser
 void reset_peak_memory_stats(int device) { allocator_of(device, "cuda::reset_peak_memory_stats").reset_peak(); }
 
 void empty_cache(int device) { allocator_of(device, "cuda::empty_cache").empty_cache(); }
+
+int graph_pool_begin(int device) { return allocator_of(device, "cuda::graph_pool_begin").graph_pool_begin(); }
+void graph_pool_end(int device) { allocator_of(device, "cuda::graph_pool_end").graph_pool_end(); }
+void graph_pool_release(int device, int id) { allocator_of(device, "cuda::graph_pool_release").graph_pool_release(id); }
 
 void record_stream(const Tensor& t, const Stream& stream) {
   FORGE_CHECK(t.is_cuda(), "record_stream: the tensor (shape ", t.shape(), ") is on ", t.device().str(),

@@ -35,6 +35,16 @@ void empty_cache(int device);
 // False when FORGE_CUDA_ALLOC=plain.
 bool caching_allocator_enabled();
 
+// Private memory pools of CUDA graphs (Note [graph memory pools], caching_allocator.cpp; used by
+// cuda::CudaGraph, graph.h). graph_pool_begin: until graph_pool_end, every allocation of the
+// calling thread on `device` comes from a new pool, whose id it returns (throws with
+// FORGE_CUDA_ALLOC=plain, or while another capture runs on the device). graph_pool_release: the
+// graph is gone (and no longer running); the pool's memory is given back once its last block
+// is freed.
+int graph_pool_begin(int device);
+void graph_pool_end(int device);
+void graph_pool_release(int device, int id);
+
 // Page-locked host memory (pinned.h): an allocator of CPU storages that the GPU reads and
 // writes by DMA, so host<->device copies of it can be asynchronous. Cached like device
 // memory; a block is reused only after the asynchronous copies that used it completed.

@@ -133,6 +133,8 @@ struct AdamWEntry {
 struct AdamWArgs {
   const float* skip;  // null: no flag this step
   int64_t* skipped;   // null: no skip counters on this device
+  const double* graph_lr;     // null, or the lr to use instead of hp.lr (Note [optimizer steps in a CUDA graph])
+  const double* graph_steps;  // null, or each slot's step, instead of the entries' step
   fn::AdamWHyper hp;
   int32_t count;
   int32_t chunk_begin[kMaxAdamW + 1];
@@ -182,8 +184,11 @@ template <class T> __global__ void __launch_bounds__(kThreads) adamw_kernel(cons
   }
   __shared__ fn::AdamWScalars<S> scalars;
   if (threadIdx.x == 0) {
-    const int64_t t = e.step - (a.skipped != nullptr ? a.skipped[e.slot] : 0);
-    scalars = fn::adamw_scalars<S>(a.hp, t);
+    const int64_t step = a.graph_steps != nullptr ? static_cast<int64_t>(a.graph_steps[e.slot]) : e.step;
+    const int64_t t = step - (a.skipped != nullptr ? a.skipped[e.slot] : 0);
+    fn::AdamWHyper hp = a.hp;
+    if (a.graph_lr != nullptr) hp.lr = *a.graph_lr;
+    scalars = fn::adamw_scalars<S>(hp, t);
   }
   __syncthreads();
   AdamWChunk<T> f{static_cast<T*>(e.p), static_cast<const T*>(e.g), static_cast<S*>(e.m), static_cast<S*>(e.v),
@@ -209,6 +214,8 @@ struct SGDEntry {
 template <class A> struct SGDArgs {
   const float* skip;
   int64_t* skipped;
+  const double* graph_lr;     // as AdamWArgs
+  const double* graph_steps;
   fn::SGDScalars<A> c;
   int32_t count;
   int32_t chunk_begin[kMaxSGD + 1];
@@ -249,9 +256,12 @@ template <class T> __global__ void __launch_bounds__(kThreads) sgd_kernel(const 
     if (chunk == 0 && threadIdx.x == 0) a.skipped[e.slot] += 1;
     return;
   }
-  const int64_t t = e.step - (a.skipped != nullptr ? a.skipped[e.slot] : 0);
+  const int64_t step = a.graph_steps != nullptr ? static_cast<int64_t>(a.graph_steps[e.slot]) : e.step;
+  const int64_t t = step - (a.skipped != nullptr ? a.skipped[e.slot] : 0);
+  fn::SGDScalars<acc_t<T>> c = a.c;
+  if (a.graph_lr != nullptr) c.neg_lr = static_cast<acc_t<T>>(-*a.graph_lr);
   SGDChunk<T> f{static_cast<T*>(e.p), static_cast<const T*>(e.g), static_cast<T*>(e.buf),
-                e.buf_first_step != 0 && t == e.buf_first_step, a.c};
+                e.buf_first_step != 0 && t == e.buf_first_step, c};
   const int64_t begin = chunk * kChunk, end = std::min(e.n, begin + kChunk);
   const bool vectorized = aligned16(e.p) && aligned16(e.g) && (e.buf == nullptr || aligned16(e.buf));
   for_chunk<16 / sizeof(T)>(begin, end, vectorized, f);
@@ -437,6 +447,21 @@ void check_skip(const Tensor& skip_if, const Tensor& skipped, int device, const 
   }
 }
 
+// The optimizer's device-held lr and step counts (Note [optimizer steps in a CUDA graph]).
+template <class SlotOf>
+void check_graph_inputs(const GraphInputs& graph, size_t n, SlotOf slot_of, int device, const char* op) {
+  if (!graph.values.defined()) return;
+  check_on(graph.values, device, op, "the graph inputs");
+  FORGE_CHECK(graph.values.dtype() == DType::f64 && graph.values.is_contiguous(), op,
+              ": the graph inputs must be a contiguous f64 tensor");
+  const int64_t len = graph.values.numel();
+  FORGE_CHECK(graph.lr_index >= 0 && graph.lr_index < len && graph.steps_offset >= 0, op, ": graph inputs of ", len,
+              " values have no lr at ", graph.lr_index, " or steps at ", graph.steps_offset);
+  for (size_t k = 0; k < n; ++k)
+    FORGE_CHECK(slot_of(k) >= 0 && graph.steps_offset + slot_of(k) < len, op, ": slot ", slot_of(k),
+                " has no step count in the graph inputs (", len, " values, steps from ", graph.steps_offset, ")");
+}
+
 // A new contiguous f64 buffer on `device` (backends sit below ops/, so no forge::empty here).
 Tensor device_buffer(int device, int64_t n, DType dtype) {
   auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(dtype), allocator(device));
@@ -446,11 +471,12 @@ Tensor device_buffer(int device, int64_t n, DType dtype) {
 }  // namespace
 
 void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp, const Tensor& skip_if,
-                const Tensor& skipped) {
+                const Tensor& skipped, const GraphInputs& graph) {
   if (params.empty()) return;
   const int device = params[0].p.device().index;
   const int64_t slots = skipped.defined() ? skipped.numel() : 0;
   check_skip(skip_if, skipped, device, "AdamW step");
+  check_graph_inputs(graph, params.size(), [&](size_t k) { return params[k].slot; }, device, "AdamW step");
   for (const AdamWParam& q : params) {
     check_on(q.p, device, "AdamW step", "the parameter");
     const int64_t n = q.p.numel();
@@ -480,6 +506,8 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
   args.skip = skip_if.defined() ? static_cast<const float*>(skip_if.data_ptr()) : nullptr;
   args.skipped = skipped.defined() ? static_cast<int64_t*>(skipped.data_ptr()) : nullptr;
   args.hp = hp;
+  args.graph_lr = graph.lr_ptr();
+  args.graph_steps = graph.steps_ptr();
   for (const auto& group : by_dtype(params.size(), [&](size_t k) { return params[k].p.dtype(); })) {
     const DType dtype = group.first;
     const std::vector<size_t>& idx = group.second;
@@ -501,12 +529,14 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
   }
 }
 
-void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Tensor& skip_if, const Tensor& skipped) {
+void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Tensor& skip_if, const Tensor& skipped,
+              const GraphInputs& graph) {
   if (params.empty()) return;
   const int device = params[0].p.device().index;
   const int64_t slots = skipped.defined() ? skipped.numel() : 0;
   const bool has_momentum = hp.momentum != 0;
   check_skip(skip_if, skipped, device, "SGD step");
+  check_graph_inputs(graph, params.size(), [&](size_t k) { return params[k].slot; }, device, "SGD step");
   for (const SGDParam& q : params) {
     check_on(q.p, device, "SGD step", "the parameter");
     check_on(q.g, device, "SGD step", "the gradient");
@@ -532,6 +562,8 @@ void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Ten
       SGDArgs<A> args{};
       args.skip = skip_if.defined() ? static_cast<const float*>(skip_if.data_ptr()) : nullptr;
       args.skipped = skipped.defined() ? static_cast<int64_t*>(skipped.data_ptr()) : nullptr;
+      args.graph_lr = graph.lr_ptr();
+      args.graph_steps = graph.steps_ptr();
       args.c = {static_cast<A>(hp.weight_decay),
                 static_cast<A>(convert<T>(hp.momentum)),
                 static_cast<A>(hp.momentum),

@@ -32,6 +32,24 @@ namespace forge::cuda {
 // folds the counts back into its host step counts when they are asked for (Optimizer::
 // state, state_dict). Without a flag, skip_if and skipped are undefined and t = step.
 
+// ---- the lr and step counts on the device -----------------------------------------------
+//
+// Note [optimizer steps in a CUDA graph]: a captured update replays its kernel arguments
+// as they were, but the learning rate follows a schedule and each parameter's step count (the
+// bias corrections) grows. With `graph` set, the kernels read both from the device instead:
+// lr = values[lr_index], and the step of the parameter in slot k = values[steps_offset + k]
+// (an exact integer in f64); the host writes the values of each replay into `values` before
+// launching it (optim::Optimizer::stage_graph_inputs). Undefined `values`: the arguments rule.
+struct GraphInputs {
+  Tensor values;  // 1-D f64 on the parameters' GPU
+  int64_t lr_index = 0;
+  int64_t steps_offset = 0;
+  const double* lr_ptr() const { return values.defined() ? static_cast<const double*>(values.data_ptr()) + lr_index : nullptr; }
+  const double* steps_ptr() const {
+    return values.defined() ? static_cast<const double*>(values.data_ptr()) + steps_offset : nullptr;
+  }
+};
+
 // ---- AdamW ---------------------------------------------------------------------------
 
 // One parameter of a multi-tensor AdamW step; all of one call on one GPU.
@@ -48,7 +66,7 @@ struct AdamWParam {
 // parameter space allows (Note [multi-tensor launches]: one per ~48 tensors of a dtype).
 // hp.lr may change from call to call (a schedule): it is a kernel argument.
 void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp, const Tensor& skip_if,
-                const Tensor& skipped);
+                const Tensor& skipped, const GraphInputs& graph = {});
 
 // ---- SGD -----------------------------------------------------------------------------
 
@@ -71,7 +89,8 @@ struct SGDParam {
 
 // The rule of optim/sgd.h, computed as the ops of optim/sgd.cpp compute it (rounded to
 // p's dtype after each of them), so the CPU and CUDA backends agree bit for bit.
-void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Tensor& skip_if, const Tensor& skipped);
+void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Tensor& skip_if, const Tensor& skipped,
+              const GraphInputs& graph = {});
 
 // ---- gradient norm, clipping, loss scaling ---------------------------------------------
 

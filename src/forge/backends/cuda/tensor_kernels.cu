@@ -41,6 +41,7 @@
 #include "forge/backends/cuda/loops.cuh"
 #include "forge/backends/cuda/pinned.h"
 #include "forge/backends/cuda/tensor_kernels.h"
+#include "forge/backends/cuda/graph.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 #include "forge/core/philox.h"
@@ -222,6 +223,10 @@ template <class Dist> void philox_fill(Tensor& t, const char* op, uint64_t seed,
   if (n == 0) return;
   const int device = t.device().index;
   DeviceGuard guard(device);
+  // The seed and offset are the host generator's at this call: a CUDA graph replay would draw the
+  // same numbers every time (dropout in a captured step: Note [the step as a CUDA graph]).
+  check_not_capturing(t.device().index, op, "its random seed comes from the host generator at each call, so every "
+                      "replay would draw the same numbers");
   dispatch_float(t.dtype(), op, [&]<class T>() {
     philox_kernel<T, Dist><<<grid_for(device, (n + 3) / 4), kBlockSize, 0, current_stream(device)>>>(
         static_cast<T*>(t.data_ptr()), n, seed, block_offset, dist);
