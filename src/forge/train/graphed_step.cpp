@@ -107,7 +107,6 @@ Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, do
   }
   // 2. Capture at the second step.
   if (!cuda_->graph) {
-    NoGradGuard no_grad;  // the copies below are not part of any model's history
     static_batches_.clear();
     for (const data::Batch& b : micro_batches) {
       data::Batch s;

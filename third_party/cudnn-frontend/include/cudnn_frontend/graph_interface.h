@@ -211,7 +211,11 @@ class Graph : public ICudnn, public INode {
         _CUDNN_CHECK_CUDNN_ERROR(detail::get_stream(handle, &stream));
         char *workspace = static_cast<char *>(fe_workspace);
 
-        for (auto [uid, data] : workspace_modifications) {
+        // forge: by reference (upstream copies each entry). The host-to-device copy below then reads
+        // the graph's own cached vector, which lives as long as the graph, instead of a copy freed at
+        // the end of the iteration: a CUDA graph that captured this copy reads its source when it is
+        // replayed, and read freed memory (see forge's third_party/cudnn-frontend/FORGE_CHANGES.md).
+        for (auto &[uid, data] : workspace_modifications) {
             (void)uid;
             if (std::get<0>(data) == 0) {
                 auto &vec_data = std::get<2>(data);
