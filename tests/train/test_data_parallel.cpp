@@ -111,16 +111,7 @@ ShellRun run_mpi(int ranks, const std::vector<std::string>& args) {
                forge_cmd(args));
 }
 
-std::map<int64_t, double> losses(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && !j.contains("final")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
+std::map<int64_t, double> losses(const fs::path& run_dir) { return forge::train_testing::metrics_losses(run_dir); }
 
 forge::io::NamedTensors final_params(const fs::path& run_dir) {
   const auto latest = forge::io::find_latest_checkpoint(run_dir);

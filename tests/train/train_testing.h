@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,19 @@ inline std::vector<std::string> write_corpus(const fs::path& dir, size_t bytes =
   write_text(a, synthetic_text(bytes, 1));
   write_text(b, synthetic_text(bytes, 2));
   return {a, b};
+}
+
+// The training losses a run wrote to `run_dir`/metrics.jsonl, by step (final and evaluation
+// records left out).
+inline std::map<int64_t, double> metrics_losses(const fs::path& run_dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("final")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
 }
 
 // A tiny GPT run over the corpus in `root`/corpus, its run directory `root`/runs/<name>.

@@ -296,17 +296,6 @@ TEST_F(GraphedTraining, DropoutAndZeroRunWithoutTheGraphAndSaySo) {
 }
 
 // DDP on two GPUs (forge launch): the NCCL all-reduces are captured with the step.
-std::map<int64_t, double> losses_of(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && !j.contains("final")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
 TEST_F(GraphedTraining, DdpOnTwoGpusGivesTheSameBitsAsWithoutTheGraph) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda_device_count() << " visible";
   const fs::path cfg = scratch.path() / "ddp.toml";
@@ -328,7 +317,8 @@ TEST_F(GraphedTraining, DdpOnTwoGpusGivesTheSameBitsAsWithoutTheGraph) {
   };
   const std::string g = run("ddp_graph", true), e = run("ddp_eager", false);
   EXPECT_NE(g.find("cuda graph: step 2 captured"), std::string::npos) << g;
-  const auto lg = losses_of(scratch.path() / "runs" / "ddp_graph"), le = losses_of(scratch.path() / "runs" / "ddp_eager");
+  const auto lg = train_testing::metrics_losses(scratch.path() / "runs" / "ddp_graph"),
+             le = train_testing::metrics_losses(scratch.path() / "runs" / "ddp_eager");
   ASSERT_EQ(lg.size(), 14u) << g;
   EXPECT_EQ(lg, le) << g << "\n" << e;
 }
