@@ -67,6 +67,12 @@ const std::vector<Spec>& table() {
        .default_value = "1",
        .meaning = "0: CUDA attention always takes the GEMM path instead of the flash kernels "
                   "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_BGRAD_EPILOGUE",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: a CUDA linear's bias gradient comes from forge's column-sum kernel instead of the weight "
+                  "gradient GEMM's cuBLASLt BGRADB epilogue (docs/performance.md)"},
       {.name = "FORGE_GELU_FUSION",
        .kind = Kind::flag,
        .category = Category::performance,

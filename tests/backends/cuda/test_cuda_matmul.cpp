@@ -491,3 +491,40 @@ TEST(CudaLinearModules, TinyLlamaMatchesTheCpu) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// cuda::column_sums (the bias gradient without the GEMM epilogue, FORGE_BGRAD_EPILOGUE=0): the
+// 16-byte path (whole vectors per row) and the scalar one (odd widths, strided or misaligned rows)
+// against the CPU's sums in f64, on fresh random inputs.
+TEST(CudaColumnSums, MatchTheCpuOnEveryPath) {
+  FORGE_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t M, N;
+    DType dtype;
+    bool transposed;  // dy as the transpose of an (N, M) tensor: column stride != 1
+    int64_t skip;     // dy starts `skip` elements into its storage (misaligned for skip % 8 != 0)
+  };
+  const Case cases[] = {{16384, 768, DType::bf16, false, 0}, {1000, 2304, DType::bf16, false, 0},
+                        {37, 24, DType::f32, false, 0},      {5, 1, DType::f32, false, 0},
+                        {300, 770, DType::bf16, false, 0},   {64, 96, DType::f16, true, 0},
+                        {129, 64, DType::bf16, false, 3},    {1, 4096, DType::f64, false, 0}};
+  uint64_t seed = 8100;
+  for (const Case& c : cases) {
+    const Tensor all = host_input({c.M * c.N + c.skip}, Domain::real, c.dtype, ++seed);
+    Tensor dy_cpu = ops::narrow(all, 0, c.skip, c.M * c.N);
+    dy_cpu = c.transposed ? ops::transpose(ops::reshape(dy_cpu, {c.N, c.M}), 0, 1) : ops::reshape(dy_cpu, {c.M, c.N});
+    const Tensor dy_gpu = c.transposed ? ops::transpose(ops::reshape(ops::narrow(all.to(kGpu), 0, c.skip, c.M * c.N), {c.N, c.M}), 0, 1)
+                                       : ops::reshape(ops::narrow(all.to(kGpu), 0, c.skip, c.M * c.N), {c.M, c.N});
+    Tensor out = empty({c.N}, {.dtype = c.dtype, .device = kGpu});
+    cuda::column_sums(dy_gpu, out);
+    const Tensor want = dy_cpu.to(DType::f64).sum({0});
+    const double tol = c.dtype == DType::f64 ? 1e-12 : c.dtype == DType::f32 ? 1e-5 : 1e-2;
+    expect_close(out.to(Device::cpu(), DType::f64), want, tol,
+                 "column sums of " + shape_str({c.M, c.N}) + " " + dtype_name(c.dtype));
+  }
+}
+
+}  // namespace
+}  // namespace forge

@@ -34,6 +34,7 @@
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
+#include "forge/core/env.h"
 
 namespace forge::cuda {
 namespace {
@@ -78,13 +79,84 @@ __global__ void __launch_bounds__(kBlockSize)
   out[n] = static_cast<T>(s);
 }
 
-// out (N) = column sums of dy (M, N); out contiguous.
+// The same sums with 16-byte loads: each thread adds kVec consecutive columns of its rows, a warp
+// spans 32 * kVec columns of one row (512 contiguous bytes), 8 row lanes per block; the lanes' sums
+// meet in shared memory and one partial per column and block-row is written. Needs N % kVec == 0,
+// unit column stride, a row stride of whole 16-byte units and a 16-byte aligned start.
+template <class T, class A>
+__global__ void __launch_bounds__(kSumCols* kSumRows)
+    column_sums_vec_kernel(const T* __restrict__ dy,  // (M, N), strides (sr, 1)
+                           int64_t M, int64_t N, int64_t sr, int64_t rows_per_block,
+                           A* __restrict__ partial) {  // (gridDim.y, N)
+  constexpr int kVec = 16 / sizeof(T);
+  __shared__ A acc[kSumRows][kSumCols * kVec];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x) * kVec;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < M ? r0 + rows_per_block : M;
+  A s[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s[k] = 0;
+  if (c0 < N) {
+#pragma unroll 4
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumRows) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(dy + r * sr + c0);
+      const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) s[k] += static_cast<A>(v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) acc[threadIdx.y][threadIdx.x * kVec + k] = s[k];
+  __syncthreads();
+  // kSumCols * kSumRows threads, kSumCols * kVec columns: each thread finishes kVec / kSumRows
+  // (or one) of them, over the row lanes in order.
+  for (int t = threadIdx.y * kSumCols + threadIdx.x; t < kSumCols * kVec; t += kSumCols * kSumRows) {
+    const int64_t n = static_cast<int64_t>(blockIdx.x) * kSumCols * kVec + t;
+    if (n >= N) continue;
+    A total = 0;
+#pragma unroll
+    for (int i = 0; i < kSumRows; ++i) total += acc[i][t];
+    partial[static_cast<int64_t>(blockIdx.y) * N + n] = total;
+  }
+}
+
+}  // namespace
+
+// out (N) = column sums of dy (M, N); out contiguous. Deterministic: fixed partials, fixed order.
 void column_sums(const Tensor& dy, Tensor& out) {
+  FORGE_CHECK(dy.dim() == 2 && out.shape() == Shape{dy.size(1)} && out.is_contiguous() && out.dtype() == dy.dtype() &&
+                  dy.is_cuda() && out.device() == dy.device(),
+              "cuda::column_sums: expected dy (M, N) and a contiguous out (N) of its dtype on its GPU, got ", dy.shape(),
+              " and ", out.shape());
   const int device = out.device().index;
+  DeviceGuard guard(device);
   const int64_t M = dy.size(0), N = dy.size(1);
   if (N == 0) return;
   if (M == 0) {
     fill(out, 0.0);
+    return;
+  }
+  const int64_t vec = 16 / static_cast<int64_t>(element_size(dy.dtype()));
+  const bool vectorized = dy.stride(1) == 1 && N % vec == 0 && dy.stride(0) % vec == 0 &&
+                          reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0;
+  if (vectorized) {
+    // Enough blocks to fill the GPU about four times over, at least 8 rows each.
+    const int64_t col_blocks = (N + kSumCols * vec - 1) / (kSumCols * vec);
+    const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks);
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(want, (M + 7) / 8));
+    const int64_t rows_per_block = (M + parts - 1) / parts;
+    dispatch_float(dy.dtype(), "linear bias gradient", [&]<class T>() {
+      using A = acc_t<T>;
+      Tensor partial = blas::device_empty(device, {parts, N}, dtype_v<A>);
+      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts));
+      column_sums_vec_kernel<T, A><<<grid, dim3(kSumCols, kSumRows), 0, current_stream(device)>>>(
+          static_cast<const T*>(dy.data_ptr()), M, N, dy.stride(0), rows_per_block, static_cast<A*>(partial.data_ptr()));
+      FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (column sums) of ", dy.shape());
+      column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0,
+                                        current_stream(device)>>>(static_cast<const A*>(partial.data_ptr()), parts, N,
+                                                                  static_cast<T*>(out.data_ptr()));
+      FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (final sums) of ", dy.shape());
+    });
     return;
   }
   const int64_t parts = std::min<int64_t>((M + 255) / 256, 128);
@@ -103,6 +175,8 @@ void column_sums(const Tensor& dy, Tensor& out) {
     FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (final sums) of ", dy.shape());
   });
 }
+
+namespace {
 
 // ---- operand layouts ---------------------------------------------------------------------
 
@@ -393,6 +467,10 @@ void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tenso
   const int device = dy.device().index;
   DeviceGuard guard(device);
   bool bias_done = !dbias.defined();
+  // FORGE_BGRAD_EPILOGUE=0: the bias gradient from column_sums instead of the weight-gradient
+  // GEMM's BGRADB epilogue (which cuBLASLt runs as a separate kernel for these shapes): an A/B
+  // switch for docs/performance.md.
+  static const bool epilogue = env::flag("FORGE_BGRAD_EPILOGUE");
   if (dw.defined() && dw.numel() > 0) {
     if (M == 0) {
       fill(dw, 0.0);
@@ -408,7 +486,7 @@ void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tenso
       g.b = operand(xr, layout_of(xr));
       g.c = dw.data_ptr();
       g.ldc = K;
-      if (!bias_done && N > 0) {
+      if (!bias_done && N > 0 && epilogue) {
         g.epilogue = blas::Epilogue::bgrad_a;
         g.bias_grad = dbias.data_ptr();
         bias_done = blas::gemm(device, g);

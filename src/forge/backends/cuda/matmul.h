@@ -40,6 +40,9 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
 // When both are wanted, dbias comes from the same GEMM (CUBLASLT_EPILOGUE_BGRADB). The
 // input gradient dx = dy w is a plain matmul(dy, w, dx).
 void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias);
+// out (N) = the column sums of dy (M, N), accumulated in f32 (f64 for f64) in a fixed order (the
+// bias gradient where no GEMM epilogue computes it). 16-byte loads where dy's rows allow them.
+void column_sums(const Tensor& dy, Tensor& out);
 // The MLP's backward through a GELU (Note [GELU gradient in the GEMM] in ops/matmul.cpp), one
 // cuBLASLt GEMM with the DGELU_BGRAD epilogue:
 //   dy    (M, K)  any strides: the gradient of the down projection's output
