@@ -521,7 +521,7 @@ TEST(CudaColumnSums, MatchTheCpuOnEveryPath) {
     cuda::column_sums(dy_gpu, out);
     const Tensor want = dy_cpu.to(DType::f64).sum({0});
     const double tol = c.dtype == DType::f64 ? 1e-12 : c.dtype == DType::f32 ? 1e-5 : 1e-2;
-    expect_close(out.to(Device::cpu(), DType::f64), want, tol,
+    expect_close(out.to(DType::f64), want, tol,
                  "column sums of " + shape_str({c.M, c.N}) + " " + dtype_name(c.dtype));
   }
 }
