@@ -131,7 +131,7 @@ class CachingAllocator final : public DeviceAllocator {
     } else {
       p = pool_.allocate(nbytes, stream);
     }
-    if (!graph_pools_.empty()) raise_peaks();
+    if (combined_) raise_peaks();
     return p;
   }
 
@@ -159,7 +159,7 @@ class CachingAllocator final : public DeviceAllocator {
 
   MemoryStats stats() override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (graph_pools_.empty() && peak_allocated_ == 0) return pool_.stats();
+    if (!combined_) return pool_.stats();
     MemoryStats s = totals();
     s.peak_allocated = std::max(peak_allocated_, s.allocated);
     s.peak_reserved = std::max(peak_reserved_, s.reserved);
@@ -169,7 +169,7 @@ class CachingAllocator final : public DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     pool_.reset_peak();
     for (auto& [id, g] : graph_pools_) g->pool->reset_peak();
-    if (peak_allocated_ != 0 || !graph_pools_.empty()) {
+    if (combined_) {
       const MemoryStats s = totals();
       peak_allocated_ = s.allocated;
       peak_reserved_ = s.reserved;
@@ -189,10 +189,11 @@ class CachingAllocator final : public DeviceAllocator {
   int graph_pool_begin() override {
     std::lock_guard<std::mutex> lock(mu_);
     FORGE_CHECK(capturing_ == nullptr, "CUDA graph: cuda:", device_, " is already capturing a graph; one capture at a time");
-    if (graph_pools_.empty() && peak_allocated_ == 0) {  // from now on the peaks are the pools' sum
+    if (!combined_) {  // from now on the peaks are those of the pools' sum
       const MemoryStats s = pool_.stats();
       peak_allocated_ = s.peak_allocated;
       peak_reserved_ = s.peak_reserved;
+      combined_ = true;
     }
     auto g = std::make_unique<GraphPool>();
     g->id = next_graph_pool_++;
@@ -311,7 +312,8 @@ class CachingAllocator final : public DeviceAllocator {
   GraphPool* capturing_ = nullptr;  // the pool of the capture running now
   std::thread::id capture_thread_;
   int next_graph_pool_ = 1;
-  int64_t peak_allocated_ = 0, peak_reserved_ = 0;  // of the sum, once a graph pool existed
+  bool combined_ = false;  // a graph pool was made: stats are the sum over the pools, peaks tracked here
+  int64_t peak_allocated_ = 0, peak_reserved_ = 0;
 };
 
 // FORGE_CUDA_ALLOC=plain: a cudaMalloc per storage, exact sizes.
