@@ -114,11 +114,13 @@ TEST(Env, UndeclaredNamesAndWrongKindsAreProgrammingErrors) {
 TEST(Env, TableDeclaresEverySwitchOnce) {
   const std::vector<std::pair<std::string, env::Category>> expected = {
       {"FORGE_ALLOW_TF32", env::Category::numerics},
+      {"FORGE_BGRAD_EPILOGUE", env::Category::performance},
       {"FORGE_BIND", env::Category::performance},
       {"FORGE_CUDA_ALLOC", env::Category::debugging},
       {"FORGE_DIST_TIMEOUT", env::Category::debugging},
       {"FORGE_FLASH_ATTENTION", env::Category::performance},
       {"FORGE_GELU_FUSION", env::Category::performance},
+      {"FORGE_GELU_MLP", env::Category::performance},
       {"FORGE_GEMM_SM_TARGET", env::Category::performance},
       {"FORGE_GEMM_TUNE_CACHE", env::Category::performance},
       {"FORGE_GEMM_TUNING", env::Category::performance},

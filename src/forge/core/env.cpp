@@ -38,6 +38,12 @@ const std::vector<Spec>& table() {
        .meaning = "1: f32 GEMMs on CUDA use TF32 tensor cores (as ops::set_allow_tf32(true); relative error ~1e-3) in "
                   "programs that do not set it themselves; changes results, so forge train ignores it and takes "
                   "run.allow_tf32 from its config"},
+      {.name = "FORGE_BGRAD_EPILOGUE",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: a CUDA linear's bias gradient comes from forge's column-sum kernel instead of the weight "
+                  "gradient GEMM's cuBLASLt BGRADB epilogue (docs/performance.md)"},
       {.name = "FORGE_BIND",
        .kind = Kind::choice,
        .category = Category::performance,
@@ -67,12 +73,6 @@ const std::vector<Spec>& table() {
        .default_value = "1",
        .meaning = "0: CUDA attention always takes the GEMM path instead of the flash kernels "
                   "(docs/cuda-kernels.md)"},
-      {.name = "FORGE_BGRAD_EPILOGUE",
-       .kind = Kind::flag,
-       .category = Category::performance,
-       .default_value = "1",
-       .meaning = "0: a CUDA linear's bias gradient comes from forge's column-sum kernel instead of the weight "
-                  "gradient GEMM's cuBLASLt BGRADB epilogue (docs/performance.md)"},
       {.name = "FORGE_GELU_FUSION",
        .kind = Kind::flag,
        .category = Category::performance,
