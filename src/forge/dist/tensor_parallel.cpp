@@ -1,0 +1,213 @@
+// Tensor parallelism's collectives and linears: Note [tensor-parallel collectives] in
+// tensor_parallel.h.
+#include "forge/dist/tensor_parallel.h"
+
+#include <utility>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/autograd/node.h"
+#include "forge/core/error.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/join.h"
+#include "forge/ops/matmul.h"
+#include "forge/ops/view.h"
+
+namespace forge::dist::tp {
+namespace {
+
+int size_of(const ProcessGroupPtr& g) { return g ? g->size() : 1; }
+
+int64_t wrap_dim(const Tensor& x, int64_t dim, const char* op) {
+  const int64_t n = x.dim();
+  FORGE_CHECK(n > 0, op, ": expected a tensor of at least one dimension, got a scalar");
+  const int64_t d = dim < 0 ? dim + n : dim;
+  FORGE_CHECK(d >= 0 && d < n, op, ": dim ", dim, " is out of range for a tensor of shape ", x.shape());
+  return d;
+}
+
+void check_device(const Tensor& x, const ProcessGroupPtr& g, const char* op) {
+  FORGE_CHECK(x.device() == g->device(), op, ": the tensor is on ", x.device().str(), " but the ", g->backend(),
+              " group works on ", g->device().str(), "; move it there first");
+}
+
+// In-place all-reduce (sum) of a contiguous copy; the result is a new tensor, no history.
+Tensor all_reduce_sum(const Tensor& x, const ProcessGroupPtr& g) {
+  NoGradGuard no_grad;
+  Tensor t = x.detach().clone();
+  g->all_reduce(t, ReduceOp::sum)->wait();
+  return t;
+}
+
+// The ranks' x concatenated along `dim` (every rank's x of one shape), no history.
+Tensor all_gather_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
+  NoGradGuard no_grad;
+  const int W = g->size();
+  const Tensor in = x.detach().contiguous();
+  Tensor flat = empty({W * in.numel()}, {.dtype = in.dtype(), .device = in.device()});
+  g->all_gather(flat, in.reshape({-1}))->wait();
+  TensorList parts;
+  parts.reserve(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) parts.push_back(ops::narrow(flat, 0, r * in.numel(), in.numel()).reshape(in.shape()));
+  return ops::cat(parts, dim);
+}
+
+// Part `rank` (of W equal parts along `dim`) of the sum over the ranks of x, no history.
+Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g, const char* op) {
+  NoGradGuard no_grad;
+  const int W = g->size();
+  const int64_t n = x.size(dim);
+  FORGE_CHECK(n % W == 0, op, ": dim ", dim, " of shape ", x.shape(), " (", n, ") is not divisible by the group's ",
+              W, " ranks");
+  const TensorList chunks = ops::split(x.detach(), n / W, dim);
+  TensorList flat;
+  flat.reserve(chunks.size());
+  for (const Tensor& c : chunks) flat.push_back(c.contiguous().reshape({-1}));
+  const Tensor in = ops::cat(flat, 0);
+  Tensor out = empty(chunks[0].shape(), {.dtype = x.dtype(), .device = x.device()});
+  g->reduce_scatter(out, in, ReduceOp::sum)->wait();
+  return out;
+}
+
+Tensor own_slice(const Tensor& x, int64_t dim, const ProcessGroupPtr& g, const char* op) {
+  const int W = g->size();
+  const int64_t n = x.size(dim);
+  FORGE_CHECK(n % W == 0, op, ": dim ", dim, " of shape ", x.shape(), " (", n, ") is not divisible by the group's ",
+              W, " ranks");
+  return ops::narrow(x, dim, g->rank() * (n / W), n / W).contiguous();
+}
+
+// `out` (computed without history) gets a node whose backward is `fn` of the gradient.
+Tensor with_history(const char* name, Tensor out, const Tensor& x, std::function<Tensor(const Tensor&)> fn) {
+  if (!autograd::any_requires_grad({x})) return out;
+  autograd::record(name, out, {x}, [fn = std::move(fn)](const Tensor& g, const autograd::GradMask&) {
+    return TensorList{fn(g)};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor copy_to_region(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::copy_to_region");
+  return with_history("tp_copy_to_region", x.detach(), x, [g](const Tensor& grad) { return all_reduce_sum(grad, g); });
+}
+
+Tensor reduce_from_region(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::reduce_from_region");
+  return with_history("tp_reduce_from_region", all_reduce_sum(x, g), x, [](const Tensor& grad) { return grad; });
+}
+
+// Megatron's gather: every rank then computes the same thing from the whole output, so every
+// rank's gradient of it is the same, and this rank's slice of it is its shard's gradient.
+Tensor gather_last_dim(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::gather_last_dim");
+  const int64_t d = wrap_dim(x, -1, "tp::gather_last_dim");
+  return with_history("tp_gather_last_dim", all_gather_dim(x, d, g), x, [g, d](const Tensor& grad) {
+    NoGradGuard no_grad;
+    return own_slice(grad, d, g, "tp::gather_last_dim backward");
+  });
+}
+
+Tensor scatter_last_dim(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::scatter_last_dim");
+  const int64_t d = wrap_dim(x, -1, "tp::scatter_last_dim");
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = own_slice(x.detach(), d, g, "tp::scatter_last_dim");
+  }
+  return with_history("tp_scatter_last_dim", out, x, [g, d](const Tensor& grad) { return all_gather_dim(grad, d, g); });
+}
+
+// Sequence parallelism's gather: each rank's activations differ after it (the ranks' row-parallel
+// slices), so the gradient of this rank's part is the sum over the ranks of their gradients of it.
+Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::gather_along");
+  const int64_t d = wrap_dim(x, dim, "tp::gather_along");
+  return with_history("tp_gather_along", all_gather_dim(x, d, g), x, [g, d](const Tensor& grad) {
+    return reduce_scatter_dim(grad, d, g, "tp::gather_along backward");
+  });
+}
+
+Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::reduce_scatter_along");
+  const int64_t d = wrap_dim(x, dim, "tp::reduce_scatter_along");
+  return with_history("tp_reduce_scatter_along", reduce_scatter_dim(x, d, g, "tp::reduce_scatter_along"), x,
+                      [g, d](const Tensor& grad) { return all_gather_dim(grad, d, g); });
+}
+
+Tensor shard(const Tensor& full, int64_t dim, int rank, int parts) {
+  const int64_t d = wrap_dim(full, dim, "tp::shard");
+  const int64_t n = full.size(d);
+  FORGE_CHECK(parts >= 1 && rank >= 0 && rank < parts, "tp::shard: rank ", rank, " outside ", parts, " parts");
+  FORGE_CHECK(n % parts == 0, "tp::shard: dim ", dim, " of shape ", full.shape(), " (", n, ") is not divisible into ",
+              parts, " equal parts");
+  NoGradGuard no_grad;
+  return ops::narrow(full.detach(), d, rank * (n / parts), n / parts).contiguous().clone();
+}
+
+// ---- linears ------------------------------------------------------------------------------
+
+namespace {
+int64_t local_size(int64_t whole, const ProcessGroupPtr& g, const char* layer, const char* what) {
+  const int W = size_of(g);
+  FORGE_CHECK(whole % W == 0, layer, ": ", what, " = ", whole, " is not divisible by the tensor-parallel size ", W,
+              "; choose sizes that tp divides");
+  return whole / W;
+}
+
+void copy_into(Tensor& param, const Tensor& value, const char* what) {
+  FORGE_CHECK(value.shape() == param.shape(), what, ": expected shape ", param.shape(), ", got ", value.shape());
+  NoGradGuard no_grad;
+  ops::copy_(param, value);
+}
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool gather)
+    : nn::Linear(in, local_size(out, g, "ColumnParallelLinear", "out_features"), bias),
+      whole_out_features(out),
+      gather_output(gather),
+      group(std::move(g)) {}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
+              " does not end in in_features = ", in_features);
+  const Tensor y = ops::linear(copy_to_region(x, group), weight, bias);
+  return gather_output ? gather_last_dim(y, group) : y;
+}
+
+void ColumnParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
+  const int W = size_of(group), r = group ? group->rank() : 0;
+  copy_into(weight, shard(w, 0, r, W), "ColumnParallelLinear::load_whole (weight)");
+  if (bias.defined()) copy_into(bias, shard(b, 0, r, W), "ColumnParallelLinear::load_whole (bias)");
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool parallel_input)
+    : nn::Linear(local_size(in, g, "RowParallelLinear", "in_features"), out, bias),
+      whole_in_features(in),
+      input_is_parallel(parallel_input),
+      group(std::move(g)) {}
+
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
+  FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
+              " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
+  const Tensor y = reduce_from_region(ops::linear(xs, weight, Tensor()), group);
+  return bias.defined() ? ops::add(y, bias) : y;
+}
+
+void RowParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
+  const int W = size_of(group), r = group ? group->rank() : 0;
+  copy_into(weight, shard(w, 1, r, W), "RowParallelLinear::load_whole (weight)");
+  if (bias.defined()) copy_into(bias, b, "RowParallelLinear::load_whole (bias)");
+}
+
+}  // namespace forge::dist::tp

@@ -1,0 +1,84 @@
+#pragma once
+// Tensor parallelism's building blocks (issue 16; DESIGN.md "Parallelism"): the autograd-aware
+// collectives over a tensor-parallel group and the column- and row-parallel linears, as
+// Megatron-LM's tensor_parallel layers define them. The models take the linears through their
+// LayerSpec seam (nn/layer_spec.h); `dist.tp` in `forge train` is the next step (train/layout.h
+// still refuses tp > 1).
+//
+//   auto g = mesh.tp_group();                                   // W ranks, one shard each
+//   auto up = std::make_shared<tp::ColumnParallelLinear>(C, 4 * C, true, g);    // weight (4C / W, C)
+//   auto down = std::make_shared<tp::RowParallelLinear>(4 * C, C, true, g);     // weight (C, 4C / W)
+//   Tensor y = down->forward(ops::gelu(up->forward(x), true));   // x and y whole on every rank
+//
+// Note [tensor-parallel collectives]
+// ----------------------------------
+// A column-parallel linear computes its slice of the output features from the whole input; a
+// row-parallel one its partial sum over its slice of the input features. Between them nothing is
+// communicated; around them, one collective each way, inverse to each other in the backward:
+//   copy_to_region       forward: identity        backward: all-reduce (sum) of the gradient
+//   reduce_from_region   forward: all-reduce(sum) backward: identity
+//   gather_last_dim      forward: all-gather of the ranks' slices along the last dim
+//                        backward: this rank's slice of the gradient (every rank uses the
+//                        gathered output alike, so their gradients of it are equal)
+//   scatter_last_dim     forward: this rank's slice   backward: all-gather of the gradient slices
+// With sequence parallelism (Korthikanti et al.) the activations between the blocks are split
+// along the sequence dim, and the all-reduce becomes a reduce-scatter after the row-parallel
+// linear and an all-gather before the column-parallel one:
+//   gather_along(x, dim)          forward: all-gather along dim   backward: reduce-scatter along dim
+//   reduce_scatter_along(x, dim)  forward: reduce-scatter (sum)   backward: all-gather along dim
+// Every rank of the group must call them in the same order (they are collectives). A group of
+// one (or none) makes each of them the identity (and its slice the whole tensor). The tensors
+// must be on the group's device (CPU tensors through MPI, CUDA through NCCL); they are made
+// contiguous for the collective.
+#include <cstdint>
+#include <memory>
+
+#include "forge/core/tensor.h"
+#include "forge/dist/process_group.h"
+#include "forge/nn/linear.h"
+
+namespace forge::dist::tp {
+
+Tensor copy_to_region(const Tensor& x, const ProcessGroupPtr& group);
+Tensor reduce_from_region(const Tensor& x, const ProcessGroupPtr& group);
+Tensor gather_last_dim(const Tensor& x, const ProcessGroupPtr& group);
+Tensor scatter_last_dim(const Tensor& x, const ProcessGroupPtr& group);
+Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+
+// Part `rank` of `parts` equal parts of `full` along `dim`, as a new contiguous tensor (throws
+// naming the sizes when `parts` does not divide it): a rank's shard of a whole weight.
+Tensor shard(const Tensor& full, int64_t dim, int rank, int parts);
+
+// weight (out / W, in), bias (out / W): this rank's rows of the whole linear's. forward(x) takes
+// the whole input (B.., in) and returns this rank's slice of the output features (B.., out / W),
+// or, with gather_output, the whole output on every rank.
+class ColumnParallelLinear : public nn::Linear {
+ public:
+  ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool gather_output = false);
+  Tensor forward(const Tensor& x) const override;
+  // This rank's rows of the whole linear's weight (out, in) and bias (out), copied in.
+  void load_whole(const Tensor& weight, const Tensor& bias);
+
+  int64_t whole_out_features;
+  bool gather_output;
+  ProcessGroupPtr group;
+};
+
+// weight (out, in / W), bias (out), the bias whole on every rank. forward(x) takes this rank's
+// slice of the input features (B.., in / W) (or, with !input_is_parallel, the whole input, of
+// which it keeps its slice) and returns the whole output on every rank: the partial products
+// all-reduced, then the bias added once.
+class RowParallelLinear : public nn::Linear {
+ public:
+  RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool input_is_parallel = true);
+  Tensor forward(const Tensor& x) const override;
+  // This rank's columns of the whole linear's weight (out, in), and its whole bias.
+  void load_whole(const Tensor& weight, const Tensor& bias);
+
+  int64_t whole_in_features;
+  bool input_is_parallel;
+  ProcessGroupPtr group;
+};
+
+}  // namespace forge::dist::tp

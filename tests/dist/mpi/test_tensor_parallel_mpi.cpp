@@ -1,0 +1,160 @@
+// Tensor parallelism's building blocks over real ranks (mpirun -np 1/2/4, the world as the
+// tensor-parallel group): every collective of Note [tensor-parallel collectives] forward and
+// backward against what it must compute, and a column-parallel then row-parallel MLP against
+// the same MLP in one piece (outputs, input gradient, and each rank's weight-gradient shards), in
+// f64. Inputs are random and differ per rank where the collective combines ranks.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "forge/core/error.h"
+#include "forge/dist/tensor_parallel.h"
+#include "forge/dist/world.h"
+#include "forge/forge.h"
+
+namespace forge::dist {
+namespace {
+
+constexpr double kTol = 1e-12;
+const TensorOptions kF64{.dtype = DType::f64};
+
+Tensor random(const Shape& s, uint64_t seed) {
+  Generator gen(seed);
+  return uniform(s, -1.0, 1.0, kF64, &gen);
+}
+
+// Rank r's tensor of a per-rank family (seed + r).
+Tensor of_rank(const Shape& s, uint64_t seed, int r) { return random(s, seed + 1000 * static_cast<uint64_t>(r)); }
+
+void expect_near(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const auto a = got.to_vector<double>(), b = want.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], kTol * (1 + std::abs(b[i]))) << what << " [" << i << "]";
+}
+
+TEST(TensorParallelMpi, CopyAndReduceAreInverseInTheBackward) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  // copy_to_region: forward identity, backward the sum of the ranks' gradients.
+  Tensor x = random({3, 4}, 1).requires_grad_();
+  Tensor y = tp::copy_to_region(x, g);
+  expect_near(y, x.detach(), "copy forward");
+  y.backward(of_rank({3, 4}, 2, r));
+  Tensor want = zeros({3, 4}, kF64);
+  for (int q = 0; q < W; ++q) want = want + of_rank({3, 4}, 2, q);
+  expect_near(x.grad(), want, "copy backward");
+  // reduce_from_region: forward the sum of the ranks' inputs, backward identity.
+  Tensor a = of_rank({2, 5}, 3, r).requires_grad_();
+  Tensor s = tp::reduce_from_region(a, g);
+  Tensor sum = zeros({2, 5}, kF64);
+  for (int q = 0; q < W; ++q) sum = sum + of_rank({2, 5}, 3, q);
+  expect_near(s, sum, "reduce forward");
+  const Tensor gs = random({2, 5}, 4);  // the same on every rank: what follows the reduction is replicated
+  s.backward(gs);
+  expect_near(a.grad(), gs, "reduce backward");
+}
+
+TEST(TensorParallelMpi, GatherAndScatterAlongTheLastDim) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  // gather: the ranks' slices side by side; backward: this rank's slice of the (common) gradient.
+  Tensor x = of_rank({2, 3}, 10, r).requires_grad_();
+  Tensor y = tp::gather_last_dim(x, g);
+  TensorList parts;
+  for (int q = 0; q < W; ++q) parts.push_back(of_rank({2, 3}, 10, q));
+  expect_near(y, ops::cat(parts, -1), "gather forward");
+  const Tensor gy = random({2, 3 * W}, 11);
+  y.backward(gy);
+  expect_near(x.grad(), ops::narrow(gy, 1, 3 * r, 3).contiguous(), "gather backward");
+  // scatter: this rank's slice; backward: the ranks' gradients side by side.
+  Tensor z = random({2, 2 * W}, 12).requires_grad_();
+  Tensor zs = tp::scatter_last_dim(z, g);
+  expect_near(zs, ops::narrow(z.detach(), 1, 2 * r, 2).contiguous(), "scatter forward");
+  zs.backward(of_rank({2, 2}, 13, r));
+  TensorList grads;
+  for (int q = 0; q < W; ++q) grads.push_back(of_rank({2, 2}, 13, q));
+  expect_near(z.grad(), ops::cat(grads, -1), "scatter backward");
+}
+
+TEST(TensorParallelMpi, SequenceParallelGatherAndReduceScatter) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  // gather along the sequence dim (1 of (B, T, C)); backward: the sum over the ranks of their
+  // gradients of this rank's rows.
+  Tensor x = of_rank({2, 3, 4}, 20, r).requires_grad_();
+  Tensor y = tp::gather_along(x, 1, g);
+  TensorList parts;
+  for (int q = 0; q < W; ++q) parts.push_back(of_rank({2, 3, 4}, 20, q));
+  expect_near(y, ops::cat(parts, 1), "sequence gather forward");
+  y.backward(of_rank({2, 3 * W, 4}, 21, r));
+  Tensor want = zeros({2, 3, 4}, kF64);
+  for (int q = 0; q < W; ++q) want = want + ops::narrow(of_rank({2, 3 * W, 4}, 21, q), 1, 3 * r, 3);
+  expect_near(x.grad(), want.contiguous(), "sequence gather backward");
+  // reduce-scatter along the sequence dim: this rank's rows of the sum; backward: the ranks'
+  // gradients gathered.
+  Tensor a = of_rank({2, 2 * W, 3}, 22, r).requires_grad_();
+  Tensor s = tp::reduce_scatter_along(a, 1, g);
+  Tensor sum = zeros({2, 2 * W, 3}, kF64);
+  for (int q = 0; q < W; ++q) sum = sum + of_rank({2, 2 * W, 3}, 22, q);
+  expect_near(s, ops::narrow(sum, 1, 2 * r, 2).contiguous(), "reduce-scatter forward");
+  s.backward(of_rank({2, 2, 3}, 23, r));
+  TensorList grads;
+  for (int q = 0; q < W; ++q) grads.push_back(of_rank({2, 2, 3}, 23, q));
+  expect_near(a.grad(), ops::cat(grads, 1), "reduce-scatter backward");
+}
+
+TEST(TensorParallelMpi, ColumnThenRowParallelMlpMatchesTheWholeMlp) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  const int64_t C = 8, H = 16;
+  const Tensor w1 = random({H, C}, 30), b1 = random({H}, 31), w2 = random({C, H}, 32), b2 = random({C}, 33);
+  const Tensor x0 = random({2, 3, C}, 34), gy = random({2, 3, C}, 35);
+  // The whole MLP, in one process's arithmetic.
+  Tensor x = x0.clone().requires_grad_();
+  Tensor w1w = w1.clone().requires_grad_(), b1w = b1.clone().requires_grad_();
+  Tensor w2w = w2.clone().requires_grad_(), b2w = b2.clone().requires_grad_();
+  Tensor y = ops::linear(ops::gelu(ops::linear(x, w1w, b1w), true), w2w, b2w);
+  y.backward(gy);
+  // The same MLP split over the ranks.
+  tp::ColumnParallelLinear up(C, H, true, g);
+  tp::RowParallelLinear down(H, C, true, g);
+  up.to(Device::cpu(), DType::f64);
+  down.to(Device::cpu(), DType::f64);
+  up.load_whole(w1, b1);
+  down.load_whole(w2, b2);
+  EXPECT_EQ(up.weight.shape(), (Shape{H / W, C}));
+  EXPECT_EQ(down.weight.shape(), (Shape{C, H / W}));
+  Tensor xt = x0.clone().requires_grad_();
+  Tensor yt = down.forward(up.forward_gelu(xt));
+  expect_near(yt, y.detach(), "output");
+  yt.backward(gy);
+  expect_near(xt.grad(), x.grad(), "input gradient");
+  expect_near(up.weight.grad(), tp::shard(w1w.grad(), 0, r, W), "up weight gradient (this rank's rows)");
+  expect_near(up.bias.grad(), tp::shard(b1w.grad(), 0, r, W), "up bias gradient");
+  expect_near(down.weight.grad(), tp::shard(w2w.grad(), 1, r, W), "down weight gradient (this rank's columns)");
+  expect_near(down.bias.grad(), b2w.grad(), "down bias gradient (whole on every rank)");
+  // gather_output gives every rank the whole up projection.
+  tp::ColumnParallelLinear whole(C, H, true, g, /*gather_output=*/true);
+  whole.to(Device::cpu(), DType::f64);
+  whole.load_whole(w1, b1);
+  expect_near(whole.forward(x0), ops::linear(x0, w1, b1), "gathered column-parallel output");
+}
+
+TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
+  const auto g = world();
+  if (g->size() == 1) GTEST_SKIP() << "every size divides by 1";
+  try {
+    tp::ColumnParallelLinear bad(8, 2 * g->size() + 1, false, g);
+    FAIL() << "an out_features tp does not divide must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out_features"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not divisible by the tensor-parallel size"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(tp::RowParallelLinear(2 * g->size() + 1, 8, false, g), Error);
+  EXPECT_THROW(tp::shard(random({5, 2}, 40), 0, 0, 2), Error);
+}
+
+}  // namespace
+}  // namespace forge::dist
