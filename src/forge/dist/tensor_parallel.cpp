@@ -8,6 +8,10 @@
 #include "forge/autograd/node.h"
 #include "forge/core/error.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/embedding.h"
+#include "forge/ops/index.h"
+#include "forge/ops/reduce.h"
+#include "forge/ops/unary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/join.h"
@@ -208,6 +212,65 @@ void RowParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
   const int W = size_of(group), r = group ? group->rank() : 0;
   copy_into(weight, shard(w, 1, r, W), "RowParallelLinear::load_whole (weight)");
   if (bias.defined()) copy_into(bias, b, "RowParallelLinear::load_whole (bias)");
+}
+
+// ---- vocabulary parallelism ----------------------------------------------------------------
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g)
+    : nn::Embedding(local_size(num, g, "VocabParallelEmbedding", "the vocabulary"), dim),
+      whole_num(num),
+      vocab_start((g ? g->rank() : 0) * (num / size_of(g))),
+      group(std::move(g)) {}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
+  if (size_of(group) == 1) return nn::Embedding::forward(ids);
+  // This rank's rows: ids in [vocab_start, vocab_start + num); the others look up row 0 and are
+  // zeroed (their gradient too).
+  Tensor local, inside;
+  {
+    NoGradGuard no_grad;
+    const Tensor shifted = ops::sub(ids, static_cast<double>(vocab_start));
+    const Tensor in_range = ops::mul(ops::ge(shifted, 0.0).to(ids.dtype()), ops::lt(shifted, static_cast<double>(num)).to(ids.dtype()));
+    local = ops::mul(shifted, in_range);
+    inside = ops::unsqueeze(in_range.to(weight.dtype()), -1);
+  }
+  return reduce_from_region(ops::mul(ops::embedding(weight, local), inside), group);
+}
+
+Tensor VocabParallelEmbedding::attend(const Tensor& x) const {
+  return ops::matmul(copy_to_region(x, group), ops::transpose(weight, 0, 1));
+}
+
+void VocabParallelEmbedding::load_whole(const Tensor& w) {
+  copy_into(weight, shard(w, 0, group ? group->rank() : 0, size_of(group)), "VocabParallelEmbedding::load_whole");
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                    const ProcessGroupPtr& g, int64_t ignore_index) {
+  FORGE_CHECK(logits.dim() >= 1 && targets.shape() == Shape(logits.shape().begin(), logits.shape().end() - 1),
+              "tp::vocab_parallel_cross_entropy: targets of shape ", targets.shape(), " do not match logits ",
+              logits.shape(), " without their last (class) dim");
+  const int64_t V = logits.size(-1), N = targets.numel();
+  const DType dt = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor x = ops::reshape(logits.to(dt), {N, V});
+  const Tensor t = ops::reshape(targets.to(DType::i64), {N});
+  Tensor row_max, in_range, valid, local_t;
+  {
+    NoGradGuard no_grad;
+    row_max = ops::amax(x.detach(), {1}, /*keepdim=*/true);
+    if (size_of(g) > 1) g->all_reduce(row_max, ReduceOp::max)->wait();
+    const Tensor shifted_t = ops::sub(t, static_cast<double>(vocab_start));
+    valid = ops::ne(t, static_cast<double>(ignore_index)).to(DType::i64);
+    in_range = ops::mul(ops::mul(ops::ge(shifted_t, 0.0).to(DType::i64), ops::lt(shifted_t, static_cast<double>(V)).to(DType::i64)), valid);
+    local_t = ops::mul(shifted_t, in_range);
+  }
+  const Tensor shifted = ops::sub(x, row_max);
+  const Tensor sum_exp = reduce_from_region(ops::sum(ops::exp(shifted), {1}), g);
+  const Tensor picked = ops::mul(ops::reshape(ops::gather(shifted, 1, ops::unsqueeze(local_t, 1)), {N}), in_range.to(dt));
+  const Tensor target_logit = reduce_from_region(picked, g);
+  const Tensor valid_f = valid.to(dt);
+  const Tensor per = ops::mul(ops::sub(ops::log(sum_exp), target_logit), valid_f);
+  return ops::div(ops::sum(per), ops::sum(valid_f));
 }
 
 }  // namespace forge::dist::tp

@@ -35,6 +35,7 @@
 
 #include "forge/core/tensor.h"
 #include "forge/dist/process_group.h"
+#include "forge/nn/layers.h"
 #include "forge/nn/linear.h"
 
 namespace forge::dist::tp {
@@ -80,5 +81,32 @@ class RowParallelLinear : public nn::Linear {
   bool input_is_parallel;
   ProcessGroupPtr group;
 };
+
+// Rows [r V / W, (r + 1) V / W) of the (V, dim) table on rank r (a vocabulary-parallel embedding,
+// Megatron's VocabParallelEmbedding). forward(ids): each rank looks up the ids in its rows (zero
+// for the others) and the ranks' results are all-reduced, so every rank gets the whole (*, dim)
+// embedding; a row's gradient lands on the rank that holds it. attend(x) (a head tied to the
+// table): this rank's slice of the logits, (*, V / W), for vocab_parallel_cross_entropy, with x
+// whole on every rank (its gradient all-reduced).
+class VocabParallelEmbedding : public nn::Embedding {
+ public:
+  VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr group);
+  Tensor forward(const Tensor& ids) const override;
+  Tensor attend(const Tensor& x) const override;
+  void load_whole(const Tensor& weight);
+
+  int64_t whole_num, vocab_start;
+  ProcessGroupPtr group;
+};
+
+// The mean cross-entropy over the targets != ignore_index, from this rank's slice of the logits
+// (..., V / W) holding the classes [vocab_start, vocab_start + V / W): the whole logits are never
+// gathered. The row maximum is all-reduced (max, outside the history: softmax does not depend
+// on it), the sums of exponentials and the target logits (each found on one rank) all-reduced
+// (sum). The same value on every rank; each rank's backward fills its slice's gradient. 16-bit
+// logits are computed in f32 (Note [loss dtype]). Composed of ops: it materialises a few
+// (N, V / W) temporaries.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                    const ProcessGroupPtr& group, int64_t ignore_index = -100);
 
 }  // namespace forge::dist::tp

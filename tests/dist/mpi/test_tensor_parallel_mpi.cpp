@@ -142,6 +142,42 @@ TEST(TensorParallelMpi, ColumnThenRowParallelMlpMatchesTheWholeMlp) {
   expect_near(whole.forward(x0), ops::linear(x0, w1, b1), "gathered column-parallel output");
 }
 
+// Vocabulary parallelism: the embedding's lookup and tied head, and the cross-entropy over the
+// ranks' slices of the logits, against the whole table and ops::cross_entropy.
+TEST(TensorParallelMpi, VocabParallelEmbeddingHeadAndLossMatchTheWholeVocabulary) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  const int64_t V = 8, D = 3;
+  const Tensor table = random({V, D}, 50);
+  Generator gen(51);
+  const Tensor ids = ops::mul(uniform({2, 5}, 0.0, 1.0, kF64, &gen), static_cast<double>(V)).to(DType::i64);
+  std::vector<int64_t> tv = ops::mul(uniform({2, 5}, 0.0, 1.0, kF64, &gen), static_cast<double>(V)).to(DType::i64).to_vector<int64_t>();
+  tv[3] = -100;  // an ignored target
+  const Tensor targets = from_vector(tv, {2, 5});
+  // Whole: embed, then the tied head, then the loss.
+  Tensor tw = table.clone().requires_grad_();
+  Tensor hw = ops::embedding(tw, ids);
+  Tensor xw = ops::add(hw, random({2, 5, D}, 52));  // something between lookup and head
+  Tensor logits = ops::matmul(xw, ops::transpose(tw, 0, 1));
+  Tensor loss = ops::cross_entropy(logits, targets);
+  loss.backward();
+  // Split over the ranks.
+  tp::VocabParallelEmbedding emb(V, D, g);
+  emb.to(Device::cpu(), DType::f64);
+  emb.load_whole(table);
+  EXPECT_EQ(emb.weight.shape(), (Shape{V / W, D}));
+  EXPECT_EQ(emb.vocab_start, r * (V / W));
+  Tensor h = emb.forward(ids);
+  expect_near(h, hw.detach(), "embedding lookup (whole on every rank)");
+  Tensor x = ops::add(h, random({2, 5, D}, 52));
+  Tensor local_logits = emb.attend(x);
+  expect_near(local_logits, ops::narrow(logits.detach(), 2, r * (V / W), V / W).contiguous(), "tied head (this rank's classes)");
+  Tensor l = tp::vocab_parallel_cross_entropy(local_logits, targets, emb.vocab_start, g);
+  expect_near(l, loss.detach(), "loss");
+  l.backward();
+  expect_near(emb.weight.grad(), tp::shard(tw.grad(), 0, r, W), "table gradient (this rank's rows: lookup and head)");
+}
+
 TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
   const auto g = world();
   if (g->size() == 1) GTEST_SKIP() << "every size divides by 1";
