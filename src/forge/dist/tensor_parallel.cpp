@@ -17,6 +17,7 @@
 #include "forge/ops/join.h"
 #include "forge/ops/matmul.h"
 #include "forge/ops/view.h"
+#include "forge/nn/module.h"
 
 namespace forge::dist::tp {
 namespace {
@@ -175,11 +176,19 @@ void copy_into(Tensor& param, const Tensor& value, const char* what) {
 }
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool gather)
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool gather,
+                                           int64_t n_parts)
     : nn::Linear(in, local_size(out, g, "ColumnParallelLinear", "out_features"), bias),
       whole_out_features(out),
       gather_output(gather),
-      group(std::move(g)) {}
+      parts(n_parts),
+      group(std::move(g)) {
+  FORGE_CHECK(parts >= 1 && out % (parts * size_of(group)) == 0, "ColumnParallelLinear: out_features = ", out,
+              " in ", parts, " parts is not divisible by the tensor-parallel size ", size_of(group),
+              " within each part; choose sizes that tp divides");
+  FORGE_CHECK(parts == 1 || !gather_output, "ColumnParallelLinear: gather_output with ", parts,
+              " parts would interleave the parts; gather each part instead");
+}
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
@@ -190,8 +199,19 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
 
 void ColumnParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
   const int W = size_of(group), r = group ? group->rank() : 0;
-  copy_into(weight, shard(w, 0, r, W), "ColumnParallelLinear::load_whole (weight)");
-  if (bias.defined()) copy_into(bias, shard(b, 0, r, W), "ColumnParallelLinear::load_whole (bias)");
+  // This rank's slice of each part, the parts in order.
+  auto rows = [&](const Tensor& whole) {
+    FORGE_CHECK(whole.dim() >= 1 && whole.size(0) == whole_out_features, "ColumnParallelLinear::load_whole: expected ",
+                whole_out_features, " rows, got shape ", whole.shape());
+    if (parts == 1) return shard(whole, 0, r, W);
+    const int64_t n = whole_out_features / parts;
+    TensorList pieces;
+    for (int64_t p = 0; p < parts; ++p) pieces.push_back(shard(ops::narrow(whole, 0, p * n, n), 0, r, W));
+    NoGradGuard no_grad;
+    return ops::cat(pieces, 0);
+  };
+  copy_into(weight, rows(w), "ColumnParallelLinear::load_whole (weight)");
+  if (bias.defined()) copy_into(bias, rows(b), "ColumnParallelLinear::load_whole (bias)");
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool parallel_input)
@@ -271,6 +291,75 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   const Tensor valid_f = valid.to(dt);
   const Tensor per = ops::mul(ops::sub(ops::log(sum_exp), target_logit), valid_f);
   return ops::div(ops::sum(per), ops::sum(valid_f));
+}
+
+// ---- models ------------------------------------------------------------------------------
+
+nn::LayerSpec layer_spec(const ProcessGroupPtr& g) {
+  using nn::LinearRole;
+  nn::LayerSpec spec;
+  spec.linear = [g](int64_t in, int64_t out, bool bias, LinearRole role) -> std::shared_ptr<nn::Linear> {
+    switch (role) {
+      case LinearRole::attention_qkv:
+        return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, /*parts=*/3);
+      case LinearRole::attention_q:
+      case LinearRole::attention_k:
+      case LinearRole::attention_v:
+      case LinearRole::mlp_up:
+      case LinearRole::mlp_gate:
+      case LinearRole::lm_head:
+        return std::make_shared<ColumnParallelLinear>(in, out, bias, g);
+      case LinearRole::attention_out:
+      case LinearRole::mlp_down:
+        return std::make_shared<RowParallelLinear>(in, out, bias, g);
+    }
+    FORGE_THROW("tp::layer_spec: unknown linear role");
+  };
+  spec.embedding = [g](int64_t num, int64_t dim, nn::EmbeddingRole role) -> std::shared_ptr<nn::Embedding> {
+    if (role == nn::EmbeddingRole::token) return std::make_shared<VocabParallelEmbedding>(num, dim, g);
+    return std::make_shared<nn::Embedding>(num, dim);
+  };
+  spec.loss = [g](const Tensor& logits, const Tensor& targets) {
+    // This rank's classes start at rank x (its slice's width): the head is split evenly.
+    const int64_t start = (g ? g->rank() : 0) * logits.size(-1);
+    return vocab_parallel_cross_entropy(logits, targets, start, g);
+  };
+  return spec;
+}
+
+namespace {
+const Tensor& whole_at(const std::map<std::string, Tensor>& whole, const std::string& name) {
+  const auto it = whole.find(name);
+  FORGE_CHECK(it != whole.end(), "tp::load_whole_state: the whole state has no '", name,
+              "'; load the state of the same model built without tensor parallelism");
+  return it->second;
+}
+
+void load_module(nn::Module& m, const std::string& prefix, const std::map<std::string, Tensor>& whole,
+                 std::map<std::string, bool>& done) {
+  auto name = [&](const char* p) { return prefix.empty() ? std::string(p) : prefix + "." + p; };
+  if (auto* c = dynamic_cast<ColumnParallelLinear*>(&m)) {
+    c->load_whole(whole_at(whole, name("weight")), c->bias.defined() ? whole_at(whole, name("bias")) : Tensor());
+    done[name("weight")] = done[name("bias")] = true;
+  } else if (auto* r = dynamic_cast<RowParallelLinear*>(&m)) {
+    r->load_whole(whole_at(whole, name("weight")), r->bias.defined() ? whole_at(whole, name("bias")) : Tensor());
+    done[name("weight")] = done[name("bias")] = true;
+  } else if (auto* e = dynamic_cast<VocabParallelEmbedding*>(&m)) {
+    e->load_whole(whole_at(whole, name("weight")));
+    done[name("weight")] = true;
+  }
+  for (const auto& [child, module] : m.named_children()) load_module(*module, name(child.c_str()), whole, done);
+}
+}  // namespace
+
+void load_whole_state(nn::Module& model, const std::map<std::string, Tensor>& whole) {
+  std::map<std::string, bool> done;
+  load_module(model, "", whole, done);
+  for (auto& [n, t] : model.state_dict()) {
+    if (done.count(n) != 0) continue;
+    Tensor dst = t;
+    copy_into(dst, whole_at(whole, n), ("tp::load_whole_state ('" + n + "')").c_str());
+  }
 }
 
 }  // namespace forge::dist::tp

@@ -31,10 +31,13 @@
 // must be on the group's device (CPU tensors through MPI, CUDA through NCCL); they are made
 // contiguous for the collective.
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "forge/core/tensor.h"
 #include "forge/dist/process_group.h"
+#include "forge/nn/layer_spec.h"
 #include "forge/nn/layers.h"
 #include "forge/nn/linear.h"
 
@@ -53,16 +56,20 @@ Tensor shard(const Tensor& full, int64_t dim, int rank, int parts);
 
 // weight (out / W, in), bias (out / W): this rank's rows of the whole linear's. forward(x) takes
 // the whole input (B.., in) and returns this rank's slice of the output features (B.., out / W),
-// or, with gather_output, the whole output on every rank.
+// or, with gather_output, the whole output on every rank. With parts > 1 the whole output is
+// `parts` blocks side by side (GPT's fused [q | k | v]: 3) and each rank keeps its slice of every
+// block, in block order ([q_r | k_r | v_r]: its heads of each), as the layers expect.
 class ColumnParallelLinear : public nn::Linear {
  public:
-  ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool gather_output = false);
+  ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool gather_output = false,
+                       int64_t parts = 1);
   Tensor forward(const Tensor& x) const override;
   // This rank's rows of the whole linear's weight (out, in) and bias (out), copied in.
   void load_whole(const Tensor& weight, const Tensor& bias);
 
   int64_t whole_out_features;
   bool gather_output;
+  int64_t parts;
   ProcessGroupPtr group;
 };
 
@@ -108,5 +115,19 @@ class VocabParallelEmbedding : public nn::Embedding {
 // (N, V / W) temporaries.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                     const ProcessGroupPtr& group, int64_t ignore_index = -100);
+
+// The layer spec (nn/layer_spec.h) of a model split over `group`, Megatron's layout: attention
+// q / k / v (and GPT's fused qkv, by part) and the MLP's up / gate column-parallel, the attention
+// output and the MLP's down row-parallel, the token embedding vocabulary-parallel (GPT's tied
+// head through it), LLaMA's lm_head column-parallel over the vocabulary, and the loss
+// vocab_parallel_cross_entropy over the slices. Position embeddings and norms stay whole on every
+// rank. Sizes tp does not divide (heads, key-value heads, FFN width, vocabulary) are refused by
+// the layers when the model is built, naming the size.
+nn::LayerSpec layer_spec(const ProcessGroupPtr& group);
+
+// Copies a whole model's state (by name: the tp = 1 model's state_dict) into a model built with
+// layer_spec: each parallel module takes its rank's shard, every other parameter and buffer the
+// whole tensor. Throws naming a missing name or a shape that does not fit.
+void load_whole_state(nn::Module& model, const std::map<std::string, Tensor>& whole);
 
 }  // namespace forge::dist::tp
