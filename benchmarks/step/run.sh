@@ -34,8 +34,9 @@
 #   FORGE_ARGS, PEER_ARGS    words added to every forge train / torch_peer.py command (a diagnostic
 #                            or a smoke test of this script: they change the workload, so the
 #                            results file names them)
-# Wall time at the defaults, four rows on two H100s: expected 7-8 minutes (an estimate until a run
-# records it), most of it torch.compile's four compilations of about a minute each; README.md.
+# Wall time (measured 2026-11-27, H100s, forge already built): rows 1-3 with row 1 profiled, 4.4
+# minutes on one GPU; row 4 alone, 1.6 minutes on two; most of it torch.compile's compilations of
+# about a minute each; README.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
