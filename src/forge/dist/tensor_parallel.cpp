@@ -177,11 +177,12 @@ void copy_into(Tensor& param, const Tensor& value, const char* what) {
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool gather,
-                                           int64_t n_parts)
+                                           int64_t n_parts, bool sp)
     : nn::Linear(in, local_size(out, g, "ColumnParallelLinear", "out_features"), bias),
       whole_out_features(out),
       gather_output(gather),
       parts(n_parts),
+      sequence_parallel(sp),
       group(std::move(g)) {
   FORGE_CHECK(parts >= 1 && out % (parts * size_of(group)) == 0, "ColumnParallelLinear: out_features = ", out,
               " in ", parts, " parts is not divisible by the tensor-parallel size ", size_of(group),
@@ -193,7 +194,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, P
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
-  const Tensor y = ops::linear(copy_to_region(x, group), weight, bias);
+  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  const Tensor y = ops::linear(xin, weight, bias);
   return gather_output ? gather_last_dim(y, group) : y;
 }
 
@@ -214,17 +216,20 @@ void ColumnParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
   if (bias.defined()) copy_into(bias, rows(b), "ColumnParallelLinear::load_whole (bias)");
 }
 
-RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool parallel_input)
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr g, bool parallel_input,
+                                     bool sp)
     : nn::Linear(local_size(in, g, "RowParallelLinear", "in_features"), out, bias),
       whole_in_features(in),
       input_is_parallel(parallel_input),
+      sequence_parallel(sp),
       group(std::move(g)) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
   FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
               " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
-  const Tensor y = reduce_from_region(ops::linear(xs, weight, Tensor()), group);
+  const Tensor partial = ops::linear(xs, weight, Tensor());
+  const Tensor y = sequence_parallel ? reduce_scatter_along(partial, 1, group) : reduce_from_region(partial, group);
   return bias.defined() ? ops::add(y, bias) : y;
 }
 
@@ -236,10 +241,11 @@ void RowParallelLinear::load_whole(const Tensor& w, const Tensor& b) {
 
 // ---- vocabulary parallelism ----------------------------------------------------------------
 
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g)
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g, bool sp)
     : nn::Embedding(local_size(num, g, "VocabParallelEmbedding", "the vocabulary"), dim),
       whole_num(num),
       vocab_start((g ? g->rank() : 0) * (num / size_of(g))),
+      sequence_parallel(sp),
       group(std::move(g)) {}
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
@@ -254,11 +260,25 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
     local = ops::mul(shifted, in_range);
     inside = ops::unsqueeze(in_range.to(weight.dtype()), -1);
   }
-  return reduce_from_region(ops::mul(ops::embedding(weight, local), inside), group);
+  const Tensor partial = ops::mul(ops::embedding(weight, local), inside);
+  return sequence_parallel ? reduce_scatter_along(partial, 1, group) : reduce_from_region(partial, group);
 }
 
 Tensor VocabParallelEmbedding::attend(const Tensor& x) const {
-  return ops::matmul(copy_to_region(x, group), ops::transpose(weight, 0, 1));
+  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  return ops::matmul(xin, ops::transpose(weight, 0, 1));
+}
+
+SequenceShardEmbedding::SequenceShardEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g)
+    : nn::Embedding(num, dim), group(std::move(g)) {}
+
+Tensor SequenceShardEmbedding::forward(const Tensor& positions) const {
+  const int W = size_of(group);
+  FORGE_CHECK(positions.dim() == 1 && positions.size(0) % W == 0, "SequenceShardEmbedding: ", positions.size(0),
+              " positions are not divisible by the tensor-parallel size ", W,
+              " (sequence parallelism splits the sequence evenly); choose train.seq_len a multiple of dist.tp");
+  const int64_t n = positions.size(0) / W;
+  return nn::Embedding::forward(ops::narrow(positions, 0, (group ? group->rank() : 0) * n, n).contiguous());
 }
 
 void VocabParallelEmbedding::load_whole(const Tensor& w) {
@@ -295,28 +315,29 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 
 // ---- models ------------------------------------------------------------------------------
 
-nn::LayerSpec layer_spec(const ProcessGroupPtr& g) {
+nn::LayerSpec layer_spec(const ProcessGroupPtr& g, bool sp) {
   using nn::LinearRole;
   nn::LayerSpec spec;
-  spec.linear = [g](int64_t in, int64_t out, bool bias, LinearRole role) -> std::shared_ptr<nn::Linear> {
+  spec.linear = [g, sp](int64_t in, int64_t out, bool bias, LinearRole role) -> std::shared_ptr<nn::Linear> {
     switch (role) {
       case LinearRole::attention_qkv:
-        return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, /*parts=*/3);
+        return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, /*parts=*/3, sp);
       case LinearRole::attention_q:
       case LinearRole::attention_k:
       case LinearRole::attention_v:
       case LinearRole::mlp_up:
       case LinearRole::mlp_gate:
       case LinearRole::lm_head:
-        return std::make_shared<ColumnParallelLinear>(in, out, bias, g);
+        return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, 1, sp);
       case LinearRole::attention_out:
       case LinearRole::mlp_down:
-        return std::make_shared<RowParallelLinear>(in, out, bias, g);
+        return std::make_shared<RowParallelLinear>(in, out, bias, g, true, sp);
     }
     FORGE_THROW("tp::layer_spec: unknown linear role");
   };
-  spec.embedding = [g](int64_t num, int64_t dim, nn::EmbeddingRole role) -> std::shared_ptr<nn::Embedding> {
-    if (role == nn::EmbeddingRole::token) return std::make_shared<VocabParallelEmbedding>(num, dim, g);
+  spec.embedding = [g, sp](int64_t num, int64_t dim, nn::EmbeddingRole role) -> std::shared_ptr<nn::Embedding> {
+    if (role == nn::EmbeddingRole::token) return std::make_shared<VocabParallelEmbedding>(num, dim, g, sp);
+    if (sp) return std::make_shared<SequenceShardEmbedding>(num, dim, g);
     return std::make_shared<nn::Embedding>(num, dim);
   };
   spec.loss = [g](const Tensor& logits, const Tensor& targets) {
@@ -351,6 +372,32 @@ void load_module(nn::Module& m, const std::string& prefix, const std::map<std::s
   for (const auto& [child, module] : m.named_children()) load_module(*module, name(child.c_str()), whole, done);
 }
 }  // namespace
+
+namespace {
+// The names of the parameters held as shards (the parallel modules' own).
+void sharded_names(const nn::Module& m, const std::string& prefix, std::map<std::string, bool>& out) {
+  auto name = [&](const char* p) { return prefix.empty() ? std::string(p) : prefix + "." + p; };
+  if (dynamic_cast<const ColumnParallelLinear*>(&m) != nullptr) {
+    out[name("weight")] = out[name("bias")] = true;
+  } else if (dynamic_cast<const RowParallelLinear*>(&m) != nullptr || dynamic_cast<const VocabParallelEmbedding*>(&m) != nullptr) {
+    out[name("weight")] = true;  // a row-parallel bias is whole
+  }
+  for (const auto& [child, module] : m.named_children()) sharded_names(*module, name(child.c_str()), out);
+}
+}  // namespace
+
+void reduce_replicated_grads(nn::Module& model, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return;
+  std::map<std::string, bool> sharded;
+  sharded_names(model, "", sharded);
+  NoGradGuard no_grad;
+  for (const auto& [n, p] : model.named_parameters()) {
+    if (sharded.count(n) != 0 || !p.grad().defined()) continue;
+    Tensor grad = p.grad();
+    FORGE_CHECK(grad.is_contiguous(), "tp::reduce_replicated_grads: the gradient of '", n, "' is not contiguous");
+    g->all_reduce(grad, ReduceOp::sum)->wait();
+  }
+}
 
 void load_whole_state(nn::Module& model, const std::map<std::string, Tensor>& whole) {
   std::map<std::string, bool> done;

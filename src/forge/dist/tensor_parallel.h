@@ -61,8 +61,10 @@ Tensor shard(const Tensor& full, int64_t dim, int rank, int parts);
 // block, in block order ([q_r | k_r | v_r]: its heads of each), as the layers expect.
 class ColumnParallelLinear : public nn::Linear {
  public:
+  // sequence_parallel: the input is this rank's slice of the sequence (dim 1), gathered first
+  // (gather_along; its backward reduce-scatters) instead of copy_to_region.
   ColumnParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool gather_output = false,
-                       int64_t parts = 1);
+                       int64_t parts = 1, bool sequence_parallel = false);
   Tensor forward(const Tensor& x) const override;
   // This rank's rows of the whole linear's weight (out, in) and bias (out), copied in.
   void load_whole(const Tensor& weight, const Tensor& bias);
@@ -70,6 +72,7 @@ class ColumnParallelLinear : public nn::Linear {
   int64_t whole_out_features;
   bool gather_output;
   int64_t parts;
+  bool sequence_parallel;
   ProcessGroupPtr group;
 };
 
@@ -79,13 +82,17 @@ class ColumnParallelLinear : public nn::Linear {
 // all-reduced, then the bias added once.
 class RowParallelLinear : public nn::Linear {
  public:
-  RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool input_is_parallel = true);
+  // sequence_parallel: the partial products are reduce-scattered along the sequence (dim 1)
+  // instead of all-reduced: the output is this rank's slice of the sequence.
+  RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool input_is_parallel = true,
+                    bool sequence_parallel = false);
   Tensor forward(const Tensor& x) const override;
   // This rank's columns of the whole linear's weight (out, in), and its whole bias.
   void load_whole(const Tensor& weight, const Tensor& bias);
 
   int64_t whole_in_features;
   bool input_is_parallel;
+  bool sequence_parallel;
   ProcessGroupPtr group;
 };
 
@@ -95,14 +102,27 @@ class RowParallelLinear : public nn::Linear {
 // embedding; a row's gradient lands on the rank that holds it. attend(x) (a head tied to the
 // table): this rank's slice of the logits, (*, V / W), for vocab_parallel_cross_entropy, with x
 // whole on every rank (its gradient all-reduced).
+// With sequence_parallel the lookup is reduce-scattered along the sequence (each rank gets its
+// slice of the positions) and attend gathers the sequence first.
 class VocabParallelEmbedding : public nn::Embedding {
  public:
-  VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr group);
+  VocabParallelEmbedding(int64_t num, int64_t dim, ProcessGroupPtr group, bool sequence_parallel = false);
   Tensor forward(const Tensor& ids) const override;
   Tensor attend(const Tensor& x) const override;
   void load_whole(const Tensor& weight);
 
   int64_t whole_num, vocab_start;
+  bool sequence_parallel;
+  ProcessGroupPtr group;
+};
+
+// Sequence parallelism's position embedding (GPT's wpe): the whole table on every rank; forward
+// (positions (T)) looks up this rank's slice of them, [r T / W, (r + 1) T / W). Its gradient is
+// partial on each rank (reduce_replicated_grads).
+class SequenceShardEmbedding : public nn::Embedding {
+ public:
+  SequenceShardEmbedding(int64_t num, int64_t dim, ProcessGroupPtr group);
+  Tensor forward(const Tensor& positions) const override;
   ProcessGroupPtr group;
 };
 
@@ -123,7 +143,17 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 // vocab_parallel_cross_entropy over the slices. Position embeddings and norms stay whole on every
 // rank. Sizes tp does not divide (heads, key-value heads, FFN width, vocabulary) are refused by
 // the layers when the model is built, naming the size.
-nn::LayerSpec layer_spec(const ProcessGroupPtr& group);
+// With sequence_parallel (Korthikanti et al.) the residual stream between the tensor-parallel
+// regions is split along the sequence: norms and residual adds run on T / W positions per rank,
+// the column-parallel linears gather the sequence and the row-parallel ones reduce-scatter it,
+// the embeddings return their sequence slice and the head gathers it. The parameters kept whole
+// then get partial gradients on each rank: reduce_replicated_grads after backward.
+nn::LayerSpec layer_spec(const ProcessGroupPtr& group, bool sequence_parallel = false);
+
+// All-reduces (sum) over `group` the gradients of the parameters of `model` that are not sharded
+// (norms, row-parallel biases, position embeddings): with sequence parallelism each rank's is
+// its positions' share. Without it they are equal on every rank and this must not be called.
+void reduce_replicated_grads(nn::Module& model, const ProcessGroupPtr& group);
 
 // Copies a whole model's state (by name: the tp = 1 model's state_dict) into a model built with
 // layer_spec: each parallel module takes its rank's shard, every other parameter and buffer the

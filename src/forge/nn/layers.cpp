@@ -153,9 +153,12 @@ LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, d
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
-  const int64_t B = x.size(0), T = x.size(1);
+  // T from the projections, not x: a sequence-parallel projection gathers the sequence that x
+  // holds a slice of (dist/tensor_parallel.h).
+  const Tensor qp = q_proj->forward(x);
+  const int64_t B = qp.size(0), T = qp.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
-  Tensor q = ops::rope(heads(q_proj->forward(x), local_heads), position_offset, rope_theta);
+  Tensor q = ops::rope(heads(qp, local_heads), position_offset, rope_theta);
   Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), position_offset, rope_theta);
   Tensor v = heads(v_proj->forward(x), local_kv_heads);
   Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)

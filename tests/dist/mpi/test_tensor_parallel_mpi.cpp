@@ -184,11 +184,11 @@ TEST(TensorParallelMpi, VocabParallelEmbeddingHeadAndLossMatchTheWholeVocabulary
 // A whole model and the same model built with tp::layer_spec over the world, loaded from the whole
 // one's state: the same loss, and each rank's gradients are its shards of the whole gradients.
 template <class Model, class Config>
-void expect_model_matches(const Config& cfg, const std::string& what) {
+void expect_model_matches(const Config& cfg, const std::string& what, bool sequence_parallel = false) {
   const auto g = world();
   Model whole(cfg, 7);
   whole.to(Device::cpu(), DType::f64);
-  Model split(cfg, 7, tp::layer_spec(g));
+  Model split(cfg, 7, tp::layer_spec(g, sequence_parallel));
   split.to(Device::cpu(), DType::f64);
   std::map<std::string, Tensor> state;
   for (const auto& [n, t] : whole.state_dict()) state[n] = t;
@@ -201,10 +201,11 @@ void expect_model_matches(const Config& cfg, const std::string& what) {
   Tensor ls = split.loss(idx, targets);
   expect_near(ls, lw.detach(), what + ": loss");
   ls.backward();
+  if (sequence_parallel) tp::reduce_replicated_grads(split, g);
   // The whole model's gradients, cut the way the split model's parameters are.
   std::map<std::string, Tensor> grads;
   for (const auto& [n, p] : whole.named_parameters()) grads[n] = p.grad();
-  Model expected(cfg, 7, tp::layer_spec(g));
+  Model expected(cfg, 7, tp::layer_spec(g, sequence_parallel));
   expected.to(Device::cpu(), DType::f64);
   tp::load_whole_state(expected, grads);
   const auto want = expected.named_parameters();
@@ -237,6 +238,28 @@ TEST(TensorParallelMpi, LlamaSplitOverTheRanksMatchesTheWholeModel) {
     c.n_kv_head = 2;
     expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 2 key-value heads");
   }
+}
+
+// Sequence parallelism: norms, residual adds and (GPT) the position embedding on T / W positions
+// per rank; the same loss and, once the whole parameters' partial gradients are summed, the same
+// gradients.
+TEST(TensorParallelMpi, SequenceParallelGptAndLlamaMatchTheWholeModel) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  expect_model_matches<nn::GPT>(c, "GPT, sequence parallel", true);
+  nn::LlamaConfig l;
+  l.vocab_size = 64;
+  l.block_size = 16;
+  l.n_layer = 2;
+  l.n_head = 8;
+  l.n_kv_head = 4;
+  l.dim = 64;
+  l.ffn_hidden = 96;
+  expect_model_matches<nn::Llama>(l, "LLaMA, sequence parallel", true);
 }
 
 TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
