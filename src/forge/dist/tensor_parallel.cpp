@@ -269,6 +269,38 @@ Tensor VocabParallelEmbedding::attend(const Tensor& x) const {
   return ops::matmul(xin, ops::transpose(weight, 0, 1));
 }
 
+namespace {
+int64_t shared_head(int64_t out, int64_t head_dim, const ProcessGroupPtr& g) {
+  const int W = size_of(g);
+  FORGE_CHECK(head_dim > 0 && out % head_dim == 0, "ReplicatedKVLinear: out_features = ", out,
+              " is not a whole number of heads of size ", head_dim);
+  const int64_t kv = out / head_dim;
+  FORGE_CHECK(W % kv == 0, "ReplicatedKVLinear: ", kv, " key-value heads do not divide the tensor-parallel size ", W,
+              "; kv-heads must be a multiple of tp, or divide it");
+  return (g ? g->rank() : 0) / (W / kv);
+}
+}  // namespace
+
+ReplicatedKVLinear::ReplicatedKVLinear(int64_t in, int64_t out, int64_t hd, ProcessGroupPtr g, bool sp)
+    : nn::Linear(in, hd, false),
+      whole_out_features(out),
+      head_dim(hd),
+      head(shared_head(out, hd, g)),
+      sequence_parallel(sp),
+      group(std::move(g)) {}
+
+Tensor ReplicatedKVLinear::forward(const Tensor& x) const {
+  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  return ops::linear(xin, weight, Tensor());
+}
+
+void ReplicatedKVLinear::load_whole(const Tensor& w) {
+  FORGE_CHECK(w.dim() == 2 && w.size(0) == whole_out_features, "ReplicatedKVLinear::load_whole: expected ",
+              whole_out_features, " rows, got shape ", w.shape());
+  NoGradGuard no_grad;
+  copy_into(weight, ops::narrow(w, 0, head * head_dim, head_dim).contiguous(), "ReplicatedKVLinear::load_whole");
+}
+
 SequenceShardEmbedding::SequenceShardEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g)
     : nn::Embedding(num, dim), group(std::move(g)) {}
 
@@ -315,16 +347,20 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 
 // ---- models ------------------------------------------------------------------------------
 
-nn::LayerSpec layer_spec(const ProcessGroupPtr& g, bool sp) {
+nn::LayerSpec layer_spec(const ProcessGroupPtr& g, bool sp, int64_t head_dim) {
   using nn::LinearRole;
   nn::LayerSpec spec;
-  spec.linear = [g, sp](int64_t in, int64_t out, bool bias, LinearRole role) -> std::shared_ptr<nn::Linear> {
+  spec.linear = [g, sp, head_dim](int64_t in, int64_t out, bool bias, LinearRole role) -> std::shared_ptr<nn::Linear> {
+    const int W = size_of(g);
     switch (role) {
       case LinearRole::attention_qkv:
         return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, /*parts=*/3, sp);
-      case LinearRole::attention_q:
       case LinearRole::attention_k:
       case LinearRole::attention_v:
+        if (head_dim > 0 && !bias && out % head_dim == 0 && (out / head_dim) % W != 0 && W % (out / head_dim) == 0)
+          return std::make_shared<ReplicatedKVLinear>(in, out, head_dim, g, sp);
+        return std::make_shared<ColumnParallelLinear>(in, out, bias, g, false, 1, sp);
+      case LinearRole::attention_q:
       case LinearRole::mlp_up:
       case LinearRole::mlp_gate:
       case LinearRole::lm_head:
@@ -368,6 +404,9 @@ void load_module(nn::Module& m, const std::string& prefix, const std::map<std::s
   } else if (auto* e = dynamic_cast<VocabParallelEmbedding*>(&m)) {
     e->load_whole(whole_at(whole, name("weight")));
     done[name("weight")] = true;
+  } else if (auto* kv = dynamic_cast<ReplicatedKVLinear*>(&m)) {
+    kv->load_whole(whole_at(whole, name("weight")));
+    done[name("weight")] = true;
   }
   for (const auto& [child, module] : m.named_children()) load_module(*module, name(child.c_str()), whole, done);
 }
@@ -379,22 +418,42 @@ void sharded_names(const nn::Module& m, const std::string& prefix, std::map<std:
   auto name = [&](const char* p) { return prefix.empty() ? std::string(p) : prefix + "." + p; };
   if (dynamic_cast<const ColumnParallelLinear*>(&m) != nullptr) {
     out[name("weight")] = out[name("bias")] = true;
-  } else if (dynamic_cast<const RowParallelLinear*>(&m) != nullptr || dynamic_cast<const VocabParallelEmbedding*>(&m) != nullptr) {
+  } else if (dynamic_cast<const RowParallelLinear*>(&m) != nullptr || dynamic_cast<const VocabParallelEmbedding*>(&m) != nullptr ||
+             dynamic_cast<const ReplicatedKVLinear*>(&m) != nullptr) {
     out[name("weight")] = true;  // a row-parallel bias is whole
   }
   for (const auto& [child, module] : m.named_children()) sharded_names(*module, name(child.c_str()), out);
 }
 }  // namespace
 
-void reduce_replicated_grads(nn::Module& model, const ProcessGroupPtr& g) {
+namespace {
+// The replicated key-value projections: each rank's gradient placed at its head's rows of a whole
+// (kv head_dim, in) buffer, all-reduced over the group (the sum over the ranks sharing each
+// head), and its head's rows taken back.
+void reduce_kv_replicas(nn::Module& m, const ProcessGroupPtr& g) {
+  if (auto* kv = dynamic_cast<ReplicatedKVLinear*>(&m); kv != nullptr && kv->weight.grad().defined()) {
+    Tensor grad = kv->weight.grad();
+    Tensor whole = zeros({kv->whole_out_features, kv->in_features}, {.dtype = grad.dtype(), .device = grad.device()});
+    Tensor mine = ops::narrow(whole, 0, kv->head * kv->head_dim, kv->head_dim);
+    ops::copy_(mine, grad);
+    g->all_reduce(whole, ReduceOp::sum)->wait();
+    ops::copy_(grad, mine);
+  }
+  for (const auto& [child, module] : m.named_children()) reduce_kv_replicas(*module, g);
+}
+}  // namespace
+
+void reduce_grads(nn::Module& model, const ProcessGroupPtr& g, bool sequence_parallel) {
   if (size_of(g) == 1) return;
+  NoGradGuard no_grad;
+  reduce_kv_replicas(model, g);
+  if (!sequence_parallel) return;
   std::map<std::string, bool> sharded;
   sharded_names(model, "", sharded);
-  NoGradGuard no_grad;
   for (const auto& [n, p] : model.named_parameters()) {
     if (sharded.count(n) != 0 || !p.grad().defined()) continue;
     Tensor grad = p.grad();
-    FORGE_CHECK(grad.is_contiguous(), "tp::reduce_replicated_grads: the gradient of '", n, "' is not contiguous");
+    FORGE_CHECK(grad.is_contiguous(), "tp::reduce_grads: the gradient of '", n, "' is not contiguous");
     g->all_reduce(grad, ReduceOp::sum)->wait();
   }
 }

@@ -116,9 +116,25 @@ class VocabParallelEmbedding : public nn::Embedding {
   ProcessGroupPtr group;
 };
 
+// Grouped-query attention with fewer key-value heads than ranks (Megatron replicates them): the
+// k or v projection of the one key-value head this rank's query heads use, head
+// j = rank / (W / n_kv): weight (head_dim, in), rows [j head_dim, (j + 1) head_dim) of the whole
+// (n_kv head_dim, in). The W / n_kv ranks that share a head each get part of its gradient;
+// reduce_grads sums them.
+class ReplicatedKVLinear : public nn::Linear {
+ public:
+  ReplicatedKVLinear(int64_t in, int64_t out, int64_t head_dim, ProcessGroupPtr group, bool sequence_parallel = false);
+  Tensor forward(const Tensor& x) const override;
+  void load_whole(const Tensor& weight);
+
+  int64_t whole_out_features, head_dim, head;
+  bool sequence_parallel;
+  ProcessGroupPtr group;
+};
+
 // Sequence parallelism's position embedding (GPT's wpe): the whole table on every rank; forward
 // (positions (T)) looks up this rank's slice of them, [r T / W, (r + 1) T / W). Its gradient is
-// partial on each rank (reduce_replicated_grads).
+// partial on each rank (reduce_grads).
 class SequenceShardEmbedding : public nn::Embedding {
  public:
   SequenceShardEmbedding(int64_t num, int64_t dim, ProcessGroupPtr group);
@@ -147,13 +163,18 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
 // regions is split along the sequence: norms and residual adds run on T / W positions per rank,
 // the column-parallel linears gather the sequence and the row-parallel ones reduce-scatter it,
 // the embeddings return their sequence slice and the head gathers it. The parameters kept whole
-// then get partial gradients on each rank: reduce_replicated_grads after backward.
-nn::LayerSpec layer_spec(const ProcessGroupPtr& group, bool sequence_parallel = false);
+// then get partial gradients on each rank: reduce_grads after backward.
+// head_dim (LLaMA: dim / n_head) lets the spec see the key-value heads: where tp does not divide
+// them but they divide tp, k and v are ReplicatedKVLinear; without it (0) such a model is refused
+// when built, naming the attention_k linear.
+nn::LayerSpec layer_spec(const ProcessGroupPtr& group, bool sequence_parallel = false, int64_t head_dim = 0);
 
-// All-reduces (sum) over `group` the gradients of the parameters of `model` that are not sharded
-// (norms, row-parallel biases, position embeddings): with sequence parallelism each rank's is
-// its positions' share. Without it they are equal on every rank and this must not be called.
-void reduce_replicated_grads(nn::Module& model, const ProcessGroupPtr& group);
+// What a split model's gradients need after backward, before the optimizer reads them: the
+// replicated key-value projections' gradients summed over the ranks that share each head, and,
+// with sequence parallelism, the gradients of the parameters kept whole (norms, row-parallel
+// biases, position embeddings), each rank's share of which comes from its positions, summed over
+// the group. Without sequence parallelism those are equal on every rank and left alone.
+void reduce_grads(nn::Module& model, const ProcessGroupPtr& group, bool sequence_parallel);
 
 // Copies a whole model's state (by name: the tp = 1 model's state_dict) into a model built with
 // layer_spec: each parallel module takes its rank's shard, every other parameter and buffer the

@@ -184,11 +184,12 @@ TEST(TensorParallelMpi, VocabParallelEmbeddingHeadAndLossMatchTheWholeVocabulary
 // A whole model and the same model built with tp::layer_spec over the world, loaded from the whole
 // one's state: the same loss, and each rank's gradients are its shards of the whole gradients.
 template <class Model, class Config>
-void expect_model_matches(const Config& cfg, const std::string& what, bool sequence_parallel = false) {
+void expect_model_matches(const Config& cfg, const std::string& what, bool sequence_parallel = false,
+                          int64_t head_dim = 0) {
   const auto g = world();
   Model whole(cfg, 7);
   whole.to(Device::cpu(), DType::f64);
-  Model split(cfg, 7, tp::layer_spec(g, sequence_parallel));
+  Model split(cfg, 7, tp::layer_spec(g, sequence_parallel, head_dim));
   split.to(Device::cpu(), DType::f64);
   std::map<std::string, Tensor> state;
   for (const auto& [n, t] : whole.state_dict()) state[n] = t;
@@ -201,11 +202,11 @@ void expect_model_matches(const Config& cfg, const std::string& what, bool seque
   Tensor ls = split.loss(idx, targets);
   expect_near(ls, lw.detach(), what + ": loss");
   ls.backward();
-  if (sequence_parallel) tp::reduce_replicated_grads(split, g);
+  tp::reduce_grads(split, g, sequence_parallel);
   // The whole model's gradients, cut the way the split model's parameters are.
   std::map<std::string, Tensor> grads;
   for (const auto& [n, p] : whole.named_parameters()) grads[n] = p.grad();
-  Model expected(cfg, 7, tp::layer_spec(g, sequence_parallel));
+  Model expected(cfg, 7, tp::layer_spec(g, sequence_parallel, head_dim));
   expected.to(Device::cpu(), DType::f64);
   tp::load_whole_state(expected, grads);
   const auto want = expected.named_parameters();
@@ -234,10 +235,11 @@ TEST(TensorParallelMpi, LlamaSplitOverTheRanksMatchesTheWholeModel) {
   c.dim = 64;
   c.ffn_hidden = 96;
   expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 4 key-value heads");
-  if (world()->size() <= 2) {
-    c.n_kv_head = 2;
-    expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 2 key-value heads");
-  }
+  c.n_kv_head = 2;  // at 4 ranks: fewer key-value heads than ranks, replicated (head_dim given)
+  expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 2 key-value heads", false, c.dim / c.n_head);
+  c.n_kv_head = 1;
+  expect_model_matches<nn::Llama>(c, "LLaMA, one key-value head (multi-query)", false, c.dim / c.n_head);
+  expect_model_matches<nn::Llama>(c, "LLaMA, one key-value head, sequence parallel", true, c.dim / c.n_head);
 }
 
 // Sequence parallelism: norms, residual adds and (GPT) the position embedding on T / W positions
@@ -273,7 +275,7 @@ TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
     EXPECT_NE(std::string(e.what()).find("not divisible by the tensor-parallel size"), std::string::npos) << e.what();
   }
   EXPECT_THROW(tp::RowParallelLinear(2 * g->size() + 1, 8, false, g), Error);
-  // Fewer key-value heads than ranks: not split yet (replicating them is issue 16's next step).
+  // Fewer key-value heads than ranks and no head size given to the spec: refused, naming the linear.
   nn::LlamaConfig c;
   c.vocab_size = 64;
   c.block_size = 16;
