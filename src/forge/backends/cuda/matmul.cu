@@ -139,39 +139,28 @@ void column_sums(const Tensor& dy, Tensor& out) {
   const int64_t vec = 16 / static_cast<int64_t>(element_size(dy.dtype()));
   const bool vectorized = dy.stride(1) == 1 && N % vec == 0 && dy.stride(0) % vec == 0 &&
                           reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0;
-  if (vectorized) {
-    // Enough blocks to fill the GPU about four times over, at least 8 rows each.
-    const int64_t col_blocks = (N + kSumCols * vec - 1) / (kSumCols * vec);
-    const int64_t want = std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks);
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(want, (M + 7) / 8));
-    const int64_t rows_per_block = (M + parts - 1) / parts;
-    dispatch_float(dy.dtype(), "linear bias gradient", [&]<class T>() {
-      using A = acc_t<T>;
-      Tensor partial = blas::device_empty(device, {parts, N}, dtype_v<A>);
-      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts));
-      column_sums_vec_kernel<T, A><<<grid, dim3(kSumCols, kSumRows), 0, current_stream(device)>>>(
-          static_cast<const T*>(dy.data_ptr()), M, N, dy.stride(0), rows_per_block, static_cast<A*>(partial.data_ptr()));
-      FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (column sums) of ", dy.shape());
-      column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0,
-                                        current_stream(device)>>>(static_cast<const A*>(partial.data_ptr()), parts, N,
-                                                                  static_cast<T*>(out.data_ptr()));
-      FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (final sums) of ", dy.shape());
-    });
-    return;
-  }
-  const int64_t parts = std::min<int64_t>((M + 255) / 256, 128);
+  // Block-rows of partial sums. Vectorized: enough blocks to fill the GPU about four times over,
+  // at least 8 rows each; scalar: 256 rows each, at most 128 of them.
+  const int64_t col_blocks = vectorized ? (N + kSumCols * vec - 1) / (kSumCols * vec) : (N + kSumCols - 1) / kSumCols;
+  const int64_t parts =
+      vectorized ? std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks),
+                                                          (M + 7) / 8))
+                 : std::min<int64_t>((M + 255) / 256, 128);
   const int64_t rows_per_block = (M + parts - 1) / parts;
   dispatch_float(dy.dtype(), "linear bias gradient", [&]<class T>() {
     using A = acc_t<T>;
     Tensor partial = blas::device_empty(device, {parts, N}, dtype_v<A>);
-    const dim3 grid(static_cast<unsigned>((N + kSumCols - 1) / kSumCols), static_cast<unsigned>(parts));
-    column_sums_kernel<T, A><<<grid, dim3(kSumCols, kSumRows), 0, current_stream(device)>>>(
-        static_cast<const T*>(dy.data_ptr()), M, N, dy.stride(0), dy.stride(1), rows_per_block,
-        static_cast<A*>(partial.data_ptr()));
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), block(kSumCols, kSumRows);
+    const cudaStream_t stream = current_stream(device);
+    const T* src = static_cast<const T*>(dy.data_ptr());
+    A* part = static_cast<A*>(partial.data_ptr());
+    if (vectorized)
+      column_sums_vec_kernel<T, A><<<grid, block, 0, stream>>>(src, M, N, dy.stride(0), rows_per_block, part);
+    else
+      column_sums_kernel<T, A><<<grid, block, 0, stream>>>(src, M, N, dy.stride(0), dy.stride(1), rows_per_block, part);
     FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (column sums) of ", dy.shape());
-    column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0,
-                                      current_stream(device)>>>(static_cast<const A*>(partial.data_ptr()), parts, N,
-                                                                static_cast<T*>(out.data_ptr()));
+    column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0, stream>>>(
+        part, parts, N, static_cast<T*>(out.data_ptr()));
     FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (final sums) of ", dy.shape());
   });
 }
