@@ -10,11 +10,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "forge/dist/nccl_group.h"
 #include "forge/forge.h"
 
 // Without a GPU the test reports SKIPPED (never passed).
@@ -140,6 +143,23 @@ inline Pair make_operand(Layout layout, Domain domain, DType dtype, uint64_t see
     case Layout::large: return on_both(host_input({(int64_t{1} << 21) + 5}, domain, dtype, seed));
   }
   return {};
+}
+
+// Runs fn(rank, group) for ranks 0 and 1 of a new NCCL group, each on its own thread and GPU (as
+// two processes would), and waits for both. An exception on a rank is a test failure naming it.
+// The caller skips first when fewer than two GPUs are visible.
+inline void on_two_gpus(const std::function<void(int rank, const dist::ProcessGroupPtr& group)>& fn) {
+  const std::string id = dist::new_nccl_id_hex();
+  auto rank_main = [&](int r) {
+    try {
+      fn(r, dist::make_nccl_group(id, r, 2, r));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  };
+  std::thread t0(rank_main, 0), t1(rank_main, 1);
+  t0.join();
+  t1.join();
 }
 
 }  // namespace forge::cuda_testing

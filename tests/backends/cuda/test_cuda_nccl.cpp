@@ -13,9 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <exception>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
@@ -254,35 +252,26 @@ TEST(NcclGroup, Ids) {
 TEST(NcclGroup, TwoRanksTwoGpus) {
   FORGE_SKIP_WITHOUT_GPU();
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda_device_count() << " visible";
-  const std::string id = dist::new_nccl_id_hex();
-  auto rank_main = [&](int r) {
-    try {
-      auto g = dist::make_nccl_group(id, r, 2, r);
-      EXPECT_EQ(g->rank(), r);
-      EXPECT_EQ(g->size(), 2);
-      EXPECT_EQ(g->device(), Device::cuda(r));
-      check_group(*g, 1031);
-      check_group(*g, 1);
-      check_group(*g, 0);
-      auto solo = g->new_group({1});
-      EXPECT_EQ(solo != nullptr, r == 1);
-      if (solo) {
-        EXPECT_EQ(solo->size(), 1);
-        check_group(*solo, 17);
-      }
-      auto both = g->new_group({0, 1});
-      ASSERT_NE(both, nullptr);
-      EXPECT_EQ(both->rank(), r);
-      check_group(*both, 33);
-      // The parent still works after its splits.
-      check_group(*g, 5);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
+  cuda_testing::on_two_gpus([](int r, const ProcessGroupPtr& g) {
+    EXPECT_EQ(g->rank(), r);
+    EXPECT_EQ(g->size(), 2);
+    EXPECT_EQ(g->device(), Device::cuda(r));
+    check_group(*g, 1031);
+    check_group(*g, 1);
+    check_group(*g, 0);
+    auto solo = g->new_group({1});
+    EXPECT_EQ(solo != nullptr, r == 1);
+    if (solo) {
+      EXPECT_EQ(solo->size(), 1);
+      check_group(*solo, 17);
     }
-  };
-  std::thread t0(rank_main, 0), t1(rank_main, 1);
-  t0.join();
-  t1.join();
+    auto both = g->new_group({0, 1});
+    ASSERT_NE(both, nullptr);
+    EXPECT_EQ(both->rank(), r);
+    check_group(*both, 33);
+    // The parent still works after its splits.
+    check_group(*g, 5);
+  });
 }
 
 }  // namespace

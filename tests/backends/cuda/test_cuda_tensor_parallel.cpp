@@ -11,7 +11,6 @@
 #include <cmath>
 #include <map>
 #include <string>
-#include <thread>
 
 #include "backends/cuda/cuda_testing.h"
 #include "forge/dist/nccl_group.h"
@@ -19,6 +18,7 @@
 #include "forge/forge.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
+#include "testing/tiny_models.h"
 
 namespace forge {
 namespace {
@@ -68,36 +68,14 @@ void check_model(const Config& cfg, const dist::ProcessGroupPtr& g, int r, bool 
 TEST(CudaTensorParallel, GptAndLlamaSplitOverTwoGpusMatchTheWholeModel) {
   FORGE_SKIP_WITHOUT_GPU();
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda_device_count() << " visible";
-  const std::string id = dist::new_nccl_id_hex();
-  auto rank_main = [&](int r) {
-    try {
-      auto g = dist::make_nccl_group(id, r, 2, r);
-      nn::GPTConfig c;
-      c.vocab_size = 64;
-      c.block_size = 16;
-      c.n_layer = 2;
-      c.n_head = 4;
-      c.n_embd = 32;
-      check_model<nn::GPT>(c, g, r, false, 0, "GPT");
-      check_model<nn::GPT>(c, g, r, true, 0, "GPT, sequence parallel");
-      nn::LlamaConfig l;
-      l.vocab_size = 64;
-      l.block_size = 16;
-      l.n_layer = 2;
-      l.n_head = 8;
-      l.n_kv_head = 2;
-      l.dim = 64;
-      l.ffn_hidden = 96;
-      check_model<nn::Llama>(l, g, r, false, l.dim / l.n_head, "LLaMA, kv heads split");
-      l.n_kv_head = 1;
-      check_model<nn::Llama>(l, g, r, true, l.dim / l.n_head, "LLaMA, one kv head replicated, sequence parallel");
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  };
-  std::thread t0(rank_main, 0), t1(rank_main, 1);
-  t0.join();
-  t1.join();
+  cuda_testing::on_two_gpus([](int r, const dist::ProcessGroupPtr& g) {
+    const int64_t head_dim = 8;  // tiny_llama_config: 64 wide, 8 heads
+    check_model<nn::GPT>(testing::tiny_gpt_config(), g, r, false, 0, "GPT");
+    check_model<nn::GPT>(testing::tiny_gpt_config(), g, r, true, 0, "GPT, sequence parallel");
+    check_model<nn::Llama>(testing::tiny_llama_config(2), g, r, false, head_dim, "LLaMA, kv heads split");
+    check_model<nn::Llama>(testing::tiny_llama_config(1), g, r, true, head_dim,
+                           "LLaMA, one kv head replicated, sequence parallel");
+  });
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "forge/forge.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
+#include "testing/tiny_models.h"
 
 namespace forge::dist {
 namespace {
@@ -216,52 +217,27 @@ void expect_model_matches(const Config& cfg, const std::string& what, bool seque
 }
 
 TEST(TensorParallelMpi, GptSplitOverTheRanksMatchesTheWholeModel) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  expect_model_matches<nn::GPT>(c, "GPT");
+  expect_model_matches<nn::GPT>(testing::tiny_gpt_config(), "GPT");
 }
 
 TEST(TensorParallelMpi, LlamaSplitOverTheRanksMatchesTheWholeModel) {
-  nn::LlamaConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 8;
-  c.n_kv_head = 4;
-  c.dim = 64;
-  c.ffn_hidden = 96;
-  expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 4 key-value heads");
-  c.n_kv_head = 2;  // at 4 ranks: fewer key-value heads than ranks, replicated (head_dim given)
-  expect_model_matches<nn::Llama>(c, "LLaMA, 8 query heads over 2 key-value heads", false, c.dim / c.n_head);
-  c.n_kv_head = 1;
-  expect_model_matches<nn::Llama>(c, "LLaMA, one key-value head (multi-query)", false, c.dim / c.n_head);
-  expect_model_matches<nn::Llama>(c, "LLaMA, one key-value head, sequence parallel", true, c.dim / c.n_head);
+  const int64_t head_dim = 8;  // tiny_llama_config: 64 wide, 8 heads
+  expect_model_matches<nn::Llama>(testing::tiny_llama_config(4), "LLaMA, 8 query heads over 4 key-value heads");
+  // At 4 ranks: fewer key-value heads than ranks, replicated (the spec is given the head size).
+  expect_model_matches<nn::Llama>(testing::tiny_llama_config(2), "LLaMA, 8 query heads over 2 key-value heads", false,
+                                  head_dim);
+  expect_model_matches<nn::Llama>(testing::tiny_llama_config(1), "LLaMA, one key-value head (multi-query)", false,
+                                  head_dim);
+  expect_model_matches<nn::Llama>(testing::tiny_llama_config(1), "LLaMA, one key-value head, sequence parallel", true,
+                                  head_dim);
 }
 
 // Sequence parallelism: norms, residual adds and (GPT) the position embedding on T / W positions
 // per rank; the same loss and, once the whole parameters' partial gradients are summed, the same
 // gradients.
 TEST(TensorParallelMpi, SequenceParallelGptAndLlamaMatchTheWholeModel) {
-  nn::GPTConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  expect_model_matches<nn::GPT>(c, "GPT, sequence parallel", true);
-  nn::LlamaConfig l;
-  l.vocab_size = 64;
-  l.block_size = 16;
-  l.n_layer = 2;
-  l.n_head = 8;
-  l.n_kv_head = 4;
-  l.dim = 64;
-  l.ffn_hidden = 96;
-  expect_model_matches<nn::Llama>(l, "LLaMA, sequence parallel", true);
+  expect_model_matches<nn::GPT>(testing::tiny_gpt_config(), "GPT, sequence parallel", true);
+  expect_model_matches<nn::Llama>(testing::tiny_llama_config(4), "LLaMA, sequence parallel", true);
 }
 
 TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
@@ -276,16 +252,8 @@ TEST(TensorParallelMpi, SizesTpDoesNotDivideAreRefusedWithTheirName) {
   }
   EXPECT_THROW(tp::RowParallelLinear(2 * g->size() + 1, 8, false, g), Error);
   // Fewer key-value heads than ranks and no head size given to the spec: refused, naming the linear.
-  nn::LlamaConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 1;
-  c.n_head = 4 * g->size();
-  c.n_kv_head = 1;
-  c.dim = 16 * g->size();
-  c.ffn_hidden = 16 * g->size();
   try {
-    nn::Llama m(c, 7, tp::layer_spec(g));
+    nn::Llama m(testing::tiny_llama_config(1), 7, tp::layer_spec(g));
     FAIL() << "one key-value head over " << g->size() << " ranks must be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("attention_k"), std::string::npos) << e.what();
