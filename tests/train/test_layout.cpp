@@ -100,13 +100,29 @@ TEST(RunLayout, ShapesThatDoNotSplitOverTheDegreesAreRefused) {
       << error_of(l, 3);
 }
 
-TEST(RunLayout, TensorAndPipelineParallelismAreRefusedUntilTheyExistNeverIgnored) {
+TEST(RunLayout, PipelineParallelismIsRefusedUntilItExistsNeverIgnored) {
   RunConfig c = gpt();
-  c.dist.tp = 2;
-  EXPECT_NE(error_of(c, 2).find("dist.tp = 2: tensor parallelism is not implemented yet"), std::string::npos);
-  c = gpt();
   c.dist.pp = 2;
   EXPECT_NE(error_of(c, 4).find("dist.pp = 2: pipeline parallelism is not implemented yet"), std::string::npos);
+}
+
+// dist.tp > 1 is a layout: tp x dp ranks, the micro-batch split over dp only, sequence
+// parallelism recorded; what it does not support yet is refused by name.
+TEST(RunLayout, TensorParallelismSplitsTheWorldIntoTpTimesDp) {
+  RunConfig c = gpt();
+  c.dist.tp = 2;
+  c.dist.sequence_parallel = true;
+  const dist::Layout l = run_layout(c, 4);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_TRUE(l.sequence_parallel);
+  EXPECT_EQ(l.micro_batch, c.train.batch_size / 2);
+  EXPECT_NE(l.describe().find("tp 2 (+sp)"), std::string::npos) << l.describe();
+  c.dist.zero_stage = 1;
+  c.dist.offload_optimizer = true;
+  EXPECT_NE(error_of(c, 4).find("dist.offload_optimizer = true with dist.tp = 2 is not supported yet"),
+            std::string::npos)
+      << error_of(c, 4);
 }
 
 }  // namespace

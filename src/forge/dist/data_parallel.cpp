@@ -25,6 +25,11 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   st_.zero_stage = options_.zero_stage;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;
+  FORGE_CHECK(!options_.norm_group || options_.norm_weight, "DataParallel: norm_group needs norm_weight");
+  FORGE_CHECK(!options_.norm_group || !options_.offload_optimizer,
+              "DataParallel: a norm_group (tensor parallelism) with the optimizer offloaded is not supported");
+  st_.norm_group = options_.norm_group;
+  st_.norm_weight = options_.norm_weight;
   st_.device = named_params.front().second.device();
   FORGE_CHECK(st_.group->device() == st_.device, "DataParallel: the parameters are on ", st_.device.str(), " but the ",
               st_.group->backend(), " group communicates ", st_.group->device().str(), " tensors");
@@ -68,6 +73,7 @@ void DataParallel::broadcast_parameters() {
 void DataParallel::begin_backward(bool sync) { buckets_->begin_backward(sync); }
 void DataParallel::end_backward() { buckets_->end_backward(); }
 Tensor DataParallel::grad_norm() { return optimizer_->grad_norm(); }
+std::vector<std::pair<std::string, Tensor>> DataParallel::named_grads() const { return optimizer_->named_grads(); }
 Tensor DataParallel::unscale_grads(optim::LossScaler& scaler) { return optimizer_->unscale_grads(scaler); }
 void DataParallel::clip_grads(double max_norm, const Tensor& norm) { optimizer_->clip_grads(max_norm, norm); }
 

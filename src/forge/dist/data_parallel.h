@@ -75,6 +75,12 @@ struct DataParallelOptions {
   // DDP and ZeRO-1: no gradient reduction at all (the run is WRONG): a diagnostic that measures
   // what the rest of data parallelism costs (the config's debug.skip_reductions; docs/dist.md).
   bool skip_reductions = false;
+  // Tensor parallelism (Note [split gradient norm], dist/tensor_parallel_state.h): the group
+  // whose ranks hold the other parts of the model, and each parameter's weight in the global
+  // gradient norm (by name). The norm is then summed over this group too; the f16 overflow flag
+  // agreed over it. Not with offload_optimizer.
+  ProcessGroupPtr norm_group;
+  std::function<double(const std::string&)> norm_weight;
 };
 
 class DataParallel {
@@ -98,6 +104,10 @@ class DataParallel {
 
   // The global L2 norm of the (reduced) gradients: a 0-d f32 tensor on the device.
   Tensor grad_norm();
+  // After end_backward of the last micro-step: (name, gradient) of every gradient the update
+  // reads, whole parameters (DDP, ZeRO-1) or this rank's reduced pieces (ZeRO-2/3), in the same
+  // order on every rank that holds the same parameters; writes into them reach the update.
+  std::vector<std::pair<std::string, Tensor>> named_grads() const;
   // f16 (optim/loss_scale.h): divides the gradients the optimizer will read by the loss scale
   // and returns their global L2 norm (0-d f32, inf/NaN on an overflow); the scaler's overflow
   // flag is the same on every rank (ZeRO-2/3 all-reduce it with the norm). Not with offload.

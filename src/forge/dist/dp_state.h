@@ -12,6 +12,7 @@
 // bucket_mb megabytes (a block is one bucket under ZeRO-3); a bucket's flat buffer has
 // numel rounded up to a multiple of the world size W, and rank r owns [r*shard, (r+1)*shard).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -54,6 +55,10 @@ struct DpState {
   int zero_stage = 0;
   bool offload = false;
   bool skip_reductions = false;
+  // Tensor parallelism (DataParallelOptions::norm_group): the gradient norm's other group and
+  // each parameter's weight in it; unset: the norm is this group's alone.
+  ProcessGroupPtr norm_group;
+  std::function<double(const std::string&)> norm_weight;
   Device device;
   // Expires when the DataParallel is destroyed: hooks on the parameters and autograd nodes
   // outlive it and check it before calling in.

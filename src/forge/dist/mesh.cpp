@@ -94,6 +94,14 @@ void Mesh::attach(const ProcessGroupPtr& world) {
   dp_group_ = make(dp_, all_dp_groups());
 }
 
+ProcessGroupPtr group_of_one(const ProcessGroupPtr& world) {
+  FORGE_CHECK(world != nullptr, "group_of_one: no world process group");
+  ProcessGroupPtr mine;
+  for (int r = 0; r < world->size(); ++r)
+    if (auto pg = world->new_group({r})) mine = pg;
+  return mine;
+}
+
 std::string Mesh::describe() const {
   std::ostringstream os;
   os << "dp " << dp_ << " x tp " << tp_ << " x pp " << pp_ << " (rank " << rank_ << ": dp " << dp_rank() << ", pp "

@@ -74,4 +74,9 @@ class Mesh {
   ProcessGroupPtr world_, dp_group_, tp_group_, pp_group_;
 };
 
+// A group holding this rank alone, carved from `world` (collective over it: every rank calls it;
+// one new_group per rank). Where a layout needs a group of a dimension of size 1 (the
+// data-parallel group of a job that tensor parallelism spans).
+ProcessGroupPtr group_of_one(const ProcessGroupPtr& world);
+
 }  // namespace forge::dist

@@ -3,6 +3,7 @@
 #include "forge/dist/sharded_optimizer.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "forge/autograd/grad_mode.h"
@@ -177,8 +178,47 @@ std::vector<Tensor> ShardedOptimizer::norm_tensors() const {
   return ts;
 }
 
+std::vector<std::string> ShardedOptimizer::norm_names() const {
+  std::vector<std::string> names;
+  if (st_.zero_stage >= 2) {
+    for (const auto& p : pieces_) names.push_back(p.param);
+  } else {
+    for (const auto& p : st_.params) names.push_back(p.name);
+  }
+  return names;
+}
+
+std::vector<std::pair<std::string, Tensor>> ShardedOptimizer::named_grads() const {
+  const std::vector<Tensor> ts = norm_tensors();
+  const std::vector<std::string> names = norm_names();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < ts.size(); ++i) out.emplace_back(names[i], ts[i].grad());
+  return out;
+}
+
+Tensor ShardedOptimizer::weighted_square_norm() const {
+  const std::vector<Tensor> ts = norm_tensors();
+  const std::vector<std::string> names = norm_names();
+  std::map<double, std::vector<Tensor>> by_weight;
+  for (size_t i = 0; i < ts.size(); ++i) by_weight[st_.norm_weight(names[i])].push_back(ts[i]);
+  Tensor sq = zeros({}, {.dtype = DType::f32, .device = st_.device});
+  for (const auto& [w, group] : by_weight) {
+    const Tensor n = optim::total_grad_norm(group);
+    sq = sq + n * n * w;
+  }
+  return sq;
+}
+
+Tensor ShardedOptimizer::global_norm(Tensor sq) const {
+  sq = sq.contiguous();
+  if (st_.zero_stage >= 2) st_.group->all_reduce(sq, ReduceOp::sum)->wait();
+  if (st_.norm_group) st_.norm_group->all_reduce(sq, ReduceOp::sum)->wait();
+  return sq.pow(0.5);
+}
+
 Tensor ShardedOptimizer::grad_norm() {
   NoGradGuard no_grad;
+  if (st_.norm_weight) return global_norm(weighted_square_norm());
   if (st_.zero_stage <= 1) return optim::total_grad_norm(norm_tensors());
   Tensor local = piece_views_.empty() ? zeros({}, {.dtype = DType::f32, .device = st_.device})
                                       : optim::total_grad_norm(piece_views_);
@@ -191,6 +231,16 @@ Tensor ShardedOptimizer::unscale_grads(optim::LossScaler& scaler) {
   FORGE_CHECK(!st_.offload, "DataParallel: f16 loss scaling with the optimizer offloaded to the CPU is "
               "not supported; use run.dtype = \"bf16\" or dist.offload_optimizer = false");
   NoGradGuard no_grad;
+  if (st_.norm_weight) {
+    // Tensor parallelism: the gradients unscaled in one pass; the weighted norm in another
+    // (Note [split gradient norm]); the overflow flag agreed by every rank that holds a part.
+    scaler.unscale_(norm_tensors());
+    const Tensor norm = global_norm(weighted_square_norm());
+    Tensor found = scaler.found_non_finite();
+    if (st_.zero_stage >= 2) st_.group->all_reduce(found, ReduceOp::max)->wait();
+    if (st_.norm_group) st_.norm_group->all_reduce(found, ReduceOp::max)->wait();
+    return norm;
+  }
   // DDP, ZeRO-1: the reduced gradients are whole and the same on every rank, so is their check.
   if (st_.zero_stage <= 1) return scaler.unscale_(norm_tensors());
   // ZeRO-2/3: each rank unscales the slices it owns; the norm and the overflow flag go global.

@@ -54,6 +54,9 @@ class ShardedOptimizer {
   void start_grad_download(int bucket);
 
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  // (name, gradient) of every gradient the update reads, in the same order on every rank of a
+  // tensor-parallel group: whole parameters (stages 0/1) or this rank's pieces (2/3).
+  std::vector<std::pair<std::string, Tensor>> named_grads() const;
   std::vector<std::map<std::string, Tensor>> piece_state() const;
   std::vector<int64_t> piece_steps() const;
   void load_piece_state(const std::function<Tensor(const ShardPiece&, const std::string&)>& lookup,
@@ -70,6 +73,14 @@ class ShardedOptimizer {
   };
   struct OffloadStream;  // CUDA side stream of the gradient downloads
   std::vector<Tensor> norm_tensors() const;
+  // Their names (the parameters', or the pieces' parameters').
+  std::vector<std::string> norm_names() const;
+  // Note [split gradient norm] (dist/tensor_parallel_state.h): the sum over norm_tensors() of
+  // norm_weight(name) * |g|^2 (0-d f32; this rank's part only).
+  Tensor weighted_square_norm() const;
+  // The squared norm summed over the ranks that hold parts of it (the data-parallel group for
+  // ZeRO-2/3, then norm_group), and its square root.
+  Tensor global_norm(Tensor square) const;
 
   DpState& st_;
   GradientBuckets& grads_;

@@ -172,6 +172,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, tp,
                   "tensor-parallel degree: ranks that split each layer's weights (1 = none; divides the heads, "
                   "kv-heads, FFN width and vocabulary)"),
+      FORGE_FIELD(dist, sequence_parallel,
+                  "dist.tp > 1: keep the norms and residuals split along the sequence (all-gather / reduce-scatter "
+                  "in place of all-reduce; activation memory per GPU divided by tp)"),
       FORGE_FIELD(dist, pp, "pipeline-parallel degree: stages of consecutive blocks (1 = none; <= model.n_layer)"),
       FORGE_FIELD(dist, zero_stage,
                   "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients, "

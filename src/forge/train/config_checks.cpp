@@ -109,6 +109,17 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
   FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
               m.type, "' trains with dist.tp = 1 and dist.pp = 1");
+  FORGE_CHECK(!c.dist.sequence_parallel || c.dist.tp > 1, "dist.sequence_parallel = true splits the sequence over "
+              "the tensor-parallel ranks; it needs dist.tp > 1 (got dist.tp = ", c.dist.tp, ")");
+  FORGE_CHECK(c.dist.tp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.tp = ", c.dist.tp,
+              " is not supported (ZeRO-3 gathers whole blocks; tensor parallelism splits them); use dist.zero_stage "
+              "= 0, 1 or 2 on the data-parallel groups");
+  FORGE_CHECK(c.dist.tp == 1 || c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.tp = ",
+              c.dist.tp, " is not supported yet (the split layers would draw other masks than one process); set "
+              "model.dropout = 0");
+  FORGE_CHECK(!c.dist.sequence_parallel || c.train.seq_len % c.dist.tp == 0, "train.seq_len = ", c.train.seq_len,
+              " is not divisible by dist.tp = ", c.dist.tp, " (sequence parallelism splits each sequence evenly); "
+              "choose train.seq_len a multiple of ", c.dist.tp);
   // [debug]
   FORGE_CHECK(!c.debug.skip_reductions || c.dist.zero_stage <= 1,
               "debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only (ZeRO-2/3 own their gradients "

@@ -24,6 +24,7 @@
 #include "forge/ops/loss.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
+#include "forge/train/tensor_parallel_model.h"
 
 namespace forge::train {
 
@@ -37,9 +38,13 @@ class DataParallelStrategy final : public Strategy {
   DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
-    // The data-parallel group: the world when dp spans it (tp = pp = 1), else the mesh's.
-    group_ = mesh.dp_group() ? mesh.dp_group() : mesh.world();
-    FORGE_CHECK(group_ != nullptr, "DataParallelStrategy: the mesh has no process group attached");
+    // The data-parallel group: the world when dp spans it (tp = pp = 1), else the mesh's (a group
+    // of one when tp spans the world).
+    FORGE_CHECK(mesh.world() != nullptr, "DataParallelStrategy: the mesh has no process group attached");
+    group_ = mesh.dp_group()                       ? mesh.dp_group()
+             : mesh.dp() == mesh.world_size() ? mesh.world()
+                                              : dist::group_of_one(mesh.world());
+    split_ = model.split;
     std::vector<std::pair<std::string, Tensor>> trainable;
     {
       std::unordered_map<const TensorImpl*, bool> seen;  // tied weights: once, under their first name
@@ -53,11 +58,16 @@ class DataParallelStrategy final : public Strategy {
                                   .offload_optimizer = cfg.dist.offload_optimizer,
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = model.block_of,
-                                  .skip_reductions = cfg.debug.skip_reductions});
+                                  .skip_reductions = cfg.debug.skip_reductions,
+                                  .norm_group = split_ ? split_->group() : nullptr,
+                                  .norm_weight = split_ ? std::function<double(const std::string&)>(
+                                                              [s = split_](const std::string& n) { return s->norm_weight(n); })
+                                                        : nullptr});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
     const dist::LaunchEnv env = dist::launch_env();
+    if (split_) log << "mesh: " << mesh.describe() << "\n";
     log << "data parallel: " << group_->size() << " rank(s) (" << dist::launcher_name(env.launcher) << ", "
         << group_->backend() << "), "
         << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero))
@@ -100,6 +110,9 @@ class DataParallelStrategy final : public Strategy {
       if (k == K - 1) phases.mark(2);
       dp_->end_backward();
     }
+    // Tensor parallelism: the gradients that need a sum over the tensor-parallel group (Note
+    // [split gradients]), on what the update reads (whole gradients, or ZeRO-2's pieces).
+    if (split_) split_->reduce_grads(dp_->named_grads());
     phases.mark(3);
     Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
     if (dp_size > 1 && !cfg_.debug.skip_reductions) {
@@ -126,7 +139,8 @@ class DataParallelStrategy final : public Strategy {
   }
 
   // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward
-  // gathers the blocks: collectives), and rank 0 reports it.
+  // gathers the blocks: collectives), and rank 0 reports it. Under tensor parallelism the ranks of
+  // the first replica evaluate together (the split forward is collective over them).
   bool evaluates() const override { return group_->rank() == 0 || layout_.zero == 3; }
   EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
     return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
@@ -144,7 +158,9 @@ class DataParallelStrategy final : public Strategy {
   // reshards on load.
   fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
     dist::ProcessGroup& pg = *dp_->group();
-    const bool rank0 = pg.rank() == 0;
+    // The job's rank 0 (under tensor parallelism the data-parallel group's rank 0 is one per
+    // tensor-parallel rank).
+    const bool rank0 = pg.rank() == 0 && (!split_ || split_->group()->rank() == 0);
     const fs::path dir = io::checkpoint_path(run_dir, step);
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
@@ -156,25 +172,35 @@ class DataParallelStrategy final : public Strategy {
       FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
     }
     pg.barrier()->synchronize();
-    const bool sharded = dp_->options().zero_stage > 0;
+    const bool sharded = dp_->options().zero_stage > 0 && !split_;
     auto file_of = [](int r) {
       char name[64];
       std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
       return std::string(name);
     };
-    if (sharded || rank0)
+    // Note [tensor-parallel checkpoints]: the first replica gathers the whole model and optimizer
+    // state over its tensor-parallel group; rank 0 writes them as one file.
+    std::vector<std::pair<std::string, Tensor>> whole_model;
+    if (split_) {
+      const bool first_replica = pg.rank() == 0;
+      const WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, rank0);
+      if (first_replica) whole_model = gather_whole_model(model_);
+      if (rank0) dist::write_optimizer_shard(staging / file_of(0), o.pieces, o.state, o.steps);
+    } else if (sharded || rank0) {
       dist::write_optimizer_shard(staging / file_of(pg.rank()), dp_->pieces(), dp_->piece_state(), dp_->piece_steps());
+    }
     // ZeRO-3: the blocks' parameters gathered (collective), copied to rank 0's memory.
     std::unordered_map<std::string, Tensor> gathered;
     if (dp_->options().zero_stage == 3)
       dp_->for_each_full_parameter([&](const std::string& name, const Tensor& t) {
         if (rank0) gathered[name] = t.is_cpu() ? t.clone() : t.to(Device::cpu());
       });
+    if (split_) split_->group()->barrier()->synchronize();
     pg.barrier()->synchronize();
     if (rank0) {
       io::CheckpointData d;
       d.step = step;
-      nn::NamedTensors model_state = model_.module->state_dict();
+      nn::NamedTensors model_state = split_ ? whole_model : model_.module->state_dict();
       for (auto& [name, t] : model_state)
         if (auto it = gathered.find(name); it != gathered.end()) t = it->second;
       d.model = io::NamedTensors(std::move(model_state));
@@ -191,12 +217,15 @@ class DataParallelStrategy final : public Strategy {
       if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
       d.extra["dist"] = {{"world_size", pg.size()},
                          {"zero_stage", dp_->options().zero_stage},
+                         {"tp", split_ ? split_->group()->size() : 1},
+                         {"sequence_parallel", split_ && split_->sequence_parallel()},
                          {"offload_optimizer", dp_->options().offload_optimizer},
                          {"files", files}};
       io::save_checkpoint(dir, d);
       fs::remove_all(staging, ec);
       io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
     }
+    if (split_) split_->group()->barrier()->synchronize();
     pg.barrier()->synchronize();
     return dir;
   }
@@ -205,6 +234,7 @@ class DataParallelStrategy final : public Strategy {
   // capture records (they join the captured stream through events); the sharded layouts are not
   // captured yet.
   std::string graph_blocker() const override {
+    if (split_) return "tensor parallelism's step is not captured yet";
     if (layout_.zero != 0) return "ZeRO-" + std::to_string(layout_.zero) + "'s sharded step is not captured yet";
     return "";
   }
@@ -231,9 +261,13 @@ class DataParallelStrategy final : public Strategy {
     const std::string name = optimizer_class_name(cfg_);
     const json& o = checkpoint_optimizer_record(ck, ck_path, name);
     const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
-    dp_->load_piece_state(
-        [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
-        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    if (split_) {
+      load_split_optimizer(model_, *dp_, rs);
+    } else {
+      dp_->load_piece_state(
+          [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+          [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    }
     dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
     if (scaler_) restore_loss_scaler(*scaler_, ck);
   }
@@ -244,6 +278,7 @@ class DataParallelStrategy final : public Strategy {
   Model& model_;
   Device device_;
   dist::ProcessGroupPtr group_;
+  std::shared_ptr<const dist::tp::SplitModel> split_;  // tensor parallelism: the model's split, or null
   std::unique_ptr<dist::DataParallel> dp_;
   std::optional<optim::LossScaler> scaler_;
 };

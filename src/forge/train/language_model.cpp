@@ -7,13 +7,13 @@
 
 namespace forge::train {
 
-LanguageModel build_language_model(const RunConfig& cfg) {
+LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& spec) {
   const auto& m = cfg.model;
   FORGE_CHECK(m.vocab_size > 0, "build_language_model: model.vocab_size is not resolved (0)");
   FORGE_CHECK(cfg.is_language_model(), "model.type = '", m.type, "' is not a language model; use ",
               nn::model_type_list(/*transformers_only=*/true));
   // The family's module, through the registry (nn/model_registry.h).
-  std::shared_ptr<nn::CausalLM> lm = nn::build_causal_lm(m, static_cast<uint64_t>(cfg.run.seed));
+  std::shared_ptr<nn::CausalLM> lm = nn::build_causal_lm(m, static_cast<uint64_t>(cfg.run.seed), spec);
   LanguageModel out;
   out.vocab_size = m.vocab_size;
   out.block_size = m.block_size;
@@ -26,10 +26,11 @@ LanguageModel build_language_model(const RunConfig& cfg) {
   return out;
 }
 
-int64_t matmul_parameters(const nn::Module& m) {
+int64_t matmul_parameters(const Model& m) {
   int64_t n = 0;
-  for (const auto& [name, p] : m.named_parameters())
-    if (name.find("wpe.") == std::string::npos && name.find("embed_tokens.") == std::string::npos) n += p.numel();
+  for (const auto& [name, p] : m.module->named_parameters())
+    if (name.find("wpe.") == std::string::npos && name.find("embed_tokens.") == std::string::npos)
+      n += m.split ? m.split->at(name).whole_numel() : p.numel();
   return n;
 }
 

@@ -5,6 +5,7 @@
 // context.
 #include <cstdint>
 
+#include "forge/nn/layer_spec.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 
@@ -16,11 +17,12 @@ struct LanguageModel : Model {
   int64_t block_size = 0;
 };
 // Builds the model cfg.model describes, initialised from run.seed; cfg.model.vocab_size
-// must be resolved (> 0).
-LanguageModel build_language_model(const RunConfig& cfg);
+// must be resolved (> 0). `spec`: its layers (nn/layer_spec.h; tensor parallelism's split ones).
+LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& spec = {});
 
-// Parameters that take part in a matmul (Note [MFU]): all but the look-up-only embedding
-// tables, GPT's positions (transformer.wpe) and LLaMA's input embedding (model.embed_tokens).
-int64_t matmul_parameters(const nn::Module& m);
+// Parameters of the whole model that take part in a matmul (Note [MFU]): all but the
+// look-up-only embedding tables, GPT's positions (transformer.wpe) and LLaMA's input embedding
+// (model.embed_tokens). A split model (tensor parallelism) counts the whole model's.
+int64_t matmul_parameters(const Model& m);
 
 }  // namespace forge::train

@@ -104,7 +104,7 @@ class LanguageTask final : public Task {
     const auto& m = cfg_.model;
     const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len, K = cfg_.train.grad_accum;
     std::string s = "model: " + m.type + ", " +
-                    telemetry::format_count(static_cast<double>(model_.module->num_parameters())) + " parameters (" +
+                    telemetry::format_count(static_cast<double>(model_.whole_parameters())) + " parameters (" +
                     std::to_string(m.n_layer) + " layers, " + std::to_string(m.n_head) + " heads, width " +
                     std::to_string(width()) + ", vocabulary " + std::to_string(m.vocab_size) + ", context " +
                     std::to_string(m.block_size) + ")\n";
@@ -117,7 +117,7 @@ class LanguageTask final : public Task {
   }
 
   std::optional<double> flops_per_unit() const override {
-    return telemetry::transformer_flops_per_token(static_cast<double>(matmul_parameters(*model_.module)),
+    return telemetry::transformer_flops_per_token(static_cast<double>(matmul_parameters(model_)),
                                                   cfg_.model.n_layer, cfg_.train.seq_len, width());
   }
   std::optional<EpochPlace> epoch_of(int64_t) const override { return std::nullopt; }

@@ -38,6 +38,10 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.pp = pp;
   l.zero = static_cast<int>(cfg.dist.zero_stage);
   l.offload = cfg.dist.offload_optimizer;
+  l.sequence_parallel = cfg.dist.sequence_parallel;
+  FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
+              " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
+              "leave the GPU); set dist.offload_optimizer = false");
   l.checkpointing = m.checkpoint_activations ? dist::Checkpointing::full : dist::Checkpointing::none;
   {                                                                  // 3.
     const int64_t K = cfg.train.grad_accum, B = cfg.train.batch_size;
@@ -48,8 +52,6 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
     l.grad_accum = K;
     l.micro_batch = B / (l.dp * K);
   }
-  FORGE_CHECK(tp == 1, "dist.tp = ", tp, ": tensor parallelism is not implemented yet (the mesh and checks are); "
-              "set dist.tp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");  // 4.
   FORGE_CHECK(pp == 1, "dist.pp = ", pp, ": pipeline parallelism is not implemented yet (the mesh and checks are); "
               "set dist.pp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");
   return l;

@@ -14,6 +14,8 @@
 #include <string>
 
 #include "forge/core/tensor.h"
+#include "forge/dist/tensor_parallel_state.h"
+#include "forge/io/checkpoint.h"
 #include "forge/nn/block_hooks.h"
 #include "forge/nn/module.h"
 #include "forge/ops/loss.h"
@@ -33,6 +35,15 @@ struct Model {
   // for every parameter and ignores the hooks; the config refuses ZeRO-3 for it).
   std::function<void(std::shared_ptr<nn::BlockHooks>)> set_block_hooks;
   std::function<int(const std::string&)> block_of;
+  // Tensor parallelism (train/tensor_parallel_model.h): how the module's tensors split the whole
+  // model's (dist/tensor_parallel_state.h); null when the module is the whole model. forward
+  // then returns this rank's slice of the logits; loss is the whole batch's.
+  std::shared_ptr<const dist::tp::SplitModel> split;
+  // The whole model's state names and shapes in order, and its parameter count, whatever the split.
+  io::NamedShapes whole_shapes() const;
+  int64_t whole_parameters() const;
+  // Loads a whole state (a checkpoint's model) into the module: each tensor, or its shard.
+  void load_whole_state(const io::NamedTensors& state);
   // Where its parameters are.
   Device device() const {
     const auto ps = module->parameters();

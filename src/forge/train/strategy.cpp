@@ -37,6 +37,15 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
     auto batch = batches.next();
     if (!batch) break;
     const Tensor targets = batch->targets.to(device);
+    if (model.split) {
+      FORGE_CHECK(!count_correct, "evaluate: a split model counts no arg-max hits");
+      // Tensor parallelism: this rank holds a slice of the logits; the model's loss combines the
+      // slices (the mean over the targets that count), collective over its group.
+      const double counted = ops::sum(ops::ne(targets, -100.0)).item();
+      sums.loss_sum += model.training_loss(batch->inputs.to(device), targets).item() * counted;
+      sums.count += batch->targets.numel();
+      continue;
+    }
     const Tensor logits = model.forward(batch->inputs.to(device));
     sums.loss_sum += ops::cross_entropy(logits, targets, -100, ops::Reduction::sum).item();
     if (count_correct) sums.correct += ops::sum(ops::eq(ops::argmax(logits, -1), targets)).item<int64_t>();
@@ -63,8 +72,8 @@ bool needs_process_group(const dist::Layout& layout) { return layout.gpus() > 1 
 
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {
-  FORGE_CHECK(layout.tp == 1 && layout.pp == 1, "make_strategy: tensor and pipeline parallelism are not implemented "
-              "(train/layout.h refuses dist.tp / dist.pp > 1)");
+  FORGE_CHECK(layout.pp == 1, "make_strategy: pipeline parallelism is not implemented "
+              "(train/layout.h refuses dist.pp > 1)");
   // Note [data-parallel runs] (strategy.h).
   if (needs_process_group(layout)) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
   return make_single_process(cfg, model, dtype);

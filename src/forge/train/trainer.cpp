@@ -35,6 +35,7 @@
 #include "forge/train/phase_marks.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
+#include "forge/train/tensor_parallel_model.h"
 #include "forge/train/task.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/matmul.h"
@@ -209,11 +210,13 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     task->prepare_data(ck, ck_path, log);
     manual_seed(static_cast<uint64_t>(cfg.run.seed));
     Model& m = task->model();
-    // Initialised on the CPU (the same weights whatever the device), then moved and cast once.
+    // Initialised on the CPU (the same weights whatever the device; split over the
+    // tensor-parallel group when dist.tp > 1), then moved and cast once.
+    split_model_for_layout(cfg, layout, mesh, m, log);
     m.module->to(device, dtype);
     if (ck) {
       try {
-        io::check_compatible(io::named_shapes(io::NamedTensors(m.module->state_dict())), ck->model,
+        io::check_compatible(m.whole_shapes(), ck->model,
                              "checkpoint '" + ck_path.string() + "'");
       } catch (const Error& e) {
         FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
@@ -237,7 +240,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // the optimizer.
   int64_t step = 0;
   if (ck) {
-    model.module->load_state_dict(ck->model.items());
+    model.load_whole_state(ck->model);
     io::restore_rng(*ck);
     source->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
     task->restore(*ck);
@@ -249,7 +252,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   log << strategy->describe() << "\n";
   const bool evaluates = strategy->evaluates();
   result.start_step = step;
-  result.num_parameters = model.module->num_parameters();
+  result.num_parameters = model.whole_parameters();
 
   optim::LRSchedule schedule{.kind = schedule_kind(cfg.schedule.kind), .lr = cfg.optim.lr, .min_lr = cfg.schedule.min_lr,
                              .warmup_steps = cfg.schedule.warmup_steps,

@@ -1,0 +1,138 @@
+// The model of a tensor-parallel run (contract in tensor_parallel_model.h).
+#include "forge/train/tensor_parallel_model.h"
+
+#include <algorithm>
+#include <map>
+#include <ostream>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/error.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/view.h"
+#include "forge/dist/tensor_parallel.h"
+#include "forge/nn/model_registry.h"
+#include "forge/dist/env.h"
+#include "forge/telemetry/metrics.h"
+#include "forge/train/language_model.h"
+
+namespace forge::train {
+
+void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+                            std::ostream& log) {
+  if (layout.tp == 1) return;
+  FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
+              cfg.model.type, "' trains with dist.tp = 1");
+  const dist::ProcessGroupPtr& g = mesh.tp_group();
+  FORGE_CHECK(g != nullptr && g->size() == layout.tp, "tensor parallelism: the mesh has no tensor-parallel group of ",
+              layout.tp, " ranks attached");
+  // Megatron keeps a tensor-parallel group inside one host (its all-reduces run on every layer,
+  // over NVLink there); a group that crosses hosts works but is slow: said, not refused.
+  const dist::LaunchEnv env = dist::launch_env();
+  if (env.local_world_size < layout.tp)
+    log << "warning: dist.tp = " << layout.tp << " is larger than the " << env.local_world_size
+        << " rank(s) of this host: the tensor-parallel collectives cross hosts (slow); keep dist.tp <= the GPUs "
+           "of one host\n";
+  const nn::TransformerShape shape = nn::transformer_shape(cfg.model);
+  // The whole model's state (on the CPU, from run.seed), then the split model loaded from it.
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, t] : model.module->state_dict()) whole.emplace(name, t);
+  const int64_t whole_count = model.module->num_parameters();
+  LanguageModel split =
+      build_language_model(cfg, dist::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()));
+  auto s = std::make_shared<dist::tp::SplitModel>(*split.module, g, layout.sequence_parallel);
+  s->load_whole(*split.module, whole);
+  whole.clear();
+  model.module = split.module;
+  model.forward = split.forward;
+  model.loss = split.loss;
+  model.set_block_hooks = split.set_block_hooks;
+  model.block_of = split.block_of;
+  model.split = s;
+  FORGE_CHECK(model.whole_parameters() == whole_count, "tensor parallelism: the split model holds ",
+              model.whole_parameters(), " parameters of the whole model's ", whole_count);
+  log << "tensor parallel: " << layout.tp << " rank(s) per group"
+      << (layout.sequence_parallel ? ", sequence parallel" : "") << "; "
+      << telemetry::format_count(static_cast<double>(model.module->num_parameters())) << " of the "
+      << telemetry::format_count(static_cast<double>(whole_count)) << " parameters on each rank\n";
+}
+
+// ---- checkpoints (Note [tensor-parallel checkpoints]) -----------------------------------------
+
+std::vector<std::pair<std::string, Tensor>> gather_whole_model(const Model& model) {
+  FORGE_CHECK(model.split != nullptr, "gather_whole_model: the model is not split");
+  NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, t] : model.module->state_dict())
+    out.emplace_back(name, model.split->whole_of(name, t).to(Device::cpu()).clone());
+  return out;
+}
+
+WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataParallel& dp, bool keep) {
+  FORGE_CHECK(model.split != nullptr, "gather_whole_optimizer: the model is not split");
+  NoGradGuard no_grad;
+  const dist::ProcessGroupPtr& g = dp.group();
+  const bool sharded = dp.options().zero_stage > 0 && g->size() > 1;
+  const auto& pieces = dp.pieces();
+  const auto state = dp.piece_state();
+  const auto steps = dp.piece_steps();
+  // The state names every rank agrees on (a ZeRO rank may own no piece of the model).
+  static const char* kNames[] = {"exp_avg", "exp_avg_sq", "master", "momentum_buffer"};
+  const Device dev = model.device();
+  Tensor has = zeros({4}, {.dtype = DType::f32, .device = dev});
+  for (const auto& m : state)
+    for (int i = 0; i < 4; ++i)
+      if (m.count(kNames[i]) != 0) {
+        Tensor flag = ops::narrow(has, 0, i, 1);
+        ops::fill_(flag, 1.0);
+      }
+  g->all_reduce(has, dist::ReduceOp::max)->wait();
+  if (model.split->group()) model.split->group()->all_reduce(has, dist::ReduceOp::max)->wait();
+  const std::vector<double> have = has.to_vector<double>();
+  WholeOptimizerState out;
+  for (const auto& [name, p] : model.module->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    // This parameter's pieces on this rank, and its update count (agreed over the group).
+    std::vector<size_t> mine;
+    int64_t step = 0;
+    for (size_t k = 0; k < pieces.size(); ++k)
+      if (pieces[k].param == name) mine.push_back(k), step = std::max(step, steps[k]);
+    Tensor step_t = full({1}, static_cast<double>(step), {.dtype = DType::f32, .device = dev});
+    if (sharded) g->all_reduce(step_t, dist::ReduceOp::max)->wait();
+    std::map<std::string, Tensor> whole_state;
+    for (int i = 0; i < 4; ++i) {
+      if (have[static_cast<size_t>(i)] == 0) continue;
+      // This rank's tensor of the state, assembled over the data-parallel group when sharded.
+      Tensor local = zeros({p.numel()}, {.dtype = DType::f32, .device = dev});
+      for (size_t k : mine) {
+        const auto it = state[k].find(kNames[i]);
+        if (it == state[k].end()) continue;
+        Tensor dst = ops::narrow(local, 0, pieces[k].lo, pieces[k].hi - pieces[k].lo);
+        ops::copy_(dst, it->second.to(dev, DType::f32));
+      }
+      if (sharded) g->all_reduce(local, dist::ReduceOp::sum)->wait();
+      const Tensor whole = model.split->whole_of(name, local.reshape(p.shape()));
+      if (keep) whole_state[kNames[i]] = whole.reshape({-1}).to(Device::cpu()).clone();
+    }
+    if (!keep) continue;
+    out.pieces.push_back({name, 0, model.split->at(name).whole_numel()});
+    out.state.push_back(std::move(whole_state));
+    out.steps.push_back(static_cast<int64_t>(step_t.item()));
+  }
+  return out;
+}
+
+void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist::RangedState& rs) {
+  FORGE_CHECK(model.split != nullptr, "load_split_optimizer: the model is not split");
+  const dist::tp::SplitModel& s = *model.split;
+  dp.load_piece_state(
+      [&](const dist::ShardPiece& p, const std::string& n) -> Tensor {
+        const dist::tp::ParamSplit& ps = s.at(p.param);
+        const Tensor whole = rs.get(p.param, n, 0, ps.whole_numel());
+        if (!whole.defined()) return whole;
+        return s.local_of(p.param, whole.reshape(ps.whole_shape)).reshape({-1}).narrow(0, p.lo, p.hi - p.lo).contiguous();
+      },
+      [&](const dist::ShardPiece& p) { return rs.step(p.param, 0, s.at(p.param).whole_numel()); });
+}
+
+}  // namespace forge::train
