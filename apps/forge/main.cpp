@@ -1,5 +1,10 @@
 // forge: the command-line entry point (CLI11). Exit status: 0 on success, 1 for an error
 // while running ("forge: error: <message>"), 2 for a usage error (bad or missing arguments).
+#include <csignal>
+#include <cstring>
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
@@ -28,7 +33,34 @@ int usage_error(const std::string& message, const std::string& help_cmd) {
 
 }  // namespace
 
+namespace {
+// A fatal signal (a crash: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints where it happened before
+// the process dies with that signal as before (forge launch still reports it): the frames of the
+// call stack, with function names (the binary is linked with -rdynamic). Async-signal-safe calls only.
+void on_fatal_signal(int sig) {
+  const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE"
+                     : sig == SIGILL ? "SIGILL" : "SIGABRT";
+  const char head[] = "forge: fatal signal ";
+  (void)!::write(STDERR_FILENO, head, sizeof(head) - 1);
+  (void)!::write(STDERR_FILENO, name, std::strlen(name));
+  const char tail[] = "; call stack:\n";
+  (void)!::write(STDERR_FILENO, tail, sizeof(tail) - 1);
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  ::backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_crash_handler() {
+  void* warm[1];
+  ::backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(sig, on_fatal_signal);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  install_crash_handler();
   std::vector<std::string> args(argv + 1, argv + argc);
   // Config overrides (--section.key=value) are taken out before CLI11 sees the line (not for
   // `forge launch`, whose command line is the ranks' and keeps its overrides).

@@ -174,6 +174,65 @@ class Llama(nn.Module):
 EMBEDDINGS = ("wte.weight", "wpe.weight", "embed_tokens.weight")
 
 
+def tensor_parallel(model, tp, sp, dev):
+    """Megatron's layout through torch.distributed.tensor.parallel: q/k/v, gate and up column-wise,
+    o and down row-wise, the embedding row-wise over the vocabulary, the head column-wise with its
+    logits left sharded for loss_parallel(); with sp, the norms on sequence shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = init_device_mesh(dev.type, (tp,))
+    seq = Shard(1) if sp else Replicate()
+    parallelize_module(model, mesh, {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+        **({"norm": SequenceParallel()} if sp else {}),
+    })
+    for block in model.layers:
+        plan = {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=seq),
+        }
+        if sp:
+            plan.update({
+                "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, mesh, plan)
+        block.self_attn.h //= tp  # the local heads
+        block.self_attn.kv //= tp
+    return model
+
+
+def clip_tensor_parallel(model, clip):
+    """clip_grad_norm_ over a model whose sharded parameters are DTensors and whose norms (without
+    sequence parallelism) are plain replicated tensors, which clip_grad_norm_ cannot mix: the two
+    groups' norms combined (the replicated ones counted once), each group clipped with the total."""
+    from torch.distributed.tensor import DTensor, Replicate
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    dt = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    total_sq = 0.0
+    if dt:
+        n = torch.nn.utils.get_total_norm(dt)
+        total_sq = total_sq + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
+    if plain:
+        total_sq = total_sq + torch.nn.utils.get_total_norm(plain) ** 2
+    total = total_sq ** 0.5
+    coef = torch.clamp(clip / (total + 1e-6), max=1.0)
+    if dt:
+        c = DTensor.from_local(coef, dt[0].device_mesh, [Replicate()], run_check=False)
+        for g in dt:
+            g.mul_(c)
+    if plain:
+        torch._foreach_mul_(plain, coef)
+
+
 def build(s):
     if s["type"] == "llama":
         return Llama(s)
@@ -197,6 +256,10 @@ def main():
         ap.add_argument("--" + k, type=int, default=None, help=f"override model.{k}")
     ap.add_argument("--sync-each-step", action="store_true",
                     help="read each step's loss at once (the device drains every step) instead of one step late")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor parallelism over the torchrun ranks (torch.distributed.tensor.parallel; LLaMA only): "
+                         "every rank trains the same batch, each on its shard of every layer")
+    ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism (norms on sequence shards)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -213,14 +276,17 @@ def main():
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    ddp = world > 1
-    if ddp and a.device != "cpu":
+    tp = a.tp
+    if tp > 1 and (tp != world or cfg["model"].get("type") != "llama"):
+        raise SystemExit("torch_peer.py: --tp must equal the torchrun world size, for a LLaMA")
+    ddp = world > 1 and tp == 1
+    if world > 1 and a.device != "cpu":
         import torch.distributed as dist
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         dev = torch.device("cuda", local)
-    elif ddp:  # --device cpu under torchrun: gloo (a smoke test of this script)
+    elif world > 1:  # --device cpu under torchrun: gloo (a smoke test of this script)
         import torch.distributed as dist
         dist.init_process_group("gloo")
         dev = torch.device("cpu")
@@ -233,10 +299,12 @@ def main():
 
     model = build(s).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
+    if tp > 1:
+        model = tensor_parallel(model, tp, a.sp, dev)
     want_total, want_matmul = shapes.param_count(s)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in EMBEDDINGS]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in EMBEDDINGS)]
-    fused = {"fused": True} if cuda else {}
+    fused = {"fused": True} if cuda and tp == 1 else {}  # (DTensor parameters: the foreach AdamW)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(opt_cfg.get("weight_decay", 0.1))},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=float(opt_cfg.get("lr", 6e-4)),
@@ -248,24 +316,42 @@ def main():
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(model, device_ids=[dev.index] if cuda else None,
                   broadcast_buffers=False)  # forge broadcasts no buffers
-    step_fn = torch.compile(net) if a.mode == "compile" else net
+    if a.mode == "compile" and tp > 1:
+        # Each block compiled (as torchtitan compiles tensor-parallel models); the embedding, head
+        # and the vocabulary-parallel loss run eagerly under loss_parallel().
+        for i, block in enumerate(model.layers):
+            model.layers[i] = torch.compile(block)
+        step_fn = net
+    else:
+        step_fn = torch.compile(net) if a.mode == "compile" else net
     if rank == 0:
         print(f"torch_peer: {shapes.describe(s)}", flush=True)
         print(f"torch_peer: parameters: module {n_params:,}, forge's formula {want_total:,}"
               f"{'' if n_params == want_total else '  MISMATCH'}", flush=True)
-    gen = torch.Generator(device=dev).manual_seed(1 + rank)
+    gen = torch.Generator(device=dev).manual_seed(1 + (0 if tp > 1 else rank))  # tp: one batch for the group
     amp = torch.autocast(dev.type, dtype=torch.bfloat16)
 
     def one_step():
         t = torch.randint(0, s["vocab"], (a.batch, s["seq"] + 1), device=dev, generator=gen)
-        with amp:
-            loss = step_fn(t[:, :-1], t[:, 1:])
-        loss.backward()
-        if clip > 0:
+        if tp > 1:  # the vocabulary-parallel cross-entropy (the logits stay sharded), forward and backward
+            from torch.distributed.tensor.parallel import loss_parallel
+            with loss_parallel():
+                with amp:
+                    loss = step_fn(t[:, :-1], t[:, 1:])
+                loss.backward()
+        else:
+            with amp:
+                loss = step_fn(t[:, :-1], t[:, 1:])
+            loss.backward()
+        if clip > 0 and tp > 1:
+            clip_tensor_parallel(model, clip)
+        elif clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = loss.detach()
+        if tp > 1 and hasattr(loss, "full_tensor"):
+            loss = loss.full_tensor()
         if ddp:  # the mean loss over the ranks, for the host (forge's step does the same)
             dist.all_reduce(loss)
             loss /= world
@@ -311,8 +397,8 @@ def main():
         finish(pending)
 
     ms = 1e3 * statistics.fmean(times)
-    tokens_per_step = world * a.batch * s["seq"]
-    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else ""), "torch": torch.__version__,
+    tokens_per_step = (1 if tp > 1 else world) * a.batch * s["seq"]
+    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else "") + (f"-tp{tp}" + ("-sp" if a.sp else "") if tp > 1 else ""), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "world_size": world,
            "model": s["type"], "batch_per_gpu": a.batch, "seq": s["seq"], "steps": a.steps, "warmup": a.warmup,
            "params": n_params, "params_formula": want_total, "matmul_params_formula": want_matmul,

@@ -250,6 +250,28 @@ TEST(BlockPool, RecordStreamDefersReuseUntilTheEventCompletes) {
   EXPECT_THROW(pool.record_stream(reinterpret_cast<void*>(0x12345), s2), Error);
 }
 
+// A stream destroyed after its work completed (forget_stream) no longer holds the blocks it
+// used: freeing them records no event on it.
+TEST(BlockPool, AForgottenStreamRecordsNoEventWhenItsBlocksAreFreed) {
+  FakeDevice dev;
+  BlockPool pool("test pool", dev.backend());
+  const StreamId s1 = 0x1000, s2 = 0x2000, s3 = 0x3000;
+  void* p = pool.allocate(4 * KiB, s1);
+  pool.record_stream(p, s2);
+  pool.record_stream(p, s3);
+  pool.forget_stream(s2);
+  pool.free(p);
+  EXPECT_EQ(dev.events.size(), 1u) << "an event on s3 only";
+  dev.complete(s3);
+  EXPECT_EQ(pool.allocate(4 * KiB, s1), p);
+  void* q = pool.allocate(4 * KiB, s1);
+  pool.record_stream(q, s2);
+  pool.forget_stream(s2);
+  pool.free(q);
+  EXPECT_EQ(pool.pending_blocks(), 0u) << "nothing left to wait for";
+  EXPECT_EQ(pool.allocate(4 * KiB, s1), q);
+}
+
 TEST(BlockPool, AttachedEventsDeferReuse) {
   FakeDevice dev;
   BlockPool pool("test pool", dev.backend());

@@ -193,6 +193,13 @@ void BlockPool::record_stream(void* ptr, StreamId stream) {
     b->stream_uses.push_back(stream);
 }
 
+void BlockPool::forget_stream(StreamId stream) noexcept {
+  for (auto& [ptr, b] : live_) {
+    auto& uses = b->stream_uses;
+    uses.erase(std::remove(uses.begin(), uses.end(), stream), uses.end());
+  }
+}
+
 void BlockPool::add_event(void* ptr, EventId event) {
   const auto it = live_.find(ptr);
   if (it == live_.end()) {

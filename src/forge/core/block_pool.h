@@ -109,6 +109,10 @@ class BlockPool {
   // The live block at `ptr` is used by work queued on `stream` too: when it is freed, it is
   // not reused before that work is done. A no-op for the block's own stream.
   void record_stream(void* ptr, StreamId stream);
+  // `stream` is being destroyed after all its work completed (it was synchronised): the live
+  // blocks forget their record_stream uses of it (an event could no longer be recorded on it,
+  // and the work it announced is done), so freeing them later needs no event there.
+  void forget_stream(StreamId stream) noexcept;
   // Attaches an already recorded event to the live block at `ptr`: once freed, the block
   // is not reused before the event completed. Events of the block that have completed
   // are released first, so a long-lived block that is copied every step keeps few.

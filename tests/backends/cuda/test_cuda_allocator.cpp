@@ -282,6 +282,25 @@ TEST(CudaStreams, RecordStreamKeepsABlockUntilTheOtherStreamIsDone) {
   EXPECT_THROW(cuda::record_stream(full({4}, 1.0), side), Error);  // a CPU tensor
 }
 
+// A tensor used on a stream that is destroyed before the tensor (a process group's communication
+// stream, the group gone before the model whose weights it broadcast) is freed without touching
+// that stream (which crashed in cudaEventRecord before forget_stream), and its block is reused.
+TEST(CudaStreams, ATensorOutlivesAStreamItWasRecordedOn) {
+  FORGE_SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CACHING_ALLOCATOR();
+  fresh_cache();
+  const int64_t n = 12 * MiB;
+  Tensor x = bytes_on_gpu(n);
+  void* px = x.data_ptr();
+  {
+    cuda::Stream side = cuda::Stream::create(0);
+    cuda::record_stream(x, side);
+  }  // destroyed (synchronised first)
+  for (int i = 0; i < 8; ++i) cuda::Stream::create(0);  // new streams may take its handle value
+  x = Tensor();
+  EXPECT_EQ(bytes_on_gpu(n).data_ptr(), px) << "reused at once: the destroyed stream's work is done";
+}
+
 TEST(CudaEvents, RecordQuerySynchronizeAndTime) {
   FORGE_SKIP_WITHOUT_GPU();
   cuda::Event never;

@@ -65,6 +65,7 @@ class DeviceAllocator : public Allocator {
   virtual void reset_peak() = 0;
   virtual void empty_cache() = 0;
   virtual void record_stream(void* ptr, cudaStream_t stream) = 0;
+  virtual void forget_stream(cudaStream_t stream) = 0;
   // Note [graph memory pools]; the plain allocator has none (a capture cannot cudaFree).
   virtual int graph_pool_begin() {
     FORGE_THROW("CUDA graphs need the caching allocator: FORGE_CUDA_ALLOC=plain frees memory with cudaFree, "
@@ -184,6 +185,13 @@ class CachingAllocator final : public DeviceAllocator {
     const auto id = reinterpret_cast<BlockPool::StreamId>(stream);
     if (auto it = graph_block_owner_.find(ptr); it != graph_block_owner_.end()) return it->second->pool->record_stream(ptr, id);
     pool_.record_stream(ptr, id);
+  }
+
+  void forget_stream(cudaStream_t stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto id = reinterpret_cast<BlockPool::StreamId>(stream);
+    pool_.forget_stream(id);
+    for (auto& [gid, g] : graph_pools_) g->pool->forget_stream(id);
   }
 
   int graph_pool_begin() override {
@@ -369,6 +377,7 @@ class PlainAllocator final : public DeviceAllocator {
   }
   void empty_cache() override {}
   void record_stream(void*, cudaStream_t) override {}
+  void forget_stream(cudaStream_t) override {}
 
  private:
   std::mutex mu_;
@@ -417,6 +426,14 @@ void empty_cache(int device) { allocator_of(device, "cuda::empty_cache").empty_c
 int graph_pool_begin(int device) { return allocator_of(device, "cuda::graph_pool_begin").graph_pool_begin(); }
 void graph_pool_end(int device) { allocator_of(device, "cuda::graph_pool_end").graph_pool_end(); }
 void graph_pool_release(int device, int id) { allocator_of(device, "cuda::graph_pool_release").graph_pool_release(id); }
+
+void forget_stream(int device, cudaStream_t stream) noexcept {
+  try {
+    allocator_of(device, "forget_stream").forget_stream(stream);
+  } catch (...) {
+    // (a device that was never used has no allocator state to clean)
+  }
+}
 
 void record_stream(const Tensor& t, const Stream& stream) {
   FORGE_CHECK(t.is_cuda(), "record_stream: the tensor (shape ", t.shape(), ") is on ", t.device().str(),

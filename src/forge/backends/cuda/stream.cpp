@@ -50,9 +50,10 @@ Stream Stream::create(int device, int priority) {
   FORGE_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
   // Destroyed with its last handle, after its work: a later stream may get the same handle
   // value, and blocks the allocator cached for this one must not be reused while it runs.
-  std::shared_ptr<void> owner(static_cast<void*>(s), [](void* p) {
+  std::shared_ptr<void> owner(static_cast<void*>(s), [device](void* p) {
     auto stream = static_cast<cudaStream_t>(p);
     if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+    forget_stream(device, stream);
     if (cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
   });
   return Stream(device, s, std::move(owner));

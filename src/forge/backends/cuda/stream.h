@@ -121,5 +121,10 @@ class Event {
 // done (Note [stream safety]). `stream` must be on t's device. A no-op for the tensor's own
 // stream and with FORGE_CUDA_ALLOC=plain (cudaFree waits for the device).
 void record_stream(const Tensor& t, const Stream& stream);
+// Called when a stream made by Stream::create is destroyed (after synchronising it): the caching
+// allocator drops its record_stream uses of that stream. A tensor used on a communication stream
+// may outlive the stream (a process group destroyed before the model whose weights it
+// broadcast); freeing it must not record an event on a destroyed stream.
+void forget_stream(int device, cudaStream_t stream) noexcept;
 
 }  // namespace forge::cuda
