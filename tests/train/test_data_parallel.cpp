@@ -19,20 +19,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "forge/io/checkpoint.h"
 #include "forge/io/hf_names.h"
 #include "forge/io/safetensors.h"
 #include "testing/cli_testing.h"
+#include "train/dist_train_testing.h"
 #include "train/train_testing.h"
 
 namespace fs = std::filesystem;
@@ -41,129 +39,21 @@ using forge::testing::shell_quote;
 
 namespace {
 
-struct ShellRun {
-  int status = -1;
-  std::string out;
-  double seconds = 0;
-};
+namespace dtt = forge::dist_train_testing;
+using dtt::base_args;
+using dtt::expect_same_run;
+using dtt::final_params;
+using dtt::max_rel;
+using dtt::shell;
+using dtt::ShellRun;
 
-ShellRun shell(const std::string& cmd) {
-  const auto t0 = std::chrono::steady_clock::now();
-  ShellRun r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
-
-// The environment every rank runs with: one thread per rank (2 cores, up to 4 ranks), Open MPI
-// allowed to run as root (CI containers), shared memory without ptrace-based single copy, and a
-// session directory of this test process's own: two mpiruns started at once (ctest -j) can
-// otherwise race to create the shared /tmp/ompi.<host>.<uid> ("mkdir ... File exists",
-// orte_init failed; seen once on a fresh clone).
-std::string rank_env() {
-  const fs::path tmp = fs::temp_directory_path() / ("forge_dp_ompi_" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-  return "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
-         "OMPI_MCA_orte_tmpdir_base=" + shell_quote(tmp.string()) + " ";
-}
-
-fs::path test_root() {
-  const fs::path d = fs::temp_directory_path() / ("forge_dp_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-// A small GPT on random tokens, f32 on the CPU; small buckets so that there are several.
-std::vector<std::string> base_args(const fs::path& dir, const std::string& name, int64_t steps,
-                                   const std::string& optim = "sgd") {
-  return {"--optim.name=" + optim, "--run.dir=" + dir.string(), "--run.name=" + name, "--run.device=cpu", "--run.dtype=f32",
-          "--run.overwrite=true", "--model.type=gpt", "--model.vocab_size=256", "--model.block_size=16",
-          "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--model.bias=false", "--data.source=random",
-          "--train.steps=" + std::to_string(steps), "--train.batch_size=8", "--train.seq_len=16",
-          "--train.log_every=1", "--optim.lr=3e-4", "--optim.momentum=0.9", "--optim.grad_clip=0.5", "--schedule.warmup_steps=3", "--schedule.decay_steps=20",
-          "--eval.every=0", "--dist.bucket_mb=0.004"};
-}
-
-// Every key is given on the command line; the config file itself is empty.
-fs::path empty_config() {
-  const fs::path p = test_root() / "dp.toml";
-  if (!fs::exists(p)) std::ofstream(p) << "# every key comes from the command line (test_data_parallel.cpp)\n";
-  return p;
-}
-
-std::string forge_cmd(const std::vector<std::string>& args) {
-  std::string cmd = shell_quote(forge_binary().string()) + " train " + shell_quote(empty_config().string());
-  for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
-  return cmd;
-}
-
-ShellRun run_single(const std::vector<std::string>& args) { return shell(rank_env() + forge_cmd(args)); }
-
-ShellRun run_mpi(int ranks, const std::vector<std::string>& args) {
-  return shell(rank_env() + "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " " +
-               forge_cmd(args));
-}
-
-std::map<int64_t, double> losses(const fs::path& run_dir) { return forge::train_testing::metrics_losses(run_dir); }
-
-forge::io::NamedTensors final_params(const fs::path& run_dir) {
-  const auto latest = forge::io::find_latest_checkpoint(run_dir);
-  if (!latest) return {};
-  return forge::io::load_safetensors(*latest / "model.safetensors").tensors;
-}
-
-double max_rel(const forge::Tensor& a, const forge::Tensor& b) {
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::abs(va[i] - vb[i]));
-    scale = std::max(scale, std::abs(vb[i]));
-  }
-  return scale == 0 ? diff : diff / scale;
-}
-
-// Compares run `got` with `want`: every step's loss and every final parameter within `tol`.
-void expect_same_run(const fs::path& got, const fs::path& want, int64_t from_step, double tol, double param_tol,
-                     const std::string& what) {
-  const auto lg = losses(got), lw = losses(want);
-  ASSERT_FALSE(lg.empty()) << what << ": no losses in " << got;
-  int64_t compared = 0;
-  for (const auto& [step, l] : lg) {
-    if (step < from_step) continue;
-    ASSERT_TRUE(lw.count(step)) << what << ": the reference has no loss at step " << step;
-    EXPECT_LE(std::abs(l - lw.at(step)) / std::abs(lw.at(step)), tol)
-        << what << ": loss at step " << step << " is " << l << ", the reference's " << lw.at(step);
-    ++compared;
-  }
-  EXPECT_EQ(compared, static_cast<int64_t>(lw.size()) - (from_step - 1)) << what;
-  const auto pg = final_params(got), pw = final_params(want);
-  ASSERT_EQ(pg.size(), pw.size()) << what;
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& [name, t] : pw) {
-    const forge::Tensor* o = pg.find(name);
-    ASSERT_NE(o, nullptr) << what << ": no parameter " << name;
-    const double e = max_rel(*o, t);
-    if (getenv("FORGE_DP_DEBUG")) {
-      const auto va = o->to_vector<double>(), vb = t.to_vector<double>();
-      size_t wi = 0;
-      for (size_t i = 0; i < va.size(); ++i)
-        if (std::abs(va[i] - vb[i]) > std::abs(va[wi] - vb[wi])) wi = i;
-      std::printf("%s %s: worst [%zu] %.9g vs %.9g\n", what.c_str(), name.c_str(), wi, va[wi], vb[wi]);
-    }
-    if (e > worst) worst = e, worst_name = name;
-  }
-  EXPECT_LE(worst, param_tol) << what << ": parameter " << worst_name << " differs by " << worst << " (relative)";
-  std::printf("[ %s ] worst parameter difference %.3g (%s), %lld losses compared\n", what.c_str(), worst,
-              worst_name.c_str(), static_cast<long long>(compared));
-}
+// This file's scratch and Open MPI session directories: /tmp/forge_dp_<pid>, /tmp/forge_dp_ompi_<pid>.
+const std::string kTag = "forge_dp_";
+std::string rank_env() { return dtt::rank_env(kTag); }
+fs::path test_root() { return dtt::test_root(kTag); }
+std::string forge_cmd(const std::vector<std::string>& args) { return dtt::forge_cmd(kTag, args); }
+ShellRun run_single(const std::vector<std::string>& args) { return dtt::run_single(kTag, args); }
+ShellRun run_mpi(int ranks, const std::vector<std::string>& args) { return dtt::run_mpi(kTag, ranks, args); }
 
 class DataParallelTrain : public forge::testing::ForgeCliTest {
  protected:
@@ -301,12 +191,7 @@ TEST_F(DataParallelTrain, ZeroThreeLlamaWithActivationCheckpointingAndEvaluation
   const fs::path corpus = root_ / "z3_corpus";
   forge::train_testing::write_corpus(corpus);
   auto args = base_args(root_, "z3_llama_single", 12);
-  auto set = [&](const std::string& key, const std::string& value) {
-    const std::string prefix = "--" + key + "=";
-    auto it = std::find_if(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(prefix, 0) == 0; });
-    if (it == args.end()) args.push_back(prefix + value);
-    else *it = prefix + value;
-  };
+  auto set = [&](const std::string& key, const std::string& value) { dtt::set_arg(args, key, value); };
   set("model.type", "llama");
   set("model.dim", "32");
   set("model.n_layer", "3");
