@@ -305,8 +305,14 @@ def main():
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in EMBEDDINGS]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in EMBEDDINGS)]
     fused = {"fused": True} if cuda and tp == 1 else {}  # (DTensor parameters: the foreach AdamW)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(opt_cfg.get("weight_decay", 0.1))},
-                             {"params": no_decay, "weight_decay": 0.0}],
+    wd = float(opt_cfg.get("weight_decay", 0.1))
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    if tp > 1:  # the foreach AdamW cannot mix DTensors and the plain (replicated) norm weights in one group
+        from torch.distributed.tensor import DTensor
+        groups = [{"params": [p for p in g["params"] if isinstance(p, DTensor) == d], "weight_decay": g["weight_decay"]}
+                  for g in groups for d in (True, False)]
+        groups = [g for g in groups if g["params"]]
+    opt = torch.optim.AdamW(groups,
                             lr=float(opt_cfg.get("lr", 6e-4)),
                             betas=(float(opt_cfg.get("beta1", 0.9)), float(opt_cfg.get("beta2", 0.95))),
                             eps=float(opt_cfg.get("eps", 1e-8)), **fused)

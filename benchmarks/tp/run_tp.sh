@@ -98,7 +98,7 @@ PYEOF
         tp2) V=(--dist.tp=2) ; PLAN=(--tp 2 --no-sp) ;;
         tp2_sp) V=(--dist.tp=2 --dist.sequence_parallel=true) ; PLAN=(--tp 2 --sp) ;;
       esac
-      if OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-300} train2 "${RUN[@]}" "${V[@]}" --run.name=$name > "$RAW/$name.log" 2>&1; then
+      if OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-300} "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" "${V[@]}" --run.name=$name > "$RAW/$name.log" 2>&1; then
         r=$(summary "$RUNS/$name")
         cp "$RUNS/$name/metrics.jsonl" "$RAW/$name.metrics.jsonl"
       else
@@ -116,6 +116,7 @@ PYEOF
       echo "{\"model\": \"$model\", \"who\": \"forge\", \"variant\": \"$variant\", \"result\": $r, \"plan\": $p}" | tee -a "$RAW/perf.jsonl"
     done
     for variant in tp2 tp2_sp; do
+      [[ $variant == tp2_sp && "${SKIP_PEER_SP:-0}" == 1 ]] && continue
       name="peer_${model}_$variant"
       SPF=(); [[ $variant == tp2_sp ]] && SPF=(--sp)
       if timeout ${PEER_TIMEOUT:-400} "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/step/torch_peer.py \

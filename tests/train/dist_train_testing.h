@@ -114,6 +114,19 @@ inline ShellRun run_mpi(const std::string& tag, int ranks, const std::vector<std
                forge_cmd(tag, args));
 }
 
+// The helpers above bound to one test file's tag (its scratch and Open MPI directories):
+//   const dist_train_testing::Runs runs{"forge_tp_"};  runs.run_mpi(2, args);
+struct Runs {
+  std::string tag;
+  std::string rank_env() const { return dist_train_testing::rank_env(tag); }
+  fs::path test_root() const { return dist_train_testing::test_root(tag); }
+  std::string forge_cmd(const std::vector<std::string>& args) const { return dist_train_testing::forge_cmd(tag, args); }
+  ShellRun run_single(const std::vector<std::string>& args) const { return dist_train_testing::run_single(tag, args); }
+  ShellRun run_mpi(int ranks, const std::vector<std::string>& args) const {
+    return dist_train_testing::run_mpi(tag, ranks, args);
+  }
+};
+
 inline std::map<int64_t, double> losses(const fs::path& run_dir) {
   return forge::train_testing::metrics_losses(run_dir);
 }

@@ -48,16 +48,11 @@ using dtt::shell;
 using dtt::ShellRun;
 
 // This file's scratch and Open MPI session directories: /tmp/forge_dp_<pid>, /tmp/forge_dp_ompi_<pid>.
-const std::string kTag = "forge_dp_";
-std::string rank_env() { return dtt::rank_env(kTag); }
-fs::path test_root() { return dtt::test_root(kTag); }
-std::string forge_cmd(const std::vector<std::string>& args) { return dtt::forge_cmd(kTag, args); }
-ShellRun run_single(const std::vector<std::string>& args) { return dtt::run_single(kTag, args); }
-ShellRun run_mpi(int ranks, const std::vector<std::string>& args) { return dtt::run_mpi(kTag, ranks, args); }
+const dtt::Runs runs{"forge_dp_"};
 
 class DataParallelTrain : public forge::testing::ForgeCliTest {
  protected:
-  static void SetUpTestSuite() { root_ = test_root(); }
+  static void SetUpTestSuite() { root_ = runs.test_root(); }
   static void TearDownTestSuite() {
     std::error_code ec;
     fs::remove_all(root_, ec);
@@ -74,7 +69,7 @@ class DataParallelTrain : public forge::testing::ForgeCliTest {
     if (!fs::exists(root_ / name / "metrics.jsonl")) {
       auto a = base_args(root_, name, 20, optim);
       if (grad_accum > 1) a.push_back("--train.grad_accum=" + std::to_string(grad_accum));
-      const ShellRun r = ranks > 0 ? run_mpi(ranks, a) : run_single(a);
+      const ShellRun r = ranks > 0 ? runs.run_mpi(ranks, a) : runs.run_single(a);
       EXPECT_EQ(r.status, 0) << r.out;
     }
     return root_ / name;
@@ -108,7 +103,7 @@ TEST_P(DataParallelLayouts, MatchesTheSingleProcessRun) {
   args.push_back("--dist.zero_stage=" + std::to_string(l.zero_stage));
   args.push_back(std::string("--dist.offload_optimizer=") + (l.offload ? "true" : "false"));
   if (l.grad_accum > 1) args.push_back("--train.grad_accum=" + std::to_string(l.grad_accum));
-  const ShellRun r = run_mpi(l.ranks, args);
+  const ShellRun r = runs.run_mpi(l.ranks, args);
   ASSERT_EQ(r.status, 0) << r.out;
   if (l.ranks > 1 || l.zero_stage > 0) {  // (one rank without ZeRO is a plain run)
     EXPECT_NE(r.out.find("data parallel: " + std::to_string(l.ranks) + " rank(s)"), std::string::npos) << r.out;
@@ -149,7 +144,7 @@ void expect_resumes_across_layouts(const fs::path& root, int before, int after) 
   const std::string tag = "z" + std::to_string(before) + "_np4";
   auto full = base_args(root, tag + "_full", 20);
   full.push_back("--dist.zero_stage=" + std::to_string(before));
-  const ShellRun a = run_mpi(4, full);
+  const ShellRun a = runs.run_mpi(4, full);
   ASSERT_EQ(a.status, 0) << a.out;
   EXPECT_NE(a.out.find("ZeRO-" + std::to_string(before)), std::string::npos) << a.out;
 
@@ -158,7 +153,7 @@ void expect_resumes_across_layouts(const fs::path& root, int before, int after) 
   first.push_back("--dist.zero_stage=" + std::to_string(before));
   first.push_back("--checkpoint.every=10");
   first.push_back("--train.steps=10");
-  const ShellRun b = run_mpi(4, first);
+  const ShellRun b = runs.run_mpi(4, first);
   ASSERT_EQ(b.status, 0) << b.out;
   const fs::path ck = root / resumed / "checkpoints" / "step_00000010";
   ASSERT_TRUE(fs::exists(ck / "optimizer.rank00003.safetensors")) << "no shard file of rank 3 in " << ck;
@@ -166,14 +161,14 @@ void expect_resumes_across_layouts(const fs::path& root, int before, int after) 
   auto second = base_args(root, resumed, 20);
   second.push_back("--dist.zero_stage=" + std::to_string(after));
   second.push_back("--run.overwrite=false");
-  const ShellRun c = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(second) + " --resume");
+  const ShellRun c = shell(runs.rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + runs.forge_cmd(second) + " --resume");
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_NE(c.out.find("resume: from"), std::string::npos) << c.out;
   expect_same_run(root / resumed, root / (tag + "_full"), 11, 1e-6, 1e-6, resumed);
   // And one process (no dist) resumes the same sharded checkpoint.
   auto single = base_args(root, tag + "_then_single", 20);
   single.push_back("--run.overwrite=false");
-  const ShellRun d = shell(rank_env() + forge_cmd(single) + " --resume " + shell_quote(ck.string()));
+  const ShellRun d = shell(runs.rank_env() + runs.forge_cmd(single) + " --resume " + shell_quote(ck.string()));
   ASSERT_EQ(d.status, 0) << d.out;
   expect_same_run(root / (tag + "_then_single"), root / (tag + "_full"), 11, 1e-6, 1e-6, tag + " -> one process");
 }
@@ -203,11 +198,11 @@ TEST_F(DataParallelTrain, ZeroThreeLlamaWithActivationCheckpointingAndEvaluation
   set("data.val_fraction", "0.1");
   set("eval.every", "5");
   set("eval.batches", "2");
-  const ShellRun single = run_single(args);
+  const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   set("run.name", "z3_llama_np2");
   set("dist.zero_stage", "3");
-  const ShellRun z3 = run_mpi(2, args);
+  const ShellRun z3 = runs.run_mpi(2, args);
   ASSERT_EQ(z3.status, 0) << z3.out;
   EXPECT_NE(z3.out.find("ZeRO-3"), std::string::npos) << z3.out;
   expect_same_run(root_ / "z3_llama_np2", root_ / "z3_llama_single", 1, 1e-6, 1e-6, "zero3 llama np2");
@@ -233,7 +228,7 @@ TEST_F(DataParallelTrain, ExportWritesAHuggingFaceModelFromAShardedCheckpoint) {
   auto args = base_args(root_, "export_z2_np2", 3);
   args.push_back("--dist.zero_stage=2");
   args[std::find(args.begin(), args.end(), "--model.bias=false") - args.begin()] = "--model.bias=true";
-  const ShellRun r = run_mpi(2, args);
+  const ShellRun r = runs.run_mpi(2, args);
   ASSERT_EQ(r.status, 0) << r.out;
   const fs::path out = root_ / "export_z2_np2_hf";
   const ShellRun e = shell(shell_quote(forge_binary().string()) + " export --checkpoint " +
@@ -269,7 +264,7 @@ TEST_F(DataParallelTrain, ExportWritesAHuggingFaceModelFromAShardedCheckpoint) {
 TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
   auto args = base_args(root_, "skip_reductions", 20);
   args.push_back("--debug.skip_reductions=true");
-  const ShellRun r = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(args));
+  const ShellRun r = shell(runs.rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + runs.forge_cmd(args));
   ASSERT_EQ(r.status, 0) << r.out;
   {
     std::ifstream f(root_ / "skip_reductions" / "config.toml");
@@ -284,7 +279,7 @@ TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
   auto z2 = base_args(root_, "skip_reductions_z2", 2);
   z2.push_back("--dist.zero_stage=2");
   z2.push_back("--debug.skip_reductions=true");
-  const ShellRun bad = shell(rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(z2));
+  const ShellRun bad = shell(runs.rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + runs.forge_cmd(z2));
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only"), std::string::npos)
       << bad.out;
@@ -295,9 +290,9 @@ TEST_F(DataParallelTrain, SkipReductionsDiagnosticSkipsTheAveraging) {
 // instead of one step late, Note [deferred step read]) give the same run, bit for bit: the
 // faster paths change no arithmetic.
 TEST_F(DataParallelTrain, ClaimedBuffersAndTheDeferredReadChangeNoArithmetic) {
-  const ShellRun r = shell("FORGE_NO_GRAD_BUFFER_CLAIM=1 FORGE_TRAIN_SYNC_EACH_STEP=1 " + rank_env() +
+  const ShellRun r = shell("FORGE_NO_GRAD_BUFFER_CLAIM=1 FORGE_TRAIN_SYNC_EACH_STEP=1 " + runs.rank_env() +
                            "mpirun --oversubscribe --bind-to none -np 2 " +
-                           forge_cmd(base_args(root_, "copied_grads", 20, "adamw")));
+                           runs.forge_cmd(base_args(root_, "copied_grads", 20, "adamw")));
   ASSERT_EQ(r.status, 0) << r.out;
   expect_same_run(root_ / "copied_grads", reference("adamw", 1, 2), 1, 0.0, 0.0, "copied vs claimed gradients");
 }
@@ -313,13 +308,13 @@ TEST_F(DataParallelTrain, HalfPrecisionWithLossScalingTrainsUnderDataParallelism
     a.push_back("--optim.grad_clip=0");
     return a;
   };
-  const ShellRun single = run_single(f16(base_args(root_, "f16_single", 20, "sgd")));
+  const ShellRun single = runs.run_single(f16(base_args(root_, "f16_single", 20, "sgd")));
   ASSERT_EQ(single.status, 0) << single.out;
   for (int stage : {0, 2}) {
     const std::string name = "f16_np2_zero" + std::to_string(stage);
     auto args = f16(base_args(root_, name, 20, "sgd"));
     args.push_back("--dist.zero_stage=" + std::to_string(stage));
-    const ShellRun r = run_mpi(2, args);
+    const ShellRun r = runs.run_mpi(2, args);
     ASSERT_EQ(r.status, 0) << r.out;
     expect_same_run(root_ / name, root_ / "f16_single", 1, 5e-3, 1e-2, name + " vs one f16 process");
     std::ifstream metrics(root_ / name / "metrics.jsonl");
@@ -330,7 +325,7 @@ TEST_F(DataParallelTrain, HalfPrecisionWithLossScalingTrainsUnderDataParallelism
   auto offload = f16(base_args(root_, "f16_offload", 2, "adamw"));
   offload.push_back("--dist.zero_stage=2");
   offload.push_back("--dist.offload_optimizer=true");
-  const ShellRun bad = run_mpi(2, offload);
+  const ShellRun bad = runs.run_mpi(2, offload);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("run.dtype = \"f16\" with dist.offload_optimizer = true is not supported"), std::string::npos)
       << bad.out;
@@ -361,7 +356,7 @@ double final_test_accuracy(const fs::path& run_dir) {
 TEST_F(DataParallelTrain, LenetTrainsUnderDataParallelismAsInOneProcess) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST (Debian package dataset-fashion-mnist) is not installed";
-  const ShellRun single = run_single(lenet_args(root_, "lenet_single"));
+  const ShellRun single = runs.run_single(lenet_args(root_, "lenet_single"));
   ASSERT_EQ(single.status, 0) << single.out;
   const double acc = final_test_accuracy(root_ / "lenet_single");
   EXPECT_GT(acc, 0.15) << single.out;  // chance is 0.1; 38 steps of SGD only begin to learn
@@ -369,7 +364,7 @@ TEST_F(DataParallelTrain, LenetTrainsUnderDataParallelismAsInOneProcess) {
     const std::string name = "lenet_np2_zero" + std::to_string(stage);
     auto args = lenet_args(root_, name);
     args.push_back("--dist.zero_stage=" + std::to_string(stage));
-    const ShellRun r = run_mpi(2, args);
+    const ShellRun r = runs.run_mpi(2, args);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("data parallel: 2 rank(s)"), std::string::npos) << r.out;
     expect_same_run(root_ / name, root_ / "lenet_single", 1, 1e-6, 1e-6, name + " vs one process");
@@ -378,7 +373,7 @@ TEST_F(DataParallelTrain, LenetTrainsUnderDataParallelismAsInOneProcess) {
   // The DDP run's checkpoint at step 10 (mid-epoch) resumes in one process.
   auto resumed = lenet_args(root_, "lenet_np2_then_single");
   resumed.push_back("--run.overwrite=false");
-  const ShellRun d = shell(rank_env() + forge_cmd(resumed) + " --resume " +
+  const ShellRun d = shell(runs.rank_env() + runs.forge_cmd(resumed) + " --resume " +
                            shell_quote((root_ / "lenet_np2_zero0" / "checkpoints" / "step_00000010").string()));
   ASSERT_EQ(d.status, 0) << d.out;
   expect_same_run(root_ / "lenet_np2_then_single", root_ / "lenet_single", 11, 1e-6, 1e-6, "lenet DDP -> one process");
@@ -387,7 +382,7 @@ TEST_F(DataParallelTrain, LenetTrainsUnderDataParallelismAsInOneProcess) {
   auto small = lenet_args(root_, "lenet_np2_small");
   small.push_back("--data.max_train_samples=101");
   small.push_back("--train.batch_size=50");
-  const ShellRun bad = run_mpi(2, small);
+  const ShellRun bad = runs.run_mpi(2, small);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("leave a last batch of 1 image(s) in each epoch, fewer than the 2 data-parallel ranks"),
             std::string::npos)
@@ -395,7 +390,7 @@ TEST_F(DataParallelTrain, LenetTrainsUnderDataParallelismAsInOneProcess) {
 }
 
 TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeStart) {
-  const ShellRun r = run_mpi(3, base_args(root_, "np3", 5));
+  const ShellRun r = runs.run_mpi(3, base_args(root_, "np3", 5));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("train.batch_size = 8 is not divisible by the world size 3"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(root_ / "np3" / "checkpoints")) << "work was done before the check";
@@ -405,7 +400,7 @@ TEST_F(DataParallelTrain, AWorldSizeThatDoesNotDivideTheBatchIsRejectedBeforeSta
 TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
   auto args = base_args(root_, "dies", 2000);
   args.push_back("--debug.abort_at=1:5");
-  const ShellRun r = shell(rank_env() + "timeout 60 mpirun --oversubscribe --bind-to none -np 2 " + forge_cmd(args));
+  const ShellRun r = shell(runs.rank_env() + "timeout 60 mpirun --oversubscribe --bind-to none -np 2 " + runs.forge_cmd(args));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
   EXPECT_LT(r.seconds, 30.0) << r.out;
@@ -417,8 +412,8 @@ TEST_F(DataParallelTrain, ARankThatDiesEndsTheJobWithinSeconds) {
 TEST_F(DataParallelTrain, AStuckPeerEndsTheJobAfterTheTimeout) {
   auto args = base_args(root_, "stuck", 2000);
   args.push_back("--debug.hang_at=1:4");
-  const ShellRun r = shell(rank_env() + "FORGE_DIST_TIMEOUT=3 timeout 60 mpirun --oversubscribe --bind-to none -np 2 " +
-                           forge_cmd(args));
+  const ShellRun r = shell(runs.rank_env() + "FORGE_DIST_TIMEOUT=3 timeout 60 mpirun --oversubscribe --bind-to none -np 2 " +
+                           runs.forge_cmd(args));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.status, 124) << "the job hung until the test's timeout: " << r.out;
   EXPECT_LT(r.seconds, 30.0) << r.out;

@@ -54,14 +54,9 @@ using dtt::shell;
 using dtt::ShellRun;
 
 // This file's scratch and Open MPI session directories: /tmp/forge_tp_<pid>, /tmp/forge_tp_ompi_<pid>.
-const std::string kTag = "forge_tp_";
-std::string rank_env() { return dtt::rank_env(kTag); }
-fs::path test_root() { return dtt::test_root(kTag); }
-std::string forge_cmd(const std::vector<std::string>& args) { return dtt::forge_cmd(kTag, args); }
-ShellRun run_single(const std::vector<std::string>& args) { return dtt::run_single(kTag, args); }
-ShellRun run_mpi(int ranks, const std::vector<std::string>& args) { return dtt::run_mpi(kTag, ranks, args); }
+const dtt::Runs runs{"forge_tp_"};
 std::string mpirun(int ranks) {
-  return rank_env() + "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
+  return runs.rank_env() + "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
 }
 
 constexpr auto npos = std::string::npos;
@@ -124,11 +119,11 @@ std::vector<std::string> parameter_lines(const std::string& out, const std::stri
 
 class TensorParallelTrain : public forge::testing::ForgeCliTest {
  protected:
-  static void SetUpTestSuite() { root_ = test_root(); }
+  static void SetUpTestSuite() { root_ = runs.test_root(); }
   static void TearDownTestSuite() {
     std::error_code ec;
     fs::remove_all(root_, ec);
-    fs::remove_all(fs::temp_directory_path() / (kTag + "ompi_" + std::to_string(::getpid())), ec);  // rank_env's
+    fs::remove_all(fs::temp_directory_path() / (runs.tag + "ompi_" + std::to_string(::getpid())), ec);  // rank_env's
   }
   void SetUp() override {
     ForgeCliTest::SetUp();
@@ -139,7 +134,7 @@ class TensorParallelTrain : public forge::testing::ForgeCliTest {
   static fs::path reference(const std::string& model, const std::string& optim) {
     const std::string name = "ref_" + model + "_" + optim;
     if (!fs::exists(root_ / name / "metrics.jsonl")) {
-      const ShellRun r = run_single(model_args(root_, name, 20, model, optim));
+      const ShellRun r = runs.run_single(model_args(root_, name, 20, model, optim));
       EXPECT_EQ(r.status, 0) << "the one-process reference failed: " << r.out;
     }
     return root_ / name;
@@ -174,7 +169,7 @@ TEST_P(TensorParallelLayouts, MatchesTheSingleProcessRun) {
   const fs::path single = reference(c.model, o);  // first: a failure of the tp run is then never the config's
   auto args = model_args(root_, name, 20, c.model, o);
   add_tp(args, c.tp, c.sp, c.zero_stage);
-  const ShellRun r = run_mpi(c.world, args);
+  const ShellRun r = runs.run_mpi(c.world, args);
   ASSERT_EQ(r.status, 0) << r.out;
   expect_tp_log(r, c.tp, c.sp);
   if (o == "sgd") {
@@ -189,7 +184,7 @@ TEST_P(TensorParallelLayouts, MatchesTheSingleProcessRun) {
     const std::string ddp = name + "_vs_ddp";
     auto d = model_args(root_, ddp, 20, c.model, o);
     add_tp(d, c.tp, c.sp, 0);
-    const ShellRun rd = run_mpi(c.world, d);
+    const ShellRun rd = runs.run_mpi(c.world, d);
     ASSERT_EQ(rd.status, 0) << rd.out;
     expect_same_run(root_ / name, root_ / ddp, 1, 1e-6, 1e-6, name + " vs DDP on the same mesh");
   }
@@ -223,7 +218,7 @@ TEST_F(TensorParallelTrain, TpTwoByDpTwoCheckpointResumesAtTpTwoAndInOneProcess)
   const std::string full = "tp2dp2_full", resumed = "tp2dp2_then_tp2", single = "tp2dp2_then_single";
   auto a = model_args(root_, full, 20, "gpt", "adamw");
   add_tp(a, 2, false, 1);
-  const ShellRun r = run_mpi(4, a);
+  const ShellRun r = runs.run_mpi(4, a);
   ASSERT_EQ(r.status, 0) << r.out;
   expect_tp_log(r, 2, false);
 
@@ -231,7 +226,7 @@ TEST_F(TensorParallelTrain, TpTwoByDpTwoCheckpointResumesAtTpTwoAndInOneProcess)
   add_tp(first, 2, false, 1);
   set_arg(first, "checkpoint.every", "10");
   set_arg(first, "train.steps", "10");
-  const ShellRun b = run_mpi(4, first);
+  const ShellRun b = runs.run_mpi(4, first);
   ASSERT_EQ(b.status, 0) << b.out;
   const fs::path ck = root_ / resumed / "checkpoints" / "step_00000010";
   ASSERT_TRUE(fs::exists(ck / "model.safetensors")) << "no checkpoint at step 10: " << b.out;
@@ -239,7 +234,7 @@ TEST_F(TensorParallelTrain, TpTwoByDpTwoCheckpointResumesAtTpTwoAndInOneProcess)
   auto second = model_args(root_, resumed, 20, "gpt", "adamw");
   add_tp(second, 2, false, 0);
   set_arg(second, "run.overwrite", "false");
-  const ShellRun c = shell(mpirun(2) + forge_cmd(second) + " --resume");
+  const ShellRun c = shell(mpirun(2) + runs.forge_cmd(second) + " --resume");
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_NE(c.out.find("resume: from"), npos) << c.out;
   expect_tp_log(c, 2, false);
@@ -247,7 +242,7 @@ TEST_F(TensorParallelTrain, TpTwoByDpTwoCheckpointResumesAtTpTwoAndInOneProcess)
 
   auto one = model_args(root_, single, 20, "gpt", "adamw");
   set_arg(one, "run.overwrite", "false");
-  const ShellRun d = shell(rank_env() + forge_cmd(one) + " --resume " + shell_quote(ck.string()));
+  const ShellRun d = shell(runs.rank_env() + runs.forge_cmd(one) + " --resume " + shell_quote(ck.string()));
   ASSERT_EQ(d.status, 0) << d.out;
   EXPECT_NE(d.out.find("resume: from"), npos) << d.out;
   expect_same_run(root_ / single, root_ / full, 11, 1e-6, 5e-5, "tp2 x dp2 -> one process");
@@ -263,14 +258,14 @@ TEST_F(TensorParallelTrain, OneProcessCheckpointResumesAtTpTwo) {
   auto first = model_args(root_, name, 20, "llama", "adamw");
   set_arg(first, "checkpoint.every", "10");
   set_arg(first, "train.steps", "10");
-  const ShellRun a = run_single(first);
+  const ShellRun a = runs.run_single(first);
   ASSERT_EQ(a.status, 0) << a.out;
   ASSERT_TRUE(fs::exists(root_ / name / "checkpoints" / "step_00000010" / "model.safetensors")) << a.out;
 
   auto second = model_args(root_, name, 20, "llama", "adamw");
   add_tp(second, 2, true, 0);
   set_arg(second, "run.overwrite", "false");
-  const ShellRun b = shell(mpirun(2) + forge_cmd(second) + " --resume");
+  const ShellRun b = shell(mpirun(2) + runs.forge_cmd(second) + " --resume");
   ASSERT_EQ(b.status, 0) << b.out;
   EXPECT_NE(b.out.find("resume: from"), npos) << b.out;
   expect_tp_log(b, 2, true);
@@ -292,11 +287,11 @@ TEST_F(TensorParallelTrain, LlamaEvaluatesOnTextAsInOneProcess) {
   set_arg(args, "data.val_fraction", "0.1");
   set_arg(args, "eval.every", "5");
   set_arg(args, "eval.batches", "2");
-  const ShellRun single = run_single(args);
+  const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   set_arg(args, "run.name", "tp_llama_np2");
   add_tp(args, 2, true);
-  const ShellRun tp = run_mpi(2, args);
+  const ShellRun tp = runs.run_mpi(2, args);
   ASSERT_EQ(tp.status, 0) << tp.out;
   expect_tp_log(tp, 2, true);
   expect_same_run(root_ / "tp_llama_np2", root_ / "tp_llama_single", 1, 1e-6, 1e-6, "tp2 llama on text");
@@ -321,7 +316,7 @@ TEST_F(TensorParallelTrain, ExportAndSampleReadATensorParallelCheckpoint) {
   set_arg(args, "data.vocab_size", "300");
   set_arg(args, "data.val_fraction", "0.1");
   add_tp(args, 2, false);
-  const ShellRun r = run_mpi(2, args);
+  const ShellRun r = runs.run_mpi(2, args);
   ASSERT_EQ(r.status, 0) << r.out;
   expect_tp_log(r, 2, false);
 
@@ -363,11 +358,11 @@ TEST_F(TensorParallelTrain, ExportAndSampleReadATensorParallelCheckpoint) {
 TEST_F(TensorParallelTrain, TheLogReportsTheWholeModelsParameterCount) {
   for (const std::string model : {"gpt", "llama_kv1"}) {
     const std::string type = model == "gpt" ? "gpt" : "llama";
-    const ShellRun single = run_single(model_args(root_, "count_single_" + model, 2, model));
+    const ShellRun single = runs.run_single(model_args(root_, "count_single_" + model, 2, model));
     ASSERT_EQ(single.status, 0) << single.out;
     auto args = model_args(root_, "count_tp2_" + model, 2, model);
     add_tp(args, 2, false);
-    const ShellRun tp = run_mpi(2, args);
+    const ShellRun tp = runs.run_mpi(2, args);
     ASSERT_EQ(tp.status, 0) << tp.out;
     const auto want = parameter_lines(single.out, type), got = parameter_lines(tp.out, type);
     ASSERT_EQ(want.size(), 1u) << single.out;
@@ -382,7 +377,7 @@ TEST_F(TensorParallelTrain, LayoutsThatCannotWorkAreRejectedBeforeStart) {
     auto a = base_args(root_, "tp3", 5);
     set_arg(a, "model.vocab_size", "258");
     add_tp(a, 3, false);
-    const ShellRun r = run_mpi(3, a);
+    const ShellRun r = runs.run_mpi(3, a);
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.out.find("is not divisible by dist.tp"), npos) << r.out;
     EXPECT_FALSE(fs::exists(root_ / "tp3" / "checkpoints")) << "work was done before the check";
@@ -390,7 +385,7 @@ TEST_F(TensorParallelTrain, LayoutsThatCannotWorkAreRejectedBeforeStart) {
   {  // sequence parallelism splits the sequence over the tp group: without one it means nothing
     auto a = model_args(root_, "sp_tp1", 5, "gpt");
     set_arg(a, "dist.sequence_parallel", "true");
-    const ShellRun r = run_single(a);
+    const ShellRun r = runs.run_single(a);
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.out.find("dist.sequence_parallel = true"), npos) << r.out;
     EXPECT_FALSE(fs::exists(root_ / "sp_tp1" / "checkpoints")) << "work was done before the check";
@@ -398,7 +393,7 @@ TEST_F(TensorParallelTrain, LayoutsThatCannotWorkAreRejectedBeforeStart) {
   {  // ZeRO-3 gathers whole blocks; with tp they are split another way
     auto a = model_args(root_, "z3_tp2", 5, "gpt");
     add_tp(a, 2, false, 3);
-    const ShellRun r = run_mpi(2, a);
+    const ShellRun r = runs.run_mpi(2, a);
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.out.find("dist.zero_stage = 3 with dist.tp"), npos) << r.out;
     EXPECT_FALSE(fs::exists(root_ / "z3_tp2" / "checkpoints")) << "work was done before the check";
