@@ -141,6 +141,39 @@ Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
   });
 }
 
+// Note [one collective per input]: LLaMA's q, k and v projections (and its gate and up) are
+// separate linears fed the same normed activations. Each entering its tensor-parallel region on
+// its own would cost, per block, three all-reduces of the input gradient in backward (one per
+// copy_to_region) where one of their sum does, and under sequence parallelism three all-gathers,
+// three whole-sequence copies saved for backward and three reduce-scatters. So the last entry is
+// remembered, by weak references to its input and output: the same input tensor (alive, the same
+// object, the same group, kind and grad mode) gets the same output, whose gradient autograd sums
+// over its users before the one collective of its backward. The memo keeps nothing alive.
+namespace {
+Tensor enter_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence) {
+  if (size_of(g) == 1) return x;
+  struct Memo {
+    std::weak_ptr<TensorImpl> input, output;
+    const ProcessGroup* group = nullptr;
+    bool sequence = false, grad = false;
+  };
+  thread_local Memo memo;
+  const bool grad = grad_enabled();
+  if (memo.group == g.get() && memo.sequence == sequence && memo.grad == grad) {
+    const auto in = memo.input.lock();
+    auto out = memo.output.lock();
+    if (in && out && in.get() == x.impl()) return Tensor(std::move(out));
+  }
+  Tensor out = sequence ? gather_along(x, 1, g) : copy_to_region(x, g);
+  memo = {x.impl_ptr(), out.impl_ptr(), g.get(), sequence, grad};
+  return out;
+}
+}  // namespace
+
+Tensor enter_column_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence_parallel) {
+  return enter_region(x, g, sequence_parallel);
+}
+
 Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
   if (size_of(g) == 1) return x;
   check_device(x, g, "tp::reduce_scatter_along");
@@ -194,7 +227,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, P
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
-  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  const Tensor xin = enter_column_region(x, group, sequence_parallel);
   const Tensor y = ops::linear(xin, weight, bias);
   return gather_output ? gather_last_dim(y, group) : y;
 }
@@ -290,7 +323,7 @@ ReplicatedKVLinear::ReplicatedKVLinear(int64_t in, int64_t out, int64_t hd, Proc
       group(std::move(g)) {}
 
 Tensor ReplicatedKVLinear::forward(const Tensor& x) const {
-  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  const Tensor xin = enter_column_region(x, group, sequence_parallel);
   return ops::linear(xin, weight, Tensor());
 }
 

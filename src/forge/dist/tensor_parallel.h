@@ -49,6 +49,10 @@ Tensor gather_last_dim(const Tensor& x, const ProcessGroupPtr& group);
 Tensor scatter_last_dim(const Tensor& x, const ProcessGroupPtr& group);
 Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
 Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+// How a column-parallel linear's input enters its region: copy_to_region(x, group), or with
+// sequence parallelism gather_along(x, 1, group); the same output again for the same x (Note [one
+// collective per input]), so linears sharing an input share one collective.
+Tensor enter_column_region(const Tensor& x, const ProcessGroupPtr& group, bool sequence_parallel);
 
 // Part `rank` of `parts` equal parts of `full` along `dim`, as a new contiguous tensor (throws
 // naming the sizes when `parts` does not divide it): a rank's shard of a whole weight.

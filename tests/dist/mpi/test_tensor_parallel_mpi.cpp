@@ -38,6 +38,40 @@ void expect_near(const Tensor& got, const Tensor& want, const std::string& what)
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], kTol * (1 + std::abs(b[i]))) << what << " [" << i << "]";
 }
 
+// Note [one collective per input]: linears fed the same tensor enter their region through one
+// collective (the same output tensor, whose backward runs once on the summed gradient); another
+// input, another grad mode or the other kind of entry gets its own; the memo keeps nothing alive.
+TEST(TensorParallelMpi, LinearsSharingAnInputShareOneCollective) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  for (const bool sp : {false, true}) {
+    const std::string kind = sp ? "gather_along" : "copy_to_region";
+    Tensor x = of_rank({2, 4, 3}, 5, r).requires_grad_();
+    const Tensor a = tp::enter_column_region(x, g, sp);
+    const Tensor b = tp::enter_column_region(x, g, sp);
+    if (W > 1) {  // (a group of one enters with the input itself)
+      EXPECT_TRUE(a.is_same(b)) << kind << ": the second linear did not reuse the first one's entry";
+      const Tensor other = tp::enter_column_region(x.detach().clone().requires_grad_(), g, sp);
+      EXPECT_FALSE(other.is_same(a)) << kind;
+      EXPECT_FALSE(tp::enter_column_region(x, g, !sp).is_same(a)) << kind;
+      NoGradGuard no_grad;
+      EXPECT_FALSE(tp::enter_column_region(x, g, sp).is_same(a)) << kind << ": a no-grad entry reused a recorded one";
+    }
+    // Two users of the shared entry: the input's gradient is what two separate entries give.
+    ops::add(ops::sum(ops::mul(a, a)), ops::sum(ops::mul(b, 3.0))).backward();
+    Tensor y = x.detach().clone().requires_grad_();
+    auto enter = [&] { return sp ? tp::gather_along(y, 1, g) : tp::copy_to_region(y, g); };
+    ops::add(ops::sum(ops::mul(enter(), enter())), ops::sum(ops::mul(enter(), 3.0))).backward();
+    expect_near(x.grad(), y.grad(), kind + ": the gradient through the shared entry");
+  }
+  // Nothing kept alive: once its users are gone, the same input gets a new entry.
+  Tensor x = of_rank({2, 4, 3}, 6, r).requires_grad_();
+  const std::weak_ptr<TensorImpl> entry = tp::enter_column_region(x, g, true).impl_ptr();
+  if (W > 1) {
+    EXPECT_TRUE(entry.expired()) << "the memo kept the gathered tensor alive";
+  }
+}
+
 TEST(TensorParallelMpi, CopyAndReduceAreInverseInTheBackward) {
   const auto g = world();
   const int W = g->size(), r = g->rank();
