@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/autograd/deferred.h"
 #include "forge/autograd/node.h"
 #include "forge/forge.h"
 #include "forge/nn/layers.h"
@@ -130,6 +131,40 @@ TEST(Linear, ModulesRunThroughTheOp) {
   const Tensor want = ops::linear(ops::gelu(ops::linear(x, mlp.c_fc->weight, mlp.c_fc->bias), true),
                                   mlp.c_proj->weight, mlp.c_proj->bias);
   EXPECT_LE(max_abs_diff(mlp.forward(x), want), 1e-6);
+}
+
+}  // namespace
+}  // namespace forge
+
+namespace forge {
+namespace {
+
+// Note [weight gradients behind the collective]: a linear given a DeferredGrads returns dX in its
+// backward and queues dW and db; running the queue hands them to the leaves (their hooks run then),
+// with the values of the plain linear, bit for bit.
+TEST(LinearDeferred, WeightGradientsWaitForTheQueueAndMatchThePlainLinear) {
+  const Tensor x0 = rnd({3, 4, 6}, 11), w0 = rnd({5, 6}, 12), b0 = rnd({5}, 13), dy = rnd({3, 4, 5}, 14);
+  Tensor x1 = x0.detach().requires_grad_(), w1 = w0.detach().requires_grad_(), b1 = b0.detach().requires_grad_();
+  ops::linear(x1, w1, b1).backward(dy);
+  Tensor x2 = x0.detach().requires_grad_(), w2 = w0.detach().requires_grad_(), b2 = b0.detach().requires_grad_();
+  int hooks = 0;
+  w2.register_grad_hook([&](const Tensor&) { ++hooks; });
+  auto queue = std::make_shared<autograd::DeferredGrads>();
+  ops::linear(x2, w2, b2, queue).backward(dy);
+  EXPECT_EQ(vals(x2.grad()), vals(x1.grad())) << "dX comes at once";
+  EXPECT_FALSE(w2.grad().defined()) << "dW waits for the queue";
+  EXPECT_FALSE(b2.grad().defined());
+  EXPECT_EQ(hooks, 0);
+  ASSERT_FALSE(queue->empty());
+  queue->run();
+  EXPECT_TRUE(queue->empty());
+  EXPECT_EQ(vals(w2.grad()), vals(w1.grad()));
+  EXPECT_EQ(vals(b2.grad()), vals(b1.grad()));
+  EXPECT_EQ(hooks, 1) << "the leaf's hooks run when its gradient lands (DDP's buckets)";
+  // A second backward accumulates, as it would without the queue.
+  ops::linear(x2, w2, b2, queue).backward(dy);
+  queue->run();
+  EXPECT_EQ(vals(w2.grad()), vals(ops::mul(w1.grad(), 2.0)));
 }
 
 }  // namespace

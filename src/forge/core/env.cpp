@@ -128,6 +128,12 @@ const std::vector<Spec>& table() {
        .default_value = "0",
        .meaning = "1: backward computes every gradient into memory of its own and copies it into the gradient "
                   "buffer, as before the claimed buffers (what they save; docs/dist.md)"},
+      {.name = "FORGE_TP_OVERLAP",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: tensor parallelism computes a column-parallel region's weight gradients before, not while, "
+                  "the collective on its input gradient runs (what the overlap saves; docs/dist.md)"},
       {.name = "FORGE_TRAIN_PHASES",
        .kind = Kind::flag,
        .category = Category::diagnostic,

@@ -4,8 +4,10 @@
 
 #include <utility>
 
+#include "forge/autograd/deferred.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/autograd/node.h"
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/embedding.h"
@@ -58,8 +60,10 @@ Tensor all_gather_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
   return ops::cat(parts, dim);
 }
 
-// Part `rank` (of W equal parts along `dim`) of the sum over the ranks of x, no history.
-Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g, const char* op) {
+// Part `rank` (of W equal parts along `dim`) of the sum over the ranks of x, no history: started
+// (the result is valid once the work has been waited for), or done.
+std::pair<Tensor, WorkPtr> start_reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g,
+                                                    const char* op) {
   NoGradGuard no_grad;
   const int W = g->size();
   const int64_t n = x.size(dim);
@@ -71,7 +75,13 @@ Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g
   for (const Tensor& c : chunks) flat.push_back(c.contiguous().reshape({-1}));
   const Tensor in = ops::cat(flat, 0);
   Tensor out = empty(chunks[0].shape(), {.dtype = x.dtype(), .device = x.device()});
-  g->reduce_scatter(out, in, ReduceOp::sum)->wait();
+  WorkPtr work = g->reduce_scatter(out, in, ReduceOp::sum);
+  return {out, work};
+}
+
+Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g, const char* op) {
+  auto [out, work] = start_reduce_scatter_dim(x, dim, g, op);
+  work->wait();
   return out;
 }
 
@@ -150,29 +160,58 @@ Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
 // object, the same group, kind and grad mode) gets the same output, whose gradient autograd sums
 // over its users before the one collective of its backward. The memo keeps nothing alive.
 namespace {
-Tensor enter_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence) {
-  if (size_of(g) == 1) return x;
+bool overlap_enabled() { return env::flag("FORGE_TP_OVERLAP"); }
+
+// The entry node: forward copy_to_region (identity) or gather_along(x, 1); backward starts the
+// all-reduce / reduce-scatter of the summed input gradient, runs the region's queued weight
+// gradients while it is in flight (Note [weight gradients behind the collective]), then waits.
+RegionEntry make_entry(const Tensor& x, const ProcessGroupPtr& g, bool sequence) {
+  RegionEntry e;
+  if (overlap_enabled() && autograd::any_requires_grad({x})) e.defer = std::make_shared<autograd::DeferredGrads>();
+  auto defer = e.defer;
+  if (sequence) {
+    e.input = with_history("tp_enter_sequence", all_gather_dim(x, 1, g), x, [g, defer](const Tensor& grad) {
+      auto [out, work] = start_reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
+      if (defer) defer->run();
+      work->wait();
+      return out;
+    });
+  } else {
+    e.input = with_history("tp_enter_region", x.detach(), x, [g, defer](const Tensor& grad) {
+      NoGradGuard no_grad;
+      Tensor t = grad.detach().contiguous().clone();
+      WorkPtr work = g->all_reduce(t, ReduceOp::sum);
+      if (defer) defer->run();
+      work->wait();
+      return t;
+    });
+  }
+  if (!e.input.grad_fn()) e.defer = nullptr;  // (no backward will run the queue)
+  return e;
+}
+}  // namespace
+
+RegionEntry enter_column_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence_parallel) {
+  if (size_of(g) == 1) return {x, nullptr};
+  check_device(x, g, "tp::enter_column_region");
   struct Memo {
     std::weak_ptr<TensorImpl> input, output;
+    std::weak_ptr<autograd::DeferredGrads> defer;
     const ProcessGroup* group = nullptr;
     bool sequence = false, grad = false;
   };
   thread_local Memo memo;
   const bool grad = grad_enabled();
-  if (memo.group == g.get() && memo.sequence == sequence && memo.grad == grad) {
+  if (memo.group == g.get() && memo.sequence == sequence_parallel && memo.grad == grad) {
     const auto in = memo.input.lock();
     auto out = memo.output.lock();
-    if (in && out && in.get() == x.impl()) return Tensor(std::move(out));
+    if (in && out && in.get() == x.impl()) return {Tensor(std::move(out)), memo.defer.lock()};
   }
-  Tensor out = sequence ? gather_along(x, 1, g) : copy_to_region(x, g);
-  memo = {x.impl_ptr(), out.impl_ptr(), g.get(), sequence, grad};
-  return out;
+  RegionEntry e = make_entry(x, g, sequence_parallel);
+  memo = {x.impl_ptr(), e.input.impl_ptr(), e.defer, g.get(), sequence_parallel, grad};
+  return e;
 }
-}  // namespace
 
-Tensor enter_column_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence_parallel) {
-  return enter_region(x, g, sequence_parallel);
-}
 
 Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
   if (size_of(g) == 1) return x;
@@ -227,8 +266,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, P
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
-  const Tensor xin = enter_column_region(x, group, sequence_parallel);
-  const Tensor y = ops::linear(xin, weight, bias);
+  const RegionEntry in = enter_column_region(x, group, sequence_parallel);
+  const Tensor y = ops::linear(in.input, weight, bias, in.defer);
   return gather_output ? gather_last_dim(y, group) : y;
 }
 
@@ -323,8 +362,8 @@ ReplicatedKVLinear::ReplicatedKVLinear(int64_t in, int64_t out, int64_t hd, Proc
       group(std::move(g)) {}
 
 Tensor ReplicatedKVLinear::forward(const Tensor& x) const {
-  const Tensor xin = enter_column_region(x, group, sequence_parallel);
-  return ops::linear(xin, weight, Tensor());
+  const RegionEntry in = enter_column_region(x, group, sequence_parallel);
+  return ops::linear(in.input, weight, Tensor(), in.defer);
 }
 
 void ReplicatedKVLinear::load_whole(const Tensor& w) {

@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 
+#include "forge/autograd/deferred.h"
 #include "forge/core/tensor.h"
 #include "forge/dist/process_group.h"
 #include "forge/nn/layer_spec.h"
@@ -49,10 +50,17 @@ Tensor gather_last_dim(const Tensor& x, const ProcessGroupPtr& group);
 Tensor scatter_last_dim(const Tensor& x, const ProcessGroupPtr& group);
 Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
 Tensor reduce_scatter_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
-// How a column-parallel linear's input enters its region: copy_to_region(x, group), or with
-// sequence parallelism gather_along(x, 1, group); the same output again for the same x (Note [one
-// collective per input]), so linears sharing an input share one collective.
-Tensor enter_column_region(const Tensor& x, const ProcessGroupPtr& group, bool sequence_parallel);
+// How a column-parallel linear's input enters its region: as copy_to_region(x, group), or with
+// sequence parallelism gather_along(x, 1, group), and the same entry again for the same x (Note
+// [one collective per input]), so linears sharing an input share one collective. `defer` (null
+// when nothing will be queued): the queue of the region's weight gradients, run by the entry's
+// backward while its collective is in flight (Note [weight gradients behind the collective],
+// autograd/deferred.h); FORGE_TP_OVERLAP=0 turns it off.
+struct RegionEntry {
+  Tensor input;
+  std::shared_ptr<autograd::DeferredGrads> defer;
+};
+RegionEntry enter_column_region(const Tensor& x, const ProcessGroupPtr& group, bool sequence_parallel);
 
 // Part `rank` of `parts` equal parts of `full` along `dim`, as a new contiguous tensor (throws
 // naming the sizes when `parts` does not divide it): a rank's shard of a whole weight.

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "forge/autograd/deferred.h"
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/binary.h"
 #include "forge/backends/cpu/matmul.h"
@@ -234,7 +235,8 @@ Tensor input_gradient(const Tensor& dy, const Tensor& w, const Shape& x_shape) {
   return reshape(matmul(dy, w), x_shape);
 }
 
-Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu) {
+Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias, bool gelu,
+                   std::shared_ptr<autograd::DeferredGrads> defer = nullptr) {
   check_linear(name, x, weight, bias);
   const int64_t in = weight.size(1), out_features = weight.size(0);
   Shape y_shape(x.shape().begin(), x.shape().end() - 1);
@@ -264,27 +266,43 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
   // The parameters themselves, for their pre-allocated gradient buffers (DDP's bucket views):
   // the weight-gradient GEMM writes straight into them (Note [claimed grad buffer]).
   const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
-  auto backward = [x_saved, w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf](const Tensor& g,
-                                                                                    const GradMask& need) {
+  // dW (and db) from dy: written into the parameters' claimed gradient buffers where they have them.
+  auto param_grads = [x_saved, w_leaf, b_leaf, out_features](const Tensor& dy, bool want_w, bool want_b) {
+    Tensor dw, db;
+    if (dy.is_cpu()) {
+      if (want_w) {
+        dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, {.dtype = dy.dtype()});
+        cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
+      }
+      if (want_b) db = sum(dy, {0});
+    } else {
+      const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
+      if (want_w) dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, o);
+      if (want_b) db = detail::grad_output(b_leaf, {out_features}, o);
+      // The bias gradient in the weight gradient's GEMM (or on its own when dW is not needed).
+      FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved, dw, db));
+    }
+    return std::make_pair(dw, db);
+  };
+  auto backward = [w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf, param_grads, defer](const Tensor& g,
+                                                                                              const GradMask& need) {
     Tensor dy = reshape(g, {M, out_features});
     if (pre.defined()) dy = gelu_tanh_backward(dy, pre);
-    Tensor dx, dw, db;
+    Tensor dx;
     if (need[0]) dx = input_gradient(dy, w_saved, x_shape);
-    if (need[1] || need[2]) {
-      if (dy.is_cpu()) {
-        if (need[1]) {
-          dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, {.dtype = dy.dtype()});
-          cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
-        }
-        if (need[2]) db = sum(dy, {0});
-      } else {
-        const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
-        if (need[1]) dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, o);
-        if (need[2]) db = detail::grad_output(b_leaf, {out_features}, o);
-        // The bias gradient in the weight gradient's GEMM (or on its own when dW is not needed).
-        FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved, dw, db));
-      }
+    // Note [weight gradients behind the collective] (autograd/deferred.h): dW and db queued, to
+    // be computed while a collective on dx runs; handed to the leaves when computed.
+    const bool deferred = defer && (need[1] || need[2]) && (!need[1] || w_leaf.defined()) &&
+                          (!need[2] || b_leaf.defined());
+    if (deferred) {
+      defer->push([dy, w_leaf, b_leaf, param_grads, want_w = need[1], want_b = need[2]] {
+        const auto [dw, db] = param_grads(dy, want_w, want_b);
+        autograd::accumulate_leaf_grad(w_leaf, dw);
+        autograd::accumulate_leaf_grad(b_leaf, db);
+      });
+      return TensorList{dx, Tensor(), Tensor()};
     }
+    auto [dw, db] = need[1] || need[2] ? param_grads(dy, need[1], need[2]) : std::make_pair(Tensor(), Tensor());
     return TensorList{dx, dw, db};
   };
   record(name, y, {x, weight, bias}, backward, {x_saved, w_saved, pre});
@@ -303,6 +321,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return linear_impl("linear_gelu", x, weight, bias, true);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const std::shared_ptr<autograd::DeferredGrads>& defer) {
+  return linear_impl("linear", x, weight, bias, false, defer);
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {

@@ -9,7 +9,13 @@
 // broadcast batch dims are summed back to each operand's shape. On CUDA, f32 products use
 // TF32 tensor cores only when set_allow_tf32(true) (forge train: run.allow_tf32; otherwise the
 // environment's FORGE_ALLOW_TF32, default off).
+#include <memory>
+
 #include "forge/core/tensor.h"
+
+namespace forge::autograd {
+class DeferredGrads;
+}
 
 namespace forge::ops {
 
@@ -39,6 +45,10 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // same GEMM as the weight gradient (cuBLASLt BGRADB; backends/cuda/matmul.h). On the CPU:
 // matmul, then the bias added in place.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// The same, with the weight and bias gradients queued on `defer` instead of returned (Note
+// [weight gradients behind the collective], autograd/deferred.h); null: the plain linear.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const std::shared_ptr<autograd::DeferredGrads>& defer);
 
 // gelu_tanh(linear(x, weight, bias)), GPT-2's MLP up-projection. On CUDA one GEMM writes
 // both the pre-activation (saved for backward) and its GELU (cuBLASLt GELU_AUX_BIAS

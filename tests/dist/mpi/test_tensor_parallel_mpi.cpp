@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/dist/tensor_parallel.h"
 #include "forge/dist/world.h"
@@ -47,15 +48,20 @@ TEST(TensorParallelMpi, LinearsSharingAnInputShareOneCollective) {
   for (const bool sp : {false, true}) {
     const std::string kind = sp ? "gather_along" : "copy_to_region";
     Tensor x = of_rank({2, 4, 3}, 5, r).requires_grad_();
-    const Tensor a = tp::enter_column_region(x, g, sp);
-    const Tensor b = tp::enter_column_region(x, g, sp);
+    const tp::RegionEntry ea = tp::enter_column_region(x, g, sp);
+    const tp::RegionEntry eb = tp::enter_column_region(x, g, sp);
+    const Tensor a = ea.input, b = eb.input;
     if (W > 1) {  // (a group of one enters with the input itself)
       EXPECT_TRUE(a.is_same(b)) << kind << ": the second linear did not reuse the first one's entry";
-      const Tensor other = tp::enter_column_region(x.detach().clone().requires_grad_(), g, sp);
+      ASSERT_NE(ea.defer, nullptr) << kind << ": no queue for the region's weight gradients";
+      EXPECT_EQ(ea.defer, eb.defer) << kind << ": linears sharing an entry share its queue";
+      const Tensor other = tp::enter_column_region(x.detach().clone().requires_grad_(), g, sp).input;
       EXPECT_FALSE(other.is_same(a)) << kind;
-      EXPECT_FALSE(tp::enter_column_region(x, g, !sp).is_same(a)) << kind;
+      EXPECT_FALSE(tp::enter_column_region(x, g, !sp).input.is_same(a)) << kind;
       NoGradGuard no_grad;
-      EXPECT_FALSE(tp::enter_column_region(x, g, sp).is_same(a)) << kind << ": a no-grad entry reused a recorded one";
+      const tp::RegionEntry nograd = tp::enter_column_region(x, g, sp);
+      EXPECT_FALSE(nograd.input.is_same(a)) << kind << ": a no-grad entry reused a recorded one";
+      EXPECT_EQ(nograd.defer, nullptr) << kind << ": a queue nobody will run";
     }
     // Two users of the shared entry: the input's gradient is what two separate entries give.
     ops::add(ops::sum(ops::mul(a, a)), ops::sum(ops::mul(b, 3.0))).backward();
@@ -66,7 +72,7 @@ TEST(TensorParallelMpi, LinearsSharingAnInputShareOneCollective) {
   }
   // Nothing kept alive: once its users are gone, the same input gets a new entry.
   Tensor x = of_rank({2, 4, 3}, 6, r).requires_grad_();
-  const std::weak_ptr<TensorImpl> entry = tp::enter_column_region(x, g, true).impl_ptr();
+  const std::weak_ptr<TensorImpl> entry = tp::enter_column_region(x, g, true).input.impl_ptr();
   if (W > 1) {
     EXPECT_TRUE(entry.expired()) << "the memo kept the gathered tensor alive";
   }
@@ -252,6 +258,32 @@ void expect_model_matches(const Config& cfg, const std::string& what, bool seque
 
 TEST(TensorParallelMpi, GptSplitOverTheRanksMatchesTheWholeModel) {
   expect_model_matches<nn::GPT>(testing::tiny_gpt_config(), "GPT");
+}
+
+// Note [weight gradients behind the collective]: the weight gradients queued behind the region's
+// collective (FORGE_TP_OVERLAP, on by default) are those computed in order, bit for bit.
+TEST(TensorParallelMpi, WeightGradientsBehindTheCollectiveAreTheSameBits) {
+  const auto g = world();
+  for (const bool sp : {false, true}) {
+    std::vector<std::vector<double>> runs;
+    for (const char* overlap : {"1", "0"}) {
+      env::Override o("FORGE_TP_OVERLAP", std::string(overlap));
+      nn::Llama m(testing::tiny_llama_config(4), 7, tp::layer_spec(g, sp, 8));
+      m.to(Device::cpu(), DType::f64);
+      Generator gen(61);
+      const Tensor idx = ops::mul(uniform({2, 8}, 0.0, 1.0, kF64, &gen), 64.0).to(DType::i64);
+      m.loss(idx, idx).backward();
+      tp::reduce_grads(m, g, sp);
+      std::vector<double> all;
+      for (const auto& [n, p] : m.named_parameters()) {
+        ASSERT_TRUE(p.grad().defined()) << n << (overlap[0] == '1' ? " (overlap on)" : " (overlap off)");
+        for (double v : p.grad().to_vector<double>()) all.push_back(v);
+      }
+      runs.push_back(all);
+    }
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) ASSERT_EQ(runs[0][i], runs[1][i]) << (sp ? "sp " : "") << "element " << i;
+  }
 }
 
 TEST(TensorParallelMpi, LlamaSplitOverTheRanksMatchesTheWholeModel) {

@@ -1,0 +1,42 @@
+#pragma once
+// DeferredGrads: weight gradients computed later than their node's backward, so that a
+// collective on the input gradient can run while they are computed.
+//
+// Note [weight gradients behind the collective]
+// ---------------------------------------------
+// A tensor-parallel column-parallel linear's backward computes dX = dY W and dW = dY^T X; the
+// region's entry then all-reduces dX (reduce-scatters it under sequence parallelism) before the
+// layer below can continue. Computed in that order, the collective waits for both GEMMs and the
+// GPUs wait for the collective. Megatron-LM starts the collective as soon as dX exists and
+// computes dW while it runs. Here: a linear given a DeferredGrads (ops::linear's `defer`)
+// returns dX only and queues its dW (and db) GEMMs; the region's entry node starts its
+// collective asynchronously, runs the queue (each weight gradient handed to autograd as its own
+// backward would have: accumulated into .grad, then the leaf's hooks, so DDP's buckets see it),
+// and then waits for the collective. The values are the same as without the queue, bit for bit:
+// the same GEMMs on the same operands, accumulated in the same way.
+//
+// The queue must be run by whoever owns it, in the same backward pass (a linear defers only when
+// its input's gradient goes to the node that runs the queue).
+#include <functional>
+#include <vector>
+
+#include "forge/core/tensor.h"
+
+namespace forge::autograd {
+
+class DeferredGrads {
+ public:
+  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
+  // Runs the queued work in the order it was queued, and empties the queue.
+  void run();
+  bool empty() const { return work_.empty(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+
+// Hands `grad` to the leaf `param` as its node in the graph would (AccumulateGrad: into
+// param.grad, or the claimed gradient buffer, then the leaf's gradient hooks).
+void accumulate_leaf_grad(const Tensor& param, const Tensor& grad);
+
+}  // namespace forge::autograd
