@@ -272,6 +272,26 @@ TEST_F(TensorParallelTrain, OneProcessCheckpointResumesAtTpTwo) {
   expect_same_run(root_ / name, want, 11, 1e-6, 5e-5, "one process -> tp2 + sp");
 }
 
+// f16 with dynamic loss scaling and activation checkpointing at tp 2 x dp 2 with sequence
+// parallelism and ZeRO-2: the unscaled gradient norm is summed over the tensor-parallel group
+// (Note [split gradient norm]), the overflow verdict agreed over both groups, and the recomputed
+// blocks re-run their tensor-parallel collectives in backward; the 16-bit reduce-scatters land in
+// (B, T / tp, C) slices. The losses follow the one-process f16 run (the reductions' order differs:
+// 1e-5), the f16 weights to 1e-3 of their largest entry (seen: 1.2e-4).
+TEST_F(TensorParallelTrain, F16WithCheckpointedActivationsMatchesOneProcess) {
+  auto args = model_args(root_, "f16_single", 10, "llama");
+  set_arg(args, "run.dtype", "f16");
+  set_arg(args, "model.checkpoint_activations", "true");
+  const ShellRun single = runs.run_single(args);
+  ASSERT_EQ(single.status, 0) << single.out;
+  set_arg(args, "run.name", "f16_tp2_dp2");
+  add_tp(args, 2, true, 2);
+  const ShellRun tp = runs.run_mpi(4, args);
+  ASSERT_EQ(tp.status, 0) << tp.out;
+  expect_tp_log(tp, 2, true);
+  expect_same_run(root_ / "f16_tp2_dp2", root_ / "f16_single", 1, 1e-5, 1e-3, "f16 tp2 x dp2");
+}
+
 // A LLaMA on text at tp 2 with sequence parallelism, evaluated every 5 steps (every rank runs
 // the evaluation's forward: its tp collectives are collectives): training losses, validation
 // losses and weights as in one process.

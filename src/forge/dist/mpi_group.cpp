@@ -110,10 +110,11 @@ void divide_by(const Tensor& t, int w) {
 }
 
 // dst <- src (converting the dtype), outside autograd.
+// `src` may be a flat buffer of dst's elements (the f32 buffer of a 16-bit reduction).
 void copy_into(const Tensor& dst, const Tensor& src) {
   NoGradGuard ng;
   Tensor d = dst.detach();
-  ops::copy_(d, src.detach());
+  ops::copy_(d, src.shape() == dst.shape() ? src.detach() : src.detach().reshape(dst.shape()));
 }
 
 Tensor converted(const Tensor& t, DType dtype) {

@@ -173,6 +173,12 @@ void check_reduce_scatter(int64_t n) {
       Tensor slice = in2.narrow(0, r * n, n);
       W().reduce_scatter(slice, in2, op)->wait();
       EXPECT_EQ(read(slice), expect) << "in-place reduce_scatter " << label(dt, op);
+
+      // A multi-dimensional output (sequence parallelism's (B, T / W, C) slices): 16-bit tensors
+      // reduce in an f32 buffer of their own, which lands in the output's shape.
+      Tensor out2 = full({n, 1}, -7.0, {.dtype = dt});
+      W().reduce_scatter(out2, make(values(seed, r, w * n, dt), dt), op)->wait();
+      EXPECT_EQ(read(out2.reshape({n})), expect) << "reduce_scatter into a 2-D output " << label(dt, op);
     }
 }
 
