@@ -9,11 +9,24 @@
 
 namespace forge::autograd {
 
-void DeferredGrads::run() {
+void DeferredGrads::run(const Tensor& input) {
+  FORGE_CHECK(!provides_input_ || input.defined() || work_.empty(),
+              "DeferredGrads::run: the queue provides its linears' input; give it");
   std::vector<std::function<void()>> work = std::move(work_);
   work_.clear();
+  input_ = input;
+  struct Clear {
+    Tensor& t;
+    ~Clear() { t = Tensor(); }
+  } clear{input_};
   NoGradGuard no_grad;
   for (auto& w : work) w();
+}
+
+const Tensor& DeferredGrads::input() const {
+  FORGE_CHECK(provides_input_ && input_.defined(), "DeferredGrads::input: ",
+              provides_input_ ? "only while the queue runs" : "this queue does not provide its linears' input");
+  return input_;
 }
 
 void accumulate_leaf_grad(const Tensor& param, const Tensor& grad) {

@@ -17,6 +17,13 @@
 //
 // The queue must be run by whoever owns it, in the same backward pass (a linear defers only when
 // its input's gradient goes to the node that runs the queue).
+//
+// A queue may also provide the linears' input (provides_input()): under sequence parallelism the
+// region's input is the all-gathered sequence, which the linears would otherwise save for their
+// weight gradients, one whole-sequence copy per region. Then they save nothing; the entry keeps
+// its own input (this rank's slice of the sequence), gathers it again in backward and sets it
+// here while the queue runs: Megatron's sequence-parallel memory (Korthikanti et al.), one extra
+// all-gather per region in backward.
 #include <functional>
 #include <vector>
 
@@ -26,13 +33,21 @@ namespace forge::autograd {
 
 class DeferredGrads {
  public:
+  DeferredGrads() = default;
+  explicit DeferredGrads(bool provides_input) : provides_input_(provides_input) {}
   void push(std::function<void()> work) { work_.push_back(std::move(work)); }
-  // Runs the queued work in the order it was queued, and empties the queue.
-  void run();
+  // Runs the queued work in the order it was queued, and empties the queue; `input` is what
+  // input() returns meanwhile (when the queue provides it).
+  void run(const Tensor& input = Tensor());
   bool empty() const { return work_.empty(); }
+  bool provides_input() const { return provides_input_; }
+  // While run() runs: the linears' input. Throws when the queue does not provide it.
+  const Tensor& input() const;
 
  private:
   std::vector<std::function<void()>> work_;
+  bool provides_input_ = false;
+  Tensor input_;
 };
 
 // Hands `grad` to the leaf `param` as its node in the graph would (AccumulateGrad: into

@@ -47,17 +47,28 @@ Tensor all_reduce_sum(const Tensor& x, const ProcessGroupPtr& g) {
   return t;
 }
 
-// The ranks' x concatenated along `dim` (every rank's x of one shape), no history.
-Tensor all_gather_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
+// The ranks' x concatenated along `dim` (every rank's x of one shape), no history: started (the
+// flat buffer of the ranks' x, valid once the work has been waited for), then assembled; or both.
+std::pair<Tensor, WorkPtr> start_all_gather(const Tensor& x, const ProcessGroupPtr& g) {
   NoGradGuard no_grad;
-  const int W = g->size();
   const Tensor in = x.detach().contiguous();
-  Tensor flat = empty({W * in.numel()}, {.dtype = in.dtype(), .device = in.device()});
-  g->all_gather(flat, in.reshape({-1}))->wait();
+  Tensor flat = empty({g->size() * in.numel()}, {.dtype = in.dtype(), .device = in.device()});
+  WorkPtr work = g->all_gather(flat, in.reshape({-1}));
+  return {flat, work};
+}
+
+Tensor assemble_gathered(const Tensor& flat, const Tensor& x, int64_t dim, int W) {
+  NoGradGuard no_grad;
   TensorList parts;
   parts.reserve(static_cast<size_t>(W));
-  for (int r = 0; r < W; ++r) parts.push_back(ops::narrow(flat, 0, r * in.numel(), in.numel()).reshape(in.shape()));
+  for (int r = 0; r < W; ++r) parts.push_back(ops::narrow(flat, 0, r * x.numel(), x.numel()).reshape(x.shape()));
   return ops::cat(parts, dim);
+}
+
+Tensor all_gather_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
+  auto [flat, work] = start_all_gather(x, g);
+  work->wait();
+  return assemble_gathered(flat, x, dim, g->size());
 }
 
 // Part `rank` (of W equal parts along `dim`) of the sum over the ranks of x, no history: started
@@ -170,10 +181,21 @@ RegionEntry make_entry(const Tensor& x, const ProcessGroupPtr& g, bool sequence)
   if (overlap_enabled() && autograd::any_requires_grad({x})) e.defer = std::make_shared<autograd::DeferredGrads>();
   auto defer = e.defer;
   if (sequence) {
-    e.input = with_history("tp_enter_sequence", all_gather_dim(x, 1, g), x, [g, defer](const Tensor& grad) {
-      auto [out, work] = start_reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
-      if (defer) defer->run();
-      work->wait();
+    // The linears save nothing for their weight gradients: the entry keeps this rank's slice x
+    // and gathers it again in backward (Megatron's sequence-parallel memory).
+    if (e.defer) e.defer = std::make_shared<autograd::DeferredGrads>(/*provides_input=*/true);
+    defer = e.defer;
+    const Tensor shard = defer ? x.detach() : Tensor();
+    e.input = with_history("tp_enter_sequence", all_gather_dim(x, 1, g), x, [g, defer, shard](const Tensor& grad) {
+      if (!defer) return reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
+      NoGradGuard no_grad;
+      // The gather first (the weight gradients need it), the reduce-scatter behind it, and the
+      // weight-gradient GEMMs while the reduce-scatter runs.
+      auto [flat, gather] = start_all_gather(shard, g);
+      auto [out, scatter] = start_reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
+      gather->wait();
+      defer->run(assemble_gathered(flat, shard, 1, g->size()));
+      scatter->wait();
       return out;
     });
   } else {

@@ -260,27 +260,33 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
   Tensor y = Tensor::make(y2.storage(), y_shape, contiguous_strides(y_shape), 0, y2.dtype());
 
   // dW needs x, dx needs W; the GELU's derivative needs the pre-activation.
-  const Tensor x_saved = weight.requires_grad() ? x2 : Tensor();
-  const Tensor w_saved = x.requires_grad() ? w : Tensor();
-  const Shape x_shape = x.shape();
+  // (A queue that provides the input gives it to the weight gradient instead: Note [weight
+  // gradients behind the collective].)
   // The parameters themselves, for their pre-allocated gradient buffers (DDP's bucket views):
   // the weight-gradient GEMM writes straight into them (Note [claimed grad buffer]).
   const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
+  const bool input_later = defer && defer->provides_input() && (!weight.requires_grad() || w_leaf.defined()) &&
+                           (!bias.defined() || !bias.requires_grad() || b_leaf.defined());
+  const Tensor x_saved = weight.requires_grad() && !input_later ? x2 : Tensor();
+  const Tensor w_saved = x.requires_grad() ? w : Tensor();
+  const Shape x_shape = x.shape();
   // dW (and db) from dy: written into the parameters' claimed gradient buffers where they have them.
-  auto param_grads = [x_saved, w_leaf, b_leaf, out_features](const Tensor& dy, bool want_w, bool want_b) {
+  auto param_grads = [x_saved, w_leaf, b_leaf, out_features, in, M, q = defer.get(), input_later](
+                         const Tensor& dy, bool want_w, bool want_b) {
+    const Tensor x_saved_or_given = input_later ? reshape(q->input(), {M, in}) : x_saved;
     Tensor dw, db;
     if (dy.is_cpu()) {
       if (want_w) {
-        dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, {.dtype = dy.dtype()});
-        cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
+        dw = detail::grad_output(w_leaf, {out_features, in}, {.dtype = dy.dtype()});
+        cpu::matmul(transpose(dy, 0, 1), x_saved_or_given, dw);
       }
       if (want_b) db = sum(dy, {0});
     } else {
       const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
-      if (want_w) dw = detail::grad_output(w_leaf, {out_features, x_saved.size(1)}, o);
+      if (want_w) dw = detail::grad_output(w_leaf, {out_features, in}, o);
       if (want_b) db = detail::grad_output(b_leaf, {out_features}, o);
       // The bias gradient in the weight gradient's GEMM (or on its own when dW is not needed).
-      FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved, dw, db));
+      FORGE_ON_CUDA("linear", cuda::linear_backward_params(dy, x_saved_or_given, dw, db));
     }
     return std::make_pair(dw, db);
   };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/allocator.h"
 #include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/dist/tensor_parallel.h"
@@ -258,6 +259,31 @@ void expect_model_matches(const Config& cfg, const std::string& what, bool seque
 
 TEST(TensorParallelMpi, GptSplitOverTheRanksMatchesTheWholeModel) {
   expect_model_matches<nn::GPT>(testing::tiny_gpt_config(), "GPT");
+}
+
+// Under sequence parallelism with the queue (Note [weight gradients behind the collective]), the
+// linears keep no gathered copy of their input for backward: the entry keeps its slice and
+// gathers it again. What a forward leaves for backward is then smaller than without the queue.
+TEST(TensorParallelMpi, SequenceParallelLinearsKeepOnlyTheirSliceForBackward) {
+  const auto g = world();
+  if (g->size() == 1) GTEST_SKIP() << "one rank gathers nothing";
+  std::vector<int64_t> held;
+  for (const char* overlap : {"1", "0"}) {
+    env::Override o("FORGE_TP_OVERLAP", std::string(overlap));
+    nn::Llama m(testing::tiny_llama_config(4), 7, tp::layer_spec(g, true, 8));
+    m.to(Device::cpu(), DType::f64);
+    Generator gen(62);
+    const Tensor idx = ops::mul(uniform({2, 16}, 0.0, 1.0, kF64, &gen), 64.0).to(DType::i64);
+    const int64_t before = cpu_memory_stats().allocated;
+    Tensor loss = m.loss(idx, idx);
+    held.push_back(cpu_memory_stats().allocated - before);
+    loss.backward();
+  }
+  // Per block, two regions (attention, MLP), each a (2, 16, 64) f64 gathered input where the
+  // slice (2, 16 / W, 64) is kept instead.
+  const int W = g->size();
+  const int64_t saved = 2 * 2 * (2 * 16 * 64 * 8) * (W - 1) / W;
+  EXPECT_LE(held[0], held[1] - saved) << "with the queue " << held[0] << " bytes, without " << held[1];
 }
 
 // Note [weight gradients behind the collective]: the weight gradients queued behind the region's
