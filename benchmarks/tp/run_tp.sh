@@ -16,8 +16,10 @@
 #   perf   MODELS (default "0.85b wide"): configs/llama-0.85b.toml (16 x 2048, 32/8 heads), and
 #          "wide" = LLaMA-2-7B's width (4096, 32/8 heads, FFN 11008) with WIDE_LAYERS (4) layers;
 #          bf16, AdamW, global batch BATCH (8) x 2048 tokens, STEPS steps (30): forge DDP (tp 1),
-#          forge tp 2, forge tp 2 + sp, PyTorch tp 2 and tp 2 + sp (compiled blocks; eager with
-#          PEER_MODE=eager); peak memory per GPU, tokens/s, MFU (one formula: shapes.py)
+#          forge tp 2 and tp 2 + sp, each with the weight gradients behind the collective and
+#          without (FORGE_TP_OVERLAP=0; FORGE_VARIANTS picks), PyTorch tp 2 and tp 2 + sp (compiled
+#          blocks; eager with PEER_MODE=eager); peak memory per GPU, tokens/s, MFU (one formula:
+#          shapes.py); then report_tp.py writes benchmarks/results/tp_<gpu>.md
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -30,7 +32,7 @@ RUNS="${RUNS_DIR:-/tmp/forge_tp_runs}"
 mkdir -p "$RAW" "$RUNS"
 NGPU=$(nvidia-smi -L | wc -l)
 [[ "$NGPU" -ge 2 ]] || { echo "run_tp.sh: needs 2 GPUs, found $NGPU"; exit 2; }
-git rev-parse --short=12 HEAD > "$RAW/commit.txt" 2>/dev/null || echo "${FORGE_COMMIT:-unknown}" > "$RAW/commit.txt"
+{ [[ -n "${FORGE_COMMIT:-}" ]] && echo "$FORGE_COMMIT" || git rev-parse --short=12 HEAD 2>/dev/null || echo unknown; } > "$RAW/commit.txt"
 echo "run_tp: $GPU x $NGPU, phases: $PHASES, commit $(cat "$RAW/commit.txt")"
 
 train1() { "$FORGE" train "$@"; }
@@ -91,14 +93,19 @@ PYEOF
     RUN=(configs/llama-0.85b.toml --run.dir="$RUNS" --run.overwrite=true --train.batch_size=$BATCH
          --train.steps=$STEPS --train.log_every=$((STEPS / 3)) --schedule.warmup_steps=2 --eval.every=0
          --checkpoint.at_end=false "${M[@]}")
-    for variant in ddp tp2 tp2_sp; do
+    for variant in ${FORGE_VARIANTS:-ddp tp2 tp2_nooverlap tp2_sp tp2_sp_nooverlap}; do
       name="perf_${model}_$variant"
+      OVERLAP=1
       case $variant in
         ddp) V=() ; PLAN=(--tp 1 --dp 2) ;;
         tp2) V=(--dist.tp=2) ; PLAN=(--tp 2 --no-sp) ;;
+        tp2_nooverlap) V=(--dist.tp=2) ; PLAN=(--tp 2 --no-sp) ; OVERLAP=0 ;;
         tp2_sp) V=(--dist.tp=2 --dist.sequence_parallel=true) ; PLAN=(--tp 2 --sp) ;;
+        tp2_sp_nooverlap) V=(--dist.tp=2 --dist.sequence_parallel=true) ; PLAN=(--tp 2 --sp) ; OVERLAP=0 ;;
       esac
-      if OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-300} "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" "${V[@]}" --run.name=$name > "$RAW/$name.log" 2>&1; then
+      # (FORGE_TP_OVERLAP: Note [weight gradients behind the collective]; off, the sequence-parallel
+      # linears also keep their gathered input, as before it.)
+      if FORGE_TP_OVERLAP=$OVERLAP OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-300} "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" "${V[@]}" --run.name=$name > "$RAW/$name.log" 2>&1; then
         r=$(summary "$RUNS/$name")
         cp "$RUNS/$name/metrics.jsonl" "$RAW/$name.metrics.jsonl"
       else
@@ -122,12 +129,15 @@ PYEOF
       if timeout ${PEER_TIMEOUT:-400} "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/step/torch_peer.py \
            --config configs/llama-0.85b.toml --mode "${PEER_MODE:-compile}" --batch $BATCH --tp 2 "${SPF[@]}" \
            --steps 20 --warmup 10 "${PM[@]}" --json "$RAW/$name.json" > "$RAW/$name.log" 2>&1; then
-        r=$(cat "$RAW/$name.json")
+        r=$("$PY" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$RAW/$name.json")
       else
         r='{"error": "run failed"}'
       fi
       echo "{\"model\": \"$model\", \"who\": \"pytorch\", \"variant\": \"$variant\", \"result\": $r}" | tee -a "$RAW/perf.jsonl"
     done
   done
+fi
+if [[ " $PHASES " == *" perf "* ]]; then
+  "$PY" benchmarks/tp/report_tp.py "$RAW" > "benchmarks/results/tp_$GPU.md" && echo "run_tp: wrote benchmarks/results/tp_$GPU.md"
 fi
 echo "run_tp: done; raw results in $RAW"
