@@ -96,7 +96,7 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "optim.beta1", "optim.beta2", "optim.eps", "optim.grad_clip", "schedule.kind",
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
-                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.zero_stage",
+                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.pp_schedule", "dist.zero_stage",
                           "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32",
                           "run.gemm_tuning"})
     EXPECT_TRUE(seen.count(key)) << key;
@@ -269,6 +269,14 @@ TEST_F(ConfigTest, BatchLayoutAndDebugKeysAreChecked) {
                 .find("is not divisible by dist.tp = 3 (sequence parallelism splits each sequence evenly)"),
             std::string::npos);
   EXPECT_TRUE(parse_config(base(), "<test>", {"--dist.tp=2", "--dist.sequence_parallel=true"}).dist.sequence_parallel);
+  // Pipeline parallelism's keys and what it does not support yet.
+  EXPECT_NE(error(base(), {"--dist.pp_schedule=zb"}).find("dist.pp_schedule = 'zb' is unknown"), std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.tp=2"}).find("dist.pp = 2 with dist.tp = 2 is not supported yet"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.zero_stage=3"}).find("dist.zero_stage = 3 with dist.pp = 2"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--model.dropout=0.1"}).find("model.dropout = 0.1 with dist.pp = 2"),
+            std::string::npos);
   EXPECT_NE(error(base(), {"--debug.abort_at=5"}).find("debug.abort_at = '5' is not <rank>:<step>"), std::string::npos);
   EXPECT_NE(error(base(), {"--debug.hang_at=1:0"}).find("debug.hang_at = '1:0' is not <rank>:<step>"),
             std::string::npos);

@@ -100,10 +100,17 @@ TEST(RunLayout, ShapesThatDoNotSplitOverTheDegreesAreRefused) {
       << error_of(l, 3);
 }
 
-TEST(RunLayout, PipelineParallelismIsRefusedUntilItExistsNeverIgnored) {
+// dist.pp > 1 is a layout: pp x dp ranks, the schedule recorded.
+TEST(RunLayout, PipelineParallelismSplitsTheWorldIntoPpTimesDp) {
   RunConfig c = gpt();
   c.dist.pp = 2;
-  EXPECT_NE(error_of(c, 4).find("dist.pp = 2: pipeline parallelism is not implemented yet"), std::string::npos);
+  c.dist.pp_schedule = "gpipe";
+  const dist::Layout l = run_layout(c, 4);
+  EXPECT_EQ(l.pp, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.schedule, dist::PipelineSchedule::gpipe);
+  c.dist.pp_schedule = "1f1b";
+  EXPECT_EQ(run_layout(c, 4).schedule, dist::PipelineSchedule::one_f_one_b);
 }
 
 // dist.tp > 1 is a layout: tp x dp ranks, the micro-batch split over dp only, sequence

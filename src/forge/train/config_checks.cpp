@@ -109,6 +109,17 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
   FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
               m.type, "' trains with dist.tp = 1 and dist.pp = 1");
+  FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe", "dist.pp_schedule = '",
+              c.dist.pp_schedule, "' is unknown; use \"1f1b\" or \"gpipe\"");
+  FORGE_CHECK(c.dist.pp == 1 || c.dist.tp == 1, "dist.pp = ", c.dist.pp, " with dist.tp = ", c.dist.tp,
+              " is not supported yet (pipeline x tensor parallelism); use one of them with data parallelism");
+  FORGE_CHECK(c.dist.pp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.pp = ", c.dist.pp,
+              " is not supported (each stage holds only its blocks already); use dist.zero_stage = 0, 1 or 2");
+  FORGE_CHECK(c.dist.pp == 1 || !c.dist.offload_optimizer, "dist.offload_optimizer = true with dist.pp = ", c.dist.pp,
+              " is not supported yet; set dist.offload_optimizer = false");
+  FORGE_CHECK(c.dist.pp == 1 || c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.pp = ",
+              c.dist.pp, " is not supported yet (the stages would draw other masks than one process); set "
+              "model.dropout = 0");
   FORGE_CHECK(!c.dist.sequence_parallel || c.dist.tp > 1, "dist.sequence_parallel = true splits the sequence over "
               "the tensor-parallel ranks; it needs dist.tp > 1 (got dist.tp = ", c.dist.tp, ")");
   FORGE_CHECK(c.dist.tp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.tp = ", c.dist.tp,

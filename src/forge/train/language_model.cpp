@@ -30,7 +30,7 @@ int64_t matmul_parameters(const Model& m) {
   int64_t n = 0;
   for (const auto& [name, p] : m.module->named_parameters())
     if (name.find("wpe.") == std::string::npos && name.find("embed_tokens.") == std::string::npos)
-      n += m.split ? m.split->at(name).whole_numel() : p.numel();
+      n += shape_numel(m.whole_shape(name));
   return n;
 }
 

@@ -39,6 +39,7 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.zero = static_cast<int>(cfg.dist.zero_stage);
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
+  l.schedule = cfg.dist.pp_schedule == "gpipe" ? dist::PipelineSchedule::gpipe : dist::PipelineSchedule::one_f_one_b;
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");
@@ -52,8 +53,6 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
     l.grad_accum = K;
     l.micro_batch = B / (l.dp * K);
   }
-  FORGE_CHECK(pp == 1, "dist.pp = ", pp, ": pipeline parallelism is not implemented yet (the mesh and checks are); "
-              "set dist.pp = 1 and use data parallelism / ZeRO (dist.zero_stage) for now");
   return l;
 }
 

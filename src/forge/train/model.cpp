@@ -1,27 +1,54 @@
 // train::Model's whole-model view (contracts in model.h).
 #include "forge/train/model.h"
 
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/error.h"
+
 namespace forge::train {
+
+Shape Model::whole_shape(const std::string& name) const {
+  if (split) return split->at(name).whole_shape;
+  if (stage) return stage->whole_shapes.at(name);
+  for (const auto& [n, t] : module->state_dict())
+    if (n == name) return t.shape();
+  FORGE_THROW("Model::whole_shape: no tensor '", name, "'");
+}
 
 io::NamedShapes Model::whole_shapes() const {
   io::NamedShapes out;
   for (const auto& [name, t] : module->state_dict())
-    out.emplace_back(name, split ? split->at(name).whole_shape : t.shape());
+    out.emplace_back(name, split ? split->at(name).whole_shape : stage ? stage->whole_shapes.at(name) : t.shape());
   return out;
 }
 
 int64_t Model::whole_parameters() const {
-  return split ? split->whole_parameters(*module) : module->num_parameters();
+  if (split) return split->whole_parameters(*module);
+  if (!stage) return module->num_parameters();
+  int64_t n = 0;
+  for (const auto& [name, p] : module->named_parameters()) n += shape_numel(stage->whole_shapes.at(name));
+  return n;
 }
 
 void Model::load_whole_state(const io::NamedTensors& state) {
-  if (!split) {
+  if (split) {
+    std::map<std::string, Tensor> whole;
+    for (const auto& [name, t] : state) whole.emplace(name, t);
+    split->load_whole(*module, whole);
+    return;
+  }
+  if (!stage) {
     module->load_state_dict(state.items());
     return;
   }
-  std::map<std::string, Tensor> whole;
-  for (const auto& [name, t] : state) whole.emplace(name, t);
-  split->load_whole(*module, whole);
+  // A pipeline stage: its own tensors.
+  NoGradGuard no_grad;
+  for (auto& [name, t] : module->state_dict()) {
+    if (!stage->held.count(name)) continue;
+    const Tensor* w = state.find(name);
+    FORGE_CHECK(w != nullptr, "checkpoint: no tensor '", name, "' for pipeline stage ", stage->index);
+    Tensor dst = t;
+    dst.copy_(w->to(t.device(), t.dtype()));
+  }
 }
 
 }  // namespace forge::train

@@ -10,6 +10,7 @@
 // cross_entropy(logits, targets) is the training loss: (B, T) token ids -> (B, T, vocab) for
 // language models, (B, 1, 28, 28) images -> (B, classes) for LeNet.
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -39,8 +40,22 @@ struct Model {
   // model's (dist/tensor_parallel_state.h); null when the module is the whole model. forward
   // then returns this rank's slice of the logits; loss is the whole batch's.
   std::shared_ptr<const dist::tp::SplitModel> split;
+  // Pipeline parallelism (train/pipeline_model.h): the stage this rank runs; null when it runs the
+  // whole model. The module then holds only the stage's tensors (the others are empty).
+  struct Stage {
+    int index = 0, stages = 1;
+    int64_t begin = 0, end = 0;  // its blocks
+    bool first() const { return index == 0; }
+    bool last() const { return index == stages - 1; }
+    std::map<std::string, Shape> whole_shapes;  // every tensor of the whole model's state
+    std::map<std::string, int> owner;           // the first stage that holds each tensor
+    std::map<std::string, bool> held;           // the tensors this stage holds
+    std::string tied;                           // a tensor the first and last stage both hold (GPT's wte), or ""
+  };
+  std::shared_ptr<const Stage> stage;
   // The whole model's state names and shapes in order, and its parameter count, whatever the split.
   io::NamedShapes whole_shapes() const;
+  Shape whole_shape(const std::string& name) const;
   int64_t whole_parameters() const;
   // Loads a whole state (a checkpoint's model) into the module: each tensor, or its shard.
   void load_whole_state(const io::NamedTensors& state);

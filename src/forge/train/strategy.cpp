@@ -67,13 +67,15 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
 std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model, DType dtype);
 std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                              Model& model, DType dtype, std::ostream& log);
+std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                        Model& model, DType dtype, std::ostream& log);
 
 bool needs_process_group(const dist::Layout& layout) { return layout.gpus() > 1 || layout.zero > 0; }
 
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {
-  FORGE_CHECK(layout.pp == 1, "make_strategy: pipeline parallelism is not implemented "
-              "(train/layout.h refuses dist.pp > 1)");
+  // Pipeline parallelism (with data parallelism on each stage's group).
+  if (layout.pp > 1) return make_pipeline(cfg, layout, mesh, model, dtype, log);
   // Note [data-parallel runs] (strategy.h).
   if (needs_process_group(layout)) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
   return make_single_process(cfg, model, dtype);

@@ -15,11 +15,13 @@
 #include "forge/dist/env.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/train/language_model.h"
+#include "forge/train/pipeline_model.h"
 
 namespace forge::train {
 
 void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
                             std::ostream& log) {
+  stage_model_for_layout(cfg, layout, mesh, model, log);  // pipeline parallelism: this rank's stage
   if (layout.tp == 1) return;
   FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
               cfg.model.type, "' trains with dist.tp = 1");

@@ -18,9 +18,10 @@
 
 namespace forge::train {
 
-// Called by the loop for every run, before the model moves to its device: for tp > 1 it
-// splits `model` (a language model: train/language_model.h) over mesh.tp_group(), with sequence
-// parallelism when the layout says so, and sets model.split; otherwise it leaves it alone.
+// Called by the loop for every run, before the model moves to its device: for pp > 1 it keeps
+// this rank's pipeline stage (train/pipeline_model.h); for tp > 1 it splits `model` (a language
+// model: train/language_model.h) over mesh.tp_group(), with sequence parallelism when the layout
+// says so, and sets model.split; otherwise it leaves it alone.
 void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
                             std::ostream& log);
 

@@ -1,0 +1,324 @@
+// PipelineStrategy: pipeline parallelism (dist.pp > 1) composed with data parallelism (DDP,
+// ZeRO-1/2) on each stage's data-parallel group. Each rank holds one stage of the model
+// (train/pipeline_model.h); a step runs its micro-batches through the stages in the order of the
+// schedule (Note [pipeline schedules], dist/pipeline_schedule.h):
+//   forward of micro-batch m: the first stage embeds this rank's rows, any other receives the
+//     activations (B, T, C) from the stage before; the stage runs its blocks; the last stage
+//     computes the loss / K, any other sends its output to the next stage.
+//   backward of m: the last stage backpropagates its loss, any other receives the gradient of its
+//     output from the next stage; a stage that received its input sends that input's gradient
+//     back. Around it, the data-parallel group's begin/end_backward (reduced on the last one).
+// Then: GPT's tied embedding's gradient summed between the first and last stage (each holds a
+// copy of wte), the loss of the global batch (the last stage's, summed over the pipeline, averaged
+// over the data-parallel group), the global gradient norm (the stages' squared norms summed over
+// the pipeline group, the tied copy counted once: Note [split gradient norm]), clipping, the skip,
+// and each stage's update. Activations and their gradients travel by ProcessGroup send/recv on the
+// pipeline group (NCCL on GPUs, MPI on CPUs): sends are started and waited for at the end of the
+// step, receives waited for where they are needed.
+#include <cstdio>
+#include <optional>
+#include <ostream>
+#include <unordered_map>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/core/error.h"
+#include "forge/dist/data_parallel.h"
+#include "forge/dist/env.h"
+#include "forge/dist/pipeline_schedule.h"
+#include "forge/dist/sharded_state.h"
+#include "forge/nn/causal_lm.h"
+#include "forge/nn/model_registry.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
+#include "forge/ops/binary.h"
+#include "forge/ops/creation.h"
+#include "forge/ops/reduce.h"
+#include "forge/train/run_checkpoint.h"
+#include "forge/train/strategy.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class PipelineStrategy final : public Strategy {
+ public:
+  PipelineStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model, DType dtype,
+                   std::ostream& log)
+      : cfg_(cfg), layout_(layout), model_(model), device_(model.device()), dtype_(dtype), world_(mesh.world()) {
+    FORGE_CHECK(model.stage != nullptr, "PipelineStrategy: the model has no pipeline stage (train/pipeline_model.h)");
+    FORGE_CHECK(world_ != nullptr, "PipelineStrategy: the mesh has no process group attached");
+    stage_ = model.stage;
+    lm_ = std::dynamic_pointer_cast<nn::CausalLM>(model.module);
+    pp_ = mesh.pp_group();
+    group_ = mesh.dp_group()                       ? mesh.dp_group()
+             : mesh.dp() == mesh.world_size() ? mesh.world()
+                                              : dist::group_of_one(mesh.world());
+    width_ = nn::transformer_shape(cfg.model).d_model;
+    // GPT's tied embedding: its two copies' gradients summed between the first and the last stage
+    // of each pipeline (a group per data-parallel position; collective over the world).
+    if (!stage_->tied.empty()) {
+      FORGE_CHECK(cfg.dist.zero_stage <= 1, "dist.zero_stage = ", cfg.dist.zero_stage, " with dist.pp = ", layout.pp,
+                  " and a head tied to the embedding (GPT) is not supported yet (the two stages shard the "
+                  "embedding's gradient differently); use dist.zero_stage = 0 or 1");
+      for (int d = 0; d < mesh.dp(); ++d)
+        if (auto g = world_->new_group({mesh.rank_at(d, 0, 0), mesh.rank_at(d, mesh.pp() - 1, 0)})) tied_group_ = g;
+    }
+    std::vector<std::pair<std::string, Tensor>> trainable;
+    {
+      std::unordered_map<const TensorImpl*, bool> seen;
+      for (const auto& [n, t] : model.module->named_parameters())
+        if (stage_->held.count(n) && t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
+    }
+    const std::string tied = stage_->tied;
+    dp_ = std::make_unique<dist::DataParallel>(
+        trainable, optim::decay_groups(trainable, cfg.optim.weight_decay),
+        [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
+        dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+                                  .offload_optimizer = false,
+                                  .bucket_mb = cfg.dist.bucket_mb,
+                                  .block_of = nullptr,
+                                  .skip_reductions = cfg.debug.skip_reductions,
+                                  .norm_group = pp_,
+                                  .norm_weight = [tied](const std::string& n) { return n == tied ? 0.5 : 1.0; }});
+    dp_->broadcast_parameters();
+    if (dtype == DType::f16) scaler_.emplace(device_);
+    log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "
+        << group_->size() << " data-parallel rank(s) ("
+        << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero)) << "); "
+        << layout.grad_accum << " micro-batch(es) of " << layout.micro_batch << " row(s) per step ("
+        << dist::schedule_name(layout.schedule) << ")\n";
+  }
+
+  std::string describe() const override { return "layout: " + layout_.describe(); }
+
+  Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
+    dp_->set_lr(lr);
+    const auto K = static_cast<int64_t>(micro_batches.size());
+    std::vector<Tensor> inputs(static_cast<size_t>(K)), outputs(static_cast<size_t>(K));
+    std::vector<std::pair<Tensor, dist::WorkPtr>> sends;
+    Tensor loss_sum;
+    phases.mark(0);
+    for (const dist::pp::Action& a : dist::pp::schedule(layout_.schedule, stage_->stages, stage_->index, K)) {
+      const auto m = static_cast<size_t>(a.micro);
+      const data::Batch mb = rows_of(micro_batches[m]);
+      if (a.op == dist::pp::Op::forward) {
+        nn::Stream s;
+        if (stage_->first()) {
+          s = lm_->embed(mb.inputs);
+        } else {
+          inputs[m] = receive(mb, stage_->index - 1).requires_grad_();
+          s = nn::Stream{inputs[m], Tensor()};
+        }
+        s = lm_->blocks(s, stage_->begin, stage_->end);
+        if (stage_->last()) {
+          const Tensor loss = lm_->head_loss(s, mb.targets);
+          const Tensor l = loss.detach().to(DType::f32);
+          loss_sum = loss_sum.defined() ? loss_sum + l : l;
+          Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
+          outputs[m] = scaler_ ? scaler_->scale_loss(scaled) : scaled;
+        } else {
+          outputs[m] = s.materialize();
+          const Tensor out = outputs[m].detach().contiguous();
+          sends.emplace_back(out, pp_->send(out, stage_->index + 1));
+        }
+      } else {
+        dp_->begin_backward(/*sync=*/a.micro == K - 1);
+        if (stage_->last()) {
+          outputs[m].backward();
+        } else {
+          const Tensor dy = receive(mb, stage_->index + 1);
+          outputs[m].backward(dy);
+        }
+        dp_->end_backward();
+        if (!stage_->first()) {
+          const Tensor dx = inputs[m].grad().contiguous();
+          sends.emplace_back(dx, pp_->send(dx, stage_->index - 1));
+        }
+        inputs[m] = outputs[m] = Tensor();  // this micro-batch's activations go
+      }
+    }
+    for (auto& [t, w] : sends) w->wait();
+    phases.mark(3);
+    // The tied embedding: the first stage's lookup and the last stage's head each gave part of
+    // its gradient.
+    if (tied_group_) {
+      for (auto& [n, g] : dp_->named_grads())
+        if (n == stage_->tied && g.defined()) tied_group_->all_reduce(g, dist::ReduceOp::sum)->wait();
+    }
+    // The loss of the global batch: the last stage's, summed over the pipeline (the others add
+    // zero), averaged over the data-parallel group.
+    Tensor mean_loss = stage_->last() ? (K == 1 ? loss_sum : loss_sum / static_cast<double>(K))
+                                      : zeros({}, {.dtype = DType::f32, .device = device_});
+    mean_loss = mean_loss.contiguous();
+    pp_->all_reduce(mean_loss, dist::ReduceOp::sum)->wait();
+    if (group_->size() > 1) group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
+    const Tensor norm = scaler_ ? dp_->unscale_grads(*scaler_) : dp_->grad_norm();
+    if (cfg_.optim.grad_clip > 0) dp_->clip_grads(cfg_.optim.grad_clip, norm);
+    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+    phases.mark(4);
+    dp_->step(bad);
+    if (scaler_) scaler_->update();
+    phases.mark(5);
+    Tensor figures = strategy_detail::step_figures(mean_loss, norm, bad, scaler_ ? scaler_->scale_tensor() : Tensor());
+    dp_->zero_grad();
+    return figures;
+  }
+
+  // The first data-parallel replica's stages evaluate together (a forward through the pipeline);
+  // rank 0 (its first stage) reports.
+  bool evaluates() const override { return group_->rank() == 0; }
+  EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
+    FORGE_CHECK(!count_correct, "evaluate: a pipeline stage counts no arg-max hits");
+    NoGradGuard no_grad;
+    const bool was_training = model_.module->is_training();
+    model_.module->eval();
+    EvalSums sums;
+    double loss_sum = 0;
+    for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
+      auto batch = batches.next();
+      if (!batch) break;
+      data::Batch mb;
+      mb.inputs = batch->inputs.to(device_);
+      mb.targets = batch->targets.to(device_);
+      nn::Stream s = stage_->first() ? lm_->embed(mb.inputs) : nn::Stream{receive(mb, stage_->index - 1), Tensor()};
+      s = lm_->blocks(s, stage_->begin, stage_->end);
+      if (stage_->last()) {
+        const double counted = ops::sum(ops::ne(mb.targets, -100.0)).item();
+        loss_sum += lm_->head_loss(s, mb.targets).item() * counted;
+      } else {
+        pp_->send(s.materialize().contiguous(), stage_->index + 1)->wait();
+      }
+      sums.count += batch->targets.numel();
+    }
+    model_.module->train(was_training);
+    Tensor l = full({1}, loss_sum, {.dtype = DType::f64, .device = device_});
+    pp_->all_reduce(l, dist::ReduceOp::sum)->wait();
+    sums.loss_sum = l.item();
+    FORGE_CHECK(sums.count > 0, "evaluate: no evaluation batch");
+    return sums;
+  }
+
+  // Note [pipeline checkpoints]: the same format as every layout's (Note [resharding]). Each
+  // stage's optimizer state is already in whole-parameter ranges (pipeline parallelism splits the
+  // model by tensors, never inside one): every rank that holds state writes its shard file (DDP:
+  // each stage's first data-parallel rank). The first replica's stages send rank 0 their tensors
+  // (a broadcast over the pipeline group from each tensor's owner), and rank 0 writes the whole
+  // model and state.json, publishing the checkpoint atomically as the data-parallel layouts do.
+  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+    const bool rank0 = world_->rank() == 0;
+    const fs::path dir = io::checkpoint_path(run_dir, step);
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
+    const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+    std::error_code ec;
+    if (rank0) {
+      fs::remove_all(staging, ec);
+      fs::create_directories(staging, ec);
+      FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
+    }
+    world_->barrier()->synchronize();
+    const bool sharded = dp_->options().zero_stage > 0;
+    auto file_of = [](int r) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
+      return std::string(name);
+    };
+    if (sharded || group_->rank() == 0)
+      dist::write_optimizer_shard(staging / file_of(world_->rank()), dp_->pieces(), dp_->piece_state(),
+                                  dp_->piece_steps());
+    // The whole model on rank 0, tensor by tensor from its owner stage.
+    nn::NamedTensors whole;
+    if (group_->rank() == 0) {
+      NoGradGuard no_grad;
+      for (const auto& [name, t] : model_.module->state_dict()) {
+        const int owner = stage_->owner.at(name);
+        Tensor buf = owner == stage_->index ? t.detach().contiguous()
+                                            : empty(stage_->whole_shapes.at(name), {.dtype = t.dtype(), .device = device_});
+        pp_->broadcast(buf, owner)->wait();
+        if (rank0) whole.emplace_back(name, buf.to(Device::cpu()).clone());
+      }
+    }
+    world_->barrier()->synchronize();
+    if (rank0) {
+      io::CheckpointData d;
+      d.step = step;
+      d.model = io::NamedTensors(std::move(whole));
+      io::capture_rng(d);
+      d.data_loader = json::parse(state.sampler.to_json());
+      d.config = state.config;
+      d.extra = state.extra;
+      d.extra["optimizer"] = {{"name", optimizer_class_name(cfg_)}, {"scalars", {{"step", dp_->step_count()}}}};
+      json files = json::array();
+      for (int r = 0; r < world_->size(); ++r) {
+        // Who wrote a file: every rank (ZeRO), or each stage's first data-parallel rank (DDP).
+        const bool wrote = sharded || r / static_cast<int>(layout_.tp * layout_.pp) == 0;
+        if (!wrote) continue;
+        files.push_back(file_of(r));
+        d.move_in.push_back(staging / file_of(r));
+      }
+      if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
+      d.extra["dist"] = {{"world_size", world_->size()},
+                         {"zero_stage", dp_->options().zero_stage},
+                         {"offload_optimizer", false},
+                         {"pp", stage_->stages},
+                         {"files", files}};
+      io::save_checkpoint(dir, d);
+      fs::remove_all(staging, ec);
+      io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+    }
+    world_->barrier()->synchronize();
+    return dir;
+  }
+
+  void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
+    const std::string name = optimizer_class_name(cfg_);
+    const json& o = checkpoint_optimizer_record(ck, ck_path, name);
+    // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
+    // optimizer's order; this stage's module has every name, its other stages' tensors empty.)
+    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
+    dp_->load_piece_state(
+        [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
+    if (scaler_) restore_loss_scaler(*scaler_, ck);
+  }
+
+  std::string graph_blocker() const override { return "pipeline parallelism's step is not captured yet"; }
+
+ private:
+  // This rank's rows of a global micro-batch (every stage of a pipeline trains the same rows).
+  data::Batch rows_of(const data::Batch& global) const {
+    const int64_t rows = global.inputs.size(0), W = group_->size(), r = group_->rank();
+    return strategy_detail::local_rows(global, r * rows / W, rows / W, device_);
+  }
+  // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C).
+  Tensor receive(const data::Batch& mb, int from) const {
+    Tensor t = empty({mb.inputs.size(0), mb.inputs.size(1), width_}, {.dtype = dtype_, .device = device_});
+    pp_->recv(t, from)->wait();
+    return t;
+  }
+
+  const RunConfig cfg_;
+  const dist::Layout layout_;
+  Model& model_;
+  Device device_;
+  DType dtype_;
+  dist::ProcessGroupPtr world_, pp_, group_, tied_group_;
+  std::shared_ptr<const Model::Stage> stage_;
+  std::shared_ptr<nn::CausalLM> lm_;
+  int64_t width_ = 0;
+  std::unique_ptr<dist::DataParallel> dp_;
+  std::optional<optim::LossScaler> scaler_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+                                        Model& model, DType dtype, std::ostream& log) {
+  return std::make_unique<PipelineStrategy>(cfg, layout, mesh, model, dtype, log);
+}
+
+}  // namespace forge::train
