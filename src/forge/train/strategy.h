@@ -23,9 +23,10 @@
 // Implementations (make_strategy picks one from the layout):
 //   SingleProcess        one process, no dist (train/single_process.cpp)
 //   DataParallelStrategy DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group, on
-//                        dist::DataParallel (train/data_parallel_strategy.cpp)
-// Tensor and pipeline parallelism are the next implementations (dist.tp, dist.pp are refused
-// until then: train/layout.h).
+//                        dist::DataParallel, and tensor parallelism on a split model
+//                        (train/data_parallel_strategy.cpp, train/tensor_parallel_model.h)
+//   PipelineStrategy     pipeline parallelism with DDP / ZeRO-1/2 on each stage's data-parallel
+//                        group (train/pipeline_strategy.cpp, train/pipeline_model.h)
 #include <cstdint>
 #include <filesystem>
 #include <iosfwd>
