@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "forge/plan/command.h"
 #include "forge/plan/names.h"
 
 namespace forge::plan {
@@ -231,7 +232,14 @@ std::string format_search(const PlanInput& in, const SearchResult& s, size_t top
        << gib(best.memory.capacity, 1) << " GB per GPU";
     if (best.cost.rent_known) os << ", " << money(best.cost.rent_total) << " rented";
     if (best.cost.buy_known) os << "; buying " << money(best.cost.capex_total) << " up front";
-    os << "\n  (forge plan with these flags, without --search, prints its full breakdown)\n\n";
+    os << "\n  (forge plan with these flags, without --search, prints its full breakdown)\n";
+    const TrainCommand cmd = train_command(in, best.layout);
+    if (cmd.unsupported.empty()) {
+      os << "  run it:\n    " << cmd.command << "\n\n";
+    } else {
+      os << "  forge train does not run this layout yet (" << cmd.unsupported << "); its command once it does:\n    "
+         << cmd.command << "\n\n";
+    }
   } else {
     os << "no layout fits.\n\n";
   }

@@ -1,0 +1,53 @@
+// The forge train command of a planned layout (contract in command.h).
+#include "forge/plan/command.h"
+
+#include <sstream>
+
+namespace forge::plan {
+
+TrainCommand train_command(const PlanInput& in, const Layout& l) {
+  const ModelSpec& m = in.model;
+  const int64_t gpus = l.dp * l.tp * l.pp;
+  const int64_t per_node = in.cluster.gpus_per_node;
+  std::ostringstream os;
+  if (gpus <= per_node) {
+    os << "forge launch --nproc-per-node " << gpus << " -- forge train";
+  } else {
+    os << "srun -N " << (gpus + per_node - 1) / per_node << " --ntasks-per-node " << per_node << " forge train";
+  }
+  const bool config = m.name.size() > 5 && m.name.substr(m.name.size() - 5) == ".toml";
+  if (config) {
+    os << " " << m.name;
+  } else {
+    const bool gpt = m.arch == nn::Arch::gpt;
+    os << " configs/" << (gpt ? "gpt2-124m" : "llama-0.85b") << ".toml --model.type=" << (gpt ? "gpt" : "llama")
+       << " --model.n_layer=" << m.n_layer << " --model.n_head=" << m.n_head << " --model."
+       << (gpt ? "n_embd" : "dim") << "=" << m.d_model;
+    if (!gpt) os << " --model.n_kv_head=" << m.n_kv_head << " --model.ffn_hidden=" << m.ffn_hidden;
+    os << " --model.vocab_size=" << m.vocab_size << " --model.block_size=" << m.block_size;
+    if (gpt) os << " --model.bias=" << (m.bias ? "true" : "false");
+  }
+  os << " --train.seq_len=" << m.seq_len << " --train.batch_size=" << l.global_batch()
+     << " --train.grad_accum=" << l.grad_accum;
+  if (l.tp > 1) os << " --dist.tp=" << l.tp << (l.sequence_parallel ? " --dist.sequence_parallel=true" : "");
+  if (l.pp > 1) os << " --dist.pp=" << l.pp << " --dist.pp_schedule=" << schedule_name(l.schedule);
+  if (l.zero > 0) os << " --dist.zero_stage=" << l.zero;
+  if (l.offload) os << " --dist.offload_optimizer=true";
+  if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";
+  const char* dtype = in.setup.precision == Precision::fp16   ? "f16"
+                      : in.setup.precision == Precision::bf16 ? "bf16"
+                                                              : "f32";
+  os << " --run.dtype=" << dtype;
+  TrainCommand c;
+  c.command = os.str();
+  // What forge train refuses today (train/config_checks.cpp), said rather than printed as if it ran.
+  if (l.tp > 1 && l.pp > 1) c.unsupported = "tensor and pipeline parallelism together (3D) are not built yet";
+  else if (l.zero == 3 && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
+  else if (l.offload && (l.tp > 1 || l.pp > 1)) c.unsupported = "an offloaded optimizer with tensor or pipeline parallelism";
+  else if (l.checkpointing == Checkpointing::selective) c.unsupported = "selective activation checkpointing (forge checkpoints whole blocks)";
+  else if (in.setup.precision == Precision::fp8 || in.setup.precision == Precision::tf32)
+    c.unsupported = std::string(precision_name(in.setup.precision)) + " training";
+  return c;
+}
+
+}  // namespace forge::plan
