@@ -169,3 +169,43 @@ TEST(LinearDeferred, WeightGradientsWaitForTheQueueAndMatchThePlainLinear) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// A thread's DeferWeightGrads queue (ZB-H1's W pass) takes the weight gradients of the linears
+// recorded while it is alive, nested guards restoring the outer queue; outside, linears are plain.
+TEST(LinearDeferred, AThreadsQueueTakesTheLinearsRecordedUnderIt) {
+  const Tensor x0 = rnd({4, 6}, 21), w0 = rnd({5, 6}, 22), dy = rnd({4, 5}, 23);
+  auto outer = std::make_shared<autograd::DeferredGrads>(), inner = std::make_shared<autograd::DeferredGrads>();
+  Tensor w = w0.detach().requires_grad_();
+  Tensor y1, y2, y3;
+  {
+    autograd::DeferWeightGrads a(outer);
+    y1 = ops::linear(x0, w);
+    {
+      autograd::DeferWeightGrads b(inner);
+      y2 = ops::linear(x0, w);
+    }
+    y3 = ops::linear_gelu(x0, w, Tensor());
+  }
+  EXPECT_EQ(autograd::current_weight_grad_queue(), nullptr);
+  y1.backward(dy);
+  y2.backward(dy);
+  EXPECT_FALSE(w.grad().defined()) << "queued, not computed";
+  inner->run();
+  const std::vector<double> one = vals(w.grad());
+  y3.backward(dy);  // (the outer queue holds y1's and y3's)
+  outer->run();
+  Tensor plain = w0.detach().requires_grad_();
+  ops::linear(x0, plain).backward(dy);
+  EXPECT_EQ(one, vals(plain.grad())) << "the inner queue held the second linear's gradient";
+  Tensor plain3 = w0.detach().requires_grad_();
+  ops::linear(x0, plain3).backward(dy);
+  ops::linear(x0, plain3).backward(dy);
+  ops::linear_gelu(x0, plain3, Tensor()).backward(dy);
+  EXPECT_EQ(vals(w.grad()), vals(plain3.grad()));
+}
+
+}  // namespace
+}  // namespace forge

@@ -29,6 +29,16 @@ const Tensor& DeferredGrads::input() const {
   return input_;
 }
 
+namespace {
+thread_local std::shared_ptr<DeferredGrads> t_queue;
+}
+
+DeferWeightGrads::DeferWeightGrads(std::shared_ptr<DeferredGrads> queue) : previous_(std::move(t_queue)) {
+  t_queue = std::move(queue);
+}
+DeferWeightGrads::~DeferWeightGrads() { t_queue = std::move(previous_); }
+const std::shared_ptr<DeferredGrads>& current_weight_grad_queue() { return t_queue; }
+
 void accumulate_leaf_grad(const Tensor& param, const Tensor& grad) {
   if (!grad.defined()) return;
   FORGE_CHECK(param.defined() && param.is_leaf() && param.requires_grad(),

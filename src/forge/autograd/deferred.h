@@ -25,6 +25,7 @@
 // here while the queue runs: Megatron's sequence-parallel memory (Korthikanti et al.), one extra
 // all-gather per region in backward.
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "forge/core/tensor.h"
@@ -49,6 +50,22 @@ class DeferredGrads {
   bool provides_input_ = false;
   Tensor input_;
 };
+
+// While alive, the linears recorded on this thread without a queue of their own (ops::linear)
+// queue their weight gradients on `queue`: a pipeline stage's forward under ZB-H1, whose W pass
+// runs the queue after the B pass (Note [pipeline schedules], dist/pipeline_schedule.h).
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(std::shared_ptr<DeferredGrads> queue);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+
+ private:
+  std::shared_ptr<DeferredGrads> previous_;
+};
+// The queue of the innermost DeferWeightGrads alive on this thread (null when none).
+const std::shared_ptr<DeferredGrads>& current_weight_grad_queue();
 
 // Hands `grad` to the leaf `param` as its node in the graph would (AccumulateGrad: into
 // param.grad, or the claimed gradient buffer, then the leaf's gradient hooks).

@@ -8,7 +8,14 @@ const char* checkpointing_name(Checkpointing c) {
   return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
 }
 
-const char* schedule_name(PipelineSchedule s) { return s == PipelineSchedule::one_f_one_b ? "1f1b" : "gpipe"; }
+const char* schedule_name(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::zb_h1: return "zb-h1";
+  }
+  return "?";
+}
 
 std::string Layout::describe() const {
   std::ostringstream os;

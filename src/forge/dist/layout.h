@@ -16,9 +16,9 @@
 namespace forge::dist {
 
 enum class Checkpointing { none, selective, full };
-enum class PipelineSchedule { one_f_one_b, gpipe };
+enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1 };
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
-const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe"
+const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1"
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;

@@ -20,20 +20,42 @@ std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64
     return a;
   }
   const int64_t warmup = std::min<int64_t>(stages - stage - 1, K);
+  const bool zb = kind == PipelineSchedule::zb_h1;
+  int64_t next_w = 0;  // ZB-H1: the oldest micro-batch whose W is still owed
+  auto weight_after = [&](int64_t b) {  // after B(b): the W that lags `warmup` behind, if due
+    if (zb && b - next_w >= warmup) a.push_back({Op::weight, next_w++});
+  };
   for (int64_t m = 0; m < warmup; ++m) a.push_back({Op::forward, m});
   for (int64_t i = 0; i < K - warmup; ++i) {
     a.push_back({Op::forward, warmup + i});
     a.push_back({Op::backward, i});
+    weight_after(i);
   }
-  for (int64_t m = K - warmup; m < K; ++m) a.push_back({Op::backward, m});
+  for (int64_t m = K - warmup; m < K; ++m) {
+    a.push_back({Op::backward, m});
+    // The drain: one owed W after each B, filling the wait for the next gradient.
+    if (zb && next_w <= m) a.push_back({Op::weight, next_w++});
+  }
+  while (zb && next_w < K) a.push_back({Op::weight, next_w++});
   return a;
 }
 
 int64_t max_in_flight(const std::vector<Action>& actions) {
   int64_t live = 0, most = 0;
   for (const Action& x : actions) {
-    live += x.op == Op::forward ? 1 : -1;
+    if (x.op == Op::forward) ++live;
+    if (x.op == Op::backward) --live;
     most = std::max(most, live);
+  }
+  return most;
+}
+
+int64_t max_weights_owed(const std::vector<Action>& actions) {
+  int64_t owed = 0, most = 0;
+  for (const Action& x : actions) {
+    if (x.op == Op::backward) ++owed;
+    if (x.op == Op::weight) --owed;
+    most = std::max(most, owed);
   }
   return most;
 }

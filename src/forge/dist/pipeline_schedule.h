@@ -13,8 +13,16 @@
 // the pipeline, then alternates one forward and one backward, then drains the remaining
 // backwards. The bubble is the same as GPipe's, (P - 1) / (K + P - 1) of the step, but a stage
 // holds at most P - s micro-batches' activations at once (at most P), not K.
-// Both run the backwards in micro-batch order 0..K-1, so the last backward of a step is micro-
-// batch K - 1's on every stage (data parallelism reduces the gradients then).
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B with each backward split into B,
+// the input gradient (on the critical path: the stage before waits for it), and W, the weight
+// gradients (nobody waits for them). Stage s runs B as soon as it can and lets W lag behind by its
+// warm-up count (P - s - 1), so the W passes it owes fill the drain, where 1F1B's stage waits for
+// the gradients of the stages after it; about a third of 1F1B's bubble is left when F, B and W
+// take about as long. The activations in flight (forward to B) are 1F1B's; a stage also owes at
+// most P - s W passes, each holding its linears' inputs and output gradients. W is computed by the linears' queued weight gradients (Note
+// [weight gradients behind the collective], autograd/deferred.h); the other parameters' (norms,
+// embeddings) come with B.
+// All run the backwards in micro-batch order 0..K-1.
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -23,7 +31,7 @@
 
 namespace forge::dist::pp {
 
-enum class Op { forward, backward };
+enum class Op { forward, backward, weight };
 struct Action {
   Op op;
   int64_t micro;
@@ -33,8 +41,11 @@ struct Action {
 // The actions of stage `stage` (0-based) of `stages` over `micro_batches` micro-batches.
 std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64_t micro_batches);
 
-// The most micro-batches whose activations a stage holds at once under the schedule.
+// The most micro-batches whose activations a stage holds at once under the schedule (from the
+// forward to the backward), and (ZB-H1) the most whose W it owes at once (from B to W: the
+// linears' inputs and output gradients).
 int64_t max_in_flight(const std::vector<Action>& actions);
+int64_t max_weights_owed(const std::vector<Action>& actions);
 
 // Blocks [begin, end) of stage `stage` when `n_blocks` are split over `stages` consecutive stages:
 // as even as possible, the first n_blocks % stages stages one block more. With `layers` (one

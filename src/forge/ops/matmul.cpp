@@ -321,17 +321,18 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_impl("matmul", a, b); }
 
+// (A thread's DeferWeightGrads queue, when no queue is given: ZB-H1's W passes.)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_impl("linear", x, weight, bias, false);
+  return linear_impl("linear", x, weight, bias, false, autograd::current_weight_grad_queue());
 }
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  return linear_impl("linear_gelu", x, weight, bias, true);
+  return linear_impl("linear_gelu", x, weight, bias, true, autograd::current_weight_grad_queue());
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const std::shared_ptr<autograd::DeferredGrads>& defer) {
-  return linear_impl("linear", x, weight, bias, false, defer);
+  return linear_impl("linear", x, weight, bias, false, defer ? defer : autograd::current_weight_grad_queue());
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {

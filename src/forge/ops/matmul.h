@@ -46,7 +46,9 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 // matmul, then the bias added in place.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 // The same, with the weight and bias gradients queued on `defer` instead of returned (Note
-// [weight gradients behind the collective], autograd/deferred.h); null: the plain linear.
+// [weight gradients behind the collective], autograd/deferred.h); null: the thread's
+// DeferWeightGrads queue if one is alive (ZB-H1), else the plain linear. (linear and linear_gelu
+// without `defer` take the thread's queue too.)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const std::shared_ptr<autograd::DeferredGrads>& defer);
 

@@ -30,7 +30,8 @@ Schedule parse_schedule(const std::string& s) {
   const std::string n = normalize_name(s);
   if (n == "1f1b") return Schedule::one_f_one_b;
   if (n == "gpipe") return Schedule::gpipe;
-  FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b or gpipe");
+  if (n == "zbh1" || n == "zb-h1") return Schedule::zb_h1;
+  FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b, gpipe or zb-h1");
 }
 
 BytesPerParam bytes_per_param(Precision p, Optimizer o) {

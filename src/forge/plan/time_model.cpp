@@ -125,7 +125,10 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.recompute = m_d * w_recompute;
   r.tp_comm = m_d * w_tp;
   r.pp_p2p = m_d * w_p2p;
-  r.bubble = static_cast<double>(p - 1) * worst;
+  // ZB-H1 (Qi et al., zero-bubble pipeline parallelism): the weight-gradient passes fill the
+  // drain, leaving about a third of 1F1B's bubble when forward, input-gradient and weight-gradient
+  // passes take about the same time, as a transformer's do.
+  r.bubble = static_cast<double>(p - 1) * worst * (l.schedule == Schedule::zb_h1 ? 1.0 / 3.0 : 1.0);
 
   // Data parallelism.
   const double P = static_cast<double>(max_stage_params);

@@ -178,7 +178,8 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, pp, "pipeline-parallel degree: stages of consecutive blocks (1 = none; <= model.n_layer)"),
       FORGE_FIELD(dist, pp_schedule,
                   "dist.pp > 1: \"1f1b\" (one forward one backward: at most pp micro-batches in flight per stage) or "
-                  "\"gpipe\" (all forwards, then all backwards); train.grad_accum is the micro-batches per step"),
+                  "\"gpipe\" (all forwards, then all backwards) or \"zb-h1\" (1F1B with the weight gradients "
+                  "postponed into the drain); train.grad_accum is the micro-batches per step"),
       FORGE_FIELD(dist, zero_stage,
                   "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients, "
                   "3 = also the blocks' parameters"),

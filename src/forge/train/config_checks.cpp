@@ -109,8 +109,11 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
   FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
               m.type, "' trains with dist.tp = 1 and dist.pp = 1");
-  FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe", "dist.pp_schedule = '",
-              c.dist.pp_schedule, "' is unknown; use \"1f1b\" or \"gpipe\"");
+  FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe" || c.dist.pp_schedule == "zb-h1",
+              "dist.pp_schedule = '", c.dist.pp_schedule, "' is unknown; use \"1f1b\", \"gpipe\" or \"zb-h1\"");
+  FORGE_CHECK(c.dist.pp_schedule != "zb-h1" || c.dist.zero_stage <= 1, "dist.pp_schedule = \"zb-h1\" with "
+              "dist.zero_stage = ", c.dist.zero_stage, " is not supported (ZeRO-2 reduces each micro-batch's "
+              "gradients as they arrive; ZB-H1's weight passes arrive out of step); use dist.zero_stage = 0 or 1");
   FORGE_CHECK(c.dist.pp == 1 || c.dist.tp == 1, "dist.pp = ", c.dist.pp, " with dist.tp = ", c.dist.tp,
               " is not supported yet (pipeline x tensor parallelism); use one of them with data parallelism");
   FORGE_CHECK(c.dist.pp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.pp = ", c.dist.pp,

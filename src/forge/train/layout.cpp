@@ -39,7 +39,9 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.zero = static_cast<int>(cfg.dist.zero_stage);
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
-  l.schedule = cfg.dist.pp_schedule == "gpipe" ? dist::PipelineSchedule::gpipe : dist::PipelineSchedule::one_f_one_b;
+  l.schedule = cfg.dist.pp_schedule == "gpipe"   ? dist::PipelineSchedule::gpipe
+               : cfg.dist.pp_schedule == "zb-h1" ? dist::PipelineSchedule::zb_h1
+                                                 : dist::PipelineSchedule::one_f_one_b;
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");

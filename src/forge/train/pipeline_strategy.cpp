@@ -20,6 +20,7 @@
 #include <ostream>
 #include <unordered_map>
 
+#include "forge/autograd/deferred.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
 #include "forge/dist/data_parallel.h"
@@ -101,10 +102,28 @@ class PipelineStrategy final : public Strategy {
     std::vector<std::pair<Tensor, dist::WorkPtr>> sends;
     Tensor loss_sum;
     phases.mark(0);
+    // ZB-H1 (Note [pipeline schedules]): each micro-batch's linears queue their weight gradients
+    // (W) during its forward; B computes the rest; W runs the queue later. The data-parallel
+    // reduction then happens once, after every pass (begin/end_backward without a sync around
+    // each pass, one synchronising pair at the end).
+    const bool split_w = layout_.schedule == dist::PipelineSchedule::zb_h1;
+    std::vector<std::shared_ptr<autograd::DeferredGrads>> weights(static_cast<size_t>(K));
     for (const dist::pp::Action& a : dist::pp::schedule(layout_.schedule, stage_->stages, stage_->index, K)) {
       const auto m = static_cast<size_t>(a.micro);
+      if (a.op == dist::pp::Op::weight) {
+        // (Every stage runs at least one block's linears: an empty queue means they were not queued.)
+        FORGE_CHECK(weights[m] && !weights[m]->empty(), "pipeline: the W pass of micro-batch ", a.micro,
+                    " has no queued weight gradients");
+        dp_->begin_backward(/*sync=*/false);
+        weights[m]->run();
+        dp_->end_backward();
+        weights[m] = nullptr;
+        continue;
+      }
       const data::Batch mb = rows_of(micro_batches[m]);
       if (a.op == dist::pp::Op::forward) {
+        std::optional<autograd::DeferWeightGrads> defer;
+        if (split_w) defer.emplace(weights[m] = std::make_shared<autograd::DeferredGrads>());
         nn::Stream s;
         if (stage_->first()) {
           s = lm_->embed(mb.inputs);
@@ -125,7 +144,7 @@ class PipelineStrategy final : public Strategy {
           sends.emplace_back(out, pp_->send(out, stage_->index + 1));
         }
       } else {
-        dp_->begin_backward(/*sync=*/a.micro == K - 1);
+        dp_->begin_backward(/*sync=*/!split_w && a.micro == K - 1);
         if (stage_->last()) {
           outputs[m].backward();
         } else {
@@ -139,6 +158,10 @@ class PipelineStrategy final : public Strategy {
         }
         inputs[m] = outputs[m] = Tensor();  // this micro-batch's activations go
       }
+    }
+    if (split_w) {  // the data-parallel reduction of everything accumulated
+      dp_->begin_backward(/*sync=*/true);
+      dp_->end_backward();
     }
     for (auto& [t, w] : sends) w->wait();
     phases.mark(3);
