@@ -25,8 +25,10 @@
 // The models are tiny (width 32, 4 heads, 4 blocks, vocabulary 256, context 16, global batch 8 as
 // 4 micro-batches): pp 4 gives each stage one block.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -174,15 +176,17 @@ struct PpCase {
   const char* optim;     // "sgd" or "adamw"
   int world;
   int pp;                // dp = world / pp
-  const char* schedule;  // "1f1b" or "gpipe"
+  const char* schedule;  // "1f1b", "gpipe" or "zb-h1"
   int zero_stage;        // on each stage's data-parallel group
 };
 
 std::string case_name(const PpCase& c) {
   std::string dp_layout;  // only where there is a dp group to lay out
   if (c.world > c.pp) dp_layout = c.zero_stage == 0 ? std::string("_ddp") : "_zero" + std::to_string(c.zero_stage);
+  std::string schedule = c.schedule;
+  schedule.erase(std::remove(schedule.begin(), schedule.end(), '-'), schedule.end());  // (a test name's characters)
   return std::string(c.model) + "_" + c.optim + "_np" + std::to_string(c.world) + "_pp" + std::to_string(c.pp) + "_" +
-         c.schedule + dp_layout;
+         schedule + dp_layout;
 }
 
 void PrintTo(const PpCase& c, std::ostream* os) { *os << case_name(c); }
@@ -210,7 +214,7 @@ TEST_P(PipelineLayouts, MatchesTheRunWithoutAPipeline) {
   }
 }
 
-// pp 2, pp 3 (uneven stages) and pp 4 (dp 1), and pp 2 x dp 2; both schedules; GPT (tied head)
+// pp 2, pp 3 (uneven stages) and pp 4 (dp 1), and pp 2 x dp 2; every schedule; GPT (tied head)
 // and LLaMA; SGD and AdamW; DDP, ZeRO-1 and ZeRO-2 (LLaMA: GPT's tied head is refused with
 // ZeRO-2) on the data-parallel groups, without running the full product.
 INSTANTIATE_TEST_SUITE_P(, PipelineLayouts,
@@ -227,7 +231,11 @@ INSTANTIATE_TEST_SUITE_P(, PipelineLayouts,
                              PpCase{"gpt", "sgd", 4, 2, "1f1b", 0}, PpCase{"gpt", "sgd", 4, 2, "gpipe", 1},
                              PpCase{"gpt", "adamw", 4, 2, "gpipe", 0}, PpCase{"gpt", "adamw", 4, 2, "1f1b", 1},
                              PpCase{"llama", "sgd", 4, 2, "1f1b", 2}, PpCase{"llama", "adamw", 4, 2, "1f1b", 0},
-                             PpCase{"llama", "adamw", 4, 2, "gpipe", 2}),
+                             PpCase{"llama", "adamw", 4, 2, "gpipe", 2},
+                             // ZB-H1: the weight passes queued and run late (pp 2, 3, 4; DDP and ZeRO-1)
+                             PpCase{"gpt", "sgd", 2, 2, "zb-h1", 0}, PpCase{"llama", "sgd", 3, 3, "zb-h1", 0},
+                             PpCase{"llama", "adamw", 4, 4, "zb-h1", 0}, PpCase{"gpt", "adamw", 4, 2, "zb-h1", 1},
+                             PpCase{"llama", "sgd", 4, 2, "zb-h1", 0}),
                          [](const ::testing::TestParamInfo<PpCase>& i) { return case_name(i.param); });
 
 // A checkpoint written by pp 2 x dp 2 (4 ranks, ZeRO-1, AdamW) at step 10 of 20 resumes at pp 4 on
@@ -272,16 +280,10 @@ TEST_F(PipelineTrain, PpTwoByDpTwoCheckpointResumesAtPpFourAndInOneProcess) {
 // The other way: a one-process checkpoint (LLaMA, AdamW) resumes at pp 2, each stage taking its
 // blocks' weights and AdamW moments from the whole ones, and continues as the one process does.
 // (Moments lost or given to the wrong block would move the weights by ~lr, orders of magnitude
-// beyond the tolerance.)
-//
-// DISABLED: fails at 787cc56. A one-process checkpoint's optimizer state is keyed by slot
-// ("state.<k>.exp_avg"), k in the order of optim::decay_groups (matrices first, then vectors and
-// embeddings); PipelineStrategy::load_checkpoint rebuilds that order from the stage's module
-// (train::optimizer_slots), in which stage_model_for_layout has emptied the other stages' tensors
-// to shape {0}: their matrices now count as vectors, the order shifts, and the slots land on other
-// parameters ("optimizer state: the saved ranges of 'exp_avg' for 'model.embed_tokens.weight'
-// cover 1024 of the elements [0, 8192)"; GPT and SGD alike). Enable once fixed.
-TEST_F(PipelineTrain, DISABLED_OneProcessCheckpointResumesAtPpTwo) {
+// beyond the tolerance.) A one-process checkpoint's optimizer state is keyed by slot, in the order
+// of optim::decay_groups (matrices first): the stage's emptied tensors keep their rank, so the
+// stage rebuilds that order (it once did not: the slots landed on other parameters).
+TEST_F(PipelineTrain, OneProcessCheckpointResumesAtPpTwo) {
   const fs::path want = reference("llama", "adamw");
   const std::string name = "llama_single_then_pp2";
   auto first = model_args(root_, name, 20, "llama", "adamw");
@@ -499,6 +501,9 @@ TEST_F(PipelineTrain, LayoutsThatCannotWorkAreRejectedBeforeStart) {
       {"pp2_zero3", 2, {{"dist.pp", "2"}, {"dist.zero_stage", "3"}}, "dist.zero_stage = 3 with dist.pp = 2"},
       {"pp2_dropout", 2, {{"dist.pp", "2"}, {"model.dropout", "0.1"}}, "with dist.pp = 2 is not supported yet"},
       {"pp2_schedule", 2, {{"dist.pp", "2"}, {"dist.pp_schedule", "zb"}}, "dist.pp_schedule = 'zb' is unknown"},
+      {"zb_zero2", 4, {{"dist.pp", "2"}, {"dist.pp_schedule", "zb-h1"}, {"dist.zero_stage", "2"}, {"model.type", "llama"},
+                       {"model.dim", "32"}, {"model.n_kv_head", "2"}},
+       "dist.pp_schedule = \"zb-h1\" with dist.zero_stage = 2 is not supported"},
       {"pp4_blocks", 4, {{"dist.pp", "4"}, {"model.n_layer", "2"}},
        "dist.pp = 4 pipeline stages need at least as many blocks"},
       {"pp2_np3", 3, {{"dist.pp", "2"}}, "dist.tp = 1 x dist.pp = 2 = 2 ranks per model replica"},

@@ -52,7 +52,7 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
     if (owner == st->index || (last_too && st->last())) st->held[name] = true;
   }
   // The tensors this stage does not hold: emptied (their memory freed before the move to the
-  // device; the module keeps the names, the whole shapes live in the stage).
+  // device; the module keeps the names and ranks, the whole shapes live in the stage).
   {
     NoGradGuard no_grad;
     for (const auto& [name, t] : model.module->state_dict()) {
@@ -60,7 +60,9 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
         held_count += t.requires_grad() ? t.numel() : 0;
         continue;
       }
-      t.set_data(empty({0}, {.dtype = t.dtype(), .device = t.device()}));
+      // (Empty, but of the same rank: a parameter's dimensions decide its optimizer group, and a
+      // one-process checkpoint's optimizer state is stored by slot in that order.)
+      t.set_data(empty(Shape(static_cast<size_t>(t.dim()), 0), {.dtype = t.dtype(), .device = t.device()}));
     }
   }
   model.stage = st;
