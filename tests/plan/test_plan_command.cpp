@@ -95,6 +95,10 @@ TEST(PlanCommand, TheBestLayoutsCommandRunsItUnchanged) {
   pp.dp = 4, pp.pp = 4, pp.micro_batch = 1, pp.grad_accum = 4, pp.zero = 2, pp.schedule = dist::PipelineSchedule::gpipe,
   pp.checkpointing = dist::Checkpointing::full;
   expect_runs_unchanged(input(cfg, 16), pp);  // two hosts of 8: srun
+  Layout three;
+  three.dp = 2, three.tp = 2, three.pp = 2, three.sequence_parallel = true, three.micro_batch = 2, three.grad_accum = 4,
+  three.zero = 1, three.schedule = dist::PipelineSchedule::zb_h1;
+  expect_runs_unchanged(input(cfg, 8), three);
   EXPECT_EQ(train_command(input(cfg, 16), pp).command.rfind("srun -N 2 --ntasks-per-node 8 forge train", 0), 0u);
   fs::remove(cfg);
 }
@@ -102,9 +106,9 @@ TEST(PlanCommand, TheBestLayoutsCommandRunsItUnchanged) {
 TEST(PlanCommand, LayoutsForgeTrainDoesNotRunAreSaid) {
   const fs::path cfg = llama_config();
   Layout l;
-  l.dp = 1, l.tp = 2, l.pp = 4, l.micro_batch = 2, l.grad_accum = 8;
-  EXPECT_NE(train_command(input(cfg, 8), l).unsupported.find("3D"), std::string::npos);
-  l.tp = 1, l.pp = 1, l.dp = 8, l.grad_accum = 1, l.checkpointing = dist::Checkpointing::selective;
+  l.dp = 2, l.tp = 1, l.pp = 4, l.micro_batch = 2, l.grad_accum = 4, l.zero = 3;
+  EXPECT_NE(train_command(input(cfg, 8), l).unsupported.find("ZeRO-3"), std::string::npos);
+  l.zero = 0, l.tp = 1, l.pp = 1, l.dp = 8, l.grad_accum = 1, l.checkpointing = dist::Checkpointing::selective;
   EXPECT_NE(train_command(input(cfg, 8), l).unsupported.find("selective"), std::string::npos);
   fs::remove(cfg);
 }

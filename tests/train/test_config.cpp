@@ -271,8 +271,6 @@ TEST_F(ConfigTest, BatchLayoutAndDebugKeysAreChecked) {
   EXPECT_TRUE(parse_config(base(), "<test>", {"--dist.tp=2", "--dist.sequence_parallel=true"}).dist.sequence_parallel);
   // Pipeline parallelism's keys and what it does not support yet.
   EXPECT_NE(error(base(), {"--dist.pp_schedule=zb"}).find("dist.pp_schedule = 'zb' is unknown"), std::string::npos);
-  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.tp=2"}).find("dist.pp = 2 with dist.tp = 2 is not supported yet"),
-            std::string::npos);
   EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.zero_stage=3"}).find("dist.zero_stage = 3 with dist.pp = 2"),
             std::string::npos);
   EXPECT_NE(error(base(), {"--dist.pp=2", "--model.dropout=0.1"}).find("model.dropout = 0.1 with dist.pp = 2"),

@@ -41,8 +41,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   TrainCommand c;
   c.command = os.str();
   // What forge train refuses today (train/config_checks.cpp), said rather than printed as if it ran.
-  if (l.tp > 1 && l.pp > 1) c.unsupported = "tensor and pipeline parallelism together (3D) are not built yet";
-  else if (l.zero == 3 && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
+  if (l.zero == 3 && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
   else if (l.offload && (l.tp > 1 || l.pp > 1)) c.unsupported = "an offloaded optimizer with tensor or pipeline parallelism";
   else if (l.checkpointing == Checkpointing::selective) c.unsupported = "selective activation checkpointing (forge checkpoints whole blocks)";
   else if (in.setup.precision == Precision::fp8 || in.setup.precision == Precision::tf32)

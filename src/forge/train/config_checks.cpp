@@ -114,8 +114,6 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp_schedule != "zb-h1" || c.dist.zero_stage <= 1, "dist.pp_schedule = \"zb-h1\" with "
               "dist.zero_stage = ", c.dist.zero_stage, " is not supported (ZeRO-2 reduces each micro-batch's "
               "gradients as they arrive; ZB-H1's weight passes arrive out of step); use dist.zero_stage = 0 or 1");
-  FORGE_CHECK(c.dist.pp == 1 || c.dist.tp == 1, "dist.pp = ", c.dist.pp, " with dist.tp = ", c.dist.tp,
-              " is not supported yet (pipeline x tensor parallelism); use one of them with data parallelism");
   FORGE_CHECK(c.dist.pp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.pp = ", c.dist.pp,
               " is not supported (each stage holds only its blocks already); use dist.zero_stage = 0, 1 or 2");
   FORGE_CHECK(c.dist.pp == 1 || !c.dist.offload_optimizer, "dist.offload_optimizer = true with dist.pp = ", c.dist.pp,

@@ -30,24 +30,22 @@ int64_t Model::whole_parameters() const {
 }
 
 void Model::load_whole_state(const io::NamedTensors& state) {
-  if (split) {
-    std::map<std::string, Tensor> whole;
-    for (const auto& [name, t] : state) whole.emplace(name, t);
-    split->load_whole(*module, whole);
-    return;
-  }
-  if (!stage) {
+  if (!split && !stage) {
     module->load_state_dict(state.items());
     return;
   }
-  // A pipeline stage: its own tensors.
+  // Each tensor this rank holds (a pipeline stage's), or its shard of it (tensor parallelism).
   NoGradGuard no_grad;
   for (auto& [name, t] : module->state_dict()) {
-    if (!stage->held.count(name)) continue;
+    if (stage && !stage->held.count(name)) continue;
     const Tensor* w = state.find(name);
-    FORGE_CHECK(w != nullptr, "checkpoint: no tensor '", name, "' for pipeline stage ", stage->index);
+    FORGE_CHECK(w != nullptr, "checkpoint: no tensor '", name,
+                "'; load the state of the same model built without tensor or pipeline parallelism");
+    const Tensor value = split ? split->local_of(name, *w) : *w;
+    FORGE_CHECK(value.shape() == t.shape(), "checkpoint: '", name, "' has shape ", value.shape(), " here, not ",
+                t.shape());
     Tensor dst = t;
-    dst.copy_(w->to(t.device(), t.dtype()));
+    dst.copy_(value.to(t.device(), t.dtype()));
   }
 }
 

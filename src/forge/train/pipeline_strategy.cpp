@@ -1,5 +1,6 @@
 // PipelineStrategy: pipeline parallelism (dist.pp > 1) composed with data parallelism (DDP,
-// ZeRO-1/2) on each stage's data-parallel group. Each rank holds one stage of the model
+// ZeRO-1/2) on each stage's data-parallel group, and with tensor parallelism within each stage
+// (3D: the stage's model split over its tp group, train/tensor_parallel_model.h). Each rank holds one stage of the model
 // (train/pipeline_model.h); a step runs its micro-batches through the stages in the order of the
 // schedule (Note [pipeline schedules], dist/pipeline_schedule.h):
 //   forward of micro-batch m: the first stage embeds this rank's rows, any other receives the
@@ -36,6 +37,7 @@
 #include "forge/ops/reduce.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
+#include "forge/train/tensor_parallel_model.h"
 
 namespace forge::train {
 
@@ -52,8 +54,22 @@ class PipelineStrategy final : public Strategy {
     FORGE_CHECK(model.stage != nullptr, "PipelineStrategy: the model has no pipeline stage (train/pipeline_model.h)");
     FORGE_CHECK(world_ != nullptr, "PipelineStrategy: the mesh has no process group attached");
     stage_ = model.stage;
+    split_ = model.split;
     lm_ = std::dynamic_pointer_cast<nn::CausalLM>(model.module);
     pp_ = mesh.pp_group();
+    tp_rank_ = mesh.tp_rank();
+    seq_parts_ = split_ && split_->sequence_parallel() ? mesh.tp() : 1;
+    // The gradient norm's group: the ranks that hold the other parts of this replica's model (the
+    // pipeline, and with tensor parallelism its tp x pp ranks; one group per data-parallel rank).
+    norm_group_ = pp_;
+    if (split_) {
+      for (int d = 0; d < mesh.dp(); ++d) {
+        std::vector<int> ranks;
+        for (int p = 0; p < mesh.pp(); ++p)
+          for (int t = 0; t < mesh.tp(); ++t) ranks.push_back(mesh.rank_at(d, p, t));
+        if (auto g = world_->new_group(ranks)) norm_group_ = g;
+      }
+    }
     group_ = mesh.dp_group()                       ? mesh.dp_group()
              : mesh.dp() == mesh.world_size() ? mesh.world()
                                               : dist::group_of_one(mesh.world());
@@ -65,7 +81,8 @@ class PipelineStrategy final : public Strategy {
                   " and a head tied to the embedding (GPT) is not supported yet (the two stages shard the "
                   "embedding's gradient differently); use dist.zero_stage = 0 or 1");
       for (int d = 0; d < mesh.dp(); ++d)
-        if (auto g = world_->new_group({mesh.rank_at(d, 0, 0), mesh.rank_at(d, mesh.pp() - 1, 0)})) tied_group_ = g;
+        for (int t = 0; t < mesh.tp(); ++t)
+          if (auto g = world_->new_group({mesh.rank_at(d, 0, t), mesh.rank_at(d, mesh.pp() - 1, t)})) tied_group_ = g;
     }
     std::vector<std::pair<std::string, Tensor>> trainable;
     {
@@ -74,6 +91,7 @@ class PipelineStrategy final : public Strategy {
         if (stage_->held.count(n) && t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
     }
     const std::string tied = stage_->tied;
+    const auto split = split_;
     dp_ = std::make_unique<dist::DataParallel>(
         trainable, optim::decay_groups(trainable, cfg.optim.weight_decay),
         [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
@@ -82,8 +100,10 @@ class PipelineStrategy final : public Strategy {
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = nullptr,
                                   .skip_reductions = cfg.debug.skip_reductions,
-                                  .norm_group = pp_,
-                                  .norm_weight = [tied](const std::string& n) { return n == tied ? 0.5 : 1.0; }});
+                                  .norm_group = norm_group_,
+                                  .norm_weight = [tied, split](const std::string& n) {
+                                    return (n == tied ? 0.5 : 1.0) * (split ? split->norm_weight(n) : 1.0);
+                                  }});
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
     log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "
@@ -164,6 +184,8 @@ class PipelineStrategy final : public Strategy {
       dp_->end_backward();
     }
     for (auto& [t, w] : sends) w->wait();
+    // Tensor parallelism: the sums over the tensor-parallel group (Note [split gradients]).
+    if (split_) split_->reduce_grads(dp_->named_grads());
     phases.mark(3);
     // The tied embedding: the first stage's lookup and the last stage's head each gave part of
     // its gradient.
@@ -243,24 +265,35 @@ class PipelineStrategy final : public Strategy {
       FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
     }
     world_->barrier()->synchronize();
-    const bool sharded = dp_->options().zero_stage > 0;
+    const bool sharded = dp_->options().zero_stage > 0 && !split_;
     auto file_of = [](int r) {
       char name[64];
       std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
       return std::string(name);
     };
-    if (sharded || group_->rank() == 0)
+    // Who writes an optimizer file: every rank (ZeRO), or each stage's first data-parallel rank
+    // (DDP); with tensor parallelism each stage's first replica gathers its state over the group
+    // (Note [tensor-parallel checkpoints]) and its tensor-parallel rank 0 writes it.
+    const bool first_replica = group_->rank() == 0;
+    if (split_) {
+      const WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, first_replica && tp_rank_ == 0);
+      if (first_replica && tp_rank_ == 0)
+        dist::write_optimizer_shard(staging / file_of(world_->rank()), o.pieces, o.state, o.steps);
+    } else if (sharded || first_replica) {
       dist::write_optimizer_shard(staging / file_of(world_->rank()), dp_->pieces(), dp_->piece_state(),
                                   dp_->piece_steps());
-    // The whole model on rank 0, tensor by tensor from its owner stage.
+    }
+    // The whole model on rank 0, tensor by tensor from its owner stage (and, with tensor
+    // parallelism, gathered over the first stage's tensor-parallel group).
     nn::NamedTensors whole;
-    if (group_->rank() == 0) {
+    if (first_replica) {
       NoGradGuard no_grad;
       for (const auto& [name, t] : model_.module->state_dict()) {
         const int owner = stage_->owner.at(name);
         Tensor buf = owner == stage_->index ? t.detach().contiguous()
                                             : empty(stage_->whole_shapes.at(name), {.dtype = t.dtype(), .device = device_});
         pp_->broadcast(buf, owner)->wait();
+        if (split_ && stage_->first()) buf = split_->whole_of(name, buf);
         if (rank0) whole.emplace_back(name, buf.to(Device::cpu()).clone());
       }
     }
@@ -276,8 +309,10 @@ class PipelineStrategy final : public Strategy {
       d.extra["optimizer"] = {{"name", optimizer_class_name(cfg_)}, {"scalars", {{"step", dp_->step_count()}}}};
       json files = json::array();
       for (int r = 0; r < world_->size(); ++r) {
-        // Who wrote a file: every rank (ZeRO), or each stage's first data-parallel rank (DDP).
-        const bool wrote = sharded || r / static_cast<int>(layout_.tp * layout_.pp) == 0;
+        // Who wrote a file: every rank (ZeRO), or each stage's first data-parallel rank (DDP; with
+        // tensor parallelism its tensor-parallel rank 0).
+        const bool first = r / static_cast<int>(layout_.tp * layout_.pp) == 0;
+        const bool wrote = sharded || (first && (!split_ || r % static_cast<int>(layout_.tp) == 0));
         if (!wrote) continue;
         files.push_back(file_of(r));
         d.move_in.push_back(staging / file_of(r));
@@ -287,6 +322,7 @@ class PipelineStrategy final : public Strategy {
                          {"zero_stage", dp_->options().zero_stage},
                          {"offload_optimizer", false},
                          {"pp", stage_->stages},
+                         {"tp", layout_.tp},
                          {"files", files}};
       io::save_checkpoint(dir, d);
       fs::remove_all(staging, ec);
@@ -302,9 +338,13 @@ class PipelineStrategy final : public Strategy {
     // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
     // optimizer's order; this stage's module has every name, its other stages' tensors empty.)
     const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
-    dp_->load_piece_state(
-        [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
-        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    if (split_) {
+      load_split_optimizer(model_, *dp_, rs);
+    } else {
+      dp_->load_piece_state(
+          [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+          [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    }
     dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
     if (scaler_) restore_loss_scaler(*scaler_, ck);
   }
@@ -317,9 +357,10 @@ class PipelineStrategy final : public Strategy {
     const int64_t rows = global.inputs.size(0), W = group_->size(), r = group_->rank();
     return strategy_detail::local_rows(global, r * rows / W, rows / W, device_);
   }
-  // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C).
+  // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C), or
+  // this rank's slice of the sequence (rows, T / tp, C) under sequence parallelism.
   Tensor receive(const data::Batch& mb, int from) const {
-    Tensor t = empty({mb.inputs.size(0), mb.inputs.size(1), width_}, {.dtype = dtype_, .device = device_});
+    Tensor t = empty({mb.inputs.size(0), mb.inputs.size(1) / seq_parts_, width_}, {.dtype = dtype_, .device = device_});
     pp_->recv(t, from)->wait();
     return t;
   }
@@ -329,8 +370,11 @@ class PipelineStrategy final : public Strategy {
   Model& model_;
   Device device_;
   DType dtype_;
-  dist::ProcessGroupPtr world_, pp_, group_, tied_group_;
+  dist::ProcessGroupPtr world_, pp_, group_, tied_group_, norm_group_;
   std::shared_ptr<const Model::Stage> stage_;
+  std::shared_ptr<const dist::tp::SplitModel> split_;  // tensor parallelism within each stage, or null
+  int tp_rank_ = 0;
+  int64_t seq_parts_ = 1;  // sequence parallelism: the activations between stages are T / tp long
   std::shared_ptr<nn::CausalLM> lm_;
   int64_t width_ = 0;
   std::unique_ptr<dist::DataParallel> dp_;

@@ -19,10 +19,9 @@
 
 namespace forge::train {
 
-void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
-                            std::ostream& log) {
-  stage_model_for_layout(cfg, layout, mesh, model, log);  // pipeline parallelism: this rank's stage
-  if (layout.tp == 1) return;
+namespace {
+void split_tensor_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+                           std::ostream& log) {
   FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
               cfg.model.type, "' trains with dist.tp = 1");
   const dist::ProcessGroupPtr& g = mesh.tp_group();
@@ -57,6 +56,16 @@ void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
       << (layout.sequence_parallel ? ", sequence parallel" : "") << "; "
       << telemetry::format_count(static_cast<double>(model.module->num_parameters())) << " of the "
       << telemetry::format_count(static_cast<double>(whole_count)) << " parameters on each rank\n";
+}
+
+}  // namespace
+
+void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+                            std::ostream& log) {
+  // Tensor parallelism first (the split model is rebuilt from the whole one), then this rank's
+  // pipeline stage of it.
+  if (layout.tp > 1) split_tensor_parallel(cfg, layout, mesh, model, log);
+  stage_model_for_layout(cfg, layout, mesh, model, log);
 }
 
 // ---- checkpoints (Note [tensor-parallel checkpoints]) -----------------------------------------
@@ -94,6 +103,7 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
   WholeOptimizerState out;
   for (const auto& [name, p] : model.module->named_parameters()) {
     if (!p.requires_grad()) continue;
+    if (model.stage && !model.stage->held.count(name)) continue;  // (another pipeline stage's)
     // This parameter's pieces on this rank, and its update count (agreed over the group).
     std::vector<size_t> mine;
     int64_t step = 0;

@@ -48,8 +48,9 @@ struct WholeOptimizerState {
   std::vector<std::map<std::string, Tensor>> state;     // 1-D, on the CPU
   std::vector<int64_t> steps;
 };
-// The optimizer state of `dp` over the whole model. Collective over dp's group and the
-// tensor-parallel group; filled where `keep` is true (empty elsewhere).
+// The optimizer state of `dp` over the whole model (over the stage's parameters under pipeline
+// parallelism). Collective over dp's group and the tensor-parallel group; filled where `keep` is
+// true (empty elsewhere).
 WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataParallel& dp, bool keep);
 
 // Restores `dp`'s pieces of a split model from the whole-parameter ranges of `rs`.
