@@ -203,6 +203,16 @@ TEST_P(PipelineLayouts, MatchesTheRunWithoutAPipeline) {
   const ShellRun r = runs.run_mpi(c.world, args);
   ASSERT_EQ(r.status, 0) << r.out;
   expect_pp_log(r, c.pp, c.schedule, dp);
+  {  // the job's memory: per GPU and per stage, in the final record and the log
+    std::ifstream in(root_ / name / "metrics.jsonl");
+    nlohmann::json last;
+    for (std::string line; std::getline(in, line);) last = nlohmann::json::parse(line);
+    ASSERT_TRUE(last.value("final", false)) << last.dump();
+    ASSERT_EQ(last["mem_bytes_per_stage"].size(), static_cast<size_t>(c.pp)) << last.dump();
+    for (const auto& m : last["mem_bytes_per_stage"]) EXPECT_GT(m.get<double>(), 0) << last.dump();
+    EXPECT_GE(last["mem_bytes_max"].get<double>(), last["mem_bytes_per_stage"][0].get<double>());
+    EXPECT_NE(r.out.find("per pipeline stage 0: "), npos) << r.out;
+  }
   if (o == "sgd") {
     expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
   } else if (dp == 1) {

@@ -450,6 +450,29 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // checkpoint.
   json final_record = {{"step", step}, {"final", true}};
   if (!result.losses.empty()) final_record["train_loss"] = result.losses.back();
+  // The job's memory: every rank's peak, gathered (collective); the largest per GPU, and per
+  // pipeline stage the largest of its ranks (the stages differ: embeddings, head, in-flight
+  // micro-batches).
+  if (pg && pg->size() > 1) {
+    Tensor mine = full({1}, static_cast<double>(peak_memory(device)), {.dtype = DType::f64, .device = device});
+    Tensor all = zeros({pg->size()}, {.dtype = DType::f64, .device = device});
+    pg->all_gather(all, mine)->wait();
+    const std::vector<double> peaks = all.to(Device::cpu()).to_vector<double>();
+    std::vector<double> per_stage(static_cast<size_t>(layout.pp), 0.0);
+    for (int r = 0; r < pg->size(); ++r) {
+      const auto s = static_cast<size_t>((r / layout.tp) % layout.pp);
+      per_stage[s] = std::max(per_stage[s], peaks[static_cast<size_t>(r)]);
+    }
+    const double most = *std::max_element(peaks.begin(), peaks.end());
+    final_record["mem_bytes_max"] = most;
+    log << "memory: peak per GPU " << telemetry::format_bytes(most) << " (the largest of " << pg->size() << " ranks)";
+    if (layout.pp > 1) {
+      final_record["mem_bytes_per_stage"] = per_stage;
+      log << "; per pipeline stage";
+      for (size_t s = 0; s < per_stage.size(); ++s) log << " " << s << ": " << telemetry::format_bytes(per_stage[s]);
+    }
+    log << "\n";
+  }
   task->finish(*strategy, evaluates, step, units_per_s, result, final_record, log);
   const fs::path final_dir = cfg.checkpoint.at_end ? checkpoint_now(step) : fs::path();
   result.seconds = seconds_since(t_start);
