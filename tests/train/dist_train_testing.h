@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,37 @@ struct Runs {
     return dist_train_testing::run_mpi(tag, ranks, args);
   }
 };
+
+// The validation losses of a run's metrics.jsonl, in order.
+inline std::vector<double> val_losses(const fs::path& run) {
+  std::vector<double> v;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) v.push_back(j["val_loss"].get<double>());
+  }
+  return v;
+}
+
+// Every "model: <type>, <count> parameters" in a run's output (each rank that logs one).
+inline std::vector<std::string> parameter_lines(const std::string& out, const std::string& type) {
+  std::vector<std::string> v;
+  const std::string head = "model: " + type + ", ", tail = " parameters";
+  for (size_t at = out.find(head); at != std::string::npos; at = out.find(head, at + 1)) {
+    const size_t end = out.find(tail, at);
+    if (end == std::string::npos) break;
+    v.push_back(out.substr(at, end + tail.size() - at));
+  }
+  return v;
+}
+
+// A test suite's scratch directory and its Open MPI session directory (rank_env's), removed.
+inline void remove_scratch(const Runs& runs, const fs::path& root) {
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  fs::remove_all(fs::temp_directory_path() / (runs.tag + "ompi_" + std::to_string(::getpid())), ec);
+}
 
 inline std::map<int64_t, double> losses(const fs::path& run_dir) {
   return forge::train_testing::metrics_losses(run_dir);

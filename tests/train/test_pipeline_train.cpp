@@ -53,6 +53,8 @@ using dtt::base_args;
 using dtt::expect_same_run;
 using dtt::final_params;
 using dtt::max_rel;
+using dtt::parameter_lines;
+using dtt::val_losses;
 using dtt::set_arg;
 using dtt::shell;
 using dtt::ShellRun;
@@ -117,38 +119,10 @@ void expect_same_losses(const fs::path& got, const fs::path& want, double tol, c
   }
 }
 
-// The validation losses of a run's metrics.jsonl, in order.
-std::vector<double> val_losses(const fs::path& run) {
-  std::vector<double> v;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("val_loss")) v.push_back(j["val_loss"].get<double>());
-  }
-  return v;
-}
-
-// Every "model: <type>, <count> parameters" in a run's output (each rank that logs one).
-std::vector<std::string> parameter_lines(const std::string& out, const std::string& type) {
-  std::vector<std::string> v;
-  const std::string head = "model: " + type + ", ", tail = " parameters";
-  for (size_t at = out.find(head); at != npos; at = out.find(head, at + 1)) {
-    const size_t end = out.find(tail, at);
-    if (end == npos) break;
-    v.push_back(out.substr(at, end + tail.size() - at));
-  }
-  return v;
-}
-
 class PipelineTrain : public forge::testing::ForgeCliTest {
  protected:
   static void SetUpTestSuite() { root_ = runs.test_root(); }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-    fs::remove_all(fs::temp_directory_path() / (runs.tag + "ompi_" + std::to_string(::getpid())), ec);  // rank_env's
-  }
+  static void TearDownTestSuite() { dtt::remove_scratch(runs, root_); }
   void SetUp() override {
     ForgeCliTest::SetUp();
     ASSERT_EQ(shell("command -v mpirun").status, 0) << "mpirun is missing: run scripts/install-deps.sh (openmpi-bin)";

@@ -2,8 +2,8 @@
 // Tensor parallelism's building blocks (issue 16; DESIGN.md "Parallelism"): the autograd-aware
 // collectives over a tensor-parallel group and the column- and row-parallel linears, as
 // Megatron-LM's tensor_parallel layers define them. The models take the linears through their
-// LayerSpec seam (nn/layer_spec.h); `dist.tp` in `forge train` is the next step (train/layout.h
-// still refuses tp > 1).
+// LayerSpec seam (nn/layer_spec.h); `dist.tp` in `forge train` splits a run's model with them
+// (train/tensor_parallel_model.h; docs/dist.md).
 //
 //   auto g = mesh.tp_group();                                   // W ranks, one shard each
 //   auto up = std::make_shared<tp::ColumnParallelLinear>(C, 4 * C, true, g);    // weight (4C / W, C)

@@ -162,22 +162,11 @@ class DataParallelStrategy final : public Strategy {
     // tensor-parallel rank).
     const bool rank0 = pg.rank() == 0 && (!split_ || split_->group()->rank() == 0);
     const fs::path dir = io::checkpoint_path(run_dir, step);
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
-    const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+    const fs::path staging = checkpoint_staging(dir, step, /*create=*/rank0);
     std::error_code ec;
-    if (rank0) {
-      fs::remove_all(staging, ec);
-      fs::create_directories(staging, ec);
-      FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
-    }
     pg.barrier()->synchronize();
     const bool sharded = dp_->options().zero_stage > 0 && !split_;
-    auto file_of = [](int r) {
-      char name[64];
-      std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
-      return std::string(name);
-    };
+    auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Note [tensor-parallel checkpoints]: the first replica gathers the whole model and optimizer
     // state over its tensor-parallel group; rank 0 writes them as one file.
     std::vector<std::pair<std::string, Tensor>> whole_model;
@@ -258,18 +247,7 @@ class DataParallelStrategy final : public Strategy {
   void after_replay_launched() override { group_->watch_replayed_work("a CUDA graph replay of the training step"); }
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
-    const std::string name = optimizer_class_name(cfg_);
-    const json& o = checkpoint_optimizer_record(ck, ck_path, name);
-    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
-    if (split_) {
-      load_split_optimizer(model_, *dp_, rs);
-    } else {
-      dp_->load_piece_state(
-          [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
-          [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
-    }
-    dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
-    if (scaler_) restore_loss_scaler(*scaler_, ck);
+    load_data_parallel_checkpoint(cfg_, model_, *dp_, scaler_ ? &*scaler_ : nullptr, ck, ck_path);
   }
 
  private:

@@ -12,8 +12,8 @@
 //      vocabulary (when known: model.vocab_size > 0) divisible by dist.tp; model.n_layer >= dist.pp;
 //   3. the batch splits: train.batch_size divisible by dp x train.grad_accum (Note [global batch];
 //      an image run's last batch of an epoch may not: Note [uneven rows]);
-//   4. what is not built yet: dist.pp > 1 (pipeline parallelism is the next piece), and
-//      dist.offload_optimizer with dist.tp > 1, are refused, never ignored.
+//   4. what is not built yet: dist.offload_optimizer with dist.tp > 1 is refused, never ignored
+//      (the other combinations not built yet are refused by the config's checks).
 #include "forge/dist/layout.h"
 #include "forge/train/config.h"
 

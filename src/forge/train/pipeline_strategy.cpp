@@ -255,22 +255,11 @@ class PipelineStrategy final : public Strategy {
   fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
     const bool rank0 = world_->rank() == 0;
     const fs::path dir = io::checkpoint_path(run_dir, step);
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
-    const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+    const fs::path staging = checkpoint_staging(dir, step, /*create=*/rank0);
     std::error_code ec;
-    if (rank0) {
-      fs::remove_all(staging, ec);
-      fs::create_directories(staging, ec);
-      FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
-    }
     world_->barrier()->synchronize();
     const bool sharded = dp_->options().zero_stage > 0 && !split_;
-    auto file_of = [](int r) {
-      char name[64];
-      std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", r);
-      return std::string(name);
-    };
+    auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Who writes an optimizer file: every rank (ZeRO), or each stage's first data-parallel rank
     // (DDP); with tensor parallelism each stage's first replica gathers its state over the group
     // (Note [tensor-parallel checkpoints]) and its tensor-parallel rank 0 writes it.
@@ -333,20 +322,7 @@ class PipelineStrategy final : public Strategy {
   }
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
-    const std::string name = optimizer_class_name(cfg_);
-    const json& o = checkpoint_optimizer_record(ck, ck_path, name);
-    // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
-    // optimizer's order; this stage's module has every name, its other stages' tensors empty.)
-    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg_, *model_.module));
-    if (split_) {
-      load_split_optimizer(model_, *dp_, rs);
-    } else {
-      dp_->load_piece_state(
-          [&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
-          [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
-    }
-    dp_->set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
-    if (scaler_) restore_loss_scaler(*scaler_, ck);
+    load_data_parallel_checkpoint(cfg_, model_, *dp_, scaler_ ? &*scaler_ : nullptr, ck, ck_path);
   }
 
   std::string graph_blocker() const override { return "pipeline parallelism's step is not captured yet"; }

@@ -1,6 +1,7 @@
 // Checkpoint plumbing shared by every layout (contracts in run_checkpoint.h).
 #include "forge/train/run_checkpoint.h"
 
+#include <cstdio>
 #include <map>
 #include <unordered_map>
 
@@ -116,6 +117,25 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
   for (const auto& [k, v] : o["scalars"].items()) sd.scalars[k] = v.get<double>();
   for (const auto& [k, t] : ck.optimizer) sd.tensors[k] = t;
   opt.load_state_dict(sd);
+}
+
+fs::path checkpoint_staging(const fs::path& dir, int64_t step, bool create) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(step));
+  const fs::path staging = dir.parent_path() / (dir.filename().string() + ".tmp.0." + hex);
+  if (create) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    fs::create_directories(staging, ec);
+    FORGE_CHECK(!ec, "checkpoint: cannot create the staging directory '", staging.string(), "': ", ec.message());
+  }
+  return staging;
+}
+
+std::string optimizer_shard_name(int rank) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "optimizer.rank%05d.safetensors", rank);
+  return name;
 }
 
 void restore_loss_scaler(optim::LossScaler& scaler, const io::CheckpointData& ck) {

@@ -43,6 +43,12 @@ dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const std
 void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, const std::filesystem::path& ck_path,
                        const std::vector<std::pair<std::string, Tensor>>& slots);
 
+// Note [data-parallel checkpoints]: the staging directory next to checkpoint `dir` of `step` (a
+// name prune_checkpoints treats as a temporary), created afresh when `create`; and a rank's
+// optimizer shard file name in it ("optimizer.rank00003.safetensors").
+std::filesystem::path checkpoint_staging(const std::filesystem::path& dir, int64_t step, bool create);
+std::string optimizer_shard_name(int rank);
+
 // f16: the loss scaler's state a checkpoint recorded (extra.loss_scaler), if any.
 void restore_loss_scaler(optim::LossScaler& scaler, const io::CheckpointData& ck);
 

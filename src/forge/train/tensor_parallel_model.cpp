@@ -16,6 +16,7 @@
 #include "forge/telemetry/metrics.h"
 #include "forge/train/language_model.h"
 #include "forge/train/pipeline_model.h"
+#include "forge/train/run_checkpoint.h"
 
 namespace forge::train {
 
@@ -145,6 +146,23 @@ void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist
         return s.local_of(p.param, whole.reshape(ps.whole_shape)).reshape({-1}).narrow(0, p.lo, p.hi - p.lo).contiguous();
       },
       [&](const dist::ShardPiece& p) { return rs.step(p.param, 0, s.at(p.param).whole_numel()); });
+}
+
+void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, dist::DataParallel& dp,
+                                   optim::LossScaler* scaler, const io::CheckpointData& ck,
+                                   const std::filesystem::path& ck_path) {
+  const nlohmann::json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class_name(cfg));
+  // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
+  // optimizer's order; a pipeline stage's module has every name, its other stages' tensors empty.)
+  const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg, *model.module));
+  if (model.split) {
+    load_split_optimizer(model, dp, rs);
+  } else {
+    dp.load_piece_state([&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+                        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+  }
+  dp.set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
+  if (scaler) restore_loss_scaler(*scaler, ck);
 }
 
 }  // namespace forge::train

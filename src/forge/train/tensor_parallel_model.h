@@ -3,6 +3,7 @@
 // the task's whole model, built from run.seed on the CPU like every other run's, replaced by the
 // same model built through tp::layer_spec over the mesh's tensor-parallel group and loaded
 // from it, so a tp run starts from the weights of one process exactly.
+#include <filesystem>
 #include <iosfwd>
 #include <map>
 #include <string>
@@ -12,6 +13,8 @@
 #include "forge/dist/data_parallel.h"
 #include "forge/dist/layout.h"
 #include "forge/dist/sharded_state.h"
+#include "forge/io/checkpoint.h"
+#include "forge/optim/loss_scale.h"
 #include "forge/dist/mesh.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
@@ -55,5 +58,12 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
 
 // Restores `dp`'s pieces of a split model from the whole-parameter ranges of `rs`.
 void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist::RangedState& rs);
+
+// Strategy::load_checkpoint of the layouts on dist::DataParallel (data, tensor and pipeline
+// parallel): the optimizer state of any layout's checkpoint into `dp`'s pieces (cut from whole
+// parameters for a split model), its step count, and the f16 loss scale.
+void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, dist::DataParallel& dp,
+                                   optim::LossScaler* scaler, const io::CheckpointData& ck,
+                                   const std::filesystem::path& ck_path);
 
 }  // namespace forge::train
