@@ -57,6 +57,17 @@ class PipelineStrategy final : public Strategy {
     split_ = model.split;
     lm_ = std::dynamic_pointer_cast<nn::CausalLM>(model.module);
     pp_ = mesh.pp_group();
+    // Note [pipeline links]: activations travel on one communicator, their gradients on another.
+    // On one NCCL communicator (one stream, its point-to-point operations in issue order, a large
+    // send waiting for its receive), 1F1B would deadlock: stage 0 queues send(a1) before
+    // recv(g0), while stage 1 can post recv(a1) only after its send(g0), which waits for stage
+    // 0's recv(g0). Each direction alone is issued in micro-batch order on both sides of every
+    // link. (Megatron pairs the two in batched groups instead.)
+    for (const auto& ranks : mesh.all_pp_groups()) {
+      if (auto g = world_->new_group(ranks)) forward_ = g;
+      if (auto g = world_->new_group(ranks)) backward_ = g;
+    }
+    FORGE_CHECK(forward_ && backward_, "PipelineStrategy: no pipeline links for this rank");
     tp_rank_ = mesh.tp_rank();
     seq_parts_ = split_ && split_->sequence_parallel() ? mesh.tp() : 1;
     // The gradient norm's group: the ranks that hold the other parts of this replica's model (the
@@ -148,7 +159,7 @@ class PipelineStrategy final : public Strategy {
         if (stage_->first()) {
           s = lm_->embed(mb.inputs);
         } else {
-          inputs[m] = receive(mb, stage_->index - 1).requires_grad_();
+          inputs[m] = receive(*forward_, mb, stage_->index - 1).requires_grad_();
           s = nn::Stream{inputs[m], Tensor()};
         }
         s = lm_->blocks(s, stage_->begin, stage_->end);
@@ -161,20 +172,20 @@ class PipelineStrategy final : public Strategy {
         } else {
           outputs[m] = s.materialize();
           const Tensor out = outputs[m].detach().contiguous();
-          sends.emplace_back(out, pp_->send(out, stage_->index + 1));
+          sends.emplace_back(out, forward_->send(out, stage_->index + 1));
         }
       } else {
         dp_->begin_backward(/*sync=*/!split_w && a.micro == K - 1);
         if (stage_->last()) {
           outputs[m].backward();
         } else {
-          const Tensor dy = receive(mb, stage_->index + 1);
+          const Tensor dy = receive(*backward_, mb, stage_->index + 1);
           outputs[m].backward(dy);
         }
         dp_->end_backward();
         if (!stage_->first()) {
           const Tensor dx = inputs[m].grad().contiguous();
-          sends.emplace_back(dx, pp_->send(dx, stage_->index - 1));
+          sends.emplace_back(dx, backward_->send(dx, stage_->index - 1));
         }
         inputs[m] = outputs[m] = Tensor();  // this micro-batch's activations go
       }
@@ -228,13 +239,14 @@ class PipelineStrategy final : public Strategy {
       data::Batch mb;
       mb.inputs = batch->inputs.to(device_);
       mb.targets = batch->targets.to(device_);
-      nn::Stream s = stage_->first() ? lm_->embed(mb.inputs) : nn::Stream{receive(mb, stage_->index - 1), Tensor()};
+      nn::Stream s =
+          stage_->first() ? lm_->embed(mb.inputs) : nn::Stream{receive(*forward_, mb, stage_->index - 1), Tensor()};
       s = lm_->blocks(s, stage_->begin, stage_->end);
       if (stage_->last()) {
         const double counted = ops::sum(ops::ne(mb.targets, -100.0)).item();
         loss_sum += lm_->head_loss(s, mb.targets).item() * counted;
       } else {
-        pp_->send(s.materialize().contiguous(), stage_->index + 1)->wait();
+        forward_->send(s.materialize().contiguous(), stage_->index + 1)->wait();
       }
       sums.count += batch->targets.numel();
     }
@@ -335,9 +347,9 @@ class PipelineStrategy final : public Strategy {
   }
   // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C), or
   // this rank's slice of the sequence (rows, T / tp, C) under sequence parallelism.
-  Tensor receive(const data::Batch& mb, int from) const {
+  Tensor receive(dist::ProcessGroup& link, const data::Batch& mb, int from) const {
     Tensor t = empty({mb.inputs.size(0), mb.inputs.size(1) / seq_parts_, width_}, {.dtype = dtype_, .device = device_});
-    pp_->recv(t, from)->wait();
+    link.recv(t, from)->wait();
     return t;
   }
 
@@ -347,6 +359,7 @@ class PipelineStrategy final : public Strategy {
   Device device_;
   DType dtype_;
   dist::ProcessGroupPtr world_, pp_, group_, tied_group_, norm_group_;
+  dist::ProcessGroupPtr forward_, backward_;  // Note [pipeline links]
   std::shared_ptr<const Model::Stage> stage_;
   std::shared_ptr<const dist::tp::SplitModel> split_;  // tensor parallelism within each stage, or null
   int tp_rank_ = 0;
