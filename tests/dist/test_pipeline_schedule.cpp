@@ -3,7 +3,10 @@
 // activations in flight, and the split of the blocks.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "forge/core/error.h"
 #include "forge/dist/pipeline_schedule.h"
@@ -97,6 +100,82 @@ TEST(PipelineSchedule, BlocksSplitEvenlyOrAsGiven) {
   EXPECT_THROW(pp::stage_blocks(10, 2, 0, {7, 2}), Error);
   EXPECT_THROW(pp::stage_blocks(10, 2, 0, {10, 0}), Error);
   EXPECT_THROW(pp::stage_blocks(10, 3, 0, {5, 5}), Error);
+}
+
+}  // namespace
+}  // namespace forge::dist
+
+namespace forge::dist {
+namespace {
+
+// Every rank runs its schedule in order; an action runs once what it needs has run: a forward of
+// virtual stage j the forward of j - 1 (on the rank before), a backward the backward of j + 1
+// and its own forward, a W its B. The whole pipeline must finish (no rank waits forever), and on
+// every link the messages of each direction must arrive in the order they were sent (point to
+// point without tags matches in order: Note [pipeline links]).
+void expect_runs_to_completion(PipelineSchedule kind, int P, int64_t K, int v) {
+  std::vector<std::vector<pp::Action>> plan;
+  for (int s = 0; s < P; ++s) plan.push_back(pp::schedule(kind, P, s, K, v));
+  const int V = P * v;  // virtual stages
+  std::set<std::tuple<int, int64_t, int>> done;  // (op, micro, virtual stage)
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  // Per link (from, to) and kind (0 activations, 1 gradients): the order of sends and receives.
+  std::map<std::tuple<int, int, int>, std::vector<std::pair<int64_t, int>>> sent, received;
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < P; ++s) {
+      auto& i = next[static_cast<size_t>(s)];
+      if (i == plan[static_cast<size_t>(s)].size()) continue;
+      const pp::Action& a = plan[static_cast<size_t>(s)][i];
+      const int j = a.chunk * P + s;
+      bool ready = true;
+      if (a.op == pp::Op::forward) {
+        ready = j == 0 || done.count({0, a.micro, j - 1});
+      } else if (a.op == pp::Op::backward) {
+        ready = done.count({0, a.micro, j}) && (j == V - 1 || done.count({1, a.micro, j + 1}));
+      } else {
+        ready = done.count({1, a.micro, j});
+      }
+      if (!ready) continue;
+      done.insert({static_cast<int>(a.op), a.micro, j});
+      if (a.op == pp::Op::forward && j > 0) received[{(s - 1 + P) % P, s, 0}].push_back({a.micro, j});
+      if (a.op == pp::Op::forward && j < V - 1) sent[{s, (s + 1) % P, 0}].push_back({a.micro, j + 1});
+      if (a.op == pp::Op::backward && j < V - 1) received[{(s + 1) % P, s, 1}].push_back({a.micro, j});
+      if (a.op == pp::Op::backward && j > 0) sent[{s, (s - 1 + P) % P, 1}].push_back({a.micro, j - 1});
+      ++i;
+      progress = true;
+    }
+  }
+  for (int s = 0; s < P; ++s)
+    EXPECT_EQ(next[static_cast<size_t>(s)], plan[static_cast<size_t>(s)].size())
+        << schedule_name(kind) << " P " << P << " K " << K << " v " << v << ": stage " << s << " stuck";
+  EXPECT_EQ(sent, received) << schedule_name(kind) << " P " << P << " K " << K << " v " << v
+                            << ": a link's messages arrive in another order than they were sent";
+}
+
+TEST(PipelineSchedule, EverySchedulesPipelineRunsToCompletionWithMessagesInOrder) {
+  for (int P : {2, 3, 4})
+    for (int64_t K : {1, 2, 4, 8}) {
+      for (auto kind : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b, PipelineSchedule::zb_h1})
+        expect_runs_to_completion(kind, P, K, 1);
+      if (K % P == 0)
+        for (int v : {2, 3}) expect_runs_to_completion(PipelineSchedule::interleaved, P, K, v);
+    }
+}
+
+// Interleaved: every (micro-batch, chunk) forward then backward once; a smaller bubble than 1F1B
+// in the simulation's unit (each pass one tick): v chunks per rank, the fill and drain shrink.
+TEST(PipelineSchedule, InterleavedRunsEveryChunkOfEveryMicroBatch) {
+  const auto a = pp::schedule(PipelineSchedule::interleaved, 4, 1, 8, 2);
+  ASSERT_EQ(a.size(), 2u * 8 * 2);
+  std::set<std::pair<int64_t, int>> f, b;
+  for (const auto& x : a) (x.op == pp::Op::forward ? f : b).insert({x.micro, x.chunk});
+  EXPECT_EQ(f.size(), 16u);
+  EXPECT_EQ(b.size(), 16u);
+  EXPECT_EQ(a.front(), (pp::Action{pp::Op::forward, 0, 0}));
+  EXPECT_THROW(pp::schedule(PipelineSchedule::interleaved, 4, 0, 6, 2), Error);  // K not a multiple of P
+  EXPECT_THROW(pp::schedule(PipelineSchedule::interleaved, 4, 0, 8, 1), Error);  // one chunk
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "optim.beta1", "optim.beta2", "optim.eps", "optim.grad_clip", "schedule.kind",
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
-                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.pp_schedule", "dist.zero_stage",
+                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.pp_schedule", "dist.pp_virtual_stages", "dist.zero_stage",
                           "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32",
                           "run.gemm_tuning"})
     EXPECT_TRUE(seen.count(key)) << key;

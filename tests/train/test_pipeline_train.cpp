@@ -89,6 +89,7 @@ void add_pp(std::vector<std::string>& a, int pp, const std::string& schedule, in
   set_arg(a, "dist.pp", std::to_string(pp));
   set_arg(a, "dist.zero_stage", std::to_string(zero_stage));
   if (schedule != "1f1b") set_arg(a, "dist.pp_schedule", schedule);
+  if (schedule == "interleaved") set_arg(a, "dist.pp_virtual_stages", "2");
 }
 
 // What the run logs (the contract; rank 0, the first stage of the first replica, speaks for the
@@ -96,7 +97,8 @@ void add_pp(std::vector<std::string>& a, int pp, const std::string& schedule, in
 // with `n_layer` blocks split evenly (the first stages one more); the strategy's "pipeline
 // parallel: stage 0 of P on each of dp data-parallel rank(s)"; and the layout.
 void expect_pp_log(const ShellRun& r, int pp, const std::string& schedule, int dp, int n_layer = 4) {
-  const int end = n_layer / pp + (n_layer % pp > 0 ? 1 : 0);
+  const int parts = schedule == "interleaved" ? 2 * pp : pp;  // (interleaved: 2 chunks per rank)
+  const int end = n_layer / parts + (n_layer % parts > 0 ? 1 : 0);
   const std::string split = "pipeline parallel: " + std::to_string(pp) + " stages (" + schedule +
                             "), stage 0 runs blocks [0, " + std::to_string(end) + ")";
   EXPECT_NE(r.out.find(split), npos) << split << "\n" << r.out;
@@ -219,7 +221,10 @@ INSTANTIATE_TEST_SUITE_P(, PipelineLayouts,
                              // ZB-H1: the weight passes queued and run late (pp 2, 3, 4; DDP and ZeRO-1)
                              PpCase{"gpt", "sgd", 2, 2, "zb-h1", 0}, PpCase{"llama", "sgd", 3, 3, "zb-h1", 0},
                              PpCase{"llama", "adamw", 4, 4, "zb-h1", 0}, PpCase{"gpt", "adamw", 4, 2, "zb-h1", 1},
-                             PpCase{"llama", "sgd", 4, 2, "zb-h1", 0}),
+                             PpCase{"llama", "sgd", 4, 2, "zb-h1", 0},
+                             // Interleaved: 2 chunks per rank (virtual stages 0 2 on rank 0, 1 3 on rank 1)
+                             PpCase{"gpt", "sgd", 2, 2, "interleaved", 0}, PpCase{"llama", "adamw", 2, 2, "interleaved", 0},
+                             PpCase{"gpt", "adamw", 4, 2, "interleaved", 1}, PpCase{"llama", "sgd", 4, 2, "interleaved", 2}),
                          [](const ::testing::TestParamInfo<PpCase>& i) { return case_name(i.param); });
 
 // A checkpoint written by pp 2 x dp 2 (4 ranks, ZeRO-1, AdamW) at step 10 of 20 resumes at pp 4 on
@@ -485,7 +490,8 @@ TEST_F(PipelineTrain, PipelineByTensorParallelMatchesOneProcess) {
                         Case{"gpt_pp2_tp2_sp_gpipe", "gpt", 4, 2, true, "gpipe", 0},
                         Case{"llama_pp2_tp2_sp_zbh1", "llama", 4, 2, true, "zb-h1", 0},
                         Case{"llama_dp2_tp2_pp2_sp_zero1", "llama", 8, 2, true, "1f1b", 1},
-                        Case{"gpt_dp2_tp2_pp2", "gpt", 8, 2, false, "zb-h1", 1}}) {
+                        Case{"gpt_dp2_tp2_pp2", "gpt", 8, 2, false, "zb-h1", 1},
+                        Case{"llama_pp2_tp2_sp_interleaved", "llama", 4, 2, true, "interleaved", 0}}) {
     const fs::path single = reference(c.model, "sgd");
     auto args = model_args(root_, c.name, 20, c.model, "sgd");
     add_pp(args, 2, c.schedule, c.zero_stage);
@@ -541,6 +547,13 @@ TEST_F(PipelineTrain, LayoutsThatCannotWorkAreRejectedBeforeStart) {
       {"pp2_zero3", 2, {{"dist.pp", "2"}, {"dist.zero_stage", "3"}}, "dist.zero_stage = 3 with dist.pp = 2"},
       {"pp2_dropout", 2, {{"dist.pp", "2"}, {"model.dropout", "0.1"}}, "with dist.pp = 2 is not supported yet"},
       {"pp2_schedule", 2, {{"dist.pp", "2"}, {"dist.pp_schedule", "zb"}}, "dist.pp_schedule = 'zb' is unknown"},
+      {"interleaved_v1", 2, {{"dist.pp", "2"}, {"dist.pp_schedule", "interleaved"}},
+       "dist.pp_schedule = \"interleaved\" needs dist.pp_virtual_stages >= 2"},
+      {"interleaved_k", 2, {{"dist.pp", "2"}, {"dist.pp_schedule", "interleaved"}, {"dist.pp_virtual_stages", "2"},
+                            {"train.grad_accum", "1"}},
+       "the interleaved pipeline schedule needs train.grad_accum (1) a multiple of dist.pp = 2"},
+      {"interleaved_blocks", 2, {{"dist.pp", "2"}, {"dist.pp_schedule", "interleaved"}, {"dist.pp_virtual_stages", "4"}},
+       "model chunks need at least as many blocks"},
       {"zb_zero2", 4, {{"dist.pp", "2"}, {"dist.pp_schedule", "zb-h1"}, {"dist.zero_stage", "2"}, {"model.type", "llama"},
                        {"model.dim", "32"}, {"model.n_kv_head", "2"}},
        "dist.pp_schedule = \"zb-h1\" with dist.zero_stage = 2 is not supported"},

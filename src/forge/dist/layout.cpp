@@ -13,6 +13,7 @@ const char* schedule_name(PipelineSchedule s) {
     case PipelineSchedule::one_f_one_b: return "1f1b";
     case PipelineSchedule::gpipe: return "gpipe";
     case PipelineSchedule::zb_h1: return "zb-h1";
+    case PipelineSchedule::interleaved: return "interleaved";
   }
   return "?";
 }

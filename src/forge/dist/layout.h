@@ -16,9 +16,9 @@
 namespace forge::dist {
 
 enum class Checkpointing { none, selective, full };
-enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1 };
+enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1, interleaved };
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
-const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1"
+const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
@@ -29,6 +29,7 @@ struct Layout {
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
   int64_t gpus() const { return dp * tp * pp; }
   int64_t global_batch() const { return dp * micro_batch * grad_accum; }
   // "dp 8, tp 1, pp 1, micro-batch 4 x 32, ZeRO-1, checkpointing full"

@@ -8,9 +8,43 @@
 
 namespace forge::dist::pp {
 
-std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64_t micro_batches) {
+namespace {
+std::vector<Action> interleaved(int P, int s, int64_t K, int v) {
+  FORGE_CHECK(v >= 2, "pp::schedule: the interleaved schedule needs at least 2 model chunks per rank, got ", v);
+  FORGE_CHECK(K % P == 0, "the interleaved pipeline schedule needs train.grad_accum (", K,
+              " micro-batches) a multiple of dist.pp = ", P, "; choose train.grad_accum accordingly");
+  const int64_t total = K * v;
+  // The k-th forward (backward) of this rank: micro-batch and chunk.
+  auto at = [&](int64_t k, bool forward) {
+    const int64_t in_group = k % (static_cast<int64_t>(P) * v);
+    int chunk = static_cast<int>(in_group / P);
+    if (!forward) chunk = v - 1 - chunk;
+    return std::make_pair((k / (static_cast<int64_t>(P) * v)) * P + k % P, chunk);
+  };
+  const int64_t warmup = K == P ? total : std::min<int64_t>(total, (P - s - 1) * 2 + static_cast<int64_t>(v - 1) * P);
+  std::vector<Action> a;
+  for (int64_t k = 0; k < warmup; ++k) {
+    const auto [m, c] = at(k, true);
+    a.push_back({Op::forward, m, c});
+  }
+  for (int64_t i = 0; i < total - warmup; ++i) {
+    const auto [mf, cf] = at(warmup + i, true);
+    a.push_back({Op::forward, mf, cf});
+    const auto [mb, cb] = at(i, false);
+    a.push_back({Op::backward, mb, cb});
+  }
+  for (int64_t k = total - warmup; k < total; ++k) {
+    const auto [m, c] = at(k, false);
+    a.push_back({Op::backward, m, c});
+  }
+  return a;
+}
+}  // namespace
+
+std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64_t micro_batches, int chunks) {
   FORGE_CHECK(stages >= 1 && stage >= 0 && stage < stages, "pp::schedule: stage ", stage, " of ", stages);
   FORGE_CHECK(micro_batches >= 1, "pp::schedule: ", micro_batches, " micro-batches; a step needs at least one");
+  if (kind == PipelineSchedule::interleaved) return interleaved(stages, stage, micro_batches, chunks);
   const int64_t K = micro_batches;
   std::vector<Action> a;
   a.reserve(static_cast<size_t>(2 * K));

@@ -22,7 +22,13 @@
 // most P - s W passes, each holding its linears' inputs and output gradients. W is computed by the linears' queued weight gradients (Note
 // [weight gradients behind the collective], autograd/deferred.h); the other parameters' (norms,
 // embeddings) come with B.
-// All run the backwards in micro-batch order 0..K-1.
+// Interleaved 1F1B (Narayanan et al., Megatron-LM's virtual pipeline): each rank holds v model
+// chunks, rank s chunk c being virtual stage c P + s of v P, so a micro-batch goes around the
+// ranks v times. Forwards run in groups of P micro-batches per chunk (chunk 0 of micro-batches
+// 0..P-1, chunk 1 of the same, ..., then the next P), backwards likewise with the chunks in
+// reverse; a warm-up of (P - s - 1) 2 + (v - 1) P forwards, then one forward one backward. The
+// bubble shrinks by v, for v times the point-to-point traffic. Needs K a multiple of P.
+// GPipe, 1F1B and ZB-H1 run the backwards in micro-batch order 0..K-1.
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -35,11 +41,15 @@ enum class Op { forward, backward, weight };
 struct Action {
   Op op;
   int64_t micro;
-  friend bool operator==(const Action& a, const Action& b) { return a.op == b.op && a.micro == b.micro; }
+  int chunk = 0;  // interleaved: the rank's model chunk (virtual stage chunk * stages + stage)
+  friend bool operator==(const Action& a, const Action& b) {
+    return a.op == b.op && a.micro == b.micro && a.chunk == b.chunk;
+  }
 };
 
-// The actions of stage `stage` (0-based) of `stages` over `micro_batches` micro-batches.
-std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64_t micro_batches);
+// The actions of stage `stage` (0-based) of `stages` over `micro_batches` micro-batches; the
+// interleaved schedule over `chunks` model chunks per rank (others: chunks = 1).
+std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64_t micro_batches, int chunks = 1);
 
 // The most micro-batches whose activations a stage holds at once under the schedule (from the
 // forward to the backward), and (ZB-H1) the most whose W it owes at once (from B to W: the

@@ -179,7 +179,11 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, pp_schedule,
                   "dist.pp > 1: \"1f1b\" (one forward one backward: at most pp micro-batches in flight per stage) or "
                   "\"gpipe\" (all forwards, then all backwards) or \"zb-h1\" (1F1B with the weight gradients "
-                  "postponed into the drain); train.grad_accum is the micro-batches per step"),
+                  "postponed into the drain) or \"interleaved\" (dist.pp_virtual_stages model chunks per rank); "
+                  "train.grad_accum is the micro-batches per step"),
+      FORGE_FIELD(dist, pp_virtual_stages,
+                  "dist.pp_schedule = \"interleaved\": model chunks per pipeline rank (>= 2; the bubble shrinks by "
+                  "this factor, the point-to-point traffic grows by it)"),
       FORGE_FIELD(dist, zero_stage,
                   "data parallel (several ranks): 0 = DDP, 1 = shard the optimizer state, 2 = also the gradients, "
                   "3 = also the blocks' parameters"),

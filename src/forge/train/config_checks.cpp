@@ -109,8 +109,18 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp >= 1, "dist.pp must be >= 1 (1 = no pipeline parallelism), got ", c.dist.pp);
   FORGE_CHECK(lm || (c.dist.tp == 1 && c.dist.pp == 1), "dist.tp and dist.pp split a transformer; model.type = '",
               m.type, "' trains with dist.tp = 1 and dist.pp = 1");
-  FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe" || c.dist.pp_schedule == "zb-h1",
-              "dist.pp_schedule = '", c.dist.pp_schedule, "' is unknown; use \"1f1b\", \"gpipe\" or \"zb-h1\"");
+  FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe" || c.dist.pp_schedule == "zb-h1" ||
+                  c.dist.pp_schedule == "interleaved",
+              "dist.pp_schedule = '", c.dist.pp_schedule,
+              "' is unknown; use \"1f1b\", \"gpipe\", \"zb-h1\" or \"interleaved\"");
+  FORGE_CHECK((c.dist.pp_schedule == "interleaved") == (c.dist.pp_virtual_stages >= 2),
+              c.dist.pp_schedule == "interleaved"
+                  ? "dist.pp_schedule = \"interleaved\" needs dist.pp_virtual_stages >= 2 (model chunks per rank), got "
+                  : "dist.pp_virtual_stages > 1 needs dist.pp_schedule = \"interleaved\"; dist.pp_virtual_stages = ",
+              c.dist.pp_virtual_stages);
+  FORGE_CHECK(c.dist.pp_virtual_stages == 1 || c.train.grad_accum % c.dist.pp == 0, "the interleaved pipeline "
+              "schedule needs train.grad_accum (", c.train.grad_accum, ") a multiple of dist.pp = ", c.dist.pp,
+              "; choose train.grad_accum accordingly");
   FORGE_CHECK(c.dist.pp_schedule != "zb-h1" || c.dist.zero_stage <= 1, "dist.pp_schedule = \"zb-h1\" with "
               "dist.zero_stage = ", c.dist.zero_stage, " is not supported (ZeRO-2 reduces each micro-batch's "
               "gradients as they arrive; ZB-H1's weight passes arrive out of step); use dist.zero_stage = 0 or 1");

@@ -31,6 +31,10 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
     check_vocab_splits(cfg, m.vocab_size);
     FORGE_CHECK(m.n_layer >= pp, "dist.pp = ", pp, " pipeline stages need at least as many blocks, but model.n_layer = ",
                 m.n_layer, "; lower dist.pp to <= ", m.n_layer);
+    const int64_t v = cfg.dist.pp_virtual_stages;
+    FORGE_CHECK(m.n_layer >= pp * v, "dist.pp = ", pp, " x dist.pp_virtual_stages = ", v, " = ", pp * v,
+                " model chunks need at least as many blocks, but model.n_layer = ", m.n_layer,
+                "; lower dist.pp_virtual_stages");
   }
   dist::Layout l;
   l.dp = mesh.dp();
@@ -40,8 +44,10 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
   l.schedule = cfg.dist.pp_schedule == "gpipe"   ? dist::PipelineSchedule::gpipe
-               : cfg.dist.pp_schedule == "zb-h1" ? dist::PipelineSchedule::zb_h1
-                                                 : dist::PipelineSchedule::one_f_one_b;
+               : cfg.dist.pp_schedule == "zb-h1"       ? dist::PipelineSchedule::zb_h1
+               : cfg.dist.pp_schedule == "interleaved" ? dist::PipelineSchedule::interleaved
+                                                       : dist::PipelineSchedule::one_f_one_b;
+  l.virtual_stages = cfg.dist.pp_virtual_stages;
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");

@@ -11,6 +11,8 @@
 // language models, (B, 1, 28, 28) images -> (B, classes) for LeNet.
 #include <functional>
 #include <map>
+#include <utility>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -44,7 +46,9 @@ struct Model {
   // whole model. The module then holds only the stage's tensors (the others are empty).
   struct Stage {
     int index = 0, stages = 1;
-    int64_t begin = 0, end = 0;  // its blocks
+    int64_t begin = 0, end = 0;  // its blocks (its first chunk's under the interleaved schedule)
+    // Interleaved: chunk c = virtual stage c * stages + index, blocks [first, second); else one.
+    std::vector<std::pair<int64_t, int64_t>> chunks;
     bool first() const { return index == 0; }
     bool last() const { return index == stages - 1; }
     std::map<std::string, Shape> whole_shapes;  // every tensor of the whole model's state

@@ -23,7 +23,12 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
   auto st = std::make_shared<Model::Stage>();
   st->index = mesh.pp_rank();
   st->stages = static_cast<int>(layout.pp);
-  std::tie(st->begin, st->end) = dist::pp::stage_blocks(lm->num_blocks(), st->stages, st->index);
+  // Interleaved: v chunks per rank, chunk c the virtual stage c P + s of v P.
+  const int v = static_cast<int>(layout.virtual_stages);
+  const int virtual_stages = st->stages * v;
+  for (int c = 0; c < v; ++c)
+    st->chunks.push_back(dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index));
+  std::tie(st->begin, st->end) = st->chunks.front();
   const bool tied = nn::transformer_shape(cfg.model).tied_head();
   // Who holds what: a block's tensors its stage; the others (embeddings, final norm, head) the
   // first stage, except the final norm and head, the last; GPT's wte both (the tied head).
@@ -35,9 +40,9 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
     int owner = 0;
     bool last_too = false;
     if (block >= 0) {
-      for (int s = 0; s < st->stages; ++s) {
-        const auto [b, e] = dist::pp::stage_blocks(lm->num_blocks(), st->stages, s);
-        if (block >= b && block < e) owner = s;
+      for (int j = 0; j < virtual_stages; ++j) {
+        const auto [b, e] = dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, j);
+        if (block >= b && block < e) owner = j % st->stages;
       }
     } else {
       const bool input_side = name.find("wte.") != std::string::npos || name.find("wpe.") != std::string::npos ||
@@ -67,7 +72,9 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
   }
   model.stage = st;
   log << "pipeline parallel: " << layout.pp << " stages (" << dist::schedule_name(layout.schedule) << "), stage "
-      << st->index << " runs blocks [" << st->begin << ", " << st->end << ")" << (st->first() ? " and the embeddings" : "")
+      << st->index << " runs blocks [" << st->begin << ", " << st->end << ")";
+  for (size_t c = 1; c < st->chunks.size(); ++c) log << ", [" << st->chunks[c].first << ", " << st->chunks[c].second << ")";
+  log << (st->first() ? " and the embeddings" : "")
       << (st->last() ? " and the head" : "") << "; " << telemetry::format_count(static_cast<double>(held_count))
       << " of the " << telemetry::format_count(static_cast<double>(whole_count)) << " parameters\n";
 }

@@ -129,7 +129,12 @@ class PipelineStrategy final : public Strategy {
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
     dp_->set_lr(lr);
     const auto K = static_cast<int64_t>(micro_batches.size());
-    std::vector<Tensor> inputs(static_cast<size_t>(K)), outputs(static_cast<size_t>(K));
+    // A (micro-batch, chunk)'s slot; chunk c of this rank is virtual stage c P + s of V = v P (one
+    // chunk, the stage itself, outside the interleaved schedule).
+    const int P = stage_->stages, s_rank = stage_->index, v = static_cast<int>(stage_->chunks.size()), V = P * v;
+    const int prev = (s_rank - 1 + P) % P, next = (s_rank + 1) % P;
+    auto slot = [v](int64_t m, int c) { return static_cast<size_t>(m * v + c); };
+    std::vector<Tensor> inputs(static_cast<size_t>(K * v)), outputs(static_cast<size_t>(K * v));
     std::vector<std::pair<Tensor, dist::WorkPtr>> sends;
     Tensor loss_sum;
     phases.mark(0);
@@ -139,7 +144,12 @@ class PipelineStrategy final : public Strategy {
     // each pass, one synchronising pair at the end).
     const bool split_w = layout_.schedule == dist::PipelineSchedule::zb_h1;
     std::vector<std::shared_ptr<autograd::DeferredGrads>> weights(static_cast<size_t>(K));
-    for (const dist::pp::Action& a : dist::pp::schedule(layout_.schedule, stage_->stages, stage_->index, K)) {
+    const std::vector<dist::pp::Action> actions = dist::pp::schedule(layout_.schedule, P, s_rank, K, v);
+    size_t last_backward = 0;  // the step's last backward: the data-parallel reduction runs there
+    for (size_t i = 0; i < actions.size(); ++i)
+      if (actions[i].op == dist::pp::Op::backward) last_backward = i;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const dist::pp::Action& a = actions[i];
       const auto m = static_cast<size_t>(a.micro);
       if (a.op == dist::pp::Op::weight) {
         // (Every stage runs at least one block's linears: an empty queue means they were not queued.)
@@ -151,43 +161,46 @@ class PipelineStrategy final : public Strategy {
         weights[m] = nullptr;
         continue;
       }
+      const int j = a.chunk * P + s_rank;  // the virtual stage
+      const size_t k = slot(a.micro, a.chunk);
       const data::Batch mb = rows_of(micro_batches[m]);
       if (a.op == dist::pp::Op::forward) {
         std::optional<autograd::DeferWeightGrads> defer;
         if (split_w) defer.emplace(weights[m] = std::make_shared<autograd::DeferredGrads>());
         nn::Stream s;
-        if (stage_->first()) {
+        if (j == 0) {
           s = lm_->embed(mb.inputs);
         } else {
-          inputs[m] = receive(*forward_, mb, stage_->index - 1).requires_grad_();
-          s = nn::Stream{inputs[m], Tensor()};
+          inputs[k] = receive(*forward_, mb, prev).requires_grad_();
+          s = nn::Stream{inputs[k], Tensor()};
         }
-        s = lm_->blocks(s, stage_->begin, stage_->end);
-        if (stage_->last()) {
+        const auto [begin, end] = stage_->chunks[static_cast<size_t>(a.chunk)];
+        s = lm_->blocks(s, begin, end);
+        if (j == V - 1) {
           const Tensor loss = lm_->head_loss(s, mb.targets);
           const Tensor l = loss.detach().to(DType::f32);
           loss_sum = loss_sum.defined() ? loss_sum + l : l;
           Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
-          outputs[m] = scaler_ ? scaler_->scale_loss(scaled) : scaled;
+          outputs[k] = scaler_ ? scaler_->scale_loss(scaled) : scaled;
         } else {
-          outputs[m] = s.materialize();
-          const Tensor out = outputs[m].detach().contiguous();
-          sends.emplace_back(out, forward_->send(out, stage_->index + 1));
+          outputs[k] = s.materialize();
+          const Tensor out = outputs[k].detach().contiguous();
+          sends.emplace_back(out, forward_->send(out, next));
         }
       } else {
-        dp_->begin_backward(/*sync=*/!split_w && a.micro == K - 1);
-        if (stage_->last()) {
-          outputs[m].backward();
+        dp_->begin_backward(/*sync=*/!split_w && i == last_backward);
+        if (j == V - 1) {
+          outputs[k].backward();
         } else {
-          const Tensor dy = receive(*backward_, mb, stage_->index + 1);
-          outputs[m].backward(dy);
+          const Tensor dy = receive(*backward_, mb, next);
+          outputs[k].backward(dy);
         }
         dp_->end_backward();
-        if (!stage_->first()) {
-          const Tensor dx = inputs[m].grad().contiguous();
-          sends.emplace_back(dx, backward_->send(dx, stage_->index - 1));
+        if (j > 0) {
+          const Tensor dx = inputs[k].grad().contiguous();
+          sends.emplace_back(dx, backward_->send(dx, prev));
         }
-        inputs[m] = outputs[m] = Tensor();  // this micro-batch's activations go
+        inputs[k] = outputs[k] = Tensor();  // this micro-batch's activations go
       }
     }
     if (split_w) {  // the data-parallel reduction of everything accumulated
@@ -239,14 +252,20 @@ class PipelineStrategy final : public Strategy {
       data::Batch mb;
       mb.inputs = batch->inputs.to(device_);
       mb.targets = batch->targets.to(device_);
-      nn::Stream s =
-          stage_->first() ? lm_->embed(mb.inputs) : nn::Stream{receive(*forward_, mb, stage_->index - 1), Tensor()};
-      s = lm_->blocks(s, stage_->begin, stage_->end);
-      if (stage_->last()) {
-        const double counted = ops::sum(ops::ne(mb.targets, -100.0)).item();
-        loss_sum += lm_->head_loss(s, mb.targets).item() * counted;
-      } else {
-        forward_->send(s.materialize().contiguous(), stage_->index + 1)->wait();
+      // Each of this rank's chunks in order (one outside the interleaved schedule): virtual stage
+      // c P + s receives from the rank before and sends to the rank after.
+      const int P = stage_->stages, V = P * static_cast<int>(stage_->chunks.size());
+      for (size_t c = 0; c < stage_->chunks.size(); ++c) {
+        const int j = static_cast<int>(c) * P + stage_->index;
+        nn::Stream s = j == 0 ? lm_->embed(mb.inputs)
+                              : nn::Stream{receive(*forward_, mb, (stage_->index - 1 + P) % P), Tensor()};
+        s = lm_->blocks(s, stage_->chunks[c].first, stage_->chunks[c].second);
+        if (j == V - 1) {
+          const double counted = ops::sum(ops::ne(mb.targets, -100.0)).item();
+          loss_sum += lm_->head_loss(s, mb.targets).item() * counted;
+        } else {
+          forward_->send(s.materialize().contiguous(), (stage_->index + 1) % P)->wait();
+        }
       }
       sums.count += batch->targets.numel();
     }
