@@ -37,7 +37,7 @@ struct PlanArgs {
   bool dropout = false;
   double margin = -1, reserve_gb = -1;
   // layout
-  int64_t dp = 0, tp = 0, pp = 0;
+  int64_t dp = 0, tp = 0, pp = 0, virtual_stages = 2;
   int zero = 0;
   bool offload = false, sp = true;
   // cost
@@ -152,7 +152,9 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_flag("--offload", a.offload, "optimizer state and step in host memory (ZeRO-Offload)");
   c->add_option("--checkpointing", a.checkpointing, "activation checkpointing: none, selective or full");
   c->add_flag("--sp,!--no-sp", a.sp, "sequence parallelism with tp > 1 (default on)");
-  c->add_option("--schedule", a.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
+  c->add_option("--schedule", a.schedule, "pipeline schedule: 1f1b, gpipe, zb-h1 or interleaved")->capture_default_str();
+  c->add_option("--virtual-stages", a.virtual_stages, "--schedule interleaved: model chunks per pipeline rank (>= 2)")
+      ->capture_default_str();
 
   c->add_option("--price-hour", a.price_hour, "rent: USD per GPU-hour (default: the catalogue's indicative price)");
   c->add_option("--price-gpu", a.price_gpu, "buy: USD per GPU (default: the catalogue's indicative price)");
@@ -394,6 +396,11 @@ int run_plan(const std::vector<std::string>& overrides) {
   l.offload = a.given("--offload") ? a.offload : config_layout.offload;
   l.sequence_parallel = a.sp;
   l.schedule = parse_schedule(a.schedule);
+  if (l.schedule == Schedule::interleaved) {
+    FORGE_CHECK(a.virtual_stages >= 2, "--virtual-stages must be >= 2 with --schedule interleaved, got ",
+                a.virtual_stages);
+    l.virtual_stages = a.virtual_stages;
+  }
   l.checkpointing = a.given("--checkpointing") ? parse_checkpointing(a.checkpointing)
                     : config_checkpointing     ? Checkpointing::full
                                                : Checkpointing::none;

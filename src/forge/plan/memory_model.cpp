@@ -31,7 +31,8 @@ Schedule parse_schedule(const std::string& s) {
   if (n == "1f1b") return Schedule::one_f_one_b;
   if (n == "gpipe") return Schedule::gpipe;
   if (n == "zbh1" || n == "zb-h1") return Schedule::zb_h1;
-  FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b, gpipe or zb-h1");
+  if (n == "interleaved") return Schedule::interleaved;
+  FORGE_THROW("unknown pipeline schedule '", s, "'; use 1f1b, gpipe, zb-h1 or interleaved");
 }
 
 BytesPerParam bytes_per_param(Precision p, Optimizer o) {

@@ -156,7 +156,13 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   if (l.tp > 1) line("tensor-parallel", t.tp_comm, "all-reduces over " + t.tp_link.name);
   if (l.pp > 1) {
     line("pipeline send/recv", t.pp_p2p, t.pp_link.name);
-    line("pipeline bubble", t.bubble, "(p-1)/(m+p-1) = " + pct(bubble_fraction(l.pp, l.grad_accum)));
+    const double share = l.schedule == Schedule::zb_h1         ? 1.0 / 3.0
+                         : l.schedule == Schedule::interleaved ? 1.0 / static_cast<double>(l.virtual_stages)
+                                                               : 1.0;
+    const std::string formula = l.schedule == Schedule::zb_h1         ? "(p-1)/(m+p-1)/3 = "
+                                : l.schedule == Schedule::interleaved ? "(p-1)/(m+p-1)/v = "
+                                                                      : "(p-1)/(m+p-1) = ";
+    line("pipeline bubble", t.bubble, formula + pct(share * bubble_fraction(l.pp, l.grad_accum)));
   }
   if (l.dp > 1)
     line("data-parallel", t.dp_exposed,

@@ -128,7 +128,11 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   // ZB-H1 (Qi et al., zero-bubble pipeline parallelism): the weight-gradient passes fill the
   // drain, leaving about a third of 1F1B's bubble when forward, input-gradient and weight-gradient
   // passes take about the same time, as a transformer's do.
-  r.bubble = static_cast<double>(p - 1) * worst * (l.schedule == Schedule::zb_h1 ? 1.0 / 3.0 : 1.0);
+  // Interleaved (Narayanan et al.): v model chunks per rank divide the fill and drain by v.
+  r.bubble = static_cast<double>(p - 1) * worst *
+             (l.schedule == Schedule::zb_h1         ? 1.0 / 3.0
+              : l.schedule == Schedule::interleaved ? 1.0 / static_cast<double>(std::max<int64_t>(1, l.virtual_stages))
+                                                    : 1.0);
 
   // Data parallelism.
   const double P = static_cast<double>(max_stage_params);
