@@ -8,12 +8,13 @@
 #
 # Phases:
 #   check   tiny GPT and LLaMA, f32 without TF32, SGD and AdamW, grad_accum 4: pp = 2 on 2 GPUs with
-#           1f1b, gpipe and zb-h1 against one GPU (benchmarks/dist/compare_runs.py)
+#           1f1b, gpipe, zb-h1 and interleaved (2 chunks) against one GPU (benchmarks/dist/compare_runs.py)
 #   bubble  LLaMA 0.85B (configs/llama-0.85b.toml), bf16, pp = 2, micro-batch MICRO (2) sequences,
 #           K = grad_accum in KS ("4 8 16"), each schedule: ms/step. A step of K micro-batches takes
 #           a K + b (a: one micro-batch's forward and backward on the slower stage; b: the fill and
 #           drain); the fitted bubble b / (a K + b) is set beside the theory (P - 1) / (K + P - 1)
-#           (1F1B, GPipe) and about a third of it (ZB-H1). Peak memory per stage beside each.
+#           (1F1B, GPipe), about a third of it (ZB-H1), half of it (interleaved, 2 chunks). Peak memory
+#           per stage beside each.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -44,10 +45,11 @@ if [[ " $PHASES " == *" check "* ]]; then
     esac
     for o in sgd adamw; do
       "$FORGE" train configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=ref_${model}_$o > "$RAW/eq_ref_${model}_$o.log" 2>&1
-      for sched in 1f1b gpipe zb-h1; do
+      for sched in 1f1b gpipe zb-h1 interleaved; do
         name="eq_${model}_${o}_pp2_$sched"
+        VS=(); [[ $sched == interleaved ]] && VS=(--dist.pp_virtual_stages=2)
         if timeout 120 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train configs/tiny.toml "${COMMON[@]}" "${M[@]}" \
-             --optim.name=$o --run.name=$name --dist.pp=2 --dist.pp_schedule=$sched > "$RAW/$name.log" 2>&1; then
+             --optim.name=$o --run.name=$name --dist.pp=2 --dist.pp_schedule=$sched "${VS[@]}" > "$RAW/$name.log" 2>&1; then
           r=$("$PY" benchmarks/dist/compare_runs.py "$RUNS/$name" "$RUNS/ref_${model}_$o")
         else
           r='{"error": "run failed"}'
@@ -61,13 +63,14 @@ fi
 if [[ " $PHASES " == *" bubble "* ]]; then
   MICRO="${MICRO:-2}"
   : > "$RAW/bubble.jsonl"
-  for sched in 1f1b gpipe zb-h1; do
+  for sched in 1f1b gpipe zb-h1 interleaved; do
+    VS=(); [[ $sched == interleaved ]] && VS=(--dist.pp_virtual_stages=2)
     for K in ${KS:-4 8 16}; do
       name="bubble_${sched}_k$K"
       if OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-200} "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train \
            configs/llama-0.85b.toml --run.dir="$RUNS" --run.overwrite=true --run.name=$name \
            --train.batch_size=$((MICRO * K)) --train.grad_accum=$K --train.steps=${STEPS:-12} --train.log_every=4 \
-           --schedule.warmup_steps=2 --eval.every=0 --checkpoint.at_end=false --dist.pp=2 --dist.pp_schedule=$sched \
+           --schedule.warmup_steps=2 --eval.every=0 --checkpoint.at_end=false --dist.pp=2 --dist.pp_schedule=$sched "${VS[@]}" \
            > "$RAW/$name.log" 2>&1; then
         r=$("$PY" - "$RUNS/$name" <<'PYEOF'
 import json, sys
@@ -90,7 +93,7 @@ PYEOF
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 P = 2
-for sched in ("1f1b", "gpipe", "zb-h1"):
+for sched in ("1f1b", "gpipe", "zb-h1", "interleaved"):
     pts = [(r["K"], r["result"]["ms_per_step"]) for r in rows if r["schedule"] == sched and "ms_per_step" in r["result"]]
     if len(pts) < 2:
         print(sched, "not enough runs"); continue
@@ -98,7 +101,7 @@ for sched in ("1f1b", "gpipe", "zb-h1"):
     sxx = sum(k * k for k, _ in pts); sxy = sum(k * t for k, t in pts)
     a = (n * sxy - sx * sy) / (n * sxx - sx * sx); b = (sy - a * sx) / n
     for k, t in pts:
-        theory = (P - 1) / (k + P - 1) * (1 / 3 if sched == "zb-h1" else 1)
+        theory = (P - 1) / (k + P - 1) * {"zb-h1": 1 / 3, "interleaved": 1 / 2}.get(sched, 1)
         print(f"{sched} K={k}: {t:.1f} ms/step, fitted bubble {b / (a * k + b):.3f}, theory {theory:.3f} (a={a:.2f} ms per micro-batch, b={b:.1f} ms)")
 PYEOF
 fi
