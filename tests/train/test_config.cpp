@@ -96,7 +96,7 @@ TEST_F(ConfigTest, EveryKeyHasATypeDefaultAndDoc) {
                           "optim.beta1", "optim.beta2", "optim.eps", "optim.grad_clip", "schedule.kind",
                           "schedule.warmup_steps", "schedule.min_lr", "train.steps", "train.batch_size",
                           "train.seq_len", "train.grad_accum", "train.log_every", "eval.every", "eval.batches",
-                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.pp_schedule", "dist.pp_virtual_stages", "dist.zero_stage",
+                          "checkpoint.every", "checkpoint.keep_last", "dist.tp", "dist.sequence_parallel", "dist.pp", "dist.pp_schedule", "dist.pp_virtual_stages", "dist.pp_layers", "dist.zero_stage",
                           "debug.skip_reductions", "debug.abort_at", "debug.hang_at", "run.allow_tf32",
                           "run.gemm_tuning"})
     EXPECT_TRUE(seen.count(key)) << key;
@@ -270,6 +270,20 @@ TEST_F(ConfigTest, BatchLayoutAndDebugKeysAreChecked) {
             std::string::npos);
   EXPECT_TRUE(parse_config(base(), "<test>", {"--dist.tp=2", "--dist.sequence_parallel=true"}).dist.sequence_parallel);
   // Pipeline parallelism's keys and what it does not support yet.
+  EXPECT_EQ(parse_config(base(), "<test>", {"--dist.pp=2", "--dist.pp_layers=1,1"}).dist.pp_layers,
+            (std::vector<int64_t>{1, 1}));
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.pp_layers=[2, 0]"}).find("every stage needs at least one block"),
+            std::string::npos);
+  EXPECT_NE(config_to_toml(parse_config(base(), "<test>", {"--dist.pp=2", "--dist.pp_layers=1,1"})).find("pp_layers = [1, 1]"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp_layers=1,1"}).find("dist.pp_layers sets the blocks of each pipeline stage"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.pp_layers=1,2"}).find("sums to 3 blocks, but model.n_layer = 2"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=3", "--dist.pp_layers=1,1"}).find("has 2 entries for dist.pp = 3 stages"),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.pp_layers=a"}).find("dist.pp_layers must be a list of integers"),
+            std::string::npos);
   EXPECT_NE(error(base(), {"--dist.pp_schedule=zb"}).find("dist.pp_schedule = 'zb' is unknown"), std::string::npos);
   EXPECT_NE(error(base(), {"--dist.pp=2", "--dist.zero_stage=3"}).find("dist.zero_stage = 3 with dist.pp = 2"),
             std::string::npos);

@@ -34,6 +34,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "forge/io/hf_names.h"
@@ -526,6 +527,23 @@ TEST_F(PipelineTrain, PipelineByTensorParallelMatchesOneProcess) {
     ASSERT_EQ(r.status, 0) << r.out;
     expect_same_run(root_ / ("pp2_tp2_then_" + then), root_ / "pp2_tp2_full", 11, 1e-6, 1e-6,
                     "pp2 x tp2 -> " + then);
+  }
+}
+
+// dist.pp_layers: the stages take the given blocks ([3, 1]: the head's stage lighter; [1, 1, 2]),
+// with the numbers of one process.
+TEST_F(PipelineTrain, GivenStageBlocksMatchOneProcess) {
+  const fs::path single = reference("llama", "sgd");
+  for (const auto& [ranks, layers, first] : {std::tuple<int, const char*, const char*>{2, "3,1", "[0, 3)"},
+                                             std::tuple<int, const char*, const char*>{3, "1,1,2", "[0, 1)"}}) {
+    const std::string name = "pp_layers_" + std::to_string(ranks);
+    auto args = model_args(root_, name, 20, "llama", "sgd");
+    add_pp(args, ranks, "1f1b", 0);
+    set_arg(args, "dist.pp_layers", layers);
+    const ShellRun r = runs.run_mpi(ranks, args);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("stage 0 runs blocks ") + first), npos) << r.out;
+    expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
   }
 }
 

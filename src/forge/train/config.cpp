@@ -38,6 +38,7 @@ const char* key_type_name(KeyType t) {
     case KeyType::boolean: return "a boolean (true or false)";
     case KeyType::string: return "a string";
     case KeyType::string_list: return "a list of strings";
+    case KeyType::integer_list: return "a list of integers";
   }
   return "?";
 }
@@ -47,9 +48,10 @@ namespace {
 // ---- the schema ------------------------------------------------------------------------------
 
 using StringList = std::vector<std::string>;
+using IntList = std::vector<int64_t>;
 template <class T> using Accessor = T& (*)(RunConfig&);
 using AnyAccessor = std::variant<Accessor<int64_t>, Accessor<double>, Accessor<bool>, Accessor<std::string>,
-                                 Accessor<StringList>>;
+                                 Accessor<StringList>, Accessor<IntList>>;
 
 struct Field {
   std::string key;      // "train.steps"
@@ -181,6 +183,9 @@ const std::vector<Field>& fields() {
                   "\"gpipe\" (all forwards, then all backwards) or \"zb-h1\" (1F1B with the weight gradients "
                   "postponed into the drain) or \"interleaved\" (dist.pp_virtual_stages model chunks per rank); "
                   "train.grad_accum is the micro-batches per step"),
+      FORGE_FIELD(dist, pp_layers,
+                  "dist.pp > 1: the blocks of each pipeline stage, e.g. [5, 5, 4, 2] (summing to model.n_layer; "
+                  "empty: as even as possible, the first stages one more)"),
       FORGE_FIELD(dist, pp_virtual_stages,
                   "dist.pp_schedule = \"interleaved\": model chunks per pipeline rank (>= 2; the bubble shrinks by "
                   "this factor, the point-to-point traffic grows by it)"),
@@ -222,6 +227,7 @@ KeyType type_of(const Field& f) {
         else if constexpr (std::is_same_v<T, double>) return KeyType::floating;
         else if constexpr (std::is_same_v<T, bool>) return KeyType::boolean;
         else if constexpr (std::is_same_v<T, std::string>) return KeyType::string;
+        else if constexpr (std::is_same_v<T, IntList>) return KeyType::integer_list;
         else return KeyType::string_list;
       },
       f.get);
@@ -256,7 +262,11 @@ std::string value_text(const Field& f, const RunConfig& cfg) {
         else if constexpr (std::is_same_v<T, double>) return format_double(v);
         else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
         else if constexpr (std::is_same_v<T, std::string>) return toml_string(v);
-        else {
+        else if constexpr (std::is_same_v<T, IntList>) {
+          std::string s = "[";
+          for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+          return s + "]";
+        } else {
           std::string s = "[";
           for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_string(v[i]);
           return s + "]";
@@ -356,6 +366,15 @@ void set_from_toml(RunConfig& cfg, const Field& f, const toml::node& n, const st
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (!n.is_string()) wrong_type(at, f, describe_node(n), defaults);
           dst = *n.value<std::string>();
+        } else if constexpr (std::is_same_v<T, IntList>) {
+          const toml::array* a = n.as_array();
+          if (a == nullptr) wrong_type(at, f, describe_node(n), defaults);
+          IntList out;
+          for (const auto& item : *a) {
+            if (!item.is_integer()) wrong_type(at, f, describe_node(n) + " (an element is " + describe_node(item) + ")", defaults);
+            out.push_back(*item.value<int64_t>());
+          }
+          dst = std::move(out);
         } else {
           if (n.is_string()) {
             dst = {*n.value<std::string>()};
@@ -392,6 +411,14 @@ void set_from_json(RunConfig& cfg, const Field& f, const json& v, const std::str
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (!v.is_string()) wrong_type(at, f, v.dump(), defaults);
           dst = v.get<std::string>();
+        } else if constexpr (std::is_same_v<T, IntList>) {
+          if (!v.is_array()) wrong_type(at, f, v.dump(), defaults);
+          IntList out;
+          for (const auto& item : v) {
+            if (!item.is_number_integer()) wrong_type(at, f, v.dump(), defaults);
+            out.push_back(item.get<int64_t>());
+          }
+          dst = std::move(out);
         } else {
           if (!v.is_array()) wrong_type(at, f, v.dump(), defaults);
           StringList out;
@@ -436,6 +463,16 @@ void set_from_text(RunConfig& cfg, const Field& f, const std::string& text, cons
           dst = v;
         } else if constexpr (std::is_same_v<T, std::string>) {
           dst = text;
+        } else if constexpr (std::is_same_v<T, IntList>) {
+          // A TOML array ("[3, 5]") or comma-separated integers ("3,5").
+          const std::string array = !text.empty() && text.front() == '[' ? text : "[" + text + "]";
+          toml::table t;
+          try {
+            t = toml::parse("v = " + array);
+          } catch (const toml::parse_error& e) {
+            wrong_type(at, f, got + " (" + std::string(e.description()) + ")", defaults);
+          }
+          set_from_toml(cfg, f, *t.get("v"), at);
         } else {
           StringList out;
           if (!text.empty() && text.front() == '[') {  // a TOML array: ["a", "b"]

@@ -19,7 +19,7 @@
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, keep_last, at_end
-//   [dist]       tp, sequence_parallel, pp, pp_schedule, pp_virtual_stages, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
+//   [dist]       tp, sequence_parallel, pp, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
 //
@@ -129,6 +129,7 @@ struct DistSection {
   int64_t pp = 1;                  // pipeline-parallel degree (stages of consecutive blocks); dp = world / (tp * pp)
   std::string pp_schedule = "1f1b";  // pp > 1: "1f1b", "gpipe", "zb-h1" or "interleaved" (Note [pipeline schedules])
   int64_t pp_virtual_stages = 1;   // interleaved: model chunks per pipeline rank (>= 2)
+  std::vector<int64_t> pp_layers;  // blocks per pipeline stage (empty: as even as possible)
   int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients, 3: + sharded block parameters
   bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
@@ -162,7 +163,7 @@ struct RunConfig {
 };
 
 // One key of the schema.
-enum class KeyType { integer, floating, boolean, string, string_list };
+enum class KeyType { integer, floating, boolean, string, string_list, integer_list };
 const char* key_type_name(KeyType t);
 
 struct KeyInfo {

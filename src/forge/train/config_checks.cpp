@@ -118,6 +118,25 @@ void validate(const RunConfig& c) {
                   ? "dist.pp_schedule = \"interleaved\" needs dist.pp_virtual_stages >= 2 (model chunks per rank), got "
                   : "dist.pp_virtual_stages > 1 needs dist.pp_schedule = \"interleaved\"; dist.pp_virtual_stages = ",
               c.dist.pp_virtual_stages);
+  FORGE_CHECK(c.dist.pp_layers.empty() || (c.dist.pp > 1 && c.dist.pp_virtual_stages == 1),
+              "dist.pp_layers sets the blocks of each pipeline stage; it needs dist.pp > 1 and no virtual stages "
+              "(dist.pp_virtual_stages = 1); leave it empty otherwise");
+  if (!c.dist.pp_layers.empty()) {
+    std::string list = "[";
+    for (size_t i = 0; i < c.dist.pp_layers.size(); ++i) list += (i ? ", " : "") + std::to_string(c.dist.pp_layers[i]);
+    list += "]";
+    int64_t sum = 0;
+    for (int64_t n : c.dist.pp_layers) {
+      FORGE_CHECK(n >= 1, "dist.pp_layers = ", list,
+                  ": every stage needs at least one block");
+      sum += n;
+    }
+    FORGE_CHECK(static_cast<int64_t>(c.dist.pp_layers.size()) == c.dist.pp, "dist.pp_layers = ",
+                list, " has ", c.dist.pp_layers.size(), " entries for dist.pp = ",
+                c.dist.pp, " stages; give one block count per stage");
+    FORGE_CHECK(sum == c.model.n_layer, "dist.pp_layers = ", list, " sums to ",
+                sum, " blocks, but model.n_layer = ", c.model.n_layer, "; make them add up");
+  }
   FORGE_CHECK(c.dist.pp_virtual_stages == 1 || c.train.grad_accum % c.dist.pp == 0, "the interleaved pipeline "
               "schedule needs train.grad_accum (", c.train.grad_accum, ") a multiple of dist.pp = ", c.dist.pp,
               "; choose train.grad_accum accordingly");

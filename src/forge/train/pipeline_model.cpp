@@ -26,8 +26,10 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
   // Interleaved: v chunks per rank, chunk c the virtual stage c P + s of v P.
   const int v = static_cast<int>(layout.virtual_stages);
   const int virtual_stages = st->stages * v;
+  // (dist.pp_layers: the given blocks per stage; only without virtual stages.)
+  const std::vector<int64_t>& given = cfg.dist.pp_layers;
   for (int c = 0; c < v; ++c)
-    st->chunks.push_back(dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index));
+    st->chunks.push_back(dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index, given));
   std::tie(st->begin, st->end) = st->chunks.front();
   const bool tied = nn::transformer_shape(cfg.model).tied_head();
   // Who holds what: a block's tensors its stage; the others (embeddings, final norm, head) the
@@ -41,7 +43,7 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
     bool last_too = false;
     if (block >= 0) {
       for (int j = 0; j < virtual_stages; ++j) {
-        const auto [b, e] = dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, j);
+        const auto [b, e] = dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, j, given);
         if (block >= b && block < e) owner = j % st->stages;
       }
     } else {
