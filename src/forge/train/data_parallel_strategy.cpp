@@ -38,12 +38,7 @@ class DataParallelStrategy final : public Strategy {
   DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
-    // The data-parallel group: the world when dp spans it (tp = pp = 1), else the mesh's (a group
-    // of one when tp spans the world).
-    FORGE_CHECK(mesh.world() != nullptr, "DataParallelStrategy: the mesh has no process group attached");
-    group_ = mesh.dp_group()                       ? mesh.dp_group()
-             : mesh.dp() == mesh.world_size() ? mesh.world()
-                                              : dist::group_of_one(mesh.world());
+    group_ = strategy_detail::data_parallel_group(mesh);
     split_ = model.split;
     std::vector<std::pair<std::string, Tensor>> trainable;
     {
@@ -123,19 +118,8 @@ class DataParallelStrategy final : public Strategy {
       mean_loss = mean_loss.contiguous();
       group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
     }
-    // Note [one sync per step]: norm, clip, skip decision and update all run on the device.
-    const Tensor norm = scaler_ ? dp_->unscale_grads(*scaler_) : dp_->grad_norm();
-    if (cfg_.optim.grad_clip > 0) dp_->clip_grads(cfg_.optim.grad_clip, norm);
-    // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss); under
-    // f16 the norm is inf/NaN exactly when the scaler found an overflow on some rank.
-    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
-    phases.mark(4);
-    dp_->step(bad);
-    if (scaler_) scaler_->update();
-    phases.mark(5);
-    Tensor figures = strategy_detail::step_figures(mean_loss, norm, bad, scaler_ ? scaler_->scale_tensor() : Tensor());
-    dp_->zero_grad();
-    return figures;
+    return strategy_detail::finish_data_parallel_step(*dp_, scaler_ ? &*scaler_ : nullptr, cfg_.optim.grad_clip,
+                                                      mean_loss, phases);
   }
 
   // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward

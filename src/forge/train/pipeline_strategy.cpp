@@ -81,9 +81,7 @@ class PipelineStrategy final : public Strategy {
         if (auto g = world_->new_group(ranks)) norm_group_ = g;
       }
     }
-    group_ = mesh.dp_group()                       ? mesh.dp_group()
-             : mesh.dp() == mesh.world_size() ? mesh.world()
-                                              : dist::group_of_one(mesh.world());
+    group_ = strategy_detail::data_parallel_group(mesh);
     width_ = nn::transformer_shape(cfg.model).d_model;
     // GPT's tied embedding: its two copies' gradients summed between the first and the last stage
     // of each pipeline (a group per data-parallel position; collective over the world).
@@ -224,16 +222,8 @@ class PipelineStrategy final : public Strategy {
     mean_loss = mean_loss.contiguous();
     pp_->all_reduce(mean_loss, dist::ReduceOp::sum)->wait();
     if (group_->size() > 1) group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
-    const Tensor norm = scaler_ ? dp_->unscale_grads(*scaler_) : dp_->grad_norm();
-    if (cfg_.optim.grad_clip > 0) dp_->clip_grads(cfg_.optim.grad_clip, norm);
-    const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
-    phases.mark(4);
-    dp_->step(bad);
-    if (scaler_) scaler_->update();
-    phases.mark(5);
-    Tensor figures = strategy_detail::step_figures(mean_loss, norm, bad, scaler_ ? scaler_->scale_tensor() : Tensor());
-    dp_->zero_grad();
-    return figures;
+    return strategy_detail::finish_data_parallel_step(*dp_, scaler_ ? &*scaler_ : nullptr, cfg_.optim.grad_clip,
+                                                      mean_loss, phases);
   }
 
   // The first data-parallel replica's stages evaluate together (a forward through the pipeline);

@@ -7,6 +7,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
+#include "forge/optim/clip.h"
 
 namespace forge::train {
 
@@ -60,6 +61,29 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
   std::vector<Tensor> figures = {mean_loss.reshape({}), norm.to(DType::f32).reshape({}), bad.reshape({})};
   if (loss_scale.defined()) figures.push_back(loss_scale.to(DType::f32).reshape({}));
   return ops::stack(figures);
+}
+
+dist::ProcessGroupPtr data_parallel_group(const dist::Mesh& mesh) {
+  FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
+  if (mesh.dp_group()) return mesh.dp_group();
+  return mesh.dp() == mesh.world_size() ? mesh.world() : dist::group_of_one(mesh.world());
+}
+
+Tensor finish_data_parallel_step(dist::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
+                                 const Tensor& mean_loss, PhaseMarks& phases) {
+  // Note [one sync per step]: norm, clip, skip decision and update all run on the device.
+  const Tensor norm = scaler ? dp.unscale_grads(*scaler) : dp.grad_norm();
+  if (grad_clip > 0) dp.clip_grads(grad_clip, norm);
+  // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss); under
+  // f16 the norm is inf/NaN exactly when the scaler found an overflow on some rank.
+  const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
+  phases.mark(4);
+  dp.step(bad);
+  if (scaler) scaler->update();
+  phases.mark(5);
+  Tensor figures = step_figures(mean_loss, norm, bad, scaler ? scaler->scale_tensor() : Tensor());
+  dp.zero_grad();
+  return figures;
 }
 
 }  // namespace strategy_detail

@@ -37,9 +37,11 @@
 
 #include "forge/core/tensor.h"
 #include "forge/data/loader.h"
+#include "forge/dist/data_parallel.h"
 #include "forge/dist/layout.h"
 #include "forge/dist/mesh.h"
 #include "forge/io/checkpoint.h"
+#include "forge/optim/loss_scale.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 #include "forge/train/phase_marks.h"
@@ -126,6 +128,14 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct);
 // The step's figures as one 1-D f32 tensor (train_step's return value).
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
+// The data-parallel group of a layout on `mesh`: the mesh's, the world when dp spans it, or a
+// group of one when tensor or pipeline parallelism spans the world (collective then).
+dist::ProcessGroupPtr data_parallel_group(const dist::Mesh& mesh);
+// The end of a step on dist::DataParallel, after backward and the loss's reductions: the global
+// norm (f16: unscaled, the overflow agreed), clipping at grad_clip, the non-finite skip, the
+// update, the figures (train_step's return value) and zero_grad.
+Tensor finish_data_parallel_step(dist::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
+                                 const Tensor& mean_loss, PhaseMarks& phases);
 }  // namespace strategy_detail
 
 }  // namespace forge::train
