@@ -18,7 +18,8 @@
 #          bf16, AdamW, global batch BATCH (8) x 2048 tokens, STEPS steps (30): forge DDP (tp 1),
 #          forge tp 2 and tp 2 + sp, each with the weight gradients behind the collective and
 #          without (FORGE_TP_OVERLAP=0; FORGE_VARIANTS picks), PyTorch tp 2 and tp 2 + sp (compiled
-#          blocks; eager with PEER_MODE=eager); peak memory per GPU, tokens/s, MFU (one formula:
+#          blocks; eager with PEER_MODE=eager; WIDE_VARIANTS: the wide model's forge variants if
+#          not FORGE_VARIANTS); peak memory per GPU, tokens/s, MFU (one formula:
 #          shapes.py); then report_tp.py writes benchmarks/results/tp_<gpu>.md
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -46,13 +47,13 @@ if [[ " $PHASES " == *" check "* ]]; then
           --optim.momentum=0.9 --optim.grad_clip=0.5 --schedule.warmup_steps=3 --schedule.decay_steps=20
           --eval.every=0 --dist.bucket_mb=0.004)
   : > "$RAW/equivalence.jsonl"
-  for model in gpt llama_kv2 llama_kv1; do
+  for model in ${CHECK_MODELS:-gpt llama_kv2 llama_kv1}; do
     case $model in
       gpt) M=(--model.type=gpt --model.n_embd=32 --model.bias=false) ;;
       llama_kv2) M=(--model.type=llama --model.dim=32 --model.n_kv_head=2) ;;
       llama_kv1) M=(--model.type=llama --model.dim=32 --model.n_kv_head=1) ;;
     esac
-    for o in sgd adamw; do
+    for o in ${CHECK_OPTIMS:-sgd adamw}; do
       train1 configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=ref_${model}_$o > "$RAW/eq_ref_${model}_$o.log" 2>&1
       for sp in false true; do
         name="eq_${model}_${o}_tp2_sp$sp"
@@ -72,6 +73,7 @@ if [[ " $PHASES " == *" perf "* ]]; then
   BATCH="${BATCH:-8}"
   STEPS="${STEPS:-30}"
   : > "$RAW/perf.jsonl"
+  PLAN_GPU=h100; [[ "$GPU" == *H200* ]] && PLAN_GPU=h200
   summary() {  # RUN_DIR -> the last two progress intervals (after warm-up) and the peak memory
     "$PY" - "$1" <<'PYEOF'
 import json, sys
@@ -93,7 +95,9 @@ PYEOF
     RUN=(configs/llama-0.85b.toml --run.dir="$RUNS" --run.overwrite=true --train.batch_size=$BATCH
          --train.steps=$STEPS --train.log_every=$((STEPS / 3)) --schedule.warmup_steps=2 --eval.every=0
          --checkpoint.at_end=false "${M[@]}")
-    for variant in ${FORGE_VARIANTS:-ddp tp2 tp2_nooverlap tp2_sp tp2_sp_nooverlap}; do
+    VARIANTS="${FORGE_VARIANTS:-ddp tp2 tp2_nooverlap tp2_sp tp2_sp_nooverlap}"
+    [[ $model == wide && -n "${WIDE_VARIANTS:-}" ]] && VARIANTS="$WIDE_VARIANTS"
+    for variant in $VARIANTS; do
       name="perf_${model}_$variant"
       OVERLAP=1
       case $variant in
@@ -112,7 +116,7 @@ PYEOF
         r='{"error": "run failed"}'
       fi
       # forge plan of the same run: the model of the config with the same overrides, 2 H100s.
-      plan_args=(--batch $BATCH --gpus 2 --gpu h100 --json "${PLAN[@]}")
+      plan_args=(--batch $BATCH --gpus 2 --gpu $PLAN_GPU --json "${PLAN[@]}")
       if [[ $model == wide ]]; then
         plan_args+=(--arch llama --layers ${WIDE_LAYERS:-4} --width 4096 --heads 32 --kv-heads 8 --ffn 11008 --vocab 32000 --seq 2048)
       else
@@ -128,7 +132,7 @@ PYEOF
       SPF=(); [[ $variant == tp2_sp ]] && SPF=(--sp)
       if timeout ${PEER_TIMEOUT:-400} "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/step/torch_peer.py \
            --config configs/llama-0.85b.toml --mode "${PEER_MODE:-compile}" --batch $BATCH --tp 2 "${SPF[@]}" \
-           --steps 20 --warmup 10 "${PM[@]}" --json "$RAW/$name.json" > "$RAW/$name.log" 2>&1; then
+           --steps ${PEER_STEPS:-20} --warmup ${PEER_WARMUP:-10} "${PM[@]}" --json "$RAW/$name.json" > "$RAW/$name.log" 2>&1; then
         r=$("$PY" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$RAW/$name.json")
       else
         r='{"error": "run failed"}'

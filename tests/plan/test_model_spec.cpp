@@ -2,7 +2,9 @@
 // nn::GPT / nn::Llama), presets and their errors, config files, FLOPs, the per-module summary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include "forge/core/error.h"
 #include "forge/nn/gpt.h"
@@ -149,6 +151,59 @@ TEST(PlanParams, StagesPartitionTheParameters) {
   const int64_t tp2 = stage_parameters(g, 2, 1, 0);
   EXPECT_GT(tp2, count_parameters(g).total / 2);
   EXPECT_LT(tp2, count_parameters(g).total / 2 + 1024 * 768 + 12 * 6 * 768 + 2 * 768);
+}
+
+TEST(PlanParams, PipelineStagesAreBalancedByCostWithTheHeadOnTheLast) {
+  // LLaMA 0.85B (configs/llama-0.85b.toml's shape): the head costs 1.2 blocks, so of 16 blocks
+  // the last of two stages takes 7 (7 + 1.2 < 9), and the split is no longer even.
+  ModelSpec m;
+  m.arch = nn::Arch::llama, m.n_layer = 16, m.d_model = 2048, m.n_head = 32, m.n_kv_head = 8;
+  m.ffn_hidden = 5632, m.vocab_size = 32000, m.block_size = 2048, m.seq_len = 2048, m.bias = false;
+  const FlopsPerToken f = flops_per_token(m);
+  ASSERT_GT(f.head_forward, f.layer_forward);
+  ASSERT_LT(f.head_forward, 2 * f.layer_forward);
+  EXPECT_EQ(stage_layers(m, 1), (std::vector<int64_t>{16}));
+  EXPECT_EQ(stage_layers(m, 2), (std::vector<int64_t>{9, 7}));
+  EXPECT_EQ(stage_layers(m, 4), (std::vector<int64_t>{5, 4, 4, 3}));
+  // Every split covers the blocks, each stage at least one, and no other split of the same
+  // shape (the last k, the others even) has a faster slowest stage.
+  for (int64_t S = 1; S <= 16; ++S) {
+    const std::vector<int64_t> v = stage_layers(m, S);
+    ASSERT_EQ(static_cast<int64_t>(v.size()), S);
+    int64_t sum = 0;
+    for (int64_t n : v) {
+      EXPECT_GE(n, 1);
+      sum += n;
+    }
+    EXPECT_EQ(sum, 16);
+    auto slowest = [&](const std::vector<int64_t>& w) {
+      double most = 0;
+      for (size_t i = 0; i < w.size(); ++i)
+        most = std::max(most, static_cast<double>(w[i]) * f.layer_forward + (i + 1 == w.size() ? f.head_forward : 0.0));
+      return most;
+    };
+    const double got = slowest(v);
+    for (int64_t k = 1; S > 1 && k <= 16 - S + 1; ++k) {
+      std::vector<int64_t> w(static_cast<size_t>(S), (16 - k) / (S - 1));
+      for (int64_t i = 0; i < (16 - k) % (S - 1); ++i) ++w[static_cast<size_t>(i)];
+      w.back() = k;
+      EXPECT_LE(got, slowest(w) * (1 + 1e-12)) << "S " << S << " k " << k;
+    }
+  }
+  // A head much cheaper than a block leaves the even split.
+  m.vocab_size = 64;
+  EXPECT_EQ(stage_layers(m, 2), (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(stage_layers(m, 3), (std::vector<int64_t>{6, 5, 5}));
+  // Interleaved: rank i holds virtual stages i, i + pp, ...
+  m.vocab_size = 32000;
+  const std::vector<int64_t> virt = stage_layers(m, 4);
+  EXPECT_EQ(rank_layers(m, 2, 2), (std::vector<int64_t>{virt[0] + virt[2], virt[1] + virt[3]}));
+  EXPECT_EQ(rank_layers(m, 2), stage_layers(m, 2));
+  // The parameters of uneven stages still partition the model's.
+  int64_t sum = 0;
+  for (int64_t i = 0; i < 3; ++i) sum += stage_parameters(m, 1, 3, i);
+  EXPECT_EQ(sum, count_parameters(m).total);
+  EXPECT_THROW(stage_layers(m, 17), Error);
 }
 
 // ---- FLOPs and the summary ----------------------------------------------------------------------

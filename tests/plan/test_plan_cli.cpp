@@ -103,9 +103,9 @@ TEST_F(PlanCli, BadInputIsAClearError) {
   r = run_forge({"plan", "gpt2", "--gpus", "5", "--tp", "5"});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("heads = 12 are not divisible by tp = 5"), std::string::npos) << r.out;
-  r = run_forge({"plan", "llama2-7b", "--pp", "3", "--gpus", "3"});
+  r = run_forge({"plan", "gpt2", "--pp", "16", "--gpus", "16"});
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("layers = 32 are not divisible by pp = 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers = 12 cannot fill pp = 16"), std::string::npos) << r.out;
   r = run_forge({"plan", "gpt2", "--gpus", "8", "--micro-batch", "3"});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("not divisible by micro-batch x dp = 3 x 8 = 24"), std::string::npos) << r.out;

@@ -95,7 +95,8 @@ void add_pp(std::vector<std::string>& a, int pp, const std::string& schedule, in
 
 // What the run logs (the contract; rank 0, the first stage of the first replica, speaks for the
 // job): the model's split, "pipeline parallel: P stages (schedule), stage 0 runs blocks [0, b)",
-// with `n_layer` blocks split evenly (the first stages one more); the strategy's "pipeline
+// with `n_layer` blocks split evenly (the first stages one more: the tiny models' head costs less
+// than a block, so the balanced split is the even one); the strategy's "pipeline
 // parallel: stage 0 of P on each of dp data-parallel rank(s)"; and the layout.
 void expect_pp_log(const ShellRun& r, int pp, const std::string& schedule, int dp, int n_layer = 4) {
   const int parts = schedule == "interleaved" ? 2 * pp : pp;  // (interleaved: 2 chunks per rank)
@@ -545,6 +546,22 @@ TEST_F(PipelineTrain, GivenStageBlocksMatchOneProcess) {
     EXPECT_NE(r.out.find(std::string("stage 0 runs blocks ") + first), npos) << r.out;
     expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
   }
+}
+
+// Without dist.pp_layers the split is balanced by forge plan's cost (Note [balanced pipeline
+// stages]): with a vocabulary of 2048 the head costs about 5 of these blocks, so of 4 blocks the
+// last of 2 stages takes 1 ([0, 3) on the first), still with the numbers of one process.
+TEST_F(PipelineTrain, TheDefaultSplitLeavesTheHeadsStageLighter) {
+  auto single_args = model_args(root_, "ref_llama_v2048", 20, "llama", "sgd");
+  set_arg(single_args, "model.vocab_size", "2048");
+  ASSERT_EQ(runs.run_single(single_args).status, 0);
+  auto args = model_args(root_, "balanced_v2048", 20, "llama", "sgd");
+  set_arg(args, "model.vocab_size", "2048");
+  add_pp(args, 2, "1f1b", 0);
+  const ShellRun r = runs.run_mpi(2, args);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("stage 0 runs blocks [0, 3)"), npos) << r.out;
+  expect_same_run(root_ / "balanced_v2048", root_ / "ref_llama_v2048", 1, 1e-6, 1e-6, "balanced split");
 }
 
 // Layouts that cannot work are refused before any work (no checkpoint, no metrics), naming the keys.

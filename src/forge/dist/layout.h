@@ -31,6 +31,8 @@ struct Layout {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
   int64_t gpus() const { return dp * tp * pp; }
+  // Model chunks per pipeline rank: virtual_stages under the interleaved schedule, else 1.
+  int64_t chunks() const { return schedule == PipelineSchedule::interleaved && virtual_stages > 1 ? virtual_stages : 1; }
   int64_t global_batch() const { return dp * micro_batch * grad_accum; }
   // "dp 8, tp 1, pp 1, micro-batch 4 x 32, ZeRO-1, checkpointing full"
   std::string describe() const;

@@ -86,16 +86,18 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
   const double recompute = l.checkpointing == Checkpointing::full        ? full_working
                            : l.checkpointing == Checkpointing::selective ? layer_full - layer_selective
                                                                          : 0.0;
-  const int64_t layers = m.n_layer / p;
+  const std::vector<int64_t> rank_blocks = rank_layers(m, p, l.chunks());  // Note [balanced pipeline stages]
   const double dd = static_cast<double>(d);
 
   MemoryBreakdown best;
   best.total = -1;
+  std::vector<MemoryBreakdown::Stage> stages;
   for (int64_t i = 0; i < p; ++i) {
     MemoryBreakdown r;
     r.stage = i;
+    const int64_t layers = rank_blocks[static_cast<size_t>(i)];
     r.layers_on_stage = layers;
-    r.params_on_gpu = stage_parameters(m, t, p, i);
+    r.params_on_gpu = stage_parameters(m, t, p, i, l.chunks());
     const double P = static_cast<double>(r.params_on_gpu);
     r.in_flight = l.schedule == Schedule::gpipe ? l.grad_accum : std::min(p - i, l.grad_accum);
     const bool first = i == 0, last = i == p - 1;
@@ -177,8 +179,10 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
     r.capacity = capacity;
     r.headroom = capacity - r.total;
     r.fits = r.headroom >= 0;
+    stages.push_back({i, layers, r.params_on_gpu, r.in_flight, r.subtotal, r.total});
     if (r.total > best.total) best = r;
   }
+  best.per_stage = std::move(stages);
   return best;
 }
 

@@ -12,6 +12,7 @@
 // (z >= 2) and parameters (z = 3) by d. Offload moves the optimizer state to host memory.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "forge/dist/layout.h"
 #include "forge/plan/activations.h"
@@ -63,6 +64,13 @@ struct MemoryBreakdown {
   double layer_full = 0, layer_checkpointed = 0, layer_selective = 0;
   double stage_no_checkpointing = 0, stage_full_checkpointing = 0;
   std::string peak_phase;           // which moment of the step the total describes
+  // Every pipeline stage's figures (one entry without a pipeline); the fields above are the
+  // largest one's.
+  struct Stage {
+    int64_t stage = 0, layers = 0, params_on_gpu = 0, in_flight = 1;
+    double subtotal = 0, total = 0;
+  };
+  std::vector<Stage> per_stage;
 };
 
 // Memory per GPU (the worst pipeline stage) for model m under layout l. `capacity_bytes` is

@@ -186,9 +186,9 @@ ParamCount count_parameters(const ModelSpec& m) {
 
 int64_t layer_parameters_per_gpu(const ModelSpec& m, int64_t tp) { return block_params_tp(m, tp).total(); }
 
-int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t stage) {
+int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t stage, int64_t virtual_stages) {
   const int64_t h = m.d_model, Vt = ceil_div(m.vocab_size, tp);
-  int64_t n = (m.n_layer / pp) * block_params_tp(m, tp).total();
+  int64_t n = rank_layers(m, pp, virtual_stages)[static_cast<size_t>(stage)] * block_params_tp(m, tp).total();
   if (stage == 0) {
     n += Vt * h;
     if (m.arch == Arch::gpt) n += m.block_size * h;
@@ -198,6 +198,55 @@ int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t sta
     if (!m.tied_head() || pp > 1) n += Vt * h;  // untied head, or the last stage's copy of a tied one
   }
   return n;
+}
+
+// ---- pipeline stages --------------------------------------------------------------------------
+
+// Note [balanced pipeline stages]
+// Every stage of a pipeline runs each micro-batch once forward and once backward, so the step
+// is paced by the slowest stage. The blocks cost the same, but the last stage also runs the head
+// (2 V h FLOPs per token forward: 1.2 blocks for the 0.85B LLaMA, 4.5 for GPT-2 small), so an even
+// split makes it the slowest by that much. With S stages, the last taking k blocks and the
+// others the rest as evenly as possible, the slowest costs
+//     max(ceil((L - k) / (S - 1)) c, k c + H)
+// (c a block, H the head); k runs over 1 .. L - S + 1 and the smallest maximum wins, ties going
+// to the split closest to even (the smallest sum of squared block counts). The embedding lookup
+// has no FLOPs and stays on the first stage uncounted. Megatron balances the same way by hand
+// (its --decoder-last-pipeline-num-layers); forge does it by default.
+std::vector<int64_t> stage_layers(const ModelSpec& m, int64_t stages) {
+  FORGE_CHECK(stages >= 1 && m.n_layer >= stages, "pipeline: ", m.n_layer, " layers cannot fill ", stages,
+              " stages (each needs at least one block); use at most ", m.n_layer, " stages");
+  const int64_t L = m.n_layer, S = stages;
+  if (S == 1) return {L};
+  const FlopsPerToken F = flops_per_token(m);
+  const double c = F.layer_forward, H = F.head_forward;
+  auto split = [&](int64_t k) {  // the last stage k blocks, the others the rest, earlier ones one more
+    std::vector<int64_t> v(static_cast<size_t>(S));
+    const int64_t rest = L - k, base = rest / (S - 1), extra = rest % (S - 1);
+    for (int64_t i = 0; i < S - 1; ++i) v[static_cast<size_t>(i)] = base + (i < extra ? 1 : 0);
+    v.back() = k;
+    return v;
+  };
+  std::vector<int64_t> best;
+  double best_cost = 0, best_sq = 0;
+  for (int64_t k = 1; k <= L - S + 1; ++k) {
+    const std::vector<int64_t> v = split(k);
+    const double cost = std::max(static_cast<double>(v.front()) * c, static_cast<double>(k) * c + H);
+    double sq = 0;
+    for (int64_t n : v) sq += static_cast<double>(n * n);
+    const bool cheaper = best.empty() || cost < best_cost * (1 - 1e-12);
+    const bool tie = !best.empty() && !cheaper && cost <= best_cost * (1 + 1e-12);
+    if (cheaper || (tie && sq < best_sq)) best = v, best_cost = cost, best_sq = sq;
+  }
+  return best;
+}
+
+std::vector<int64_t> rank_layers(const ModelSpec& m, int64_t pp, int64_t virtual_stages) {
+  FORGE_CHECK(pp >= 1 && virtual_stages >= 1, "pipeline: pp = ", pp, ", virtual stages = ", virtual_stages);
+  const std::vector<int64_t> v = stage_layers(m, pp * virtual_stages);
+  std::vector<int64_t> r(static_cast<size_t>(pp), 0);
+  for (size_t j = 0; j < v.size(); ++j) r[j % static_cast<size_t>(pp)] += v[j];
+  return r;
 }
 
 // ---- FLOPs ------------------------------------------------------------------------------------

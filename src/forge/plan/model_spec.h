@@ -92,7 +92,20 @@ ParamCount count_parameters(const ModelSpec& m);
 // replicated, vocab-parallel embedding and head; the vocabulary and ffn width padded up to
 // a multiple of tp; K/V heads replicated when tp > n_kv_head). A tied head on a pipeline's
 // last stage keeps its own copy of the embedding (as Megatron does).
-int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t stage);
+int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t stage, int64_t virtual_stages = 1);
+
+// ---- pipeline stages --------------------------------------------------------------------------
+
+// The blocks of each of `stages` consecutive pipeline stages (pp, or pp x virtual stages when
+// interleaved), balanced by forward FLOPs per token: a block costs flops_per_token's
+// layer_forward, and the last stage also runs the head (head_forward; the embeddings cost no
+// FLOPs). Of the splits whose slowest stage is fastest, the most even; the stages before the
+// last as even as possible, the earlier ones one block more. `forge train` splits a pipeline this
+// way unless dist.pp_layers says otherwise (Note [balanced pipeline stages] in model_spec.cpp).
+std::vector<int64_t> stage_layers(const ModelSpec& m, int64_t stages);
+// The blocks each pipeline rank holds: rank i of pp runs virtual stages i, i + pp, ... of
+// stage_layers(m, pp x virtual_stages).
+std::vector<int64_t> rank_layers(const ModelSpec& m, int64_t pp, int64_t virtual_stages = 1);
 // Of those, one layer's (for ZeRO-3 gather buffers).
 int64_t layer_parameters_per_gpu(const ModelSpec& m, int64_t tp);
 

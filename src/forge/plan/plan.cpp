@@ -79,9 +79,10 @@ std::string layout_problem(const PlanInput& in, const Layout& l) {
        << list(tp_choices(m));
     return os.str();
   }
-  if (m.n_layer % l.pp != 0) {
-    os << "layers = " << m.n_layer << " are not divisible by pp = " << l.pp
-       << " (each pipeline stage takes layers / pp); pp can be " << list(divisors(m.n_layer));
+  if (m.n_layer < l.pp * l.chunks()) {
+    os << "layers = " << m.n_layer << " cannot fill pp = " << l.pp;
+    if (l.chunks() > 1) os << " x " << l.chunks() << " virtual stages";
+    os << " (each pipeline stage needs at least one block); use at most " << m.n_layer / l.chunks() << " stages";
     return os.str();
   }
   if (l.global_batch() != in.global_batch) {
@@ -321,6 +322,16 @@ json plan_json(const PlanInput& in, const PlanResult& r) {
                    {"full_checkpointing", mem.layer_checkpointed}}},
                  {"activations_stage",
                   {{"no_checkpointing", mem.stage_no_checkpointing}, {"full_checkpointing", mem.stage_full_checkpointing}}}};
+  j["memory"]["per_stage"] = nlohmann::json::array();
+  for (const auto& st : mem.per_stage)
+    j["memory"]["per_stage"].push_back({{"stage", st.stage},
+                                        {"layers", st.layers},
+                                        {"params_on_gpu", st.params_on_gpu},
+                                        {"in_flight_micro_batches", st.in_flight},
+                                        {"subtotal", st.subtotal},
+                                        {"total", st.total}});
+  j["layout"]["stage_layers"] = rank_layers(m, r.layout.pp, r.layout.chunks());
+  j["layout"]["virtual_stage_layers"] = stage_layers(m, r.layout.pp * r.layout.chunks());
   j["time"] = {{"stage", t.stage},
                {"stage_time_per_micro_batch", t.stage_time},
                {"compute", t.compute},

@@ -74,7 +74,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   const double rate = peak * mfu;
   const double tokens_mb = static_cast<double>(l.micro_batch * m.seq_len);
   const double hidden_bytes = tokens_mb * static_cast<double>(m.d_model) * bp.activation;
-  const int64_t layers = m.n_layer / p;
+  const std::vector<int64_t> rank_blocks = rank_layers(m, p, l.chunks());  // Note [balanced pipeline stages]
   const double tt = static_cast<double>(t);
 
   TimeBreakdown r;
@@ -91,7 +91,8 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   int64_t max_stage_params = 0;
   for (int64_t i = 0; i < p; ++i) {
     const bool first = i == 0, last = i == p - 1;
-    max_stage_params = std::max(max_stage_params, stage_parameters(m, t, p, i));
+    const int64_t layers = rank_blocks[static_cast<size_t>(i)];
+    max_stage_params = std::max(max_stage_params, stage_parameters(m, t, p, i, l.chunks()));
     const double model_flops =
         tokens_mb * 3.0 * (static_cast<double>(layers) * F.layer_forward + (last ? F.head_forward : 0.0)) / tt;
     double recompute_flops = 0;
@@ -161,7 +162,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
                        hidden_under(ag, w_f);
         break;
       default: {  // 3: parameters gathered for forward and backward of every micro-batch
-        const double first_layer = ag / static_cast<double>(std::max<int64_t>(1, layers));
+        const double first_layer = ag / static_cast<double>(std::max<int64_t>(1, rank_blocks[static_cast<size_t>(r.stage)]));
         r.dp_comm = m_d * (2 * ag + rs);
         r.dp_exposed = m_d * (hidden_under(ag, w_f) + hidden_under(ag + rs, w_b) + 2 * first_layer);
         break;

@@ -185,7 +185,7 @@ const std::vector<Field>& fields() {
                   "train.grad_accum is the micro-batches per step"),
       FORGE_FIELD(dist, pp_layers,
                   "dist.pp > 1: the blocks of each pipeline stage, e.g. [5, 5, 4, 2] (summing to model.n_layer; "
-                  "empty: as even as possible, the first stages one more)"),
+                  "empty: balanced by forge plan's cost, the last stage lighter by the head)"),
       FORGE_FIELD(dist, pp_virtual_stages,
                   "dist.pp_schedule = \"interleaved\": model chunks per pipeline rank (>= 2; the bubble shrinks by "
                   "this factor, the point-to-point traffic grows by it)"),

@@ -129,7 +129,7 @@ struct DistSection {
   int64_t pp = 1;                  // pipeline-parallel degree (stages of consecutive blocks); dp = world / (tp * pp)
   std::string pp_schedule = "1f1b";  // pp > 1: "1f1b", "gpipe", "zb-h1" or "interleaved" (Note [pipeline schedules])
   int64_t pp_virtual_stages = 1;   // interleaved: model chunks per pipeline rank (>= 2)
-  std::vector<int64_t> pp_layers;  // blocks per pipeline stage (empty: as even as possible)
+  std::vector<int64_t> pp_layers;  // blocks per pipeline stage (empty: balanced by plan::stage_layers)
   int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients, 3: + sharded block parameters
   bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions

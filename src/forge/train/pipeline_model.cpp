@@ -8,6 +8,7 @@
 #include "forge/dist/pipeline_schedule.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/nn/model_registry.h"
+#include "forge/plan/model_spec.h"
 #include "forge/ops/creation.h"
 #include "forge/telemetry/metrics.h"
 
@@ -26,8 +27,10 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
   // Interleaved: v chunks per rank, chunk c the virtual stage c P + s of v P.
   const int v = static_cast<int>(layout.virtual_stages);
   const int virtual_stages = st->stages * v;
-  // (dist.pp_layers: the given blocks per stage; only without virtual stages.)
-  const std::vector<int64_t>& given = cfg.dist.pp_layers;
+  // The blocks of each (virtual) stage: dist.pp_layers when given (only without virtual stages),
+  // else balanced by forge plan's cost per block and head (Note [balanced pipeline stages]).
+  const std::vector<int64_t> given =
+      !cfg.dist.pp_layers.empty() ? cfg.dist.pp_layers : plan::stage_layers(plan::from_run_config(cfg), virtual_stages);
   for (int c = 0; c < v; ++c)
     st->chunks.push_back(dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index, given));
   std::tie(st->begin, st->end) = st->chunks.front();
