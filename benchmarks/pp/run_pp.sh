@@ -22,7 +22,7 @@ source benchmarks/common.sh
 bench_setup run_pp.sh
 export NCCL_NVLS_ENABLE=0
 PHASES="${PHASES:-check bubble peer socket}"
-RAW="benchmarks/results/raw/pp_$GPU"
+RAW="${RAW_DIR:-benchmarks/results/raw/pp_$GPU}"
 RUNS="${RUNS_DIR:-/tmp/forge_pp_runs}"
 mkdir -p "$RAW" "$RUNS"
 NGPU=$(nvidia-smi -L | wc -l)

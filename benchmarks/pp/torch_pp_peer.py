@@ -168,14 +168,15 @@ def main():
 
     def one_step():
         t = torch.randint(0, V, (a.micro * K, s["seq"] + 1), device=dev, generator=gen)
+        x, y = t[:, :-1].contiguous(), t[:, 1:].contiguous()  # (the stages check strides too)
         losses = []
         with amp:
             if first and last:
-                sched.step(t[:, :-1], target=t[:, 1:], losses=losses)
+                sched.step(x, target=y, losses=losses)
             elif first:
-                sched.step(t[:, :-1])
+                sched.step(x)
             elif last:
-                sched.step(target=t[:, 1:], losses=losses)
+                sched.step(target=y, losses=losses)
             else:
                 sched.step()
         if clip > 0:  # the global norm over every stage

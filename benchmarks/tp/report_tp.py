@@ -110,7 +110,7 @@ def main():
             if "tokens_per_s" in on and "tokens_per_s" in off:
                 w(f"\nWeight gradients behind the collective ({v}): {on['tokens_per_s'] / off['tokens_per_s']:.3f}x "
                   f"tokens/s, memory {gb(on['mem_bytes'])} vs {gb(off['mem_bytes'])} without.")
-        w("\n`forge plan` beside each forge run (`--gpu h100 --gpus 2`, its default MFU of 40% for the compute; "
+        w("\n`forge plan` beside each forge run (`--gpu h100` or `h200` as measured, `--gpus 2`, its default MFU of 40% for the compute; "
           "memory without its allocator margin and runtime reserve):\n")
         w("| run | plan memory | measured peak | plan off by | plan step | measured step | off by |")
         w("|---|---|---|---|---|---|---|")

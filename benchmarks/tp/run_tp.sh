@@ -28,7 +28,7 @@ source benchmarks/common.sh
 bench_setup run_tp.sh
 export NCCL_NVLS_ENABLE=0
 PHASES="${PHASES:-check perf}"
-RAW="benchmarks/results/raw/tp_$GPU"
+RAW="${RAW_DIR:-benchmarks/results/raw/tp_$GPU}"
 RUNS="${RUNS_DIR:-/tmp/forge_tp_runs}"
 mkdir -p "$RAW" "$RUNS"
 NGPU=$(nvidia-smi -L | wc -l)
@@ -142,6 +142,6 @@ PYEOF
   done
 fi
 if [[ " $PHASES " == *" perf "* ]]; then
-  "$PY" benchmarks/tp/report_tp.py "$RAW" > "benchmarks/results/tp_$GPU.md" && echo "run_tp: wrote benchmarks/results/tp_$GPU.md"
+  "$PY" benchmarks/tp/report_tp.py "$RAW" > "${REPORT:-benchmarks/results/tp_$GPU.md}" && echo "run_tp: wrote ${REPORT:-benchmarks/results/tp_$GPU.md}"
 fi
 echo "run_tp: done; raw results in $RAW"

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "forge/autograd/deferred.h"
+#include "forge/autograd/engine.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/autograd/node.h"
 #include "forge/core/env.h"
@@ -17,6 +18,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/join.h"
+#include "forge/ops/loss.h"
 #include "forge/ops/matmul.h"
 #include "forge/ops/view.h"
 #include "forge/nn/module.h"
@@ -411,32 +413,64 @@ void VocabParallelEmbedding::load_whole(const Tensor& w) {
   copy_into(weight, shard(w, 0, group ? group->rank() : 0, size_of(group)), "VocabParallelEmbedding::load_whole");
 }
 
+// Note [fused vocabulary-parallel cross-entropy]
+// The loss over logits split by classes: each rank's log-sum-exp per row (cross_entropy's fused
+// forward, no (N, V) temporary) and the target's logit (on the one rank whose slice holds it),
+// combined over the group, give the whole vocabulary's log-sum-exp `lse` and the loss. The node
+// keeps only the logits slice, the targets and lse (N values), and its backward is
+// cross_entropy's fused kernel given the slice's first class (ops::cross_entropy_backward with
+// class_start): dlogits = (exp(x - lse) - [x is the target]) g / count, written over the logits
+// when the node holds the last reference to them (Note [dlogits in place] in ops/loss.cpp). The
+// first version composed autograd ops (to f32, sub, exp, sum, gather, log): they kept f32 copies
+// of the (N, V / W) slice for backward and made more in forward (the tp 2 LLaMA on the CPU kept
+// 2.3 logits-sized tensors more than forge plan counts; at the 0.85B LLaMA, batch 8 x 2048, each
+// is 0.5-1 GB). This keeps what the whole-vocabulary cross_entropy keeps.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                     const ProcessGroupPtr& g, int64_t ignore_index) {
   FORGE_CHECK(logits.dim() >= 1 && targets.shape() == Shape(logits.shape().begin(), logits.shape().end() - 1),
               "tp::vocab_parallel_cross_entropy: targets of shape ", targets.shape(), " do not match logits ",
               logits.shape(), " without their last (class) dim");
+  FORGE_CHECK(is_floating(logits.dtype()), "tp::vocab_parallel_cross_entropy: floating logits, got ",
+              dtype_name(logits.dtype()));
   const int64_t V = logits.size(-1), N = targets.numel();
+  // The loss's dtype (Note [loss dtype]): f32 for 16-bit logits, else the logits'.
   const DType dt = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const Tensor x = ops::reshape(logits.to(dt), {N, V});
-  const Tensor t = ops::reshape(targets.to(DType::i64), {N});
-  Tensor row_max, in_range, valid, local_t;
+  const Tensor x = ops::reshape(logits.detach(), {N, V}).contiguous();
+  const Tensor t = ops::reshape(targets.detach().to(DType::i64), {N}).contiguous();
+  Tensor lse, loss, scale;
   {
     NoGradGuard no_grad;
-    row_max = ops::amax(x.detach(), {1}, /*keepdim=*/true);
-    if (size_of(g) > 1) g->all_reduce(row_max, ReduceOp::max)->wait();
-    const Tensor shifted_t = ops::sub(t, static_cast<double>(vocab_start));
-    valid = ops::ne(t, static_cast<double>(ignore_index)).to(DType::i64);
-    in_range = ops::mul(ops::mul(ops::ge(shifted_t, 0.0).to(DType::i64), ops::lt(shifted_t, static_cast<double>(V)).to(DType::i64)), valid);
-    local_t = ops::mul(shifted_t, in_range);
+    const Tensor local_t = ops::sub(t, static_cast<double>(vocab_start));
+    const Tensor valid = ops::ne(t, static_cast<double>(ignore_index)).to(dt);
+    const Tensor in_range =
+        ops::mul(ops::mul(ops::ge(local_t, 0.0).to(dt), ops::lt(local_t, static_cast<double>(V)).to(dt)), valid);
+    const Tensor column = ops::mul(local_t, in_range.to(DType::i64));  // 0 where not here (masked below)
+    // This slice's log-sum-exp per row and its logit at `column` (lse - row loss), fused.
+    const ops::CrossEntropyRows rows = ops::cross_entropy_rows(x, column);
+    Tensor target_logit = ops::mul(ops::sub(rows.lse, rows.loss), in_range);
+    if (size_of(g) > 1) g->all_reduce(target_logit, ReduceOp::sum)->wait();
+    // The whole vocabulary's: lse = M + log sum_r exp(lse_r - M), M the largest slice's lse.
+    Tensor most = rows.lse.clone();
+    if (size_of(g) > 1) g->all_reduce(most, ReduceOp::max)->wait();
+    Tensor sum_exp = ops::exp(ops::sub(rows.lse, most));
+    if (size_of(g) > 1) g->all_reduce(sum_exp, ReduceOp::sum)->wait();
+    lse = ops::add(most, ops::log(sum_exp)).contiguous();
+    const Tensor count = ops::sum(valid);
+    loss = ops::div(ops::sum(ops::mul(ops::sub(lse, target_logit), valid)), count);
+    scale = ops::div(ones_like(count), count);  // (0 targets: inf, never used, as cross_entropy's NaN loss)
   }
-  const Tensor shifted = ops::sub(x, row_max);
-  const Tensor sum_exp = reduce_from_region(ops::sum(ops::exp(shifted), {1}), g);
-  const Tensor picked = ops::mul(ops::reshape(ops::gather(shifted, 1, ops::unsqueeze(local_t, 1)), {N}), in_range.to(dt));
-  const Tensor target_logit = reduce_from_region(picked, g);
-  const Tensor valid_f = valid.to(dt);
-  const Tensor per = ops::mul(ops::sub(ops::log(sum_exp), target_logit), valid_f);
-  return ops::div(ops::sum(per), ops::sum(valid_f));
+  if (!autograd::any_requires_grad({logits})) return loss;
+  const Shape shape = logits.shape();
+  autograd::record("tp_vocab_parallel_cross_entropy", loss, {logits},
+                   [x, t, lse, scale, vocab_start, ignore_index, shape](const Tensor& grad, const autograd::GradMask&) {
+                     const bool reuse =
+                         !autograd::retaining_graph() && x.storage().use_count() == 1 && x.is_contiguous();
+                     const Tensor dl = ops::cross_entropy_backward(x, t, lse, grad.contiguous(), scale, ignore_index,
+                                                                   vocab_start, reuse);
+                     return TensorList{ops::reshape(dl, shape)};
+                   },
+                   {x, t, lse, scale});
+  return loss;
 }
 
 // ---- models ------------------------------------------------------------------------------

@@ -111,4 +111,40 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return loss;
 }
 
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
+                              const Tensor& scale, int64_t ignore_index, int64_t class_start, bool in_place) {
+  FORGE_CHECK(logits.dim() == 2 && logits.is_contiguous() && targets.numel() == logits.size(0),
+              "cross_entropy_backward: contiguous (N, V) logits and N targets, got ", logits.shape(), " and ",
+              targets.shape());
+  detail::check_same_device("cross_entropy_backward", {logits, targets, lse, grad, scale});
+  Tensor dlogits = in_place ? logits : empty(logits.shape(), {.dtype = logits.dtype(), .device = logits.device()});
+  if (logits.is_cpu()) {
+    cpu::cross_entropy_backward(logits, contiguous(targets), contiguous(lse), contiguous(grad), scale.item<double>(),
+                                ignore_index, dlogits, class_start);
+  } else {
+    FORGE_ON_CUDA("cross_entropy_backward",
+                  cuda::cross_entropy_backward(logits, contiguous(targets), contiguous(lse), contiguous(grad), scale,
+                                               ignore_index, dlogits, class_start));
+  }
+  return dlogits;
+}
+
+CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& targets) {
+  FORGE_CHECK(logits.dim() == 2 && targets.numel() == logits.size(0) && is_floating(logits.dtype()),
+              "cross_entropy_rows: floating (N, V) logits and N targets, got ", logits.shape(), " and ",
+              targets.shape());
+  detail::check_same_device("cross_entropy_rows", {logits, targets});
+  const TensorOptions opt{.dtype = cpu::cross_entropy_lse_dtype(logits.dtype()), .device = logits.device()};
+  CrossEntropyRows r{empty({logits.size(0)}, opt), empty({logits.size(0)}, opt)};
+  const Tensor ls = contiguous(logits.detach()), ts = contiguous(targets.detach());
+  constexpr int64_t kNoIgnore = -1;  // (the targets lie in [0, V): every row counts)
+  if (ls.is_cpu()) {
+    cpu::cross_entropy_forward(ls, ts, kNoIgnore, r.loss, r.lse);
+  } else {
+    Tensor total, scale;  // (not wanted)
+    FORGE_ON_CUDA("cross_entropy_rows", cuda::cross_entropy_forward(ls, ts, kNoIgnore, false, r.loss, r.lse, total, scale));
+  }
+  return r;
+}
+
 }  // namespace forge::ops

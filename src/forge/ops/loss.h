@@ -31,6 +31,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 const char* reduction_name(Reduction r);
 
+// cross_entropy's fused backward on its own, for a loss whose forward is assembled elsewhere
+// (tp::vocab_parallel_cross_entropy: the log-sum-exp reduced over the ranks of a vocabulary-
+// parallel head). Without history:
+//   dlogits[n, j] = (exp(logits[n, j] - lse[n]) - [j == targets[n] - class_start]) * grad_n * scale
+// and zero rows where targets[n] == ignore_index. logits (N, V) contiguous; targets (N) i64;
+// lse (N) and grad (() or (N)) and scale (()) of the loss dtype (Note [loss dtype]), on the
+// logits' device. class_start >= 0: the logits are the classes [class_start, class_start + V)
+// and a target outside them is another rank's (its row gets the softmax term only); -1: every
+// class. in_place: dlogits is written over `logits` (whose memory the caller gives up).
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
+                              const Tensor& scale, int64_t ignore_index, int64_t class_start, bool in_place);
+
+// cross_entropy's fused forward per row, without history: for (N, V) logits and N targets in
+// [0, V), lse[n] = logsumexp_j(logits[n, j]) and loss[n] = lse[n] - logits[n, targets[n]], both
+// (N) of the loss dtype. No (N, V) temporary.
+struct CrossEntropyRows {
+  Tensor lse, loss;
+};
+CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& targets);
+
 // How many cross_entropy backwards wrote dlogits over the logits (Note [dlogits in place] in
 // loss.cpp); for tests.
 int64_t cross_entropy_backwards_in_place();

@@ -151,7 +151,8 @@ void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist
 void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, dist::DataParallel& dp,
                                    optim::LossScaler* scaler, const io::CheckpointData& ck,
                                    const std::filesystem::path& ck_path) {
-  const nlohmann::json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class_name(cfg));
+  const std::string optimizer_class = optimizer_class_name(cfg);  // (named: g++ 13's -Wdangling-reference)
+  const nlohmann::json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class);
   // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
   // optimizer's order; a pipeline stage's module has every name, its other stages' tensors empty.)
   const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg, *model.module));

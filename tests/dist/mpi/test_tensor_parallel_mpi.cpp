@@ -286,6 +286,57 @@ TEST(TensorParallelMpi, SequenceParallelLinearsKeepOnlyTheirSliceForBackward) {
   EXPECT_LE(held[0], held[1] - saved) << "with the queue " << held[0] << " bytes, without " << held[1];
 }
 
+// Note [fused vocabulary-parallel cross-entropy]: the loss over a rank's slice of the logits keeps
+// what cross_entropy over the same slice keeps (the slice and a few values per row), makes no
+// (N, V / W) temporary in forward, and has its backward write dlogits with cross_entropy's kernel:
+// the peak of a forward and backward is within a few per-row vectors of cross_entropy's, the
+// slice and its gradient. (The first, composed version kept f32 copies of the slice and made more.)
+TEST(TensorParallelMpi, VocabParallelCrossEntropyKeepsWhatCrossEntropyKeeps) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  const int64_t N = 256, V = 512 * W, local = V / W;
+  Generator gen(70);
+  const Tensor whole = uniform({N, V}, -3.0, 3.0, {.dtype = DType::f32}, &gen);
+  std::vector<int64_t> tv = ops::mul(uniform({N}, 0.0, 1.0, kF64, &gen), static_cast<double>(V)).to(DType::i64).to_vector<int64_t>();
+  tv[5] = -100;
+  const Tensor targets = from_vector(tv, {N});
+  const Tensor slice = ops::narrow(whole, 1, r * local, local).contiguous();
+  std::vector<int64_t> lv(tv);
+  for (int64_t& t : lv) t = t < 0 ? t : t % local;
+  const Tensor local_targets = from_vector(lv, {N});
+  auto measure = [&](bool parallel, Tensor* loss_out, Tensor* grad_out) {
+    Tensor logits = slice.clone().requires_grad_();
+    // A non-leaf, as a head's output, which the loss may overwrite with its gradient.
+    Tensor head = ops::mul(logits, 1.0);
+    const int64_t before = cpu_memory_stats().allocated;
+    reset_cpu_peak_memory();
+    Tensor loss = parallel ? tp::vocab_parallel_cross_entropy(head, targets, r * local, g)
+                           : ops::cross_entropy(head, local_targets);
+    head = Tensor();
+    const int64_t kept = cpu_memory_stats().allocated - before;
+    loss.backward();
+    const int64_t peak = cpu_memory_stats().peak_allocated - before;
+    if (loss_out) *loss_out = loss.detach();
+    if (grad_out) *grad_out = logits.grad();
+    return std::pair<int64_t, int64_t>{kept, peak};
+  };
+  Tensor loss, grad;
+  const auto [vp_kept, vp_peak] = measure(true, &loss, &grad);
+  // cross_entropy over the same slice (targets folded into it).
+  const auto [ce_kept, ce_peak] = measure(false, nullptr, nullptr);
+  const int64_t slice_bytes = N * local * 4, per_row = N * 8;
+  EXPECT_LE(vp_kept, ce_kept + 8 * per_row) << "kept " << vp_kept << " vs cross_entropy's " << ce_kept;
+  EXPECT_LE(vp_peak, ce_peak + 8 * per_row) << "peak " << vp_peak << " vs cross_entropy's " << ce_peak;
+  EXPECT_LE(vp_peak, 2 * slice_bytes + 8 * per_row) << "peak " << vp_peak << " for a slice of " << slice_bytes << " bytes";
+  // And the numbers: the whole vocabulary's loss and this rank's columns of its gradient.
+  Tensor wl = whole.clone().requires_grad_();
+  Tensor want = ops::cross_entropy(wl, targets);
+  want.backward();
+  EXPECT_NEAR(loss.item<double>(), want.item<double>(), 1e-5);
+  const Tensor want_grad = ops::narrow(wl.grad(), 1, r * local, local).contiguous();
+  EXPECT_LT(ops::amax(ops::abs(ops::sub(grad, want_grad)), {0, 1}, false).item<double>(), 1e-6);
+}
+
 // Note [weight gradients behind the collective]: the weight gradients queued behind the region's
 // collective (FORGE_TP_OVERLAP, on by default) are those computed in order, bit for bit.
 TEST(TensorParallelMpi, WeightGradientsBehindTheCollectiveAreTheSameBits) {

@@ -138,7 +138,7 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
-                            double scale, int64_t ignore_index, Tensor& dlogits) {
+                            double scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start) {
   const RowsV nv = rows_of("cross_entropy_backward", logits, targets);
   const auto [N, V] = nv;
   FORGE_CHECK(lse.is_contiguous() && lse.numel() == N && lse.dtype() == cross_entropy_lse_dtype(logits.dtype()),
@@ -151,7 +151,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
               "cross_entropy_backward: bad dlogits buffer");
   dispatch_index(targets.dtype(), "cross_entropy_backward", [&]<class I>() {
     const I* tg = targets.data<I>();
-    check_targets("cross_entropy_backward", tg, nv, ignore_index, logits);
+    if (class_start < 0) check_targets("cross_entropy_backward", tg, nv, ignore_index, logits);
     dispatch_float(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
       using M = acc_t<T>;
       using S = acc_t<T>;
@@ -172,9 +172,12 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
         const T* xr = px + n * V;
         const M gs = static_cast<M>(static_cast<double>(pg[n * gstep]) * scale);
         const M l = static_cast<M>(pl[n]);
-        const M xt = convert<M>(xr[t]);  // read first: dlogits may be the logits (in place)
+        // The target's column in these logits (none: another rank's class).
+        const int64_t c = class_start < 0 ? t : t - class_start;
+        const bool here = c >= 0 && c < V;
+        const M xt = here ? convert<M>(xr[c]) : M(0);  // read first: dlogits may be the logits (in place)
         for (int64_t j = 0; j < V; ++j) dr[j] = convert<T>(std::exp(convert<M>(xr[j]) - l) * gs);
-        dr[t] = convert<T>((std::exp(xt - l) - M(1)) * gs);
+        if (here) dr[c] = convert<T>((std::exp(xt - l) - M(1)) * gs);
       }
     });
   });

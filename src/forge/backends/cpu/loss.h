@@ -28,7 +28,11 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
 // targets[n] == ignore_index.
 //   grad    ()  or (N)  contiguous, cross_entropy_lse_dtype: one upstream gradient for every row, or one per row
 //   dlogits (N, V)      contiguous, logits' dtype; overwritten (may be logits itself: in place)
+// class_start >= 0: the logits are one slice of the classes, [class_start, class_start + V) (a
+// vocabulary-parallel head), lse the log-sum-exp over all of them and the targets whole-vocabulary
+// classes; a target outside the slice is another rank's, and its row gets the softmax term only.
+// class_start = -1 (default): the logits hold every class and each target must lie in [0, V).
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
-                            double scale, int64_t ignore_index, Tensor& dlogits);
+                            double scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start = -1);
 
 }  // namespace forge::cpu

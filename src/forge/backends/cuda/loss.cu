@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kReduceThreads)
                                   int64_t gstep,
                                   const Lse<T>* __restrict__ scale,  // () or null (= 1)
                                   int64_t N, int64_t V, int64_t ignore_index, bool vec,
+                                  int64_t class_start,  // >= 0: these are classes [class_start, + V)
                                   T* dlogits) {  // (N, V)
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
@@ -185,9 +186,11 @@ __global__ void __launch_bounds__(kReduceThreads)
       }
       continue;
     }
-    FORGE_KERNEL_CHECK(t >= 0 && t < V,
+    FORGE_KERNEL_CHECK(class_start >= 0 || (t >= 0 && t < V),
                        "cross_entropy_backward: target %lld at row %lld is out of range for %lld classes",
                        static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
+    // The target's column in these logits; outside [0, V): another rank's class (softmax only).
+    const int64_t c = class_start < 0 ? t : t - class_start;
     const M gs = static_cast<M>(grad[row * gstep]) * sc;
     const M l = static_cast<M>(lse[row]);
     if (vec) {
@@ -198,14 +201,14 @@ __global__ void __launch_bounds__(kReduceThreads)
 #pragma unroll
         for (int k = 0; k < W; ++k) {
           const M p = exp_of<kFast>(convert<M>(v.v[k]) - l);
-          o.v[k] = convert<T>((w * W + k == t ? p - M(1) : p) * gs);
+          o.v[k] = convert<T>((w * W + k == c ? p - M(1) : p) * gs);
         }
         reinterpret_cast<Vec<T, W>*>(dr)[w] = o;
       }
     } else {
       for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
         const M p = exp_of<kFast>(convert<M>(xr[j]) - l);
-        dr[j] = convert<T>((j == t ? p - M(1) : p) * gs);
+        dr[j] = convert<T>((j == c ? p - M(1) : p) * gs);
       }
     }
   }
@@ -274,7 +277,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
-                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits) {
+                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start) {
   const char* op = "cross_entropy_backward";
   const auto [N, V] = rows_of(op, logits, targets);
   const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
@@ -297,7 +300,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       cross_entropy_backward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, current_stream(device)>>>(
           px, static_cast<const I*>(targets.data_ptr()), static_cast<const S*>(lse.data_ptr()),
           static_cast<const S*>(grad.data_ptr()), grad.dim() == 0 ? 0 : 1,
-          scale.defined() ? static_cast<const S*>(scale.data_ptr()) : nullptr, N, V, ignore_index, vec, pd);
+          scale.defined() ? static_cast<const S*>(scale.data_ptr()) : nullptr, N, V, ignore_index, vec, class_start,
+          pd);
       FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
                               targets.shape(), " ", dtype_name(targets.dtype()));
     });

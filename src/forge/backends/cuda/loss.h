@@ -31,7 +31,9 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
 //   grad    ()  or (N)  contiguous, logits' dtype: one upstream gradient for every row, or one per row
 //   scale   ()          lse's dtype on the device (the forward's), or undefined for 1
 //   dlogits (N, V)      contiguous, logits' dtype; overwritten (may be logits itself: in place)
+// class_start: as cpu::cross_entropy_backward's (>= 0: the logits are the classes [class_start,
+// class_start + V) of a vocabulary-parallel head; -1: every class).
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
-                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits);
+                            const Tensor& scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start = -1);
 
 }  // namespace forge::cuda
