@@ -361,6 +361,14 @@ TEST(PlanJson, PlanAndSearchCarryTheirKeys) {
   EXPECT_EQ(jp["memory"]["per_stage"][0]["in_flight_micro_batches"], 4);
   EXPECT_EQ(jp["memory"]["per_stage"][3]["in_flight_micro_batches"], 1);
   EXPECT_EQ(jp["layout"]["stage_layers"], (std::vector<int64_t>{8, 8, 8, 8}));
+  // ZB-H1: the stages that owe weight gradients across other work (all but the last) hold more
+  // than under 1F1B; the last holds the same.
+  PlanInput zb = piped;
+  zb.layout.schedule = dist::PipelineSchedule::zb_h1;
+  const nlohmann::json jz = plan_json(zb, evaluate(zb));
+  for (int s = 0; s < 3; ++s)
+    EXPECT_GT(jz["memory"]["per_stage"][s]["subtotal"].get<double>(), jp["memory"]["per_stage"][s]["subtotal"].get<double>()) << s;
+  EXPECT_DOUBLE_EQ(jz["memory"]["per_stage"][3]["subtotal"].get<double>(), jp["memory"]["per_stage"][3]["subtotal"].get<double>());
 
   const nlohmann::json s = search_json(in, search(in));
   for (const char* k : {"fits", "rejected", "rejected_counts", "best", "considered"}) EXPECT_TRUE(s.contains(k)) << k;

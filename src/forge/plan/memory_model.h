@@ -52,6 +52,8 @@ struct MemoryBreakdown {
   int64_t params_on_gpu = 0;        // parameters of that stage on one GPU, before ZeRO sharding
   int64_t layers_on_stage = 0;
   int64_t in_flight = 1;            // micro-batches whose activations the stage holds at once
+  int64_t weights_owed = 0;         // ZB-H1: micro-batches whose weight gradients wait (beyond the one in hand)
+  double weights_owed_bytes = 0;    // what they keep (linears' inputs and output gradients), in activations
   double params = 0, grads = 0, optimizer = 0;
   double activations = 0;           // stored activations at the peak
   double transient = 0;             // at the peak on top of them: dlogits or one recomputed layer
