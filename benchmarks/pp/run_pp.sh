@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on a machine with (at least) two GPUs (issue 17): equivalence of `forge
-# train` at pp = 2 (NCCL send/recv) with the one-GPU run for every schedule, and the measured
-# bubble against theory. Results: benchmarks/results/raw/pp_<gpu>/ (logs, metrics, JSON lines).
+# train` at pp = 2 (NCCL send/recv) with the one-GPU run for every schedule, the measured bubble
+# against theory and forge plan, forge against PyTorch's own pipelining, and a slow link
+# simulated. Results: $RAW_DIR (default benchmarks/results/raw/pp_<gpu>/: logs and JSON lines);
+# benchmarks/pp/report_pp.py turns them into benchmarks/results/pp_<gpu>.md.
 #
 #   BUILD_ONLY=1 scripts/gpu-check.sh && benchmarks/pp/run_pp.sh
 #   PHASES=check benchmarks/pp/run_pp.sh
@@ -10,11 +12,17 @@
 #   check   tiny GPT and LLaMA, f32 without TF32, SGD and AdamW, grad_accum 4: pp = 2 on 2 GPUs with
 #           1f1b, gpipe, zb-h1 and interleaved (2 chunks) against one GPU (benchmarks/dist/compare_runs.py)
 #   bubble  LLaMA 0.85B (configs/llama-0.85b.toml), bf16, pp = 2, micro-batch MICRO (2) sequences,
-#           K = grad_accum in KS ("4 8 16"), each schedule: ms/step. A step of K micro-batches takes
-#           a K + b (a: one micro-batch's forward and backward on the slower stage; b: the fill and
+#           K = grad_accum in KS ("4 8 16"), each schedule in SCHEDS: ms/step. A step of K micro-batches
+#           takes a K + b (a: one micro-batch's forward and backward on the slower stage; b: the fill and
 #           drain); the fitted bubble b / (a K + b) is set beside the theory (P - 1) / (K + P - 1)
-#           (1F1B, GPipe), about a third of it (ZB-H1), half of it (interleaved, 2 chunks). Peak memory
-#           per stage beside each.
+#           (1F1B, GPipe), about a third of it (ZB-H1), half of it (interleaved, 2 chunks), and beside
+#           forge plan's step, bubble and memory of every stage (the trainer's mem_bytes_per_stage).
+#   peer    PyTorch's torch.distributed.pipelining at pp = 2 (benchmarks/pp/torch_pp_peer.py), the
+#           same model, K = PEER_K (8) micro-batches, schedule (PEER_SCHEDS) and forge plan's split;
+#           blocks compiled (PEER_MODE=eager: not)
+#   socket  NCCL on its socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) and on NVLink: the
+#           link's bus bandwidth (forge bench collectives), pp = 2 (1F1B) against dp = 2 at the same
+#           batch, and forge plan given that bandwidth
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
