@@ -3,7 +3,9 @@
 // activations in flight, and the split of the blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <string>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -62,9 +64,9 @@ TEST(PipelineSchedule, OneFOneBHoldsAtMostTheStagesAheadGpipeAll) {
   EXPECT_EQ(last[1], (pp::Action{pp::Op::backward, 0}));
 }
 
-// ZB-H1: the F and B order of 1F1B; stage s's W passes lag its B by its warm-up count (P - s - 1)
-// and the owed ones fill the drain; the last stage runs each W right after its B; in flight as 1F1B.
-TEST(PipelineSchedule, ZeroBubbleH1DelaysTheWeightPassesIntoTheDrain) {
+// ZB-H1: the F and B order of 1F1B; stage s's W passes lag its B by s (Note [pipeline schedules]):
+// the first stage runs each W right after its B, the last owes up to P; in flight as 1F1B.
+TEST(PipelineSchedule, ZeroBubbleH1DelaysTheWeightPassesOfTheLaterStages) {
   for (int P : {2, 4})
     for (int s = 0; s < P; ++s) {
       const auto zb = pp::schedule(PipelineSchedule::zb_h1, P, s, 8);
@@ -74,19 +76,75 @@ TEST(PipelineSchedule, ZeroBubbleH1DelaysTheWeightPassesIntoTheDrain) {
         if (x.op != pp::Op::weight) no_w.push_back(x);
       EXPECT_EQ(no_w, f1b) << "stage " << s << " of " << P;
       EXPECT_EQ(pp::max_in_flight(zb), P - s);
-      EXPECT_EQ(pp::max_weights_owed(zb), P - s);
+      EXPECT_EQ(pp::max_weights_owed(zb), s + 1);
     }
+  // Stage 0 of 4: each W right after its B.
+  const auto first = pp::schedule(PipelineSchedule::zb_h1, 4, 0, 8);
+  for (size_t i = 0; i + 1 < first.size(); ++i) {
+    if (first[i].op == pp::Op::backward) {
+      EXPECT_EQ(first[i + 1], (pp::Action{pp::Op::weight, first[i].micro})) << i;
+    }
+  }
+  // The last stage of 4: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 ...: W(0) only after B(3).
   const auto last = pp::schedule(PipelineSchedule::zb_h1, 4, 3, 8);
   EXPECT_EQ(last[1], (pp::Action{pp::Op::backward, 0}));
-  EXPECT_EQ(last[2], (pp::Action{pp::Op::weight, 0}));
-  // Stage 0 of 4: W(0) only after B(3), then one owed W after each drain B.
-  const auto first = pp::schedule(PipelineSchedule::zb_h1, 4, 0, 8);
-  size_t w0 = 0, b3 = 0;
-  for (size_t i = 0; i < first.size(); ++i) {
-    if (first[i] == pp::Action{pp::Op::weight, 0}) w0 = i;
-    if (first[i] == pp::Action{pp::Op::backward, 3}) b3 = i;
+  EXPECT_EQ(last[2], (pp::Action{pp::Op::forward, 1}));
+  EXPECT_EQ(last[8], (pp::Action{pp::Op::weight, 0}));
+}
+
+// The step's time, simulated: each rank runs its actions in order, an action starting when its
+// rank is free and what it needs has finished (a forward the forward of the stage before, a
+// backward its forward and the backward of the stage after, a W its B), with costs f, b, w (1F1B
+// and GPipe: a backward costs b + w). The bubble is the time beyond K (f + b + w).
+double simulated_bubble(PipelineSchedule kind, int P, int64_t K, double f, double b, double w) {
+  std::vector<std::vector<pp::Action>> plan;
+  for (int s = 0; s < P; ++s) plan.push_back(pp::schedule(kind, P, s, K));
+  const bool split = kind == PipelineSchedule::zb_h1;
+  std::map<std::tuple<int, int64_t, int>, double> end;  // (op, micro, stage) -> finish time
+  std::vector<double> free(static_cast<size_t>(P), 0.0);
+  std::vector<size_t> next(static_cast<size_t>(P), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < P; ++s) {
+      auto& i = next[static_cast<size_t>(s)];
+      if (i == plan[static_cast<size_t>(s)].size()) continue;
+      const pp::Action& a = plan[static_cast<size_t>(s)][i];
+      std::vector<std::tuple<int, int64_t, int>> needs;
+      if (a.op == pp::Op::forward && s > 0) needs.push_back({0, a.micro, s - 1});
+      if (a.op == pp::Op::backward) {
+        needs.push_back({0, a.micro, s});
+        if (s < P - 1) needs.push_back({1, a.micro, s + 1});
+      }
+      if (a.op == pp::Op::weight) needs.push_back({1, a.micro, s});
+      double start = free[static_cast<size_t>(s)];
+      bool ready = true;
+      for (const auto& n : needs) {
+        if (!end.count(n)) ready = false;
+        else start = std::max(start, end.at(n));
+      }
+      if (!ready) continue;
+      const double cost = a.op == pp::Op::forward ? f : a.op == pp::Op::weight ? w : (split ? b : b + w);
+      free[static_cast<size_t>(s)] = start + cost;
+      end[{static_cast<int>(a.op), a.micro, s}] = start + cost;
+      ++i;
+      progress = true;
+    }
   }
-  EXPECT_EQ(w0, b3 + 1);
+  double makespan = 0;
+  for (double t : free) makespan = std::max(makespan, t);
+  return makespan - static_cast<double>(K) * (f + b + w);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1ReachesItsBubbleInTime) {
+  for (const auto& [f, b, w] : {std::tuple{1.0, 1.0, 1.0}, std::tuple{1.0, 1.3, 0.8}, std::tuple{1.0, 1.5, 0.6}})
+    for (int P : {2, 3, 4})
+      for (int64_t K : {4, 8, 16}) {
+        const std::string what = "P " + std::to_string(P) + " K " + std::to_string(K) + " f b w " +
+                                 std::to_string(f) + " " + std::to_string(b) + " " + std::to_string(w);
+        EXPECT_NEAR(simulated_bubble(PipelineSchedule::one_f_one_b, P, K, f, b, w), (P - 1) * (f + b + w), 1e-9) << what;
+        EXPECT_NEAR(simulated_bubble(PipelineSchedule::gpipe, P, K, f, b, w), (P - 1) * (f + b + w), 1e-9) << what;
+        EXPECT_NEAR(simulated_bubble(PipelineSchedule::zb_h1, P, K, f, b, w), (P - 1) * (f + b - w), 1e-9) << what;
+      }
 }
 
 TEST(PipelineSchedule, BlocksSplitEvenlyOrAsGiven) {

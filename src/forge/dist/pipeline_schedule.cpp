@@ -55,9 +55,11 @@ std::vector<Action> schedule(PipelineSchedule kind, int stages, int stage, int64
   }
   const int64_t warmup = std::min<int64_t>(stages - stage - 1, K);
   const bool zb = kind == PipelineSchedule::zb_h1;
+  // ZB-H1: stage s lets its W passes lag its B passes by s (Note [pipeline schedules]).
+  const int64_t lag = stage;
   int64_t next_w = 0;  // ZB-H1: the oldest micro-batch whose W is still owed
-  auto weight_after = [&](int64_t b) {  // after B(b): the W that lags `warmup` behind, if due
-    if (zb && b - next_w >= warmup) a.push_back({Op::weight, next_w++});
+  auto weight_after = [&](int64_t b) {  // after B(b): the W that lags `lag` behind, if due
+    if (zb && b - next_w >= lag) a.push_back({Op::weight, next_w++});
   };
   for (int64_t m = 0; m < warmup; ++m) a.push_back({Op::forward, m});
   for (int64_t i = 0; i < K - warmup; ++i) {

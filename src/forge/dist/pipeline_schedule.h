@@ -15,12 +15,18 @@
 // holds at most P - s micro-batches' activations at once (at most P), not K.
 // ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B with each backward split into B,
 // the input gradient (on the critical path: the stage before waits for it), and W, the weight
-// gradients (nobody waits for them). Stage s runs B as soon as it can and lets W lag behind by its
-// warm-up count (P - s - 1), so the W passes it owes fill the drain, where 1F1B's stage waits for
-// the gradients of the stages after it; about a third of 1F1B's bubble is left when F, B and W
-// take about as long. The activations in flight (forward to B) are 1F1B's; a stage also owes at
-// most P - s W passes, each holding its linears' inputs and output gradients. W is computed by the linears' queued weight gradients (Note
-// [weight gradients behind the collective], autograd/deferred.h); the other parameters' (norms,
+// gradients (nobody waits for them). Stage s runs B as soon as it can and lets W lag behind by s
+// B passes: the later a stage, the sooner its B follows its forward, so the gradients travel back
+// up the pipeline without waiting behind W, and the W passes it owes fill the time it would wait
+// for the next activation. With F, B and W of costs f, b, w the bubble is (P - 1)(f + b - w),
+// against 1F1B's (P - 1)(f + b + w): a third of it when they are equal. (The first version let W
+// lag by the warm-up count, P - s - 1: the first stage's W waited and the last stage's B waited
+// behind its W, and a timed simulation, PipelineSchedule.ZeroBubbleH1ReachesItsBubbleInTime,
+// gives exactly 1F1B's bubble for it; on 2 x H200 it measured 0.85 of 1F1B's.) The activations in
+// flight (forward to B) are 1F1B's, P - s; stage s also owes at most s + 1 W passes, each holding
+// its linears' inputs and output gradients, so the W state sits on the later stages, which hold
+// fewer activations. W is computed by the linears' queued weight gradients (Note [weight
+// gradients behind the collective], autograd/deferred.h); the other parameters' (norms,
 // embeddings) come with B.
 // Interleaved 1F1B (Narayanan et al., Megatron-LM's virtual pipeline): each rank holds v model
 // chunks, rank s chunk c being virtual stage c P + s of v P, so a micro-batch goes around the

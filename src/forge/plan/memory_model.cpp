@@ -1,6 +1,7 @@
 #include "forge/plan/memory_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "forge/core/error.h"
@@ -101,16 +102,27 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
     r.params_on_gpu = stage_parameters(m, t, p, i, l.chunks());
     const double P = static_cast<double>(r.params_on_gpu);
     r.in_flight = l.schedule == Schedule::gpipe ? l.grad_accum : std::min(p - i, l.grad_accum);
+    // The interleaved schedule: the chunks' micro-batches in flight at once, from the schedule
+    // itself (each holds a chunk's blocks, layers / v); its warm-up runs (v - 1) P forwards more
+    // than 1F1B's (Note [pipeline schedules]). As micro-batches of the whole stage: chunks / v.
+    double chunk_in_flight = 0;
+    if (l.chunks() > 1 && p > 1 && l.grad_accum % p == 0) {
+      chunk_in_flight = static_cast<double>(dist::pp::max_in_flight(dist::pp::schedule(
+          l.schedule, static_cast<int>(p), static_cast<int>(i), l.grad_accum, static_cast<int>(l.chunks()))));
+      r.in_flight = static_cast<int64_t>(std::ceil(chunk_in_flight / static_cast<double>(l.chunks())));
+    }
     const bool first = i == 0, last = i == p - 1;
-    const double in_flight = static_cast<double>(r.in_flight);
+    const double in_flight =
+        chunk_in_flight > 0 ? chunk_in_flight / static_cast<double>(l.chunks()) : static_cast<double>(r.in_flight);
     const double head_copies = last ? (l.schedule == Schedule::gpipe ? static_cast<double>(l.grad_accum) : 1.0) : 0.0;
     const double stored_blocks = in_flight * static_cast<double>(layers) * layer_stored + (first ? in_flight * embedding : 0.0);
     // ZB-H1: a micro-batch whose weight gradients (W) wait for the drain keeps, per block, the
     // linears' inputs and output gradients from its B to its W (Note [pipeline schedules]). The
     // schedule's own count of W owed at once, less the one whose W follows its B at once (that
-    // is a 1F1B backward's working set): the first of 2 stages owes 2, the last 1. Measured at
-    // the 0.85B LLaMA, pp 2, micro-batches of 2 x 2048: the first stage held 2.2 GB more than
-    // under 1F1B (15.1 GB against 12.9), the last none; this term gives 2.2 GB and 0.
+    // is a 1F1B backward's working set): stage s owes s + 1, so s beyond it. Measured at the
+    // 0.85B LLaMA, pp 2, micro-batches of 2 x 2048, under the first ZB-H1 schedule (W lagging on
+    // the first stage): the lagging stage held 2.2 GB more than under 1F1B (15.1 GB against
+    // 12.9), the other none; this term gives 2.2 GB for one owed micro-batch of its 9 blocks.
     if (l.schedule == Schedule::zb_h1 && p > 1) {
       const int64_t owed = std::max<int64_t>(0, dist::pp::max_weights_owed(dist::pp::schedule(
                                                     dist::PipelineSchedule::zb_h1, static_cast<int>(p),
