@@ -21,7 +21,7 @@
 // for the next activation. With F, B and W of costs f, b, w the bubble is (P - 1)(f + b - w),
 // against 1F1B's (P - 1)(f + b + w): a third of it when they are equal. (The first version let W
 // lag by the warm-up count, P - s - 1: the first stage's W waited and the last stage's B waited
-// behind its W, and a timed simulation, PipelineSchedule.ZeroBubbleH1ReachesItsBubbleInTime,
+// behind its W, and a timed simulation, PipelineSchedule.EveryScheduleReachesItsBubbleInTime,
 // gives exactly 1F1B's bubble for it; on 2 x H200 it measured 0.85 of 1F1B's.) The activations in
 // flight (forward to B) are 1F1B's, P - s; stage s also owes at most s + 1 W passes, each holding
 // its linears' inputs and output gradients, so the W state sits on the later stages, which hold
