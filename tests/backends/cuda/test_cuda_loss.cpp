@@ -92,6 +92,43 @@ TEST_P(CudaCrossEntropy, ThreeDimLogitsAndAnUnalignedVocabulary) {
     check_cross_entropy(small, targets_with_ignored({3000}, 10, 5, DType::i32, 47), r, "(3000, 10)");
 }
 
+// The pieces of the vocabulary-parallel loss (Note [fused vocabulary-parallel cross-entropy] in
+// dist/tensor_parallel.cpp): the per-row forward, and the backward over one slice of the classes
+// (class_start), targets of other slices getting the softmax term only, ignored rows zero.
+TEST_P(CudaCrossEntropy, RowsAndTheBackwardOfASliceOfTheClasses) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const DType lt = dt == DType::bf16 || dt == DType::f16 ? DType::f32 : dt;
+  const int64_t N = 96, V = 1024, start = 2048;  // this slice: classes [2048, 3072) of 4096
+  const Tensor logits = (host_input({N, V}, Domain::real, DType::f32, 50) * 3.0).to(dt);
+  // cross_entropy_rows: lse and lse - x[target] per row, targets in [0, V).
+  const Tensor local = targets_with_ignored({N}, V, 0, DType::i64, 51);
+  const auto rg = ops::cross_entropy_rows(logits.to(kGpu), local.to(kGpu));
+  const auto rc = ops::cross_entropy_rows(logits, local);
+  expect_close(rg.lse, rc.lse, tolerance(dt), "rows lse");
+  expect_close(rg.loss, rc.loss, tolerance(dt), "rows loss");
+  // The slice's backward: whole-vocabulary targets, a third of them in this slice, some ignored.
+  Tensor whole_t = targets_with_ignored({N}, 4096, 9, DType::i64, 52);
+  {
+    int64_t* p = whole_t.data<int64_t>();
+    for (int64_t i = 1; i < N; i += 3) p[i] = start + (p[i] < 0 ? 0 : p[i] % V);
+  }
+  const Tensor lse = (host_input({N}, Domain::real, lt, 53) + 8.0).to(lt);  // any lse >= the slice's
+  const Tensor g = full({}, 0.5, {.dtype = lt});
+  const Tensor scale = full({}, 1.0 / 80.0, {.dtype = lt});
+  const Tensor dg = ops::cross_entropy_backward(logits.to(kGpu).contiguous(), whole_t.to(kGpu), lse.to(kGpu), g.to(kGpu),
+                                                scale.to(kGpu), -100, start, /*in_place=*/false);
+  const Tensor dc = ops::cross_entropy_backward(logits, whole_t, lse, g, scale, -100, start, false);
+  EXPECT_TRUE(dg.is_cuda());
+  expect_close(dg, dc, tolerance(dt), "slice backward");
+  // In place over a copy of the logits: the same values.
+  Tensor copy = logits.to(kGpu).clone();
+  const Tensor di = ops::cross_entropy_backward(copy, whole_t.to(kGpu), lse.to(kGpu), g.to(kGpu), scale.to(kGpu), -100,
+                                                start, /*in_place=*/true);
+  EXPECT_EQ(di.data_ptr(), copy.data_ptr());
+  expect_close(di, dc, tolerance(dt), "slice backward in place");
+}
+
 INSTANTIATE_TEST_SUITE_P(FloatDTypes, CudaCrossEntropy, ::testing::ValuesIn(kFloatDTypes), param_name);
 
 TEST(CudaCrossEntropyEdges, EveryTargetIgnored) {
