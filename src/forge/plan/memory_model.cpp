@@ -157,16 +157,19 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       r.transient = std::max(last ? head_transient : 0.0, recompute);
       r.peak_phase = "start of the last micro-batch's backward (gradient buffers allocated)";
     } else {
-      // forge: zero_grad() frees the gradients, so they exist at the backward's start only
-      // when micro-batches accumulate; with checkpointing the peak can come later, while the
-      // last block is recomputed (the head's activations are gone, its gradients and one
-      // block's are there).
-      const double grads_at_start = l.grad_accum > 1 ? grads_all : 0.0;
+      // forge: in one process zero_grad() frees the gradients, so they exist at the backward's
+      // start only when micro-batches accumulate. Any other layout trains through
+      // dist::DataParallel, whose gradient buckets (ZeRO 0/1: every gradient; 2/3: the owned
+      // slices) persist across steps (grad_buckets.h). With checkpointing the peak can come
+      // later, while the last block is recomputed (the head's activations are gone, its
+      // gradients and one block's are there).
+      const bool persistent = l.gpus() > 1;
+      const double grads_at_start = persistent || l.grad_accum > 1 ? grads_all : 0.0;
       const double phase_a = stored + (last ? head_transient : 0.0) + grads_at_start;
       double phase_b = 0;
       if (l.checkpointing != Checkpointing::none) {
         const double head_params = last ? static_cast<double>(m.vocab_size * m.d_model) / static_cast<double>(t) : 0.0;
-        const double partial = l.grad_accum > 1 ? grads_all
+        const double partial = persistent || l.grad_accum > 1 ? grads_all
                                                 : (head_params + static_cast<double>(layer_parameters_per_gpu(m, t))) *
                                                       bp.grad / (l.zero >= 2 ? dd : 1.0);
         phase_b = stored_blocks + recompute + partial;
