@@ -9,7 +9,8 @@
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
 # Steps (STEPS_TO_RUN, in this order): build ctest pp_check tp_check pp_bubble pp_peer pp_socket
-# tp_perf. Each writes under $RESULTS/<benchmark>/; $RESULTS/log has a line per step and the key
+# tp_profile tp_perf (tp_profile: phase timers and a kernel trace of tp 2 with and without
+# sequence parallelism). Each writes under $RESULTS/<benchmark>/; $RESULTS/log has a line per step and the key
 # numbers (grep ALL_DONE). Copy $RESULTS/pp and $RESULTS/tp into benchmarks/results/raw/<kind>_<gpu>/
 # and run benchmarks/pp/report_pp.py and benchmarks/tp/report_tp.py to write the reports.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +19,7 @@ export NCCL_NVLS_ENABLE=0
 R="${RESULTS:-/tmp/forge_dist_results}"
 mkdir -p "$R"
 exec > "$R/log" 2>&1
-STEPS=" ${STEPS_TO_RUN:-build ctest pp_check tp_check pp_bubble pp_peer pp_socket tp_perf} "
+STEPS=" ${STEPS_TO_RUN:-build ctest pp_check tp_check pp_bubble pp_peer pp_socket tp_profile tp_perf} "
 C=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 t() { echo "[$(date +%H:%M:%S)] $*"; }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
@@ -47,6 +48,39 @@ for ph in bubble peer socket; do
   [[ $ph == bubble ]] && cat "$R/pp/bubble_fit.txt"
   [[ $ph != bubble ]] && grep -h '"result"' "$R/pp/$ph.jsonl" | cut -c1-300
 done
+if want tp_profile; then
+  # Where tensor parallelism's step goes, with and without sequence parallelism (the 0.85B LLaMA,
+  # batch 8 x 2048): forge's phase timers (FORGE_TRAIN_PHASES), then a CUPTI kernel trace of each
+  # rank (benchmarks/step/ktrace.cpp) summarised by benchmarks/step/kernels.py: kernels by kind,
+  # NCCL's among them, copies.
+  (
+    source benchmarks/common.sh
+    bench_setup gpu-dist-runs.sh
+    WORK="$R/ktrace"; mkdir -p "$WORK"
+    KT=0; build_ktrace > "$R/ktrace_build.log" 2>&1 && KT=1
+    for v in tp2 tp2_sp; do
+      V=(--dist.tp=2); [[ $v == tp2_sp ]] && V+=(--dist.sequence_parallel=true)
+      RUN=(configs/llama-0.85b.toml --run.dir=/tmp/forge_profile_runs --run.overwrite=true --train.batch_size=8
+           --schedule.warmup_steps=2 --eval.every=0 --checkpoint.at_end=false "${V[@]}")
+      FORGE_TRAIN_PHASES=1 OMP_NUM_THREADS=8 timeout 150 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" \
+        --run.name=phases_$v --train.steps=12 --train.log_every=6 > "$R/phases_$v.log" 2>&1
+      t "phases $v rc=$?"; grep -iE "phase|^step" "$R/phases_$v.log" | tail -12
+      if [[ $KT == 1 ]]; then
+        rm -f "$WORK"/ktrace.*.csv
+        CUDA_INJECTION64_PATH="$WORK/libktrace.so" FORGE_KTRACE_OUT="$WORK/ktrace.%p.csv" OMP_NUM_THREADS=8 timeout 200 \
+          "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" --run.name=ktrace_$v --train.steps=8 \
+          --train.log_every=4 > "$R/ktrace_$v.log" 2>&1
+        f=$(find "$WORK" -maxdepth 1 -name 'ktrace.*.csv' -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+        if [[ -n "$f" ]]; then
+          gzip -c "$f" > "$R/kernels_$v.csv.gz"
+          t "kernels $v:"; "$PY" benchmarks/step/kernels.py "$R/kernels_$v.csv.gz" --steps 8 --skip 3 2>&1 | head -40
+        else
+          t "kernels $v: no trace"
+        fi
+      fi
+    done
+  )
+fi
 if want tp_perf; then
   FORGE_COMMIT=$C RAW_DIR=$R/tp REPORT=$R/tp_report.md PHASES=perf STEPS=21 PEER_STEPS=10 PEER_WARMUP=6 \
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1

@@ -215,32 +215,7 @@ for n in $ROWS; do
 done
 
 # ---- per-kernel breakdown ------------------------------------------------------------------------
-build_ktrace() {  # -> $WORK/libktrace.so, from the CUPTI of the CUDA toolkit (or of PyTorch's wheels)
-  local inc="" lib="" d
-  local roots=("${CUDA_HOME:-/usr/local/cuda}" /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-12)
-  roots+=("$("$PY" -c 'import os, nvidia; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia/cu13"
-          "$("$PY" -c 'import os, nvidia; print(nvidia.__path__[0])' 2>/dev/null)/cuda_cupti")
-  for d in "${roots[@]}"; do
-    for i in "$d/extras/CUPTI/include" "$d/targets/x86_64-linux/include" "$d/include"; do
-      if [[ -z "$inc" && -f "$i/cupti.h" ]]; then inc="$i"; fi
-    done
-    for l in "$d/extras/CUPTI/lib64" "$d/lib64" "$d/lib" "$d/targets/x86_64-linux/lib"; do
-      if [[ -z "$lib" ]] && compgen -G "$l/libcupti.so*" > /dev/null; then lib="$l"; fi
-    done
-  done
-  [[ -n "$inc" && -n "$lib" ]] || { echo "no CUPTI (cupti.h and libcupti.so) found"; return 1; }
-  local cuda_inc=/usr/local/cuda/include
-  if [[ -f "$inc/cuda.h" ]]; then cuda_inc="$inc"; fi
-  # The newest record layouts the header declares (ktrace.cpp reads fields common to all).
-  local k m s so
-  k=$(grep -oE '\} CUpti_ActivityKernel[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
-  m=$(grep -oE '\} CUpti_ActivityMemcpy[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
-  s=$(grep -oE '\} CUpti_ActivityMemset[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
-  so=$(compgen -G "$lib/libcupti.so*" | sort | head -1)
-  g++ -std=c++17 -O2 -shared -fPIC -I"$inc" -I"$cuda_inc" ${k:+-DKTRACE_KERNEL_RECORD=$k} ${m:+-DKTRACE_MEMCPY_RECORD=$m} \
-    ${s:+-DKTRACE_MEMSET_RECORD=$s} benchmarks/step/ktrace.cpp -o "$WORK/libktrace.so" "$so" -Wl,-rpath,"$lib" 2>&1 \
-    && echo "built against $inc ($k), $so"
-}
+# (build_ktrace: benchmarks/common.sh)
 choose_profiler() {
   case "$PROFILER" in
     none) PROFILER_USED=none ;;
