@@ -82,12 +82,18 @@ std::pair<Tensor, WorkPtr> start_reduce_scatter_dim(const Tensor& x, int64_t dim
   const int64_t n = x.size(dim);
   FORGE_CHECK(n % W == 0, op, ": dim ", dim, " of shape ", x.shape(), " (", n, ") is not divisible by the group's ",
               W, " ranks");
-  const TensorList chunks = ops::split(x.detach(), n / W, dim);
-  TensorList flat;
-  flat.reserve(chunks.size());
-  for (const Tensor& c : chunks) flat.push_back(c.contiguous().reshape({-1}));
-  const Tensor in = ops::cat(flat, 0);
-  Tensor out = empty(chunks[0].shape(), {.dtype = x.dtype(), .device = x.device()});
+  // The input in rank order, rank r's part [r n / W, (r + 1) n / W) of `dim` contiguous: x itself
+  // when every dimension before `dim` has size 1, else one permuted copy (prefix, W, n / W, rest)
+  // -> (W, prefix, n / W, rest).
+  int64_t prefix = 1, rest = 1;
+  for (int64_t i = 0; i < dim; ++i) prefix *= x.size(i);
+  for (int64_t i = dim + 1; i < x.dim(); ++i) rest *= x.size(i);
+  const Tensor xc = x.detach().contiguous();
+  const Tensor in = prefix == 1 ? xc.reshape({-1})
+                                : ops::permute(xc.reshape({prefix, W, n / W, rest}), {1, 0, 2, 3}).contiguous().reshape({-1});
+  Shape part = x.shape();
+  part[static_cast<size_t>(dim)] = n / W;
+  Tensor out = empty(part, {.dtype = x.dtype(), .device = x.device()});
   WorkPtr work = g->reduce_scatter(out, in, ReduceOp::sum);
   return {out, work};
 }

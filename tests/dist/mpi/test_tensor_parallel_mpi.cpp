@@ -148,6 +148,15 @@ TEST(TensorParallelMpi, SequenceParallelGatherAndReduceScatter) {
   TensorList grads;
   for (int q = 0; q < W; ++q) grads.push_back(of_rank({2, 2, 3}, 23, q));
   expect_near(a.grad(), ops::cat(grads, 1), "reduce-scatter backward");
+  // One sequence (nothing before the sequence dim: the input is already in rank order, no copy),
+  // and along the first dim.
+  for (const auto& [shape, dim] : {std::pair<Shape, int64_t>{{1, 2 * W, 3}, 1}, std::pair<Shape, int64_t>{{2 * W, 3}, 0}}) {
+    const Tensor b = of_rank(shape, 24, r);
+    Tensor total = zeros(shape, kF64);
+    for (int q = 0; q < W; ++q) total = total + of_rank(shape, 24, q);
+    expect_near(tp::reduce_scatter_along(b, dim, g), ops::narrow(total, dim, 2 * r, 2).contiguous(),
+                "reduce-scatter forward, dim " + std::to_string(dim));
+  }
 }
 
 TEST(TensorParallelMpi, ColumnThenRowParallelMlpMatchesTheWholeMlp) {
