@@ -2,6 +2,8 @@
 // errors for truncated, overlong or foreign files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -143,7 +145,8 @@ TEST(TokenShard, RejectsBadFiles) {
   foreign[0] = 'P';
   m = open_error("foreign.bin", foreign);
   expect_has(m, "foreign.bin");
-  expect_has(m, "bad magic");
+  expect_has(m, "not a token shard forge reads");
+  expect_has(m, "foreign.idx");
   std::string v2 = bytes;
   v2[8] = 2;
   m = open_error("v2.bin", v2);
@@ -159,6 +162,82 @@ TEST(TokenShard, RejectsBadFiles) {
   m = error_of([&] { TokenShard s(dir.file("missing.bin")); });
   expect_has(m, "missing.bin");
   expect_has(m, "cannot open");
+}
+
+// Note [token shard formats]: llm.c's and Megatron-LM's files read as they are, token for token.
+std::string le32(uint32_t v) {
+  std::string b(4, '\0');
+  for (int i = 0; i < 4; ++i) b[static_cast<size_t>(i)] = static_cast<char>(v >> (8 * i));
+  return b;
+}
+std::string tokens_le(const std::vector<int32_t>& t, int bytes) {
+  std::string b;
+  for (int32_t v : t)
+    for (int i = 0; i < bytes; ++i) b.push_back(static_cast<char>(static_cast<uint32_t>(v) >> (8 * i)));
+  return b;
+}
+
+TEST(TokenShardFormats, LlmcAndMegatronReadAsForgeShardsDo) {
+  TempDir dir;
+  const std::vector<int32_t> small = random_tokens(3000, 50257, 11);  // GPT-2 ids: uint16
+  const std::vector<int32_t> large = random_tokens(2000, 128256, 12);  // LLaMA-3 ids: uint32
+  // llm.c: 256 int32 of header (magic, version, count, zeros), then the tokens.
+  auto llmc = [&](uint32_t magic, uint32_t version, const std::vector<int32_t>& t, int bytes) {
+    std::string h = le32(magic) + le32(version) + le32(static_cast<uint32_t>(t.size()));
+    h.resize(1024, '\0');
+    return h + tokens_le(t, bytes);
+  };
+  write_bytes(dir.file("gpt2.bin"), llmc(20240520, 1, small, 2));
+  write_bytes(dir.file("llama3.bin"), llmc(20240801, 7, large, 4));
+  // Megatron: X.bin (the tokens, no header) beside X.idx (magic, version, dtype code, ...).
+  auto idx = [&](unsigned char code) {
+    std::string h("MMIDIDX\0\0", 9);
+    h += le32(1) + le32(0);  // version 1 (u64)
+    h.push_back(static_cast<char>(code));
+    h += le32(1) + le32(0) + le32(1) + le32(0);  // sequence and document counts (not read)
+    return h;
+  };
+  write_bytes(dir.file("mega16.bin"), tokens_le(small, 2));
+  write_bytes(dir.file("mega16.idx"), idx(8));
+  write_bytes(dir.file("mega32.bin"), tokens_le(large, 4));
+  write_bytes(dir.file("mega32.idx"), idx(4));
+  write_shard(dir.file("forge.bin"), small, 50257);
+  struct Case {
+    const char* file;
+    const char* format;
+    const std::vector<int32_t>* tokens;
+    int bytes;
+  };
+  for (const Case& c : {Case{"gpt2.bin", "llm.c", &small, 2}, Case{"llama3.bin", "llm.c", &large, 4},
+                        Case{"mega16.bin", "megatron", &small, 2}, Case{"mega32.bin", "megatron", &large, 4},
+                        Case{"forge.bin", "forge", &small, 2}}) {
+    EXPECT_EQ(token_shard_format(dir.file(c.file)), c.format) << c.file;
+    TokenShard s(dir.file(c.file));
+    EXPECT_EQ(s.format(), c.format) << c.file;
+    EXPECT_EQ(s.dtype_bytes(), c.bytes) << c.file;
+    EXPECT_EQ(s.to_vector(), *c.tokens) << c.file;
+    EXPECT_EQ(s.max_token(), *std::max_element(c.tokens->begin(), c.tokens->end())) << c.file;
+  }
+  // Not a shard: plain text, and a .bin without its index.
+  write_bytes(dir.file("text.txt"), "hello world, these are not tokens");
+  EXPECT_EQ(token_shard_format(dir.file("text.txt")), "");
+  write_bytes(dir.file("lonely.bin"), tokens_le(small, 2));
+  EXPECT_EQ(token_shard_format(dir.file("lonely.bin")), "");
+  EXPECT_EQ(token_shard_format(dir.file("missing.bin")), "");
+  // Damaged: a token count past the end, a version of another layout, an odd Megatron size, and
+  // a Megatron dtype that is not a token id.
+  std::string cut = llmc(20240520, 1, small, 2);
+  write_bytes(dir.file("cut.bin"), cut.substr(0, cut.size() - 2));
+  auto error_for = [&](const std::string& f) { return error_of([&] { TokenShard s(dir.file(f)); }); };
+  EXPECT_NE(error_for("cut.bin").find("truncated"), std::string::npos);
+  write_bytes(dir.file("v9.bin"), llmc(20240520, 9, small, 2));
+  EXPECT_NE(error_for("v9.bin").find("version 9"), std::string::npos);
+  write_bytes(dir.file("odd.bin"), tokens_le(small, 2) + "x");
+  write_bytes(dir.file("odd.idx"), idx(8));
+  EXPECT_NE(error_for("odd.bin").find("not a whole number of tokens"), std::string::npos);
+  write_bytes(dir.file("f64.bin"), tokens_le(small, 2));
+  write_bytes(dir.file("f64.idx"), idx(6));
+  EXPECT_NE(error_for("f64.bin").find("dtype code 6"), std::string::npos);
 }
 
 }  // namespace

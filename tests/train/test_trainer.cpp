@@ -247,6 +247,59 @@ TEST_F(TrainerTest, RandomTokensNeedNoDataFiles) {
   EXPECT_TRUE(std::isnan(r.final_val_loss));  // no validation split for random tokens
 }
 
+// Note [pre-encoded corpora]: the same tokens as a forge shard, an llm.c shard and a Megatron
+// .bin beside its .idx train alike, bit for bit; a directory holding the Megatron pair reads the
+// .idx as its index, not as text; text mixed with shards, a missing vocabulary and a token id
+// outside it are refused before any step.
+std::string le_bytes(uint64_t v, int n) {
+  std::string b(static_cast<size_t>(n), '\0');
+  for (int i = 0; i < n; ++i) b[static_cast<size_t>(i)] = static_cast<char>(v >> (8 * i));
+  return b;
+}
+
+TEST_F(TrainerTest, PreEncodedShardsTrainAsTheyAre) {
+  const fs::path d = scratch.path() / "pre";
+  fs::create_directories(d / "megatron");
+  std::vector<int32_t> toks(6000);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7 + i / 13) % 299);
+  toks[100] = 299;  // the largest id
+  data::write_shard((d / "forge.bin").string(), toks, 300);
+  std::string payload;
+  for (int32_t t : toks) payload += le_bytes(static_cast<uint64_t>(t), 2);
+  std::string llmc = le_bytes(20240520, 4) + le_bytes(1, 4) + le_bytes(toks.size(), 4);
+  llmc.resize(1024, '\0');
+  train_testing::write_text(d / "llmc.bin", llmc + payload);
+  train_testing::write_text(d / "megatron" / "corpus.bin", payload);
+  train_testing::write_text(d / "megatron" / "corpus.idx", std::string("MMIDIDX\0\0", 9) + le_bytes(1, 8) +
+                                                               std::string(1, '\x08') + le_bytes(1, 8) + le_bytes(1, 8));
+  std::vector<std::vector<double>> losses;
+  for (const auto& [files, format] : {std::pair<std::string, std::string>{(d / "forge.bin").string(), "forge"},
+                                      {(d / "llmc.bin").string(), "llm.c"},
+                                      {(d / "megatron").string(), "megatron"}}) {
+    const TrainResult r =
+        train(config("pre_" + format, 4, {"--data.files=" + files, "--model.vocab_size=300", "--eval.every=0"}));
+    ASSERT_EQ(r.losses.size(), 4u) << format;
+    EXPECT_NE(last_log.find("1 pre-encoded shard(s) (" + format + ")"), std::string::npos) << last_log;
+    EXPECT_NE(last_log.find("tokenizer: none"), std::string::npos) << last_log;
+    losses.push_back(r.losses);
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(losses[2], losses[0]);
+  const std::string corpus = (scratch.path() / "corpus").string();
+  auto refused = [&](const std::vector<std::string>& overrides) {
+    return error_of([&] { train(config("pre_bad", 2, overrides)); });
+  };
+  EXPECT_NE(refused({"--data.files=[\"" + (d / "llmc.bin").string() + "\", \"" + corpus + "\"]", "--model.vocab_size=300"})
+                .find("mixes token shards"),
+            std::string::npos);
+  EXPECT_NE(refused({"--data.files=" + (d / "llmc.bin").string(), "--model.vocab_size=0"}).find("set model.vocab_size"),
+            std::string::npos);
+  const std::string small =
+      refused({"--data.files=" + (d / "llmc.bin").string(), "--model.vocab_size=256", "--data.vocab_size=256"});
+  EXPECT_NE(small.find("holds token id 299"), std::string::npos) << small;
+  EXPECT_NE(small.find("llm.c shard"), std::string::npos) << small;
+}
+
 // run.dtype on the CPU: bf16 and f16 parameters with f32 masters train; f16 goes through the
 // loss scaler (its scale is in metrics.jsonl) and nothing is skipped at this scale.
 TEST_F(TrainerTest, SixteenBitDtypesTrain) {

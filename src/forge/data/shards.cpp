@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "forge/core/error.h"
@@ -81,6 +82,43 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, int64
   });
 }
 
+namespace {
+
+// Megatron-LM's index next to `path` (X.bin -> X.idx): the token width from its dtype code, 0 when
+// there is no such index.
+int megatron_token_bytes(const std::string& path) {
+  if (path.size() < 4 || path.compare(path.size() - 4, 4, ".bin") != 0) return 0;
+  const std::string idx = path.substr(0, path.size() - 4) + ".idx";
+  std::ifstream in(idx, std::ios::binary);
+  if (!in) return 0;
+  unsigned char h[18] = {};
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  if (in.gcount() != static_cast<std::streamsize>(sizeof h) || std::memcmp(h, kMegatronIndexMagic, 9) != 0) return 0;
+  FORGE_CHECK(get_u64(h + 9) == 1, "TokenShard: '", idx, "' is a Megatron index of version ", get_u64(h + 9),
+              "; this forge reads version 1");
+  switch (h[17]) {  // Megatron's DType codes: 3 int16, 4 int32, 8 uint16 (token ids are never negative)
+    case 3:
+    case 8: return 2;
+    case 4: return 4;
+    default:
+      FORGE_THROW("TokenShard: '", idx, "' gives dtype code ", static_cast<int>(h[17]),
+                  "; forge reads token ids of int16 (3), int32 (4) or uint16 (8)");
+  }
+}
+
+}  // namespace
+
+std::string token_shard_format(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  unsigned char h[8] = {};
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  if (in.gcount() == 8 && std::memcmp(h, kShardMagic, 8) == 0) return "forge";
+  if (in.gcount() >= 4 && (get_u32(h) == kLlmcGpt2Magic || get_u32(h) == kLlmcLlama3Magic)) return "llm.c";
+  if (megatron_token_bytes(path) > 0) return "megatron";
+  return "";
+}
+
 TokenShard::TokenShard(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   FORGE_CHECK(fd >= 0, "TokenShard: cannot open '", path, "': ", errno_str());
@@ -91,12 +129,8 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     FORGE_THROW("TokenShard: cannot stat '", path, "': ", err);
   }
   const auto file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < kShardHeaderBytes) {
-    ::close(fd);
-    FORGE_THROW("TokenShard: '", path, "' is truncated: ", file_bytes, " bytes, shorter than the ", kShardHeaderBytes,
-                "-byte header");
-  }
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  // (Megatron's .bin has no header: an empty one maps nothing.)
+  void* map = file_bytes == 0 ? nullptr : ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
   const std::string map_err = map == MAP_FAILED ? errno_str() : "";
   ::close(fd);  // the mapping keeps the file alive
   FORGE_CHECK(map != MAP_FAILED, "TokenShard: cannot mmap '", path, "': ", map_err);
@@ -104,27 +138,65 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   map_bytes_ = file_bytes;
   const auto* base = static_cast<const unsigned char*>(map);
   try {
-    FORGE_CHECK(std::memcmp(base, kShardMagic, 8) == 0, "TokenShard: '", path,
-                "' is not a forge token shard (bad magic; expected \"FRGTOK\\0\\0\")");
-    const uint32_t version = get_u32(base + 8);
-    FORGE_CHECK(version == kShardVersion, "TokenShard: '", path, "' has version ", version, "; this forge reads version ",
-                kShardVersion);
-    const uint32_t dtype = get_u32(base + 12);
-    FORGE_CHECK(dtype == 2 || dtype == 4, "TokenShard: '", path, "' has dtype ", dtype,
-                "; expected 2 (uint16) or 4 (uint32)");
-    const uint64_t count = get_u64(base + 16);
-    const uint64_t payload = file_bytes - kShardHeaderBytes;
+    // Note [token shard formats]: forge's own, llm.c's, or Megatron-LM's (.bin beside its .idx).
+    uint64_t header = 0, count = 0;
+    uint32_t dtype = 0;
+    const uint32_t first = file_bytes >= 4 ? get_u32(base) : 0;
+    if (file_bytes >= 8 && std::memcmp(base, kShardMagic, 8) == 0) {
+      FORGE_CHECK(file_bytes >= kShardHeaderBytes, "TokenShard: '", path, "' is truncated: ", file_bytes,
+                  " bytes, shorter than the ", kShardHeaderBytes, "-byte header");
+      const uint32_t version = get_u32(base + 8);
+      FORGE_CHECK(version == kShardVersion, "TokenShard: '", path, "' has version ", version,
+                  "; this forge reads version ", kShardVersion);
+      dtype = get_u32(base + 12);
+      FORGE_CHECK(dtype == 2 || dtype == 4, "TokenShard: '", path, "' has dtype ", dtype,
+                  "; expected 2 (uint16) or 4 (uint32)");
+      header = kShardHeaderBytes, count = get_u64(base + 16), format_ = "forge";
+    } else if (first == kLlmcGpt2Magic || first == kLlmcLlama3Magic) {
+      // llm.c (dev/data/data_common.py): 256 int32 -- magic, version, token count -- then the
+      // tokens: GPT-2's uint16 (magic 20240520, version 1), LLaMA-3's uint32 (20240801, 7).
+      FORGE_CHECK(file_bytes >= kLlmcHeaderBytes, "TokenShard: '", path, "' is truncated: ", file_bytes,
+                  " bytes, shorter than llm.c's ", kLlmcHeaderBytes, "-byte header");
+      const uint32_t version = get_u32(base + 4);
+      const bool gpt2 = first == kLlmcGpt2Magic;
+      FORGE_CHECK(version == (gpt2 ? 1u : 7u), "TokenShard: '", path, "' is an llm.c shard (magic ", first,
+                  ") of version ", version, "; forge reads version ", gpt2 ? 1 : 7, " for that magic");
+      dtype = gpt2 ? 2 : 4;
+      header = kLlmcHeaderBytes, count = get_u32(base + 8), format_ = "llm.c";
+    } else if (const int bytes = megatron_token_bytes(path); bytes > 0) {
+      dtype = static_cast<uint32_t>(bytes);
+      FORGE_CHECK(file_bytes % dtype == 0, "TokenShard: '", path, "' (Megatron, ", dtype, "-byte tokens) holds ",
+                  file_bytes, " bytes, not a whole number of tokens");
+      header = 0, count = file_bytes / dtype, format_ = "megatron";
+    } else {
+      FORGE_THROW("TokenShard: '", path, "' is not a token shard forge reads: not forge's (magic \"FRGTOK\\0\\0\"), ",
+                  "not llm.c's (magic 20240520 or 20240801), and no Megatron index '",
+                  path.size() > 4 ? path.substr(0, path.size() - 4) : path, ".idx' beside it");
+    }
+    const uint64_t payload = file_bytes - header;
     FORGE_CHECK(count <= payload / dtype, "TokenShard: '", path, "' is truncated: header says ", count, " tokens of ",
                 dtype, " bytes but only ", payload, " bytes follow the header");
     FORGE_CHECK(payload == count * dtype, "TokenShard: '", path, "' is longer than its header says: ", count,
                 " tokens of ", dtype, " bytes (", count * dtype, " bytes) but ", payload, " bytes follow the header");
     count_ = static_cast<int64_t>(count);
     dtype_bytes_ = static_cast<int>(dtype);
-    payload_ = base + kShardHeaderBytes;
+    payload_ = base + header;
   } catch (...) {
     release();
     throw;
   }
+}
+
+int32_t TokenShard::max_token() const {
+  uint32_t most = 0;
+  if (dtype_bytes_ == 2) {
+#pragma omp parallel for reduction(max : most) schedule(static) if (count_ > (1 << 20))
+    for (int64_t i = 0; i < count_; ++i) most = std::max<uint32_t>(most, load_u16(i));
+  } else {
+#pragma omp parallel for reduction(max : most) schedule(static) if (count_ > (1 << 20))
+    for (int64_t i = 0; i < count_; ++i) most = std::max<uint32_t>(most, load_u32(i));
+  }
+  return count_ == 0 ? -1 : static_cast<int32_t>(std::min<uint32_t>(most, 0x7fffffffu));
 }
 
 TokenShard::TokenShard(TokenShard&& other) noexcept
@@ -133,7 +205,8 @@ TokenShard::TokenShard(TokenShard&& other) noexcept
       map_bytes_(std::exchange(other.map_bytes_, 0)),
       payload_(std::exchange(other.payload_, nullptr)),
       count_(std::exchange(other.count_, 0)),
-      dtype_bytes_(other.dtype_bytes_) {}
+      dtype_bytes_(other.dtype_bytes_),
+      format_(std::move(other.format_)) {}
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {
@@ -144,6 +217,7 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
     payload_ = std::exchange(other.payload_, nullptr);
     count_ = std::exchange(other.count_, 0);
     dtype_bytes_ = other.dtype_bytes_;
+    format_ = std::move(other.format_);
   }
   return *this;
 }

@@ -15,6 +15,17 @@
 // directory, fsync, rename over the destination, fsync of the directory. A reader never
 // sees a half-written shard.
 //
+// Note [token shard formats]: TokenShard also reads two foreign formats as they are, so a
+// corpus encoded by another tool trains without conversion:
+//   llm.c (dev/data/data_common.py): a 1024-byte header of 256 little-endian int32 -- magic,
+//     version, token count -- then the tokens: GPT-2's uint16 (magic 20240520, version 1) or
+//     LLaMA-3's uint32 (magic 20240801, version 7);
+//   Megatron-LM's indexed dataset: X.bin, the tokens of every document back to back without a
+//     header, beside X.idx ("MMIDIDX\0\0", version 1, a dtype code: 3 int16, 4 int32, 8 uint16);
+//     the .bin is read as one token stream (the documents' end-of-document tokens, if the
+//     preprocessing appended them, are in it).
+// token_shard_format tells which a file is ("forge", "llm.c", "megatron", or "" for none).
+//
 // TokenShard maps a shard read-only (mmap, MAP_SHARED, PROT_READ): opening costs nothing
 // per token and pages are shared by every process reading the same file. It is
 // immutable, so one TokenShard may be read from several threads at once.
@@ -31,6 +42,14 @@ inline constexpr char kShardMagic[8] = {'F', 'R', 'G', 'T', 'O', 'K', '\0', '\0'
 inline constexpr uint32_t kShardVersion = 1;
 inline constexpr size_t kShardHeaderBytes = 24;
 
+inline constexpr uint32_t kLlmcGpt2Magic = 20240520, kLlmcLlama3Magic = 20240801;
+inline constexpr size_t kLlmcHeaderBytes = 1024;
+inline constexpr char kMegatronIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+// "forge", "llm.c" or "megatron" (Note [token shard formats]); "" when `path` is none of them or
+// cannot be read.
+std::string token_shard_format(const std::string& path);
+
 // Writes `tokens` to `path` (see the format above). Throws forge::Error naming the path
 // on an I/O failure, and the position of the first token outside [0, vocab_size).
 void write_shard(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size);
@@ -39,7 +58,7 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, int64
 class TokenShard {
  public:
   // Maps `path` and validates its header and size; throws forge::Error naming the path
-  // and what is wrong (missing, truncated, trailing bytes, foreign magic, version, dtype).
+  // and what is wrong (missing, truncated, trailing bytes, unknown format, version, dtype).
   explicit TokenShard(const std::string& path);
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;
@@ -50,6 +69,9 @@ class TokenShard {
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }
   int dtype_bytes() const { return dtype_bytes_; }  // 2 or 4
+  const std::string& format() const { return format_; }  // "forge", "llm.c" or "megatron"
+  // The largest token id (-1 for an empty shard); reads every token (OpenMP over the cores).
+  int32_t max_token() const;
 
   // Token i (0 <= i < size(); unchecked in release builds, use at() for a checked read).
   int32_t operator[](int64_t i) const {
@@ -72,6 +94,7 @@ class TokenShard {
   const unsigned char* payload_ = nullptr;
   int64_t count_ = 0;
   int dtype_bytes_ = 2;
+  std::string format_ = "forge";
 };
 
 }  // namespace forge::data

@@ -130,7 +130,9 @@ const std::vector<Field>& fields() {
                   "language models: \"files\" (data.files, tokenized) or \"random\" (uniform random tokens of "
                   "model.vocab_size, for benchmarks; no tokenizer, no validation)"),
       FORGE_FIELD(data, files,
-                  "language models: text files, glob patterns or directories (their files, not recursive)"),
+                  "language models: text files, glob patterns or directories (their files, not recursive); or "
+                  "token shards already encoded (forge's, llm.c's .bin, Megatron's .bin beside its .idx), trained on "
+                  "as they are"),
       FORGE_FIELD(data, exclude, "glob patterns of files to skip when expanding globs and directories"),
       FORGE_FIELD(data, tokenizer, "a BPE tokenizer JSON (forge tokenize train); \"\" = train one on data.files"),
       FORGE_FIELD(data, vocab_size, "vocabulary of the tokenizer trained on the fly (>= 256)"),

@@ -41,7 +41,23 @@ class LanguageTask final : public Task {
   void prepare_data(const std::optional<io::CheckpointData>& ck, const fs::path& ck_path, std::ostream& log) override {
     if (random_data()) return;
     const auto files = resolve_data_files(cfg_.data);
+    // Note [pre-encoded corpora] (run_data.h): shards are trained on as they are; a tokenizer
+    // only when data.tokenizer names one (or the checkpoint's run kept one).
+    shard_files_ = pre_encoded_shards(files);
     if (ck) resume_tok_ = ck_path.parent_path().parent_path() / kTokenizerFile;
+    if (!shard_files_.empty()) {
+      std::error_code ec;
+      if (resume_tok_ && !fs::is_regular_file(*resume_tok_, ec)) resume_tok_.reset();
+      if (cfg_.data.tokenizer.empty() && !resume_tok_) {
+        FORGE_CHECK(cfg_.model.vocab_size > 0, "data.files are token shards already encoded (",
+                    data::token_shard_format(shard_files_.front()), ": '", shard_files_.front(),
+                    "'): set model.vocab_size to their vocabulary (e.g. 50304 for GPT-2's ids) or data.tokenizer to "
+                    "the tokenizer that encoded them");
+        log << "tokenizer: none (pre-encoded shards; model.vocab_size = " << cfg_.model.vocab_size << ")\n";
+        check_vocab_splits(cfg_, cfg_.model.vocab_size);
+        return;
+      }
+    }
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
     if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
     FORGE_CHECK(cfg_.model.vocab_size >= tok_->vocab_size(), "model.vocab_size = ", cfg_.model.vocab_size,
@@ -73,10 +89,13 @@ class LanguageTask final : public Task {
     if (random_data()) {
       shard_paths = {write_random_shard(cfg_, log, rank0_)};
       cfg_.data.val_fraction = 0.0;  // random tokens have nothing to validate
+    } else if (!shard_files_.empty()) {
+      shard_paths = shard_files_;
     } else {
       shard_paths = prepare_shards(cfg_, *tok_, resolve_data_files(cfg_.data), log);
     }
     shards_ = data::open_shards(shard_paths);
+    if (!shard_files_.empty()) check_shard_vocabulary(shards_, cfg_.model.vocab_size, log);
     split_ = data::split_train_val(shards_, cfg_.data.val_fraction);
     // Note [global batch]: B sequences per optimizer step over every rank, drawn as K global
     // micro-batches of B / K; each data-parallel rank trains on its B / (K * dp) rows of each.
@@ -133,7 +152,8 @@ class LanguageTask final : public Task {
   }
 
   json checkpoint_extra() const override {
-    return tok_ ? json{{"tokenizer", fnv1a_hex(tok_->to_json())}} : json{{"data", "random"}};
+    return tok_ ? json{{"tokenizer", fnv1a_hex(tok_->to_json())}}
+                : json{{"data", shard_files_.empty() ? "random" : "pre-encoded shards"}};
   }
 
   // A last validation pass and the bigram baseline on the same windows.
@@ -148,7 +168,8 @@ class LanguageTask final : public Task {
     final_record["val_loss"] = result.final_val_loss;
     if (cfg_.eval.bigram_baseline && rank0_) {
       val_windows_->reset();
-      result.bigram_val_loss = bigram_baseline(split_.train, *val_windows_, cfg_.eval.batches, tok_->vocab_size());
+      result.bigram_val_loss = bigram_baseline(split_.train, *val_windows_, cfg_.eval.batches,
+                                               tok_ ? tok_->vocab_size() : cfg_.model.vocab_size);
       final_record["bigram_val_loss"] = result.bigram_val_loss;
       log << "val loss " << fixed(result.final_val_loss, 2) << " vs bigram " << fixed(result.bigram_val_loss, 2)
           << " (step " << step << ")" << std::endl;
@@ -171,6 +192,7 @@ class LanguageTask final : public Task {
   RunConfig& cfg_;
   const bool rank0_;
   std::optional<data::BpeTokenizer> tok_;
+  std::vector<std::string> shard_files_;  // Note [pre-encoded corpora]: data.files as shards
   std::optional<fs::path> resume_tok_;
   LanguageModel model_;
   std::vector<std::shared_ptr<const data::TokenShard>> shards_;

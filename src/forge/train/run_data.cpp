@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 #include <span>
 #include <unordered_map>
 
@@ -160,6 +161,48 @@ std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool wri
   log << "data: " << telemetry::format_count(static_cast<double>(kTokens)) << " uniform random tokens in [0, "
       << cfg.model.vocab_size << ") -> " << path << "\n";
   return path;
+}
+
+std::vector<std::string> pre_encoded_shards(const std::vector<std::string>& files) {
+  std::set<std::string> megatron_bins;
+  std::vector<std::pair<std::string, std::string>> kinds;  // (file, format or "")
+  for (const auto& f : files) {
+    const std::string format = data::token_shard_format(f);
+    kinds.emplace_back(f, format);
+    if (format == "megatron") megatron_bins.insert(f);
+  }
+  std::vector<std::string> shards;
+  std::string text;
+  for (const auto& [f, format] : kinds) {
+    if (!format.empty()) {
+      shards.push_back(f);
+      continue;
+    }
+    const bool index = f.size() > 4 && f.compare(f.size() - 4, 4, ".idx") == 0 &&
+                       megatron_bins.count(f.substr(0, f.size() - 4) + ".bin");
+    if (!index && text.empty()) text = f;
+  }
+  if (shards.empty()) return {};
+  FORGE_CHECK(text.empty(), "data.files mixes token shards ('", shards.front(), "', ",
+              data::token_shard_format(shards.front()), ") with text ('", text,
+              "'); give either text files (encoded by the run's tokenizer) or shards already encoded, not both");
+  return shards;
+}
+
+void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenShard>>& shards, int64_t vocab,
+                            std::ostream& log) {
+  const auto t0 = Clock::now();
+  int64_t tokens = 0;
+  for (const auto& s : shards) {
+    const int32_t most = s->max_token();
+    FORGE_CHECK(most < vocab, "data: '", s->path(), "' (", s->format(), " shard) holds token id ", most,
+                ", outside the model's vocabulary of ", vocab, "; set model.vocab_size to at least ", most + 1,
+                " (or data.tokenizer to the tokenizer that encoded it)");
+    tokens += s->size();
+  }
+  log << "data: " << shards.size() << " pre-encoded shard(s) (" << shards.front()->format() << "), "
+      << telemetry::format_count(static_cast<double>(tokens)) << " tokens, every id below " << vocab << " (checked in "
+      << fixed1(seconds_since(t0)) << " s)\n";
 }
 
 std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,

@@ -39,6 +39,16 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
 // The shards of `files` under `tok` (see above), made or reused.
 std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log);
+// Note [pre-encoded corpora]: when every file of data.files is a token shard (forge's, llm.c's
+// or Megatron-LM's: data/shards.h, Note [token shard formats]), the corpus is already encoded:
+// the files are the shards, read as they are (no tokenizer is trained; a Megatron .bin's .idx
+// beside it is its index, not a corpus file). Returns those shards in order; empty when no file
+// is a shard; throws forge::Error naming a file when text files and shards are mixed.
+std::vector<std::string> pre_encoded_shards(const std::vector<std::string>& files);
+// Every token of `shards` below `vocab`, checked before training (a full read of each shard,
+// over the cores); throws naming the shard, its largest id and the fix. Logs the time taken.
+void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenShard>>& shards, int64_t vocab,
+                            std::ostream& log);
 // data.source = "random": the shard's path, written when `write` (rank 0).
 std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write = true);
 
