@@ -3,6 +3,9 @@
 // is deterministic for a seed.
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +13,7 @@
 #include <sstream>
 
 #include "forge/core/error.h"
+#include "forge/data/bpe.h"
 #include "forge/data/idx.h"
 #include "forge/data/shards.h"
 #include "forge/io/checkpoint.h"
@@ -298,6 +302,59 @@ TEST_F(TrainerTest, PreEncodedShardsTrainAsTheyAre) {
       refused({"--data.files=" + (d / "llmc.bin").string(), "--model.vocab_size=256", "--data.vocab_size=256"});
   EXPECT_NE(small.find("holds token id 299"), std::string::npos) << small;
   EXPECT_NE(small.find("llm.c shard"), std::string::npos) << small;
+}
+
+// Note [documents]: a .jsonl corpus (and the same gzip-compressed) trains on each line's
+// data.text_key, every document followed by data.eos_token, which the tokenizer trained on the
+// fly gets as a special token; a given tokenizer without it is refused before any work.
+TEST_F(TrainerTest, JsonLinesCorpusEndsEveryDocumentWithTheEosToken) {
+  const std::string text = train_testing::read_text(scratch.path() / "corpus" / "corpus_a.txt");
+  std::string jsonl;
+  int docs = 0;
+  for (size_t at = 0; at < text.size(); at += 700, ++docs)
+    jsonl += nlohmann::json{{"id", docs}, {"body", text.substr(at, 700)}}.dump() + "\n";
+  const fs::path d = scratch.path() / "jsonl";
+  fs::create_directories(d);
+  train_testing::write_text(d / "c.jsonl", jsonl);
+  {
+    gzFile f = gzopen((d / "c.jsonl.gz").string().c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    gzwrite(f, jsonl.data(), static_cast<unsigned>(jsonl.size()));
+    gzclose(f);
+  }
+  std::vector<std::vector<int32_t>> shards;
+  for (const char* file : {"c.jsonl", "c.jsonl.gz"}) {
+    const std::string name = std::string("jsonl_") + (std::string(file).ends_with(".gz") ? "gz" : "plain");
+    const RunConfig c = config(name, 3, {"--data.files=" + (d / file).string(), "--data.text_key=body",
+                                         "--data.eos_token=<|endoftext|>", "--eval.every=0"});
+    const TrainResult r = train(c);
+    ASSERT_EQ(r.losses.size(), 3u) << last_log;
+    const auto tok = data::BpeTokenizer::load((fs::path(c.run_dir()) / "tokenizer.json").string());
+    ASSERT_EQ(tok.special_tokens(), (std::vector<std::string>{"<|endoftext|>"}));
+    const int32_t eos = tok.special_id("<|endoftext|>");
+    EXPECT_EQ(tok.vocab_size(), 300);
+    const auto ids = data::TokenShard((fs::path(c.run_dir()) / "data" / "shard_00000.bin").string()).to_vector();
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), eos), docs) << name;
+    EXPECT_EQ(ids.back(), eos);
+    // The tokens between two end-of-text tokens are the document's text.
+    const auto second = std::find(ids.begin(), ids.end(), eos) + 1;
+    const auto third = std::find(second, ids.end(), eos);
+    EXPECT_EQ(tok.decode(std::vector<int32_t>(second, third)), text.substr(700, 700));
+    shards.push_back(ids);
+  }
+  EXPECT_EQ(shards[0], shards[1]);
+  // A given tokenizer without the token.
+  const fs::path given = scratch.path() / "plain_tok.json";
+  data::BpeTokenizer().save(given.string());
+  const std::string m = error_of([&] {
+    train(config("jsonl_given", 2, {"--data.files=" + (d / "c.jsonl").string(), "--data.text_key=body",
+                                    "--data.tokenizer=" + given.string(), "--data.eos_token=<|endoftext|>"}));
+  });
+  EXPECT_NE(m.find("data.eos_token = \"<|endoftext|>\" is not a special token of the tokenizer (it has none)"),
+            std::string::npos)
+      << m;
+  const std::string k = error_of([&] { train(config("jsonl_key", 2, {"--data.files=" + (d / "c.jsonl").string()})); });
+  EXPECT_NE(k.find("line 1 has no key \"text\"; set data.text_key"), std::string::npos) << k;
 }
 
 // run.dtype on the CPU: bf16 and f16 parameters with f32 masters train; f16 goes through the

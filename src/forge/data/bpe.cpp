@@ -2,6 +2,7 @@
 // word cache, decoding, and the JSON file format (all described in bpe.h).
 #include "forge/data/bpe.h"
 
+#include "forge/data/documents.h"
 #include "forge/io/atomic_file.h"
 
 #include <algorithm>
@@ -358,7 +359,13 @@ BpeTokenizer BpeTokenizer::train(std::string_view text, const BpeTrainOptions& o
 BpeTokenizer BpeTokenizer::train_files(const std::vector<std::string>& paths, const BpeTrainOptions& opt) {
   const int64_t num_merges = merges_for(opt, "BpeTokenizer::train_files");
   WordCounter counter(opt.special_tokens);
-  for (const auto& p : paths) counter.add(read_file(p, "BpeTokenizer::train_files"));
+  for (const auto& p : paths) {
+    if (!is_jsonl(p)) {
+      counter.add(read_file(p, "BpeTokenizer::train_files"));
+      continue;
+    }
+    for_each_document(p, opt.text_key, [&](std::string_view doc) { counter.add(doc); });
+  }
   return BpeTokenizer(learn_merges(counter.counts(), num_merges, opt.min_frequency, opt.verbose), opt.special_tokens);
 }
 

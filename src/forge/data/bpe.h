@@ -42,6 +42,7 @@ struct BpeTrainOptions {
   std::vector<std::string> special_tokens;  // e.g. {"<|endoftext|>"}
   int64_t min_frequency = 1;                // a pair must occur this often to be merged
   bool verbose = false;                     // print progress to stderr
+  std::string text_key = "text";            // train_files: each .jsonl line's text (Note [documents])
 };
 
 class BpeTokenizer {

@@ -174,6 +174,7 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(d.source == "files" || d.source == "random", "data.source = '", d.source,
                 "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)");
     FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
+    FORGE_CHECK(!d.text_key.empty(), "data.text_key is empty; give the key of each .jsonl line's text, e.g. \"text\"");
     std::error_code ec;
     if (d.source == "random") {
       FORGE_CHECK(m.vocab_size > 0, "data.source = \"random\" needs model.vocab_size > 0 (there is no tokenizer to "

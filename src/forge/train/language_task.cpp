@@ -59,6 +59,15 @@ class LanguageTask final : public Task {
       }
     }
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
+    if (!cfg_.data.eos_token.empty() && shard_files_.empty()) {
+      const auto& sp = tok_->special_tokens();
+      std::string have;
+      for (const auto& t : sp) have += (have.empty() ? "\"" : ", \"") + t + "\"";
+      FORGE_CHECK(std::find(sp.begin(), sp.end(), cfg_.data.eos_token) != sp.end(), "data.eos_token = \"",
+                  cfg_.data.eos_token, "\" is not a special token of the tokenizer (",
+                  have.empty() ? std::string("it has none") : "it has " + have,
+                  "); set data.eos_token to one of them, or \"\" for none");
+    }
     if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
     FORGE_CHECK(cfg_.model.vocab_size >= tok_->vocab_size(), "model.vocab_size = ", cfg_.model.vocab_size,
                 " is smaller than the tokenizer's vocabulary (", tok_->vocab_size(),

@@ -13,6 +13,7 @@
 
 #include "forge/core/error.h"
 #include "forge/core/generator.h"
+#include "forge/data/documents.h"
 #include "forge/data/shards.h"
 #include "forge/io/atomic_file.h"
 #include "forge/ops/creation.h"
@@ -94,7 +95,9 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
     log << "tokenizer: " << cfg.data.tokenizer << ", vocabulary " << tok.vocab_size() << "\n";
     return tok;
   }
-  const json want = {{"trained_on", files_fingerprint(files)}, {"vocab_size", cfg.data.vocab_size}};
+  json want = {{"trained_on", files_fingerprint(files)}, {"vocab_size", cfg.data.vocab_size}};
+  if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;
+  if (!cfg.data.eos_token.empty()) want["special_tokens"] = json::array({cfg.data.eos_token});
   if (fs::is_regular_file(tok_path, ec) && read_json_file(source_path) == want) {
     auto tok = data::BpeTokenizer::load(tok_path.string());
     log << "tokenizer: reusing " << tok_path.string() << ", vocabulary " << tok.vocab_size() << "\n";
@@ -103,6 +106,8 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
   const auto t0 = Clock::now();
   data::BpeTrainOptions topt;
   topt.vocab_size = cfg.data.vocab_size;
+  topt.text_key = cfg.data.text_key;
+  if (!cfg.data.eos_token.empty()) topt.special_tokens = {cfg.data.eos_token};
   auto tok = data::BpeTokenizer::train_files(files, topt);
   tok.save(tok_path.string());
   io::write_file_atomic(source_path, want.dump() + "\n");
@@ -114,7 +119,10 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
 std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log) {
   const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
-  const json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.to_json())}, {"files", files_fingerprint(files)}};
+  json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.to_json())}, {"files", files_fingerprint(files)}};
+  // (Note [documents]: how the files become documents changes the shards.)
+  if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;
+  if (!cfg.data.eos_token.empty()) want["eos_token"] = cfg.data.eos_token;
   if (auto m = read_json_file(dir / kManifestFile)) {
     bool same = m->is_object() && m->value("format", json()) == want["format"] &&
                 m->value("tokenizer", json()) == want["tokenizer"] && m->value("files", json()) == want["files"] &&
@@ -134,7 +142,7 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTok
     }
   }
   const auto t0 = Clock::now();
-  auto paths = encode_files_to_shards(tok, files, dir.string());
+  auto paths = encode_files_to_shards(tok, files, dir.string(), nullptr, cfg.data.text_key, cfg.data.eos_token);
   json manifest = want;
   manifest["shards"] = json::array();
   for (const auto& p : paths) manifest["shards"].push_back(fs::path(p).filename().string());
@@ -206,21 +214,29 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
 }
 
 std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
-                                                const std::string& out_dir, std::ostream* log) {
+                                                const std::string& out_dir, std::ostream* log,
+                                                const std::string& text_key, const std::string& eos) {
+  const int32_t eos_id = eos.empty() ? -1 : tok.special_id(eos);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   FORGE_CHECK(!ec, "cannot create the shard directory '", out_dir, "': ", ec.message());
   std::vector<std::string> paths;
   std::vector<int32_t> ids;
   for (size_t i = 0; i < files.size(); ++i) {
-    const std::string text = io::read_file(files[i]);
     ids.clear();
-    tok.encode_ordinary_into(text, ids);
+    int64_t bytes = 0;
+    const int64_t docs = data::for_each_document(files[i], text_key, [&](std::string_view doc) {
+      tok.encode_ordinary_into(doc, ids);
+      if (eos_id >= 0) ids.push_back(eos_id);
+      bytes += static_cast<int64_t>(doc.size());
+    });
     char name[32];
     std::snprintf(name, sizeof(name), "shard_%05zu.bin", i);
     const std::string path = (fs::path(out_dir) / name).string();
     data::write_shard(path, ids, tok.vocab_size());
-    if (log) *log << "  " << files[i] << ": " << text.size() << " bytes -> " << ids.size() << " tokens -> " << path << "\n";
+    if (log)
+      *log << "  " << files[i] << ": " << docs << " document(s), " << bytes << " bytes -> " << ids.size()
+           << " tokens -> " << path << "\n";
     paths.push_back(path);
   }
   return paths;

@@ -53,9 +53,12 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
 std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write = true);
 
 // Encodes each file into a shard (out_dir/shard_00000.bin, ...; out_dir created) and
-// returns the shard paths in order. Prints one line per file to `log` when given.
+// returns the shard paths in order. Each document of a file (Note [documents]: a text file
+// is one, a .jsonl line one, its `text_key`) is followed by `eos` (a special token of `tok`)
+// unless it is "". Prints one line per file to `log` when given.
 std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
-                                                const std::string& out_dir, std::ostream* log = nullptr);
+                                                const std::string& out_dir, std::ostream* log = nullptr,
+                                                const std::string& text_key = "text", const std::string& eos = "");
 
 // Mean negative log-likelihood of the targets of `windows` under an add-one-smoothed
 // bigram model counted on the consecutive token pairs of `train` (vocabulary `vocab`):
