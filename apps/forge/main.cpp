@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   tok_train->add_option("--exclude", tok_train_args.exclude, "glob patterns of files to skip in directories/globs");
   tok_train->add_option("files", tok_train_args.files, "text files, glob patterns or directories")->required();
   forge::app::TokenizeEncodeArgs tok_encode_args;
-  auto* tok_encode = tokenize->add_subcommand("encode", "encode text files into token shards (one per file)");
+  auto* tok_encode = tokenize->add_subcommand("encode", "encode text and JSON Lines files into token shards (streamed, over the cores)");
   tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, "a tokenizer JSON (forge tokenize train)")->required();
   tok_encode->add_option("--out", tok_encode_args.out, "the directory for the shards")->required();
   tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");

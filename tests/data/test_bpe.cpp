@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -272,6 +273,26 @@ TEST(BpeTokenizer, ConcurrentEncode) {
   for (auto& t : threads) t.join();
   const BpeTokenizer fresh(shared.merges(), shared.special_tokens());
   for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(got[i], fresh.encode(texts[i])) << files[i];
+}
+
+// Note [per-thread word cache]: one thread encoding with two tokenizers in turn (each empties
+// the thread's cache of the other's words), and a tokenizer made after another was destroyed
+// (possibly at its address), give each tokenizer's own ids.
+TEST(BpeTokenizer, AThreadsWordCacheServesOneTokenizerAtATime) {
+  const std::string text = "the cat sat on the mat; the cat sat on the hat. " + std::string(40, 'a');
+  const BpeTokenizer small = BpeTokenizer::train(text, 262);
+  const BpeTokenizer large = BpeTokenizer::train(text, 300);
+  const auto want_small = BpeTokenizer(small.merges(), {}).encode(text);
+  const auto want_large = BpeTokenizer(large.merges(), {}).encode(text);
+  ASSERT_NE(want_small, want_large);
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(small.encode(text), want_small) << round;
+    EXPECT_EQ(large.encode(text), want_large) << round;
+  }
+  for (int round = 0; round < 3; ++round) {
+    auto t = std::make_unique<BpeTokenizer>(round % 2 ? large.merges() : small.merges(), std::vector<std::string>{});
+    EXPECT_EQ(t->encode(text), round % 2 ? want_large : want_small) << round;
+  }
 }
 
 // Not an assertion: prints training and encoding speed (Release build, one core).

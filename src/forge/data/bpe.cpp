@@ -6,12 +6,12 @@
 #include "forge/io/atomic_file.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -288,11 +288,27 @@ std::vector<std::pair<int32_t, int32_t>> learn_merges(StringMap<int64_t>& counts
 
 // ---- the tokenizer ---------------------------------------------------------------------
 
+// Note [per-thread word cache]: a pre-token's ids are cached per thread (no lock on the path
+// of every word: threads encoding documents at once would otherwise serialise on one cache's
+// lock, and did, 2.3x slower on 2 threads than on one). A thread's cache belongs to one
+// tokenizer, named by a process-unique id (never an address, which a later tokenizer may
+// reuse), and is emptied when the thread encodes with another.
 struct BpeTokenizer::Impl {
   PairMap<int32_t> rank{1024};  // pair -> merge index
-  std::mutex mu;                // guards cache
-  StringMap<std::vector<int32_t>> cache;
+  uint64_t id = next_id();
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
 };
+
+namespace {
+struct ThreadWordCache {
+  uint64_t owner = 0;
+  StringMap<std::vector<int32_t>> map;
+};
+thread_local ThreadWordCache t_word_cache;
+}  // namespace
 
 BpeTokenizer::BpeTokenizer() : BpeTokenizer({}, {}) {}
 
@@ -418,10 +434,14 @@ void BpeTokenizer::encode_word_into(std::string_view word, std::vector<int32_t>&
     return;
   }
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  ThreadWordCache& cache = t_word_cache;  // Note [per-thread word cache]
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    auto it = impl_->cache.find(word);
-    if (it != impl_->cache.end()) {
+    if (cache.owner != impl_->id) {
+      cache.map.clear();
+      cache.owner = impl_->id;
+    }
+    auto it = cache.map.find(word);
+    if (it != cache.map.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -429,9 +449,8 @@ void BpeTokenizer::encode_word_into(std::string_view word, std::vector<int32_t>&
   std::vector<int32_t> ids = encode_word(word);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->cache.size() >= kMaxCacheEntries) impl_->cache.clear();
-    impl_->cache.emplace(std::string(word), std::move(ids));
+    if (cache.map.size() >= kMaxCacheEntries) cache.map.clear();
+    cache.map.emplace(std::string(word), std::move(ids));
   }
 }
 

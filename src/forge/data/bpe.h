@@ -18,7 +18,8 @@
 //
 // Encoding applies the merges to each pre-token in rank order (lowest merge id first,
 // left to right within a rank), which reproduces exactly what training did to that word;
-// pre-token -> ids results are cached (thread-safe) so repeated words cost a hash lookup.
+// pre-token -> ids results are cached per thread (Note [per-thread word cache]) so repeated
+// words cost a hash lookup; encoding is safe from several threads at once.
 // `encode` also recognises special-token strings in the text; `encode_ordinary` treats
 // them as plain text. decode(encode(s)) == s for every byte string s.
 //

@@ -45,41 +45,59 @@ std::string errno_str() { return std::strerror(errno); }
 
 }  // namespace
 
-void write_shard(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size) {
+ShardWriter::ShardWriter(const std::string& path, int64_t vocab_size)
+    : path_(path), vocab_size_(vocab_size), dtype_(vocab_size <= 65536 ? 2 : 4) {
   FORGE_CHECK(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), "write_shard('", path, "'): vocab_size ", vocab_size,
               " must be in [1, 2^32]");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    FORGE_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size, "write_shard('", path, "'): token ", tokens[i],
-                " at position ", i, " is outside the vocabulary [0, ", vocab_size, ")");
-  const uint32_t dtype = vocab_size <= 65536 ? 2 : 4;
+  file_ = std::make_unique<io::AtomicFile>(path);
+  unsigned char header[kShardHeaderBytes];
+  std::memcpy(header, kShardMagic, 8);
+  put_u32(header + 8, kShardVersion);
+  put_u32(header + 12, dtype_);
+  put_u64(header + 16, 0);  // the count, filled in by commit()
+  file_->out().write(header, sizeof header);
+}
 
-  io::write_file_atomic(path, [&](io::OutputFile& out) {
-    auto write = [&](const void* data, size_t n) { out.write(data, n); };
-    unsigned char header[kShardHeaderBytes];
-    std::memcpy(header, kShardMagic, 8);
-    put_u32(header + 8, kShardVersion);
-    put_u32(header + 12, dtype);
-    put_u64(header + 16, tokens.size());
-    write(header, sizeof header);
+ShardWriter::~ShardWriter() = default;
 
-    constexpr size_t kChunk = 1 << 18;  // tokens per write
-    std::vector<unsigned char> buf(kChunk * dtype);
-    for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
-      const size_t n = std::min(kChunk, tokens.size() - begin);
-      unsigned char* p = buf.data();
-      for (size_t i = 0; i < n; ++i) {
-        const auto v = static_cast<uint32_t>(tokens[begin + i]);
-        p[0] = static_cast<unsigned char>(v);
-        p[1] = static_cast<unsigned char>(v >> 8);
-        if (dtype == 4) {
-          p[2] = static_cast<unsigned char>(v >> 16);
-          p[3] = static_cast<unsigned char>(v >> 24);
-        }
-        p += dtype;
+void ShardWriter::append(std::span<const int32_t> tokens) {
+  FORGE_CHECK(file_ != nullptr, "write_shard('", path_, "'): the shard is already committed");
+  constexpr size_t kChunk = 1 << 18;  // tokens per write
+  buf_.resize(kChunk * dtype_);
+  for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
+    const size_t n = std::min(kChunk, tokens.size() - begin);
+    unsigned char* p = buf_.data();
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t t = tokens[begin + i];
+      FORGE_CHECK(t >= 0 && t < vocab_size_, "write_shard('", path_, "'): token ", t, " at position ",
+                  static_cast<size_t>(count_) + begin + i, " is outside the vocabulary [0, ", vocab_size_, ")");
+      const auto v = static_cast<uint32_t>(t);
+      p[0] = static_cast<unsigned char>(v);
+      p[1] = static_cast<unsigned char>(v >> 8);
+      if (dtype_ == 4) {
+        p[2] = static_cast<unsigned char>(v >> 16);
+        p[3] = static_cast<unsigned char>(v >> 24);
       }
-      write(buf.data(), n * dtype);
+      p += dtype_;
     }
-  });
+    file_->out().write(buf_.data(), n * dtype_);
+  }
+  count_ += static_cast<int64_t>(tokens.size());
+}
+
+void ShardWriter::commit() {
+  FORGE_CHECK(file_ != nullptr, "write_shard('", path_, "'): the shard is already committed");
+  unsigned char count[8];
+  put_u64(count, static_cast<uint64_t>(count_));
+  file_->write_at(16, count, sizeof count);
+  file_->commit();
+  file_.reset();
+}
+
+void write_shard(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size) {
+  ShardWriter w(path, vocab_size);
+  w.append(tokens);
+  w.commit();
 }
 
 namespace {

@@ -32,9 +32,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+namespace forge::io {
+class AtomicFile;
+}
 
 namespace forge::data {
 
@@ -54,6 +59,29 @@ std::string token_shard_format(const std::string& path);
 // on an I/O failure, and the position of the first token outside [0, vocab_size).
 void write_shard(const std::string& path, std::span<const int32_t> tokens, int64_t vocab_size);
 
+
+// A shard written as its tokens arrive (a corpus larger than memory): the header's count is
+// filled in by commit(), which makes the file appear atomically (io::AtomicFile). The token
+// width is picked from vocab_size as write_shard does; every token is checked against it.
+// Destroyed uncommitted, the shard does not appear.
+class ShardWriter {
+ public:
+  ShardWriter(const std::string& path, int64_t vocab_size);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+  void append(std::span<const int32_t> tokens);
+  int64_t size() const { return count_; }
+  void commit();
+
+ private:
+  std::string path_;
+  int64_t vocab_size_;
+  uint32_t dtype_;
+  int64_t count_ = 0;
+  std::unique_ptr<io::AtomicFile> file_;
+  std::vector<unsigned char> buf_;
+};
 
 class TokenShard {
  public:

@@ -142,34 +142,53 @@ void OutputFile::write(const void* data, size_t nbytes) {
 
 void fsync_directory(const fs::path& dir) { fsync_path(dir, true); }
 
+AtomicFile::AtomicFile(const fs::path& path_in) : path_(normalized_target(path_in)), tmp_(sibling_name(path_, "tmp")) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) throw_sys("cannot write " + quoted(path_) + ": cannot create its temporary " + quoted(tmp_), errno);
+  out_ = std::make_unique<OutputFile>(fd_, path_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (committed_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t nbytes) {
+  const char* p = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, nbytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_sys("write to " + quoted(path_) + " at byte " + std::to_string(offset) + " failed", errno);
+    }
+    p += n, offset += static_cast<uint64_t>(n);
+    nbytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  FORGE_CHECK(!committed_, "AtomicFile: ", quoted(path_), " is already committed");
+  if (::fsync(fd_) != 0) throw_sys("fsync of " + quoted(tmp_) + " (for " + quoted(path_) + ") failed", errno);
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) throw_sys("close of " + quoted(tmp_) + " (for " + quoted(path_) + ") failed", errno);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw_sys("cannot rename " + quoted(tmp_) + " to " + quoted(path_), errno);
+  committed_ = true;
+  fsync_directory(directory_of(path_));
+}
+
 void write_file_atomic(const fs::path& path_in, const FileWriter& writer) {
-  const fs::path path = normalized_target(path_in);
-  const fs::path tmp = sibling_name(path, "tmp");
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) throw_sys("cannot write " + quoted(path) + ": cannot create its temporary " + quoted(tmp), errno);
+  AtomicFile file(path_in);  // (destroyed uncommitted on any error: the temporary goes)
   try {
-    OutputFile out(fd, path);
-    writer(out);
-    if (::fsync(fd) != 0) throw_sys("fsync of " + quoted(tmp) + " (for " + quoted(path) + ") failed", errno);
-    const int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0) throw_sys("close of " + quoted(tmp) + " (for " + quoted(path) + ") failed", errno);
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw_sys("cannot rename " + quoted(tmp) + " to " + quoted(path), errno);
+    writer(file.out());
   } catch (const SysError&) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
     throw;
   } catch (const std::exception& e) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    FORGE_THROW("writing ", quoted(path), " failed (the file is unchanged): ", e.what());
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+    FORGE_THROW("writing ", quoted(file.out().target()), " failed (the file is unchanged): ", e.what());
   }
-  fsync_directory(directory_of(path));
+  file.commit();
 }
 
 void write_file_atomic(const fs::path& path, std::string_view contents) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -53,6 +54,28 @@ class OutputFile {
   int fd_;
   std::filesystem::path target_;
   uint64_t written_ = 0;
+};
+
+// A file being written atomically, step by step: the temporary of the contract above is
+// created by the constructor, filled through out() (and write_at, which overwrites bytes
+// already written: a header whose counts are known last), and committed (fsync, rename,
+// fsync of the directory) by commit(). Destroyed uncommitted (an error, an exception), it
+// removes the temporary and PATH is untouched. write_file_atomic is this with one writer.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::filesystem::path& path);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  OutputFile& out() { return *out_; }
+  void write_at(uint64_t offset, const void* data, size_t nbytes);
+  void commit();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+  std::unique_ptr<OutputFile> out_;
+  bool committed_ = false;
 };
 
 using FileWriter = std::function<void(OutputFile&)>;

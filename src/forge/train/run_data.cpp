@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <ostream>
 #include <set>
 #include <span>
@@ -213,31 +214,71 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
       << fixed1(seconds_since(t0)) << " s)\n";
 }
 
+// Note [streaming encoder]: documents are read in batches of about kBatchBytes of text, each
+// batch encoded over the cores (OpenMP over its documents; each document's ids in its own
+// vector, appended in order), and the ids streamed into the current shard, which is committed
+// and replaced by the next one at tokens_per_shard tokens. Memory is bounded by one batch and
+// its ids whatever the corpus's size (a plain text file is one document, read whole). The ids
+// are those of encoding the documents one after another.
 std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log,
-                                                const std::string& text_key, const std::string& eos) {
+                                                const std::string& text_key, const std::string& eos,
+                                                int64_t tokens_per_shard) {
+  constexpr int64_t kBatchBytes = int64_t{32} << 20;
+  FORGE_CHECK(tokens_per_shard > 0, "encode_files_to_shards: tokens_per_shard must be positive");
   const int32_t eos_id = eos.empty() ? -1 : tok.special_id(eos);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   FORGE_CHECK(!ec, "cannot create the shard directory '", out_dir, "': ", ec.message());
   std::vector<std::string> paths;
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < files.size(); ++i) {
-    ids.clear();
-    int64_t bytes = 0;
-    const int64_t docs = data::for_each_document(files[i], text_key, [&](std::string_view doc) {
-      tok.encode_ordinary_into(doc, ids);
-      if (eos_id >= 0) ids.push_back(eos_id);
-      bytes += static_cast<int64_t>(doc.size());
-    });
+  std::unique_ptr<data::ShardWriter> shard;
+  auto open_shard = [&] {
     char name[32];
-    std::snprintf(name, sizeof(name), "shard_%05zu.bin", i);
-    const std::string path = (fs::path(out_dir) / name).string();
-    data::write_shard(path, ids, tok.vocab_size());
+    std::snprintf(name, sizeof(name), "shard_%05zu.bin", paths.size());
+    paths.push_back((fs::path(out_dir) / name).string());
+    shard = std::make_unique<data::ShardWriter>(paths.back(), tok.vocab_size());
+  };
+  for (const auto& file : files) {
+    const size_t first_shard = paths.size();
+    open_shard();
+    int64_t bytes = 0, tokens = 0;
+    std::vector<std::string> batch;
+    int64_t batch_bytes = 0;
+    auto flush = [&] {
+      std::vector<std::vector<int32_t>> ids(batch.size());
+#pragma omp parallel for schedule(dynamic, 1) if (batch.size() > 1)
+      for (size_t k = 0; k < batch.size(); ++k) {
+        tok.encode_ordinary_into(batch[k], ids[k]);
+        if (eos_id >= 0) ids[k].push_back(eos_id);
+      }
+      for (const auto& v : ids) {
+        std::span<const int32_t> rest(v);
+        while (!rest.empty()) {  // (a document may cross into the next shard)
+          if (shard->size() >= tokens_per_shard) {
+            shard->commit();
+            open_shard();
+          }
+          const auto n = std::min<size_t>(rest.size(), static_cast<size_t>(tokens_per_shard - shard->size()));
+          shard->append(rest.first(n));
+          rest = rest.subspan(n);
+        }
+        tokens += static_cast<int64_t>(v.size());
+      }
+      batch.clear();
+      batch_bytes = 0;
+    };
+    const int64_t docs = data::for_each_document(file, text_key, [&](std::string_view doc) {
+      batch.emplace_back(doc);
+      batch_bytes += static_cast<int64_t>(doc.size());
+      bytes += static_cast<int64_t>(doc.size());
+      if (batch_bytes >= kBatchBytes) flush();
+    });
+    flush();
+    shard->commit();
+    shard.reset();
     if (log)
-      *log << "  " << files[i] << ": " << docs << " document(s), " << bytes << " bytes -> " << ids.size()
-           << " tokens -> " << path << "\n";
-    paths.push_back(path);
+      *log << "  " << file << ": " << docs << " document(s), " << bytes << " bytes -> " << tokens << " tokens -> "
+           << paths.size() - first_shard << " shard(s) from " << paths[first_shard] << "\n";
   }
   return paths;
 }

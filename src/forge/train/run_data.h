@@ -52,13 +52,15 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
 // data.source = "random": the shard's path, written when `write` (rank 0).
 std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool write = true);
 
-// Encodes each file into a shard (out_dir/shard_00000.bin, ...; out_dir created) and
-// returns the shard paths in order. Each document of a file (Note [documents]: a text file
-// is one, a .jsonl line one, its `text_key`) is followed by `eos` (a special token of `tok`)
-// unless it is "". Prints one line per file to `log` when given.
+// Encodes the files into shards (out_dir/shard_00000.bin, ...; out_dir created), each file
+// into one shard or, past `tokens_per_shard` tokens, several, streamed over the cores (Note
+// [streaming encoder]); returns the shard paths in order. Each document of a file (Note
+// [documents]: a text file is one, a .jsonl line one, its `text_key`) is followed by `eos` (a
+// special token of `tok`) unless it is "". Prints one line per file to `log` when given.
 std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log = nullptr,
-                                                const std::string& text_key = "text", const std::string& eos = "");
+                                                const std::string& text_key = "text", const std::string& eos = "",
+                                                int64_t tokens_per_shard = int64_t{1} << 28);
 
 // Mean negative log-likelihood of the targets of `windows` under an add-one-smoothed
 // bigram model counted on the consecutive token pairs of `train` (vocabulary `vocab`):

@@ -1,0 +1,71 @@
+// Note [streaming encoder]: encode_files_to_shards gives the ids of encoding each document in
+// turn (each followed by the end-of-text token when asked), whatever the batch, the number of
+// threads and the shard size: shards cut at tokens_per_shard concatenate to the one-shard ids.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "forge/data/bpe.h"
+#include "forge/data/shards.h"
+#include "forge/train/run_data.h"
+#include "train_testing.h"
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(StreamingEncoder, ShardsHoldEveryDocumentInOrderWhateverTheirSize) {
+  train_testing::Scratch scratch;
+  const std::string text = train_testing::synthetic_text(30000, 3);
+  data::BpeTrainOptions opt;
+  opt.vocab_size = 400;
+  opt.special_tokens = {"<|endoftext|>"};
+  const auto tok = data::BpeTokenizer::train(text, opt.vocab_size, opt.special_tokens);
+  const int32_t eos = tok.special_id("<|endoftext|>");
+  // 60 documents of varied length in a .jsonl file, and a plain text file after it.
+  std::string jsonl;
+  std::vector<int32_t> want;
+  size_t at = 0;
+  for (int k = 0; k < 60; ++k) {
+    const size_t n = 50 + static_cast<size_t>(k * 37 % 400);
+    const std::string doc = text.substr(at, n);
+    at += n;
+    jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
+    for (int32_t id : tok.encode_ordinary(doc)) want.push_back(id);
+    want.push_back(eos);
+  }
+  train_testing::write_text(scratch.path() / "a.jsonl", jsonl);
+  const std::string tail = text.substr(at, 5000);
+  train_testing::write_text(scratch.path() / "b.txt", tail);
+  std::vector<int32_t> want_b = tok.encode_ordinary(tail);
+  want_b.push_back(eos);
+  const std::vector<std::string> files = {(scratch.path() / "a.jsonl").string(), (scratch.path() / "b.txt").string()};
+  auto read_all = [](const std::vector<std::string>& paths, size_t from, size_t to) {
+    std::vector<int32_t> out;
+    for (size_t i = from; i < to; ++i)
+      for (int32_t id : data::TokenShard(paths[i]).to_vector()) out.push_back(id);
+    return out;
+  };
+  // One shard per file.
+  const auto one = encode_files_to_shards(tok, files, (scratch.path() / "one").string(), nullptr, "text", "<|endoftext|>");
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(data::TokenShard(one[0]).to_vector(), want);
+  EXPECT_EQ(data::TokenShard(one[1]).to_vector(), want_b);
+  // Shards of 97 tokens: many per file, cut through documents, in order.
+  const auto cut = encode_files_to_shards(tok, files, (scratch.path() / "cut").string(), nullptr, "text",
+                                          "<|endoftext|>", 97);
+  const size_t na = (want.size() + 96) / 97, nb = (want_b.size() + 96) / 97;
+  ASSERT_EQ(cut.size(), na + nb);
+  for (size_t i = 0; i + 1 < na; ++i) EXPECT_EQ(data::TokenShard(cut[i]).size(), 97) << i;
+  EXPECT_EQ(read_all(cut, 0, na), want);
+  EXPECT_EQ(read_all(cut, na, na + nb), want_b);
+  // Without the end-of-text token: the documents' ids only.
+  const auto plain = encode_files_to_shards(tok, {files[1]}, (scratch.path() / "plain").string());
+  EXPECT_EQ(data::TokenShard(plain[0]).to_vector(), tok.encode_ordinary(tail));
+}
+
+}  // namespace
+}  // namespace forge::train
