@@ -81,7 +81,8 @@ SampleResult sample(const SampleOptions& opt) {
   const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
   std::error_code ec;
   FORGE_CHECK(fs::is_regular_file(tok_path, ec), "sample: the run's tokenizer '", tok_path.string(),
-              "' is missing (a checkpoint is read with the tokenizer.json of its run directory)");
+              "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
+              "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
   const auto tok = data::BpeTokenizer::load(tok_path.string());
   LanguageModel model = build_language_model(cfg);
   io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
