@@ -1,6 +1,7 @@
 // forge train / sample / tokenize: thin wrappers over forge::train (trainer.h, config.h).
 #include "commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -81,6 +82,8 @@ int run_tokenize_train(const TokenizeTrainArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   data::BpeTrainOptions opt;
   opt.vocab_size = args.vocab_size;
+  opt.text_key = args.text_key;
+  opt.special_tokens = args.special_tokens;
   const auto tok = data::BpeTokenizer::train_files(files, opt);
   tok.save(args.out);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -93,7 +96,13 @@ int run_tokenize_train(const TokenizeTrainArgs& args) {
 int run_tokenize_encode(const TokenizeEncodeArgs& args) {
   const auto files = expand_files(args.files, args.exclude);
   const auto tok = data::BpeTokenizer::load(args.tokenizer);
-  const auto shards = train::encode_files_to_shards(tok, files, args.out, &std::cout);
+  if (!args.eos_token.empty()) {
+    const auto& sp = tok.special_tokens();
+    FORGE_CHECK(std::find(sp.begin(), sp.end(), args.eos_token) != sp.end(), "--eos-token \"", args.eos_token,
+                "\" is not a special token of ", args.tokenizer, " (it has ", sp.size(),
+                "); train the tokenizer with --special-token \"", args.eos_token, "\" or leave --eos-token out");
+  }
+  const auto shards = train::encode_files_to_shards(tok, files, args.out, &std::cout, args.text_key, args.eos_token);
   std::printf("wrote %zu shard(s) to %s\n", shards.size(), args.out.c_str());
   return 0;
 }

@@ -39,6 +39,8 @@ struct TokenizeTrainArgs {
   std::string out;
   std::vector<std::string> files;
   std::vector<std::string> exclude;
+  std::string text_key = "text";        // .jsonl files (Note [documents])
+  std::vector<std::string> special_tokens;  // e.g. <|endoftext|>
 };
 int run_tokenize_train(const TokenizeTrainArgs& args);
 
@@ -47,6 +49,8 @@ struct TokenizeEncodeArgs {
   std::string out;
   std::vector<std::string> files;
   std::vector<std::string> exclude;
+  std::string text_key = "text";  // .jsonl files (Note [documents])
+  std::string eos_token;          // after every document ("": none)
 };
 int run_tokenize_encode(const TokenizeEncodeArgs& args);
 

@@ -108,13 +108,21 @@ int main(int argc, char** argv) {
   tok_train->add_option("--vocab-size", tok_train_args.vocab_size, "vocabulary size (>= 256)")->required();
   tok_train->add_option("--out", tok_train_args.out, "the tokenizer JSON to write")->required();
   tok_train->add_option("--exclude", tok_train_args.exclude, "glob patterns of files to skip in directories/globs");
-  tok_train->add_option("files", tok_train_args.files, "text files, glob patterns or directories")->required();
+  tok_train->add_option("--text-key", tok_train_args.text_key, "*.jsonl files: the key of each line's text")
+      ->capture_default_str();
+  tok_train->add_option("--special-token", tok_train_args.special_tokens,
+                        "a special token of the tokenizer (repeatable), e.g. \"<|endoftext|>\"");
+  tok_train->add_option("files", tok_train_args.files, "text or JSON Lines files, glob patterns or directories")->required();
   forge::app::TokenizeEncodeArgs tok_encode_args;
   auto* tok_encode = tokenize->add_subcommand("encode", "encode text and JSON Lines files into token shards (streamed, over the cores)");
   tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, "a tokenizer JSON (forge tokenize train)")->required();
   tok_encode->add_option("--out", tok_encode_args.out, "the directory for the shards")->required();
   tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");
-  tok_encode->add_option("files", tok_encode_args.files, "text files, glob patterns or directories")->required();
+  tok_encode->add_option("--text-key", tok_encode_args.text_key, "*.jsonl files: the key of each line's text")
+      ->capture_default_str();
+  tok_encode->add_option("--eos-token", tok_encode_args.eos_token,
+                         "a special token of the tokenizer written after every document, e.g. \"<|endoftext|>\"");
+  tok_encode->add_option("files", tok_encode_args.files, "text or JSON Lines files, glob patterns or directories")->required();
 
   auto* plan = forge::app::add_plan_command(app);
   auto* info = forge::app::add_info_command(app);

@@ -3,6 +3,8 @@
 // next to this test (<build>/forge, beside <build>/tests/forge_tests).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <string>
 
@@ -124,6 +126,37 @@ TEST_F(CliTest, CliTokenizeTrainAndEncode) {
   const CliRun small = run_forge({"tokenize", "train", "--vocab-size", "100", "--out", tok, scratch.str("corpus")});
   EXPECT_EQ(small.status, 1);
   EXPECT_NE(small.out.find("smaller than 256"), std::string::npos) << small.out;
+}
+
+// JSON Lines files under --text-key, a special token trained in and written after every
+// document (--eos-token), and the refusal of an end-of-text token the tokenizer lacks.
+TEST_F(CliTest, CliTokenizeJsonLinesWithAnEndOfTextToken) {
+  const std::string jsonl = scratch.str("docs.jsonl"), tok = scratch.str("eot.json"), out = scratch.str("eot_shards");
+  train_testing::write_text(jsonl, "{\"body\": \"the first document\"}\n{\"body\": \"and the second one\"}\n"
+                                   "{\"body\": \"a third, the last\"}\n");
+  const CliRun t = run_forge({"tokenize", "train", "--vocab-size", "270", "--special-token", "<|endoftext|>",
+                              "--text-key", "body", "--out", tok, jsonl});
+  ASSERT_EQ(t.status, 0) << t.out;
+  const auto bpe = data::BpeTokenizer::load(tok);
+  EXPECT_EQ(bpe.special_tokens(), (std::vector<std::string>{"<|endoftext|>"}));
+  const CliRun e = run_forge({"tokenize", "encode", "--tokenizer", tok, "--text-key", "body", "--eos-token",
+                              "<|endoftext|>", "--out", out, jsonl});
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_NE(e.out.find("3 document(s)"), std::string::npos) << e.out;
+  const auto ids = data::TokenShard((fs::path(out) / "shard_00000.bin").string()).to_vector();
+  const int32_t eot = bpe.special_id("<|endoftext|>");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), eot), 3);
+  EXPECT_EQ(bpe.decode(std::vector<int32_t>(ids.begin(), std::find(ids.begin(), ids.end(), eot))), "the first document");
+  const CliRun bad = run_forge({"tokenize", "encode", "--tokenizer", scratch.str("tok_plain.json"), "--eos-token",
+                                "<|endoftext|>", "--out", out, jsonl});
+  EXPECT_EQ(bad.status, 1);
+  const CliRun plain = run_forge({"tokenize", "train", "--vocab-size", "270", "--text-key", "body", "--out",
+                                  scratch.str("tok_plain.json"), jsonl});
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  const CliRun lacks = run_forge({"tokenize", "encode", "--tokenizer", scratch.str("tok_plain.json"), "--text-key", "body",
+                                  "--eos-token", "<|endoftext|>", "--out", out, jsonl});
+  EXPECT_EQ(lacks.status, 1);
+  EXPECT_NE(lacks.out.find("is not a special token"), std::string::npos) << lacks.out;
 }
 
 }  // namespace
