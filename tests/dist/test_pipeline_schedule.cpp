@@ -92,6 +92,22 @@ TEST(PipelineSchedule, ZeroBubbleH1DelaysTheWeightPassesOfTheLaterStages) {
   EXPECT_EQ(last[8], (pp::Action{pp::Op::weight, 0}));
 }
 
+// What action `a` of rank s needs finished first, as (op, micro-batch, virtual stage) with op 0
+// a forward, 1 a backward (B): a forward the forward of virtual stage j - 1 (on the rank before),
+// a backward its own forward and the backward of j + 1, a W its B. V virtual stages in all.
+using Pass = std::tuple<int, int64_t, int>;
+std::vector<Pass> inputs_of(const pp::Action& a, int s, int P, int V) {
+  const int j = a.chunk * P + s;
+  std::vector<Pass> needs;
+  if (a.op == pp::Op::forward && j > 0) needs.push_back({0, a.micro, j - 1});
+  if (a.op == pp::Op::backward) {
+    needs.push_back({0, a.micro, j});
+    if (j < V - 1) needs.push_back({1, a.micro, j + 1});
+  }
+  if (a.op == pp::Op::weight) needs.push_back({1, a.micro, j});
+  return needs;
+}
+
 // The step's time, simulated: each rank runs its actions in order, an action starting when its
 // rank is free and what it needs has finished (a forward the forward of the stage before, a
 // backward its forward and the backward of the stage after, a W its B), with costs f, b, w (1F1B
@@ -103,7 +119,7 @@ double simulated_bubble(PipelineSchedule kind, int P, int64_t K, double f, doubl
   for (int s = 0; s < P; ++s) plan.push_back(pp::schedule(kind, P, s, K, v));
   const int V = P * v;  // virtual stages; a chunk's passes cost 1 / v of a stage's
   const bool split = kind == PipelineSchedule::zb_h1;
-  std::map<std::tuple<int, int64_t, int>, double> end;  // (op, micro, stage) -> finish time
+  std::map<Pass, double> end;  // (op, micro, virtual stage) -> finish time
   std::vector<double> free(static_cast<size_t>(P), 0.0);
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   for (bool progress = true; progress;) {
@@ -113,16 +129,9 @@ double simulated_bubble(PipelineSchedule kind, int P, int64_t K, double f, doubl
       if (i == plan[static_cast<size_t>(s)].size()) continue;
       const pp::Action& a = plan[static_cast<size_t>(s)][i];
       const int j = a.chunk * P + s;
-      std::vector<std::tuple<int, int64_t, int>> needs;
-      if (a.op == pp::Op::forward && j > 0) needs.push_back({0, a.micro, j - 1});
-      if (a.op == pp::Op::backward) {
-        needs.push_back({0, a.micro, j});
-        if (j < V - 1) needs.push_back({1, a.micro, j + 1});
-      }
-      if (a.op == pp::Op::weight) needs.push_back({1, a.micro, j});
       double start = free[static_cast<size_t>(s)];
       bool ready = true;
-      for (const auto& n : needs) {
+      for (const Pass& n : inputs_of(a, s, P, V)) {
         if (!end.count(n)) ready = false;
         else start = std::max(start, end.at(n));
       }
@@ -176,16 +185,15 @@ TEST(PipelineSchedule, BlocksSplitEvenlyOrAsGiven) {
 namespace forge::dist {
 namespace {
 
-// Every rank runs its schedule in order; an action runs once what it needs has run: a forward of
-// virtual stage j the forward of j - 1 (on the rank before), a backward the backward of j + 1
-// and its own forward, a W its B. The whole pipeline must finish (no rank waits forever), and on
+// Every rank runs its schedule in order; an action runs once what it needs has run (inputs_of).
+// The whole pipeline must finish (no rank waits forever), and on
 // every link the messages of each direction must arrive in the order they were sent (point to
 // point without tags matches in order: Note [pipeline links]).
 void expect_runs_to_completion(PipelineSchedule kind, int P, int64_t K, int v) {
   std::vector<std::vector<pp::Action>> plan;
   for (int s = 0; s < P; ++s) plan.push_back(pp::schedule(kind, P, s, K, v));
   const int V = P * v;  // virtual stages
-  std::set<std::tuple<int, int64_t, int>> done;  // (op, micro, virtual stage)
+  std::set<Pass> done;  // (op, micro, virtual stage)
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   // Per link (from, to) and kind (0 activations, 1 gradients): the order of sends and receives.
   std::map<std::tuple<int, int, int>, std::vector<std::pair<int64_t, int>>> sent, received;
@@ -197,15 +205,8 @@ void expect_runs_to_completion(PipelineSchedule kind, int P, int64_t K, int v) {
       if (i == plan[static_cast<size_t>(s)].size()) continue;
       const pp::Action& a = plan[static_cast<size_t>(s)][i];
       const int j = a.chunk * P + s;
-      bool ready = true;
-      if (a.op == pp::Op::forward) {
-        ready = j == 0 || done.count({0, a.micro, j - 1});
-      } else if (a.op == pp::Op::backward) {
-        ready = done.count({0, a.micro, j}) && (j == V - 1 || done.count({1, a.micro, j + 1}));
-      } else {
-        ready = done.count({1, a.micro, j});
-      }
-      if (!ready) continue;
+      const auto needs = inputs_of(a, s, P, V);
+      if (!std::all_of(needs.begin(), needs.end(), [&](const Pass& n) { return done.count(n) > 0; })) continue;
       done.insert({static_cast<int>(a.op), a.micro, j});
       if (a.op == pp::Op::forward && j > 0) received[{(s - 1 + P) % P, s, 0}].push_back({a.micro, j});
       if (a.op == pp::Op::forward && j < V - 1) sent[{s, (s + 1) % P, 0}].push_back({a.micro, j + 1});
