@@ -23,7 +23,12 @@ optim::decay_groups), clipping the global gradient norm to optim.grad_clip, TF32
 few f32 matmuls left. --mode compile wraps the model (with its loss) in torch.compile (default mode).
 Under torchrun (WORLD_SIZE > 1): DistributedDataParallel (NCCL, default 25 MB buckets), then
 torch.compile of the DDP module; each rank draws its own random batch of --batch sequences, and the
-loss is all-reduced for the host to read, as forge's data-parallel step does.
+loss is all-reduced for the host to read, as forge's data-parallel step does. --fsdp zero2|zero3
+instead shards with FSDP2 (torch.distributed.fsdp.fully_shard on every block and the root, bf16
+parameters for the compute and f32 gradient reduction, as torchtitan configures it): zero3 frees
+each block's gathered parameters after its forward (reshard_after_forward, ZeRO-3), zero2 keeps
+them to the backward (ZeRO-2's memory for parameters, sharded gradients and optimizer state);
+with --mode compile each block is compiled in place before sharding (torchtitan's order).
 
 Timing, as forge's trainer times itself (Note [deferred step read] in src/forge/train/trainer.cpp):
 the host queues step i, then reads step i-1's loss (copied to pinned memory behind an event), so the
@@ -260,6 +265,8 @@ def main():
                     help="tensor parallelism over the torchrun ranks (torch.distributed.tensor.parallel; LLaMA only): "
                          "every rank trains the same batch, each on its shard of every layer")
     ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism (norms on sequence shards)")
+    ap.add_argument("--fsdp", choices=["", "zero2", "zero3"], default="",
+                    help="under torchrun: FSDP2 (fully_shard) instead of DDP; zero3 reshards after the forward")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -279,7 +286,10 @@ def main():
     tp = a.tp
     if tp > 1 and (tp != world or cfg["model"].get("type") != "llama"):
         raise SystemExit("torch_peer.py: --tp must equal the torchrun world size, for a LLaMA")
-    ddp = world > 1 and tp == 1
+    if a.fsdp and (world == 1 or tp > 1):
+        raise SystemExit("torch_peer.py: --fsdp needs torchrun with several ranks and no --tp")
+    ddp = world > 1 and tp == 1 and not a.fsdp
+    data_parallel = world > 1 and tp == 1  # each rank its own batch (DDP or FSDP)
     if world > 1 and a.device != "cpu":
         import torch.distributed as dist
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -301,6 +311,15 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     if tp > 1:
         model = tensor_parallel(model, tp, a.sp, dev)
+    if a.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        blocks = model.layers if hasattr(model, "layers") else model.blocks
+        for block in blocks:
+            if a.mode == "compile":
+                block.compile()  # in place: the module stays what fully_shard wraps
+            fully_shard(block, mp_policy=mp, reshard_after_forward=a.fsdp == "zero3")
+        fully_shard(model, mp_policy=mp, reshard_after_forward=a.fsdp == "zero3")
     want_total, want_matmul = shapes.param_count(s)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in EMBEDDINGS]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in EMBEDDINGS)]
@@ -322,7 +341,9 @@ def main():
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(model, device_ids=[dev.index] if cuda else None,
                   broadcast_buffers=False)  # forge broadcasts no buffers
-    if a.mode == "compile" and tp > 1:
+    if a.fsdp:
+        step_fn = model  # blocks compiled above, before sharding
+    elif a.mode == "compile" and tp > 1:
         # Each block compiled (as torchtitan compiles tensor-parallel models); the embedding, head
         # and the vocabulary-parallel loss run eagerly under loss_parallel().
         for i, block in enumerate(model.layers):
@@ -358,7 +379,7 @@ def main():
         loss = loss.detach()
         if tp > 1 and hasattr(loss, "full_tensor"):
             loss = loss.full_tensor()
-        if ddp:  # the mean loss over the ranks, for the host (forge's step does the same)
+        if data_parallel:  # the mean loss over the ranks, for the host (forge's step does the same)
             dist.all_reduce(loss)
             loss /= world
         return loss
@@ -404,7 +425,7 @@ def main():
 
     ms = 1e3 * statistics.fmean(times)
     tokens_per_step = (1 if tp > 1 else world) * a.batch * s["seq"]
-    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else "") + (f"-tp{tp}" + ("-sp" if a.sp else "") if tp > 1 else ""), "torch": torch.__version__,
+    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else "") + (f"-fsdp2-{a.fsdp}" if a.fsdp else "") + (f"-tp{tp}" + ("-sp" if a.sp else "") if tp > 1 else ""), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "world_size": world,
            "model": s["type"], "batch_per_gpu": a.batch, "seq": s["seq"], "steps": a.steps, "warmup": a.warmup,
            "params": n_params, "params_formula": want_total, "matmul_params_formula": want_matmul,
@@ -420,7 +441,7 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1)
-    if ddp:
+    if world > 1:
         dist.barrier()
         dist.destroy_process_group()
 

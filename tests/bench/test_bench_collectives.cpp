@@ -23,6 +23,7 @@ TEST(BenchCollectives, BusBandwidthFactorsFollowNcclTests) {
   EXPECT_DOUBLE_EQ(busbw_factor("all_reduce", 8), 2.0 * 7 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor("all_gather", 4), 0.75);
   EXPECT_DOUBLE_EQ(busbw_factor("reduce_scatter", 4), 0.75);
+  EXPECT_DOUBLE_EQ(busbw_factor("all_to_all", 8), 7.0 / 8);
   EXPECT_DOUBLE_EQ(busbw_factor("broadcast", 8), 1.0);
   EXPECT_DOUBLE_EQ(busbw_factor("send_recv", 2), 1.0);
   EXPECT_DOUBLE_EQ(busbw_factor("all_reduce", 1), 1.0);
@@ -51,7 +52,7 @@ TEST_F(BenchCollectivesCli, OneProcessRunsEveryCollectiveButSendRecv) {
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["world"], 1);
-  EXPECT_EQ(j["results"].size(), 4u * 8u);  // 4 collectives x 8 sizes; send_recv needs 2 ranks
+  EXPECT_EQ(j["results"].size(), 5u * 8u);  // 5 collectives x 8 sizes; send_recv needs 2 ranks
   EXPECT_NE(j["notes"].dump().find("send_recv needs at least 2 ranks"), std::string::npos);
   for (const auto& x : j["results"]) {
     EXPECT_GT(x["time_us"].get<double>(), 0.0);
@@ -83,7 +84,7 @@ TEST_F(BenchCollectivesCli, TwoMpiRanksReportFromRankZero) {
   const auto j = nlohmann::json::parse(out);  // one JSON object: rank 1 prints nothing
   EXPECT_EQ(j["world"], 2);
   EXPECT_EQ(j["backend"], "mpi");
-  EXPECT_EQ(j["results"].size(), 5u * 7u);
+  EXPECT_EQ(j["results"].size(), 6u * 7u);  // every operation, send_recv included, x 7 sizes
   for (const auto& x : j["results"])
     EXPECT_NEAR(x["busbw_gbs"].get<double>(), x["algbw_gbs"].get<double>() * busbw_factor(x["op"], 2), 1e-9);
 }

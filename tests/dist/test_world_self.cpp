@@ -59,6 +59,9 @@ TEST_F(SelfWorld, EveryOperationOnOneRank) {
     Tensor s = zeros({37}, {.dtype = dt});
     w->scatter(s, values(37, dt), 0)->wait();
     EXPECT_EQ(s.to_vector<double>(), ref);
+    Tensor x = zeros({37}, {.dtype = dt});
+    w->all_to_all(x, values(37, dt))->wait();
+    EXPECT_EQ(x.to_vector<double>(), ref);
   }
   w->barrier()->wait();
   auto sub = w->new_group({0});
@@ -70,6 +73,8 @@ TEST_F(SelfWorld, EveryOperationOnOneRank) {
   EXPECT_THROW(w->recv(a, 1), Error);
   EXPECT_THROW(w->broadcast(a, 1), Error);
   EXPECT_THROW(w->all_gather(zeros({9}), a), Error);
+  EXPECT_THROW(w->all_to_all(zeros({9}), a), Error);  // sizes differ
+  EXPECT_THROW(w->all_to_all(a, a), Error);           // not in place
   EXPECT_THROW(w->all_reduce(values(8, DType::i64), ReduceOp::avg), Error);
   EXPECT_THROW(w->all_reduce(a.reshape({2, 4}).transpose(0, 1)), Error);
   EXPECT_THROW(w->new_group({1}), Error);

@@ -16,17 +16,18 @@
 namespace forge::bench {
 
 const std::vector<std::string>& collective_ops() {
-  static const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"};
+  static const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                                   "send_recv"};
   return ops;
 }
 
 double busbw_factor(const std::string& op, int world) {
   const double w = world;
   if (op == "all_reduce") return world == 1 ? 1.0 : 2.0 * (w - 1) / w;
-  if (op == "all_gather" || op == "reduce_scatter") return world == 1 ? 1.0 : (w - 1) / w;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return world == 1 ? 1.0 : (w - 1) / w;
   if (op == "broadcast" || op == "send_recv") return 1.0;
   FORGE_THROW("bench collectives: unknown operation '", op,
-              "'; use all_reduce, all_gather, reduce_scatter, broadcast or send_recv");
+              "'; use all_reduce, all_gather, reduce_scatter, all_to_all, broadcast or send_recv");
 }
 
 int64_t collective_elements(int64_t size_bytes, int element_size, int world) {
@@ -54,6 +55,7 @@ double time_op(dist::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor&
     if (op == "all_reduce") return pg.all_reduce(a, dist::ReduceOp::sum);
     if (op == "all_gather") return pg.all_gather(a, b);        // a: W*n, b: n
     if (op == "reduce_scatter") return pg.reduce_scatter(b, a, dist::ReduceOp::sum);  // a: W*n in, b: n out
+    if (op == "all_to_all") return pg.all_to_all(b, a);  // a: W blocks in, b: W blocks out
     if (op == "broadcast") return pg.broadcast(a, 0);
     // send_recv: pairs (0,1), (2,3), ...; one iteration is a message each way, so the time per
     // operation below is halved (one one-way message).
@@ -131,7 +133,7 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
       // Random data (never zeros); a is the whole buffer, b the per-rank part where there is one.
       Tensor a = rand({n}, to), b;
       if (op == "all_gather" || op == "reduce_scatter") b = rand({n / W}, to);
-      else if (op == "send_recv") b = empty({n}, to);
+      else if (op == "send_recv" || op == "all_to_all") b = empty({n}, to);
       CollectiveResult res;
       res.op = op;
       res.elements = n;

@@ -428,6 +428,29 @@ class MpiGroup final : public ProcessGroup {
     return w;
   }
 
+  WorkPtr all_to_all(const Tensor& output, const Tensor& input) override {
+    detail::check_all_to_all(*this, output, input);
+    const int64_t n = input.numel() / size();  // elements per block
+    auto w = start("all_to_all");
+    w->keep(output);
+    w->keep(input);
+    const MPI_Datatype type = mpi_type(input.dtype());
+    const size_t es = input.element_size();
+    if (n <= max_count()) {
+      if (n > 0)
+        w->check(MPI_Ialltoall(bytes(input), static_cast<int>(n), type, bytes(output), static_cast<int>(n), type,
+                               w->comm(), w->new_request()));
+      return w;
+    }
+    // Chunk [c0, c0 + k) of every block at once: one element of a type of k elements whose extent is a block.
+    for_chunks(n, [&](int64_t c0, int k) {
+      StridedChunkType chunk(type, k, n);
+      w->check(MPI_Ialltoall(bytes(input) + c0 * es, 1, chunk.get(), bytes(output) + c0 * es, 1, chunk.get(),
+                             w->comm(), w->new_request()));
+    });
+    return w;
+  }
+
   WorkPtr send(const Tensor& t, int dst, int tag) override { return point_to_point("send", "dst", t, dst, tag); }
   WorkPtr recv(const Tensor& t, int src, int tag) override { return point_to_point("recv", "src", t, src, tag); }
 

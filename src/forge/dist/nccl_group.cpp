@@ -412,6 +412,23 @@ class NcclGroup final : public dist::ProcessGroup {
     });
   }
 
+  WorkPtr all_to_all(const Tensor& output, const Tensor& input) override {
+    dist::detail::check_all_to_all(*this, output, input);
+    const size_t n = count(input) / static_cast<size_t>(size()), slice = n * input.element_size();
+    const ncclDataType_t dt = nccl_type(input.dtype());
+    return run("all_to_all", {output, input}, [&](ncclComm_t c, cudaStream_t s) {
+      if (n == 0) return ncclSuccess;
+      // One group of W sends and W receives (the own block included: NCCL copies it locally).
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+        r = ncclSend(bytes(input) + p * slice, n, dt, p, c, s);
+        if (r == ncclSuccess) r = ncclRecv(bytes(output) + p * slice, n, dt, p, c, s);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
   WorkPtr send(const Tensor& t, int dst, int) override {
     dist::detail::check_peer(*this, "send", "dst", dst);
     dist::detail::check_tensor(*this, "send", "t", t);

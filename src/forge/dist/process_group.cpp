@@ -117,5 +117,20 @@ void check_scatter(const ProcessGroup& pg, const Tensor& output, const Tensor& i
               output.numel(), " = ", output.numel() * pg.size());
 }
 
+void check_all_to_all(const ProcessGroup& pg, const Tensor& output, const Tensor& input) {
+  check_tensor(pg, "all_to_all", "output", output);
+  check_tensor(pg, "all_to_all", "input", input);
+  check_same_dtype("all_to_all", output, input);
+  FORGE_CHECK(output.numel() == input.numel(), "all_to_all: output has ", output.numel(),
+              " elements but input has ", input.numel(), "; both hold one block per rank, the same size");
+  FORGE_CHECK(input.numel() % pg.size() == 0, "all_to_all: input has ", input.numel(),
+              " elements, not a multiple of the group size ", pg.size(), " (one equal block per rank); pad it");
+  const auto* o = static_cast<const char*>(output.data_ptr());
+  const auto* i = static_cast<const char*>(input.data_ptr());
+  const size_t bytes = static_cast<size_t>(input.numel()) * input.element_size();
+  FORGE_CHECK(bytes == 0 || o + bytes <= i || i + bytes <= o,
+              "all_to_all: output and input overlap; it is not an in-place operation, give it a separate output");
+}
+
 }  // namespace detail
 }  // namespace forge::dist

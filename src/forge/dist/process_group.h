@@ -32,6 +32,9 @@
 //   reduce_scatter(out, in, op)  in.numel() == W * out.numel(); rank r gets op over ranks of in[r*n, (r+1)*n)
 //   gather(out, in, root)        as all_gather, on root only (out is ignored elsewhere and may be undefined)
 //   scatter(out, in, root)       root's in[r*n, (r+1)*n) to rank r's out (in is ignored off root)
+//   all_to_all(out, in)          in.numel() == out.numel() == W * n; rank r's in[j*n, (j+1)*n) lands at
+//                                rank j's out[r*n, (r+1)*n) (a transpose of the W x W blocks); out and
+//                                in must not overlap
 //   send(t, dst, tag) / recv(t, src, tag)   point to point (NCCL ignores tags: order is what matches)
 //   barrier()                    every rank has reached it
 // avg is sum then divide by W (in the tensor's dtype; integer avg is refused).
@@ -84,6 +87,7 @@ class ProcessGroup {
   virtual WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) = 0;
   virtual WorkPtr gather(const Tensor& output, const Tensor& input, int root) = 0;
   virtual WorkPtr scatter(const Tensor& output, const Tensor& input, int root) = 0;
+  virtual WorkPtr all_to_all(const Tensor& output, const Tensor& input) = 0;
   virtual WorkPtr send(const Tensor& t, int dst, int tag = 0) = 0;
   virtual WorkPtr recv(const Tensor& t, int src, int tag = 0) = 0;
   virtual WorkPtr barrier() = 0;
@@ -119,6 +123,7 @@ void check_all_gather(const ProcessGroup& pg, const Tensor& output, const Tensor
 void check_reduce_scatter(const ProcessGroup& pg, const Tensor& output, const Tensor& input, ReduceOp op);
 void check_gather(const ProcessGroup& pg, const Tensor& output, const Tensor& input, int root);
 void check_scatter(const ProcessGroup& pg, const Tensor& output, const Tensor& input, int root);
+void check_all_to_all(const ProcessGroup& pg, const Tensor& output, const Tensor& input);
 void check_peer(const ProcessGroup& pg, const char* op, const char* arg, int peer);
 }  // namespace detail
 

@@ -158,6 +158,20 @@ void check_group(ProcessGroup& g, int64_t n) {
     g.all_gather(flat, slot)->wait();
     EXPECT_EQ(read(flat), concatenated(seed, n, dt, w)) << "in-place all_gather " << dtype_name(dt);
 
+    ++seed;
+    {  // all_to_all: block j of rank r's input lands at block r of rank j's output.
+      std::vector<double> mine;
+      for (int src = 0; src < w; ++src) {
+        const auto v = values(seed, src, w * n, dt);
+        mine.insert(mine.end(), v.begin() + r * n, v.begin() + (r + 1) * n);
+      }
+      Tensor ain = make(values(seed, r, w * n, dt), dt);
+      Tensor aout = filled(w * n, dt);
+      g.all_to_all(aout, ain)->wait();
+      EXPECT_EQ(read(aout), mine) << "all_to_all " << dtype_name(dt);
+      EXPECT_EQ(read(ain), values(seed, r, w * n, dt)) << "all_to_all changed its input";
+    }
+
     if (w > 1) {
       // One stream per group runs sends and receives in call order: even ranks send first,
       // odd ranks receive first, so a ring never waits on itself.
@@ -209,6 +223,7 @@ void check_group(ProcessGroup& g, int64_t n) {
   EXPECT_THROW(g.all_reduce(full({4}, 1.0)), Error);  // a CPU tensor
   EXPECT_THROW(g.all_gather(filled(w * 4 + 1, DType::f32), bad), Error);
   EXPECT_THROW(g.broadcast(bad, w), Error);
+  EXPECT_THROW(g.all_to_all(bad, bad), Error);  // not in place
   EXPECT_THROW(g.all_reduce(filled(4, DType::i64), ReduceOp::avg), Error);
   EXPECT_THROW(g.all_reduce(full({2, 2}, 1.0, {.device = dev}).transpose(0, 1)), Error);
   g.barrier()->synchronize();

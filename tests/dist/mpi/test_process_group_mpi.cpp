@@ -226,6 +226,25 @@ void check_scatter(int64_t n) {
     }
 }
 
+// Rank r's input is w blocks of n; block j goes to rank j, which keeps it at block r.
+void check_all_to_all(int64_t n) {
+  uint64_t seed = 750;
+  const int w = W().size(), r = W().rank();
+  for (DType dt : kDTypes) {
+    ++seed;
+    std::vector<double> expect;
+    for (int src = 0; src < w; ++src) {
+      const auto v = values(seed, src, w * n, dt);
+      expect.insert(expect.end(), v.begin() + r * n, v.begin() + (r + 1) * n);
+    }
+    Tensor in = make(values(seed, r, w * n, dt), dt);
+    Tensor out = full({w * n}, -7.0, {.dtype = dt});
+    W().all_to_all(out, in)->wait();
+    EXPECT_EQ(read(out), expect) << "all_to_all " << dtype_name(dt) << " n=" << n;
+    EXPECT_EQ(read(in), values(seed, r, w * n, dt)) << "all_to_all changed its input";
+  }
+}
+
 void check_send_recv(int64_t n) {
   const int w = W().size(), r = W().rank();
   if (w == 1) return;  // every rank skips: no collective is involved
@@ -257,6 +276,7 @@ void check_everything(int64_t n) {
   check_reduce_scatter(n);
   check_gather(n);
   check_scatter(n);
+  check_all_to_all(n);
   check_send_recv(n);
 }
 
@@ -278,6 +298,7 @@ TEST(MpiGroup, AllGather) { check_all_gather(129); }
 TEST(MpiGroup, ReduceScatter) { check_reduce_scatter(257); }
 TEST(MpiGroup, Gather) { check_gather(65); }
 TEST(MpiGroup, Scatter) { check_scatter(77); }
+TEST(MpiGroup, AllToAll) { check_all_to_all(91); }
 TEST(MpiGroup, SendRecv) { check_send_recv(1001); }
 
 TEST(MpiGroup, OneElementAndEmpty) {
@@ -385,6 +406,9 @@ TEST(MpiGroup, ArgumentErrorsBeforeCommunication) {
   };
   throws_with([&] { W().all_gather(empty({w * 12 + 1}), a); }, "all_gather: output has");
   throws_with([&] { W().reduce_scatter(empty({5}), a); }, "reduce_scatter: input has");
+  throws_with([&] { W().all_to_all(empty({13}), a); }, "all_to_all: output has");
+  throws_with([&] { W().all_to_all(a, a); }, "overlap");
+  if (w > 1) throws_with([&] { W().all_to_all(empty({w * 12 + 1}), empty({w * 12 + 1})); }, "not a multiple");
   throws_with([&] { W().all_reduce(a.reshape({3, 4}).transpose(0, 1)); }, "not contiguous");
   throws_with([&] { W().broadcast(a, w); }, "broadcast: root");
   throws_with([&] { W().reduce(a, -1); }, "reduce: root");
@@ -419,6 +443,7 @@ TEST(MpiGroup, ChunkedLargeMessages) {
     env::Override limit("FORGE_MPI_MAX_COUNT", "1");
     check_all_gather(3);
     check_reduce_scatter(3);
+    check_all_to_all(3);
   }
 }
 
