@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The two-GPU session of issues 16 and 17 in one detached run: build, the CUDA tests of the
-# distributed paths, then the tensor- and pipeline-parallel benchmarks. Results go OUTSIDE the
-# repository (RESULTS, default /tmp/forge_dist_results): the device tool re-sends the working tree
-# on every call and removes files it does not have, so raw results written under benchmarks/
-# would vanish between calls.
+# The multi-GPU session of issues 16, 17 and 20 in one detached run: build (and NCCL's nccl-tests
+# from .deps/nccl-tests, scripts/fetch-gpu-deps.sh), the CUDA tests of the distributed paths, the
+# tensor- and pipeline-parallel checks and benchmarks, and the scaling runs of
+# benchmarks/scale/run_scale.sh. Results go OUTSIDE the repository (RESULTS, default
+# /tmp/forge_dist_results): the device tool re-sends the working tree on every call and removes
+# files it does not have, so raw results written under benchmarks/ would vanish between calls.
 #
 #   setsid nohup scripts/gpu-dist-runs.sh > /dev/null 2>&1 < /dev/null &   # then poll $RESULTS/log
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
-# Steps (STEPS_TO_RUN, in this order): build ctest pp_check tp_check pp_bubble pp_peer pp_socket
-# tp_profile tp_perf (tp_profile: phase timers and a kernel trace of tp 2 with and without
-# sequence parallelism). Each writes under $RESULTS/<benchmark>/; $RESULTS/log has a line per step and the key
-# numbers (grep ALL_DONE). Copy $RESULTS/pp and $RESULTS/tp into benchmarks/results/raw/<kind>_<gpu>/
-# and run benchmarks/pp/report_pp.py and benchmarks/tp/report_tp.py to write the reports.
+# Steps (STEPS_TO_RUN, in this order): build ctest tp_check pp_check pp_check4 tp_check4 pp_bubble
+# pp_peer pp_socket tp_profile tp_perf scale.
+#   ctest       the CUDA tests of the distributed paths; with CTEST_GPUS (e.g. 0,1) on those GPUs in
+#               the background while the next steps run on CHECK_GPUS (e.g. 2,3), until a step that
+#               needs every GPU
+#   tp_check / pp_check     equivalence at tp = 2 / pp = 2 (on CHECK_GPUS if set)
+#   pp_check4 / tp_check4   the same at pp = 4 / tp = 4 (CHECK4_MODELS, CHECK4_OPTIMS)
+#   pp_bubble   the pipeline bubble at pp = 2 (SCHEDS)
+#   tp_profile  phase timers and a kernel trace of tp 2 with and without sequence parallelism
+#   scale       benchmarks/scale/run_scale.sh on every GPU (SCALE_PHASES; its own variables pass through)
+# Each writes under $RESULTS/<benchmark>/; $RESULTS/log has a line per step and the key numbers
+# (grep ALL_DONE). Copy $RESULTS/{pp,tp,scale} into benchmarks/results/raw/<kind>_<gpu>/ and run
+# benchmarks/{pp/report_pp,tp/report_tp,scale/report_scale}.py to write the reports.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 export NCCL_NVLS_ENABLE=0
@@ -20,35 +29,69 @@ R="${RESULTS:-/tmp/forge_dist_results}"
 mkdir -p "$R"
 exec > "$R/log" 2>&1
 STEPS=" ${STEPS_TO_RUN:-build ctest pp_check tp_check pp_bubble pp_peer pp_socket tp_profile tp_perf} "
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Runs a command with CUDA_VISIBLE_DEVICES=$1 when $1 is not empty (empty: every GPU).
+on_gpus() { local g=$1; shift; if [[ -n "$g" ]]; then CUDA_VISIBLE_DEVICES="$g" "$@"; else "$@"; fi; }
+BG=""
+wait_bg() { if [[ -n "$BG" ]]; then wait "$BG" || true; BG=""; t "background ctest done"; grep -E "tests passed|\(Failed\)|Timeout|Not Run" "$R/ctest.log" | head -20; fi; }
 C=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 t() { echo "[$(date +%H:%M:%S)] $*"; }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 t "start, commit $C, steps:$STEPS"; nvidia-smi --query-gpu=name --format=csv,noheader
 if want build; then
+  NT=""
+  if [[ -f .deps/nccl-tests/src/Makefile ]]; then  # NCCL's own benchmarks, the collectives' yardstick
+    (make -C .deps/nccl-tests/src BUILDDIR=/tmp/nccl-tests-build NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+       -j 16 > "$R/nccl_tests_build.log" 2>&1; echo "rc=$?" >> "$R/nccl_tests_build.log") &
+    NT=$!
+  fi
   BUILD_ONLY=1 JOBS="${JOBS:-32}" scripts/gpu-check.sh > "$R/build.log" 2>&1; rc=$?; t "build rc=$rc"
+  [[ -n "$NT" ]] && { wait "$NT" || true; t "nccl-tests build: $(tail -1 "$R/nccl_tests_build.log")"; }
   grep -E "error|warning:" "$R/build.log" | head
   [[ $rc == 0 ]] || { tail -30 "$R/build.log"; t ALL_DONE; exit 1; }
 fi
 if want ctest; then
-  (cd build-gpu && timeout 300 ctest -L cuda -R "LinearDeferred|CudaStreams|CudaTensorParallel|Nccl|GraphedTraining|CudaAllocator|CudaLinear|Deferred|CudaModels|CrossEntropy|OpTable" \
-     --output-on-failure -j8 > "$R/ctest.log" 2>&1; t "ctest rc=$?"; grep -E "tests passed|\(Failed\)|Timeout|Not Run" "$R/ctest.log" | head -20)
-fi
-if want pp_check; then
-  FORGE_COMMIT=$C RAW_DIR=$R/pp PHASES=check timeout 300 benchmarks/pp/run_pp.sh > "$R/pp_check.log" 2>&1; t "pp check rc=$?"
-  grep -h '"result"' "$R/pp/equivalence.jsonl" | cut -c1-200
+  run_ctest() {
+    (cd build-gpu && timeout 300 ctest -L cuda -R "${CTEST_REGEX:-LinearDeferred|CudaStreams|CudaTensorParallel|Nccl|GraphedTraining|CudaAllocator|CudaLinear|Deferred|CudaModels|CrossEntropy|OpTable}" \
+       --output-on-failure -j8 > "$R/ctest.log" 2>&1; t "ctest rc=$?")
+  }
+  if [[ -n "${CTEST_GPUS:-}" ]]; then
+    on_gpus "$CTEST_GPUS" run_ctest & BG=$!
+    t "ctest in the background on GPUs $CTEST_GPUS"
+  else
+    run_ctest; grep -E "tests passed|\(Failed\)|Timeout|Not Run" "$R/ctest.log" | head -20
+  fi
 fi
 if want tp_check; then
-  FORGE_COMMIT=$C RAW_DIR=$R/tp PHASES=check timeout 400 benchmarks/tp/run_tp.sh > "$R/tp_check.log" 2>&1; t "tp check rc=$?"
-  grep -h '"result"' "$R/tp/equivalence.jsonl" | cut -c1-200
+  on_gpus "${CHECK_GPUS:-}" env FORGE_COMMIT=$C RAW_DIR=$R/tp PHASES=check timeout 400 benchmarks/tp/run_tp.sh > "$R/tp_check.log" 2>&1
+  t "tp check rc=$?"; grep -h '"result"' "$R/tp/equivalence.jsonl" | cut -c1-200
+fi
+if want pp_check; then
+  on_gpus "${CHECK_GPUS:-}" env FORGE_COMMIT=$C RAW_DIR=$R/pp PHASES=check timeout 300 benchmarks/pp/run_pp.sh > "$R/pp_check.log" 2>&1
+  t "pp check rc=$?"; grep -h '"result"' "$R/pp/equivalence.jsonl" | cut -c1-200
+fi
+if want pp_check4; then
+  wait_bg
+  FORGE_COMMIT=$C RAW_DIR=$R/pp PHASES=check CHECK_PP=4 APPEND=1 CHECK_MODELS="${CHECK4_MODELS:-gpt llama}" \
+    timeout 300 benchmarks/pp/run_pp.sh > "$R/pp_check4.log" 2>&1
+  t "pp check at pp 4 rc=$?"; grep -h '"pp": 4' "$R/pp/equivalence.jsonl" | cut -c1-200
+fi
+if want tp_check4; then
+  wait_bg
+  FORGE_COMMIT=$C RAW_DIR=$R/tp PHASES=check CHECK_TP=4 APPEND=1 CHECK_MODELS="${CHECK4_MODELS_TP:-llama_kv2}" \
+    CHECK_OPTIMS="${CHECK4_OPTIMS:-adamw}" timeout 300 benchmarks/tp/run_tp.sh > "$R/tp_check4.log" 2>&1
+  t "tp check at tp 4 rc=$?"; grep -h '"tp": 4' "$R/tp/equivalence.jsonl" | cut -c1-200
 fi
 for ph in bubble peer socket; do
   want pp_$ph || continue
+  wait_bg
   FORGE_COMMIT=$C RAW_DIR=$R/pp PHASES=$ph RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/pp/run_pp.sh > "$R/pp_$ph.log" 2>&1
   t "pp $ph rc=$?"
   [[ $ph == bubble ]] && cat "$R/pp/bubble_fit.txt"
   [[ $ph != bubble ]] && grep -h '"result"' "$R/pp/$ph.jsonl" | cut -c1-300
 done
 if want tp_profile; then
+  wait_bg
   # Where tensor parallelism's step goes, with and without sequence parallelism (the 0.85B LLaMA,
   # batch 8 x 2048): forge's phase timers (FORGE_TRAIN_PHASES), then a CUPTI kernel trace of each
   # rank (benchmarks/step/ktrace.cpp) summarised by benchmarks/step/kernels.py: kernels by kind,
@@ -82,9 +125,18 @@ if want tp_profile; then
   )
 fi
 if want tp_perf; then
+  wait_bg
   FORGE_COMMIT=$C RAW_DIR=$R/tp REPORT=$R/tp_report.md PHASES=perf STEPS=21 PEER_STEPS=10 PEER_WARMUP=6 \
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
 fi
+if want scale; then
+  wait_bg
+  FORGE_COMMIT=$C RAW_DIR=$R/scale PHASES="${SCALE_PHASES:-collectives ddp zero tp pp 3d largest}" \
+    NCCL_TESTS_DIR=/tmp/nccl-tests-build timeout "${SCALE_TIMEOUT:-3000}" benchmarks/scale/run_scale.sh > "$R/scale.log" 2>&1
+  t "scale rc=$?"
+  python3 benchmarks/scale/report_scale.py "$R/scale" > "$R/scale_report.md" 2>&1 || true
+fi
+wait_bg
 t ALL_DONE

@@ -9,8 +9,9 @@
 #   PHASES=check benchmarks/pp/run_pp.sh
 #
 # Phases:
-#   check   tiny GPT and LLaMA, f32 without TF32, SGD and AdamW, grad_accum 4: pp = 2 on 2 GPUs with
-#           1f1b, gpipe, zb-h1 and interleaved (2 chunks) against one GPU (benchmarks/dist/compare_runs.py)
+#   check   tiny GPT and LLaMA, f32 without TF32, SGD and AdamW, grad_accum 4: pp = CHECK_PP (2) on as many
+#           GPUs with 1f1b, gpipe, zb-h1 and interleaved (2 chunks) against one GPU
+#           (benchmarks/dist/compare_runs.py)
 #   bubble  LLaMA 0.85B (configs/llama-0.85b.toml), bf16, pp = 2, micro-batch MICRO (2) sequences,
 #           K = grad_accum in KS ("4 8 16"), each schedule in SCHEDS: ms/step. A step of K micro-batches
 #           takes a K + b (a: one micro-batch's forward and backward on the slower stage; b: the fill and
@@ -39,14 +40,16 @@ NGPU=$(nvidia-smi -L | wc -l)
 echo "run_pp: $GPU x $NGPU, phases: $PHASES, commit $(cat "$RAW/commit.txt")"
 
 if [[ " $PHASES " == *" check "* ]]; then
-  echo "== equivalence: pp = 2 on 2 GPUs vs 1 GPU, f32"
+  PC="${CHECK_PP:-2}"
+  [[ "$PC" -le "$NGPU" ]] || { echo "run_pp.sh: CHECK_PP=$PC needs $PC GPUs, found $NGPU"; exit 2; }
+  echo "== equivalence: pp = $PC on $PC GPUs vs 1 GPU, f32"
   COMMON=(--run.dir="$RUNS" --run.device=cuda --run.dtype=f32 --run.allow_tf32=false --run.overwrite=true
-          --model.vocab_size=256 --model.block_size=16 --model.n_layer=4 --model.n_head=4 --data.source=random
+          --model.vocab_size=256 --model.block_size=16 --model.n_layer=$((PC > 2 ? 2 * PC : 4)) --model.n_head=4 --data.source=random
           --train.steps=20 --train.batch_size=8 --train.grad_accum=4 --train.seq_len=16 --train.log_every=1
           --optim.lr=3e-3 --optim.momentum=0.9 --optim.grad_clip=0.5 --schedule.warmup_steps=3
           --schedule.decay_steps=20 --eval.every=0 --dist.bucket_mb=0.004)
-  : > "$RAW/equivalence.jsonl"
-  for model in gpt llama; do
+  [[ "${APPEND:-0}" == 1 ]] || : > "$RAW/equivalence.jsonl"
+  for model in ${CHECK_MODELS:-gpt llama}; do
     case $model in
       gpt) M=(--model.type=gpt --model.n_embd=32 --model.bias=false) ;;
       llama) M=(--model.type=llama --model.dim=32 --model.n_kv_head=2) ;;
@@ -54,15 +57,15 @@ if [[ " $PHASES " == *" check "* ]]; then
     for o in sgd adamw; do
       "$FORGE" train configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=ref_${model}_$o > "$RAW/eq_ref_${model}_$o.log" 2>&1
       for sched in 1f1b gpipe zb-h1 interleaved; do
-        name="eq_${model}_${o}_pp2_$sched"
+        name="eq_${model}_${o}_pp${PC}_$sched"
         VS=(); [[ $sched == interleaved ]] && VS=(--dist.pp_virtual_stages=2)
-        if timeout 120 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train configs/tiny.toml "${COMMON[@]}" "${M[@]}" \
-             --optim.name=$o --run.name=$name --dist.pp=2 --dist.pp_schedule=$sched "${VS[@]}" > "$RAW/$name.log" 2>&1; then
+        if timeout 120 "$FORGE" launch --nproc-per-node "$PC" -- "$FORGE" train configs/tiny.toml "${COMMON[@]}" "${M[@]}" \
+             --optim.name=$o --run.name=$name --dist.pp="$PC" --dist.pp_schedule=$sched "${VS[@]}" > "$RAW/$name.log" 2>&1; then
           r=$("$PY" benchmarks/dist/compare_runs.py "$RUNS/$name" "$RUNS/ref_${model}_$o")
         else
           r='{"error": "run failed"}'
         fi
-        echo "{\"model\": \"$model\", \"optim\": \"$o\", \"pp\": 2, \"schedule\": \"$sched\", \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
+        echo "{\"model\": \"$model\", \"optim\": \"$o\", \"pp\": $PC, \"schedule\": \"$sched\", \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
       done
     done
   done

@@ -11,7 +11,7 @@
 #
 # Phases:
 #   check  tiny GPT and LLaMA (GQA 4/2, and 4/1: replicated kv heads), f32 without TF32, SGD and
-#          AdamW, 20 steps: tp = 2 with and without sequence parallelism on 2 GPUs against one GPU
+#          AdamW, 20 steps: tp = CHECK_TP (2) with and without sequence parallelism on as many GPUs against one GPU
 #          (benchmarks/dist/compare_runs.py: every loss and every final parameter)
 #   perf   MODELS (default "0.85b wide"): configs/llama-0.85b.toml (16 x 2048, 32/8 heads), and
 #          "wide" = LLaMA-2-7B's width (4096, 32/8 heads, FFN 11008) with WIDE_LAYERS (4) layers;
@@ -38,15 +38,18 @@ echo "run_tp: $GPU x $NGPU, phases: $PHASES, commit $(cat "$RAW/commit.txt")"
 
 train1() { "$FORGE" train "$@"; }
 train2() { "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "$@"; }
+TC="${CHECK_TP:-2}"
+trainc() { "$FORGE" launch --nproc-per-node "$TC" -- "$FORGE" train "$@"; }
 
 if [[ " $PHASES " == *" check "* ]]; then
-  echo "== equivalence: tp = 2 on 2 GPUs vs 1 GPU, f32"
+  [[ "$TC" -le "$NGPU" ]] || { echo "run_tp.sh: CHECK_TP=$TC needs $TC GPUs, found $NGPU"; exit 2; }
+  echo "== equivalence: tp = $TC on $TC GPUs vs 1 GPU, f32"
   COMMON=(--run.dir="$RUNS" --run.device=cuda --run.dtype=f32 --run.allow_tf32=false --run.overwrite=true
           --model.vocab_size=256 --model.block_size=16 --model.n_layer=2 --model.n_head=4 --data.source=random
           --train.steps=20 --train.batch_size=8 --train.seq_len=16 --train.log_every=1 --optim.lr=3e-3
           --optim.momentum=0.9 --optim.grad_clip=0.5 --schedule.warmup_steps=3 --schedule.decay_steps=20
           --eval.every=0 --dist.bucket_mb=0.004)
-  : > "$RAW/equivalence.jsonl"
+  [[ "${APPEND:-0}" == 1 ]] || : > "$RAW/equivalence.jsonl"
   for model in ${CHECK_MODELS:-gpt llama_kv2 llama_kv1}; do
     case $model in
       gpt) M=(--model.type=gpt --model.n_embd=32 --model.bias=false) ;;
@@ -56,14 +59,14 @@ if [[ " $PHASES " == *" check "* ]]; then
     for o in ${CHECK_OPTIMS:-sgd adamw}; do
       train1 configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=ref_${model}_$o > "$RAW/eq_ref_${model}_$o.log" 2>&1
       for sp in false true; do
-        name="eq_${model}_${o}_tp2_sp$sp"
-        if train2 configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=$name --dist.tp=2 \
+        name="eq_${model}_${o}_tp${TC}_sp$sp"
+        if trainc configs/tiny.toml "${COMMON[@]}" "${M[@]}" --optim.name=$o --run.name=$name --dist.tp="$TC" \
              --dist.sequence_parallel=$sp > "$RAW/$name.log" 2>&1; then
           r=$("$PY" benchmarks/dist/compare_runs.py "$RUNS/$name" "$RUNS/ref_${model}_$o")
         else
           r='{"error": "run failed"}'
         fi
-        echo "{\"model\": \"$model\", \"optim\": \"$o\", \"tp\": 2, \"sequence_parallel\": $sp, \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
+        echo "{\"model\": \"$model\", \"optim\": \"$o\", \"tp\": $TC, \"sequence_parallel\": $sp, \"result\": $r}" | tee -a "$RAW/equivalence.jsonl"
       done
     done
   done
