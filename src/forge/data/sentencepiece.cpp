@@ -125,7 +125,8 @@ namespace {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(std::string model, const std::string& origin) : model_(std::move(model)) {
+  SentencePieceTokenizer(std::string model, const std::string& name, const std::string& origin)
+      : model_(std::move(model)) {
     const std::string where = "sentencepiece model '" + origin + "'";
     const auto st = sp_.LoadFromSerializedProto(model_);
     FORGE_CHECK(st.ok(), where, ": libsentencepiece cannot read it: ", st.ToString());
@@ -164,7 +165,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     nlohmann::json wrapper = {{"format", "forge-tokenizer-file"},
                               {"version", 1},
                               {"kind", "sentencepiece"},
-                              {"name", origin.substr(origin.find_last_of('/') + 1)},
+                              {"name", name},
                               {"base64", base64_encode(model_)}};
     serialized_ = wrapper.dump() + "\n";
   }
@@ -234,15 +235,16 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::shared_ptr<const Tokenizer> load_sentencepiece(std::string model, const std::string& origin) {
-  return std::make_shared<SentencePieceTokenizer>(std::move(model), origin);
+std::shared_ptr<const Tokenizer> load_sentencepiece(std::string model, const std::string& name,
+                                                    const std::string& origin) {
+  return std::make_shared<SentencePieceTokenizer>(std::move(model), name, origin);
 }
 
 #else
 
 bool have_sentencepiece_support() { return false; }
 
-std::shared_ptr<const Tokenizer> load_sentencepiece(std::string, const std::string& origin) {
+std::shared_ptr<const Tokenizer> load_sentencepiece(std::string, const std::string&, const std::string& origin) {
   FORGE_THROW("sentencepiece model '", origin, "': reading .model files needs libsentencepiece, and this forge was "
               "built without it: install libsentencepiece-dev (scripts/install-deps.sh) and configure again");
 }

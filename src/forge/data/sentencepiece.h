@@ -23,7 +23,8 @@
 
 namespace forge::data {
 
-std::shared_ptr<const Tokenizer> load_sentencepiece(std::string model, const std::string& origin);
+// `name` is the file's name (kept in the run directory's wrapper), `origin` names it in errors.
+std::shared_ptr<const Tokenizer> load_sentencepiece(std::string model, const std::string& name, const std::string& origin);
 
 // True when `bytes` starts like a serialised ModelProto (its first field, a piece).
 bool looks_like_sentencepiece(const std::string& bytes);

@@ -67,7 +67,7 @@ std::shared_ptr<const Tokenizer> from_wrapper(const nlohmann::json& j, const std
     if (j.contains("special_tokens")) options["special_tokens"] = j["special_tokens"];
     return load_tiktoken(*bytes, name, options.dump(), origin);
   }
-  if (kind == "sentencepiece") return load_sentencepiece(*bytes, origin);
+  if (kind == "sentencepiece") return load_sentencepiece(*bytes, name, origin);
   FORGE_THROW(where, ": unknown kind \"", kind, "\" in a forge tokenizer wrapper (expected tiktoken or sentencepiece)");
 }
 
@@ -96,7 +96,7 @@ std::shared_ptr<const Tokenizer> tokenizer_from_bytes(std::string bytes, const s
                 "Hugging Face tokenizer.json (it has no \"model\"); ", kAccepted);
   }
   if (looks_like_tiktoken(bytes)) return load_tiktoken(std::move(bytes), name, sidecar, origin);
-  if (looks_like_sentencepiece(bytes)) return load_sentencepiece(std::move(bytes), origin);
+  if (looks_like_sentencepiece(bytes)) return load_sentencepiece(std::move(bytes), name, origin);
   FORGE_THROW("tokenizer '", origin, "' is not a tokenizer file forge knows (", bytes.empty() ? "it is empty" : "",
               bytes.empty() ? "; " : "", kAccepted, ")");
 }
