@@ -13,10 +13,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "data/data_testing.h"
 #include "forge/forge.h"
+#include "forge/train/run_data.h"
 #include "testing/tensor_testing.h"
 
 namespace forge::data {
@@ -262,3 +264,38 @@ TEST(TokenizerFilesErrors, BadFilesNameTheFileAndTheKinds) {
 
 }  // namespace
 }  // namespace forge::data
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+using forge::testing::TempDir;
+
+// The trainer's data path with a Hugging Face file: data.tokenizer is loaded (and kept in the
+// run directory as tokenizer.json), data.eos_token is one of its added tokens, and the
+// streaming encoder writes the reference's ids followed by the eos id per document.
+TEST(TokenizerFilesTrainer, DataPathWithAHuggingFaceTokenizer) {
+  const std::string file = data::fixture("gpt2/tokenizer.json");
+  REQUIRE_FIXTURE(file);
+  TempDir dir;
+  RunConfig cfg;
+  cfg.run.dir = dir.path().string();
+  fs::create_directories(dir.file("run"));
+  cfg.data.tokenizer = file;
+  cfg.data.eos_token = "<|endoftext|>";
+  std::ostringstream log;
+  const auto tok = load_or_train_tokenizer(cfg, {}, std::nullopt, log);
+  EXPECT_NE(log.str().find("Hugging Face byte-level BPE, 50257 tokens"), std::string::npos) << log.str();
+  EXPECT_EQ(data::load_tokenizer(dir.file("run/tokenizer.json"))->serialized(), tok->serialized());
+  const auto texts = data::corpus();
+  forge::testing::write_bytes(dir.file("a.txt"), texts[4]);
+  const auto shards = encode_files_to_shards(*tok, {dir.file("a.txt")}, dir.file("shards"), nullptr, "text",
+                                             cfg.data.eos_token);
+  ASSERT_EQ(shards.size(), 1u);
+  auto want = data::read_json(data::testdata("golden/gpt2_tokenizer_json.json"))["encode"][4].get<std::vector<int32_t>>();
+  want.push_back(50256);
+  EXPECT_EQ(data::TokenShard(shards[0]).to_vector(), want);
+}
+
+}  // namespace
+}  // namespace forge::train

@@ -65,8 +65,8 @@ class LanguageTask final : public Task {
       for (size_t i = 0; i < sp.size() && i < 8; ++i) have += (have.empty() ? "\"" : ", \"") + sp[i] + "\"";
       if (sp.size() > 8) have += ", ...";
       FORGE_CHECK(tok_->token_id(cfg_.data.eos_token).has_value(), "data.eos_token = \"", cfg_.data.eos_token,
-                  "\" is not a special token of the tokenizer (", tok_->describe(), "; ",
-                  have.empty() ? std::string("it has none") : "it has " + have,
+                  "\" is not a special token of the tokenizer (",
+                  have.empty() ? std::string("it has none") : "it has " + have, "; ", tok_->describe(),
                   "); set data.eos_token to one of them, or \"\" for none");
     }
     if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
