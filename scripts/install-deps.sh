@@ -13,6 +13,9 @@ packages=(
   libtomlplusplus-dev        # TOML run configs (used header-only)
   libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
+  libpcre2-dev               # tokenizer files: Hugging Face / tiktoken pre-tokenizer regexes
+  libutf8proc-dev            # tokenizer files: Unicode normalizers (NFC, ...)
+  libsentencepiece-dev       # tokenizer files: sentencepiece .model
   libopenmpi-dev openmpi-bin # forge::dist on CPU tensors and multi-node start-up (mpirun)
   fortunes                   # the demo corpus (configs/tiny.toml)
   dataset-fashion-mnist      # the CNN demo (configs/fashion-mnist.toml)
@@ -38,9 +41,15 @@ check_cmake() {
   fi
 }
 
+fixtures() {
+  # Real published tokenizer files for the tokenizer tests (checksummed; skipped when present).
+  bash "$(dirname "$0")/fetch-tokenizer-fixtures.sh"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
   check_cmake
+  fixtures
   exit 0
 fi
 
@@ -58,3 +67,4 @@ if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>
 fi
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 check_cmake
+fixtures

@@ -8,6 +8,9 @@
 
 #include "forge/core/error.h"
 #include "forge/data/bpe.h"
+#include "forge/data/shards.h"
+#include "forge/data/tokenizer.h"
+#include "forge/io/atomic_file.h"
 #include "forge/dist/env.h"
 #include "forge/train/config.h"
 #include "forge/train/trainer.h"
@@ -95,15 +98,39 @@ int run_tokenize_train(const TokenizeTrainArgs& args) {
 
 int run_tokenize_encode(const TokenizeEncodeArgs& args) {
   const auto files = expand_files(args.files, args.exclude);
-  const auto tok = data::BpeTokenizer::load(args.tokenizer);
-  if (!args.eos_token.empty()) {
-    const auto& sp = tok.special_tokens();
-    FORGE_CHECK(std::find(sp.begin(), sp.end(), args.eos_token) != sp.end(), "--eos-token \"", args.eos_token,
-                "\" is not a special token of ", args.tokenizer, " (it has ", sp.size(),
-                "); train the tokenizer with --special-token \"", args.eos_token, "\" or leave --eos-token out");
+  const auto tok = data::load_tokenizer(args.tokenizer);
+  if (!args.eos_token.empty() && !tok->token_id(args.eos_token)) {
+    const auto sp = tok->special_tokens();
+    FORGE_THROW("--eos-token \"", args.eos_token, "\" is not a special token of ", args.tokenizer, " (",
+                tok->describe(), ", ", sp.size(), " special token(s)); give one of its special tokens (",
+                sp.empty() ? std::string("it has none") : "e.g. \"" + sp.front() + "\"",
+                "), train the tokenizer with --special-token \"", args.eos_token, "\", or leave --eos-token out");
   }
-  const auto shards = train::encode_files_to_shards(tok, files, args.out, &std::cout, args.text_key, args.eos_token);
+  std::cout << "tokenizer: " << args.tokenizer << ", " << tok->describe() << "\n";
+  const auto shards = train::encode_files_to_shards(*tok, files, args.out, &std::cout, args.text_key, args.eos_token);
   std::printf("wrote %zu shard(s) to %s\n", shards.size(), args.out.c_str());
+  return 0;
+}
+
+int run_tokenize_ids(const TokenizeIdsArgs& args) {
+  const auto tok = data::load_tokenizer(args.tokenizer);
+  FORGE_CHECK(args.text.has_value() != !args.files.empty(), "forge tokenize ids: give either --text or FILES");
+  auto print = [&](const std::string& text) {
+    const auto ids = args.ordinary ? tok->encode_ordinary(text) : tok->encode(text);
+    std::cout << '[';
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? "," : "") << ids[i];
+    std::cout << "]\n";
+  };
+  if (args.text) print(*args.text);
+  for (const auto& f : args.files) print(io::read_file(f));
+  return 0;
+}
+
+int run_tokenize_decode(const TokenizeDecodeArgs& args) {
+  const auto tok = data::load_tokenizer(args.tokenizer);
+  FORGE_CHECK(args.ids.empty() != args.shard.empty(), "forge tokenize decode: give either --ids or a SHARD");
+  const std::vector<int32_t> ids = args.shard.empty() ? args.ids : data::TokenShard(args.shard).to_vector();
+  std::cout << tok->decode(ids) << std::flush;
   return 0;
 }
 

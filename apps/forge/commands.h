@@ -2,6 +2,7 @@
 // The actions behind the `forge` subcommands (main.cpp parses the command line with CLI11).
 // Each returns the process exit status and throws forge::Error for bad input.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,21 @@ struct TokenizeEncodeArgs {
   std::string eos_token;          // after every document ("": none)
 };
 int run_tokenize_encode(const TokenizeEncodeArgs& args);
+
+struct TokenizeIdsArgs {
+  std::string tokenizer;
+  std::optional<std::string> text;  // or the files' texts
+  std::vector<std::string> files;
+  bool ordinary = false;  // special-token strings as plain text
+};
+int run_tokenize_ids(const TokenizeIdsArgs& args);
+
+struct TokenizeDecodeArgs {
+  std::string tokenizer;
+  std::vector<int32_t> ids;  // or the shard's
+  std::string shard;
+};
+int run_tokenize_decode(const TokenizeDecodeArgs& args);
 
 int run_autograd_demo(int argc, char** argv);
 

@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
   exp->add_option("--out", export_args.out, "the directory to write (model.safetensors, config.json)")->required();
   exp->add_option("--dtype", export_args.dtype, "f32, bf16 or f16 (default: as trained)");
 
-  auto* tokenize = app.add_subcommand("tokenize", "train a BPE tokenizer, or encode files into token shards");
+  auto* tokenize =
+      app.add_subcommand("tokenize", "train a BPE tokenizer, encode files into token shards, or encode/decode text");
   tokenize->require_subcommand(1);
   forge::app::TokenizeTrainArgs tok_train_args;
   auto* tok_train = tokenize->add_subcommand("train", "train a byte-level BPE tokenizer on text files");
@@ -115,7 +116,9 @@ int main(int argc, char** argv) {
   tok_train->add_option("files", tok_train_args.files, "text or JSON Lines files, glob patterns or directories")->required();
   forge::app::TokenizeEncodeArgs tok_encode_args;
   auto* tok_encode = tokenize->add_subcommand("encode", "encode text and JSON Lines files into token shards (streamed, over the cores)");
-  tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, "a tokenizer JSON (forge tokenize train)")->required();
+  const char* tok_help =
+      "a tokenizer file: forge BPE JSON, Hugging Face tokenizer.json, tiktoken ranks or sentencepiece .model";
+  tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, tok_help)->required();
   tok_encode->add_option("--out", tok_encode_args.out, "the directory for the shards")->required();
   tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");
   tok_encode->add_option("--text-key", tok_encode_args.text_key, "*.jsonl files: the key of each line's text")
@@ -123,6 +126,17 @@ int main(int argc, char** argv) {
   tok_encode->add_option("--eos-token", tok_encode_args.eos_token,
                          "a special token of the tokenizer written after every document, e.g. \"<|endoftext|>\"");
   tok_encode->add_option("files", tok_encode_args.files, "text or JSON Lines files, glob patterns or directories")->required();
+  forge::app::TokenizeIdsArgs tok_ids_args;
+  auto* tok_ids = tokenize->add_subcommand("ids", "print the token ids of a text (or of each file) as a JSON array");
+  tok_ids->add_option("--tokenizer", tok_ids_args.tokenizer, tok_help)->required();
+  tok_ids->add_option("--text", tok_ids_args.text, "the text to encode");
+  tok_ids->add_flag("--ordinary", tok_ids_args.ordinary, "encode special-token strings as plain text");
+  tok_ids->add_option("files", tok_ids_args.files, "files whose whole contents to encode, one array each");
+  forge::app::TokenizeDecodeArgs tok_decode_args;
+  auto* tok_decode = tokenize->add_subcommand("decode", "write the text of token ids (--ids) or of a token shard");
+  tok_decode->add_option("--tokenizer", tok_decode_args.tokenizer, tok_help)->required();
+  tok_decode->add_option("--ids", tok_decode_args.ids, "token ids, e.g. --ids 15496 995")->delimiter(',');
+  tok_decode->add_option("shard", tok_decode_args.shard, "a token shard (forge, llm.c or Megatron .bin)");
 
   auto* plan = forge::app::add_plan_command(app);
   auto* info = forge::app::add_info_command(app);
@@ -151,7 +165,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, exp, tokenize, tok_train, tok_encode, plan, info, launch})
+    for (const auto* sub : {train, sample, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -171,6 +185,8 @@ int main(int argc, char** argv) {
     if (launch->parsed()) return forge::app::run_launch(*launch);
     if (tok_train->parsed()) return forge::app::run_tokenize_train(tok_train_args);
     if (tok_encode->parsed()) return forge::app::run_tokenize_encode(tok_encode_args);
+    if (tok_ids->parsed()) return forge::app::run_tokenize_ids(tok_ids_args);
+    if (tok_decode->parsed()) return forge::app::run_tokenize_decode(tok_decode_args);
     if (demo->parsed()) {
       std::vector<std::string> extra = demo->remaining();
       std::vector<char*> ptrs;

@@ -32,6 +32,7 @@
 #include "forge/ops/loss.h"
 #include "forge/ops/norm.h"
 #include "forge/data/bpe.h"
+#include "forge/data/tokenizer.h"
 #include "forge/data/idx.h"
 #include "forge/data/loader.h"
 #include "forge/data/pretokenize.h"

@@ -217,7 +217,7 @@ TEST(BpeTokenizer, VocabTooSmallErrors) {
   EXPECT_NE(msg2.find("vocab_size 100"), std::string::npos) << msg2;
   EXPECT_NE(msg2.find("at least 256"), std::string::npos) << msg2;
   EXPECT_EQ(BpeTokenizer::train("hello", 256).vocab_size(), 256);
-  const std::string msg3 = error_of([] { BpeTokenizer().decode({5, 256}); });
+  const std::string msg3 = error_of([] { BpeTokenizer().decode(std::vector<int32_t>{5, 256}); });
   EXPECT_NE(msg3.find("id 256"), std::string::npos) << msg3;
 }
 

@@ -159,5 +159,30 @@ TEST_F(CliTest, CliTokenizeJsonLinesWithAnEndOfTextToken) {
   EXPECT_NE(lacks.out.find("is not a special token"), std::string::npos) << lacks.out;
 }
 
+// forge tokenize ids/decode: text -> ids as a JSON array and back, with any tokenizer file.
+TEST_F(CliTest, CliTokenizeIdsAndDecode) {
+  const std::string tok = scratch.str("ids_tok.json");
+  const CliRun t = run_forge({"tokenize", "train", "--vocab-size", "270", "--special-token", "<|endoftext|>", "--out",
+                              tok, scratch.str("corpus")});
+  ASSERT_EQ(t.status, 0) << t.out;
+  const auto bpe = data::BpeTokenizer::load(tok);
+  const CliRun ids = run_forge({"tokenize", "ids", "--tokenizer", tok, "--text", "the cat<|endoftext|>"});
+  ASSERT_EQ(ids.status, 0) << ids.out;
+  std::string want = "[";
+  for (const int32_t id : bpe.encode("the cat<|endoftext|>")) want += (want.size() > 1 ? "," : "") + std::to_string(id);
+  EXPECT_NE(ids.out.find(want + "]"), std::string::npos) << ids.out;
+  const CliRun ordinary = run_forge({"tokenize", "ids", "--tokenizer", tok, "--ordinary", "--text", "<|endoftext|>"});
+  EXPECT_EQ(ordinary.out.find(std::to_string(bpe.special_id("<|endoftext|>"))), std::string::npos) << ordinary.out;
+  const auto cat = bpe.encode("the cat");
+  std::string list;
+  for (const int32_t id : cat) list += (list.empty() ? "" : ",") + std::to_string(id);
+  const CliRun dec = run_forge({"tokenize", "decode", "--tokenizer", tok, "--ids", list});
+  ASSERT_EQ(dec.status, 0) << dec.out;
+  EXPECT_NE(dec.out.find("the cat"), std::string::npos) << dec.out;
+  const CliRun junk = run_forge({"tokenize", "ids", "--tokenizer", scratch.str("corpus"), "--text", "x"});
+  EXPECT_EQ(junk.status, 1);
+  EXPECT_NE(junk.out.find("Hugging Face tokenizer.json"), std::string::npos) << junk.out;
+}
+
 }  // namespace
 }  // namespace forge::train

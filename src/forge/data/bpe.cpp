@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "forge/core/error.h"
+#include "forge/data/bpe_tables.h"
 #include "forge/data/pretokenize.h"
 #include "forge/data/shards.h"
 
@@ -26,72 +27,7 @@ namespace forge::data {
 namespace {
 
 constexpr int32_t kNumBytes = 256;
-constexpr size_t kMaxCachedWordBytes = 64;   // longer pre-tokens are not cached
-constexpr size_t kMaxCacheEntries = 1 << 20;  // the cache is cleared when it grows past this
 
-inline uint64_t pair_key(int32_t a, int32_t b) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-}
-inline int32_t pair_left(uint64_t k) { return static_cast<int32_t>(k >> 32); }
-inline int32_t pair_right(uint64_t k) { return static_cast<int32_t>(k & 0xffffffffu); }
-
-// Open-addressing hash map from a pair key to V (linear probing, load <= 1/2). Keys are
-// never erased (a pair whose count drops to zero keeps its slot), which keeps probing simple.
-template <class V> class PairMap {
- public:
-  explicit PairMap(size_t capacity = 1024) { rehash(std::bit_ceil(std::max<size_t>(capacity * 2, 16))); }
-
-  V* find(uint64_t key) {
-    for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-      if (keys_[i] == key) return &vals_[i];
-      if (keys_[i] == kEmpty) return nullptr;
-    }
-  }
-  const V* find(uint64_t key) const { return const_cast<PairMap*>(this)->find(key); }
-
-  V& operator[](uint64_t key) {
-    if ((size_ + 1) * 2 > keys_.size()) rehash(keys_.size() * 2);
-    size_t i = hash(key) & mask_;
-    for (; keys_[i] != kEmpty; i = (i + 1) & mask_)
-      if (keys_[i] == key) return vals_[i];
-    keys_[i] = key;
-    ++size_;
-    return vals_[i];
-  }
-
-  template <class F> void for_each(F&& f) {
-    for (size_t i = 0; i < keys_.size(); ++i)
-      if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
-  }
-
- private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};  // never a pair: ids are < 2^31
-  static size_t hash(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return static_cast<size_t>(k);
-  }
-  void rehash(size_t cap) {
-    std::vector<uint64_t> old_keys(cap, kEmpty);
-    std::vector<V> old_vals(cap);
-    old_keys.swap(keys_);
-    old_vals.swap(vals_);
-    mask_ = cap - 1;
-    size_ = 0;
-    for (size_t i = 0; i < old_keys.size(); ++i)
-      if (old_keys[i] != kEmpty) (*this)[old_keys[i]] = std::move(old_vals[i]);
-  }
-  std::vector<uint64_t> keys_;
-  std::vector<V> vals_;
-  size_t size_ = 0, mask_ = 0;
-};
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-template <class V> using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
 // Calls on_text(segment) for the text between special tokens and on_special(k) for each
 // occurrence of special token k (leftmost first; the longest wins at one position).
@@ -295,20 +231,9 @@ std::vector<std::pair<int32_t, int32_t>> learn_merges(StringMap<int64_t>& counts
 // reuse), and is emptied when the thread encodes with another.
 struct BpeTokenizer::Impl {
   PairMap<int32_t> rank{1024};  // pair -> merge index
-  uint64_t id = next_id();
-  static uint64_t next_id() {
-    static std::atomic<uint64_t> n{0};
-    return ++n;
-  }
+  uint64_t id = next_cache_owner_id();
 };
 
-namespace {
-struct ThreadWordCache {
-  uint64_t owner = 0;
-  StringMap<std::vector<int32_t>> map;
-};
-thread_local ThreadWordCache t_word_cache;
-}  // namespace
 
 BpeTokenizer::BpeTokenizer() : BpeTokenizer({}, {}) {}
 
@@ -434,14 +359,10 @@ void BpeTokenizer::encode_word_into(std::string_view word, std::vector<int32_t>&
     return;
   }
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
-  ThreadWordCache& cache = t_word_cache;  // Note [per-thread word cache]
+  auto& cache = thread_word_cache(impl_->id);  // Note [per-thread word cache]
   if (cacheable) {
-    if (cache.owner != impl_->id) {
-      cache.map.clear();
-      cache.owner = impl_->id;
-    }
-    auto it = cache.map.find(word);
-    if (it != cache.map.end()) {
+    auto it = cache.find(word);
+    if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -449,8 +370,8 @@ void BpeTokenizer::encode_word_into(std::string_view word, std::vector<int32_t>&
   std::vector<int32_t> ids = encode_word(word);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
-    if (cache.map.size() >= kMaxCacheEntries) cache.map.clear();
-    cache.map.emplace(std::string(word), std::move(ids));
+    if (cache.size() >= kMaxCacheEntries) cache.clear();
+    cache.emplace(std::string(word), std::move(ids));
   }
 }
 
@@ -475,7 +396,11 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   return out;
 }
 
-std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string BpeTokenizer::describe() const {
+  return "forge byte-level BPE, " + std::to_string(vocab_size()) + " tokens";
+}
+
+std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   size_t total = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     FORGE_CHECK(ids[i] >= 0 && ids[i] < vocab_size(), "BpeTokenizer::decode: id ", ids[i], " at position ", i,
@@ -486,6 +411,12 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   out.reserve(total);
   for (const int32_t id : ids) out += tokens_[static_cast<size_t>(id)];
   return out;
+}
+
+std::optional<int32_t> BpeTokenizer::token_id(std::string_view special) const {
+  for (size_t k = 0; k < specials_.size(); ++k)
+    if (specials_[k] == special) return kNumBytes + static_cast<int32_t>(merges_.size() + k);
+  return std::nullopt;
 }
 
 int32_t BpeTokenizer::special_id(std::string_view token) const {

@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "forge/data/tokenizer.h"
+
 namespace forge::data {
 
 struct BpeTrainOptions {
@@ -46,7 +48,7 @@ struct BpeTrainOptions {
   std::string text_key = "text";            // train_files: each .jsonl line's text (Note [documents])
 };
 
-class BpeTokenizer {
+class BpeTokenizer final : public Tokenizer {
  public:
   // The byte-level tokenizer with no merges and no special tokens (vocab 256).
   BpeTokenizer();
@@ -67,25 +69,29 @@ class BpeTokenizer {
 
   // Text -> ids. `encode` maps special-token strings to their ids; `encode_ordinary`
   // treats them as ordinary text.
-  std::vector<int32_t> encode(std::string_view text) const;
+  std::vector<int32_t> encode(std::string_view text) const override;
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
   // Appends the ids of `text` (ordinary text only) to `out`.
-  void encode_ordinary_into(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_ordinary_into(std::string_view text, std::vector<int32_t>& out) const override;
   // Ids -> bytes. Throws forge::Error for an id outside [0, vocab_size()).
-  std::string decode(const std::vector<int32_t>& ids) const;
+  std::string decode(std::span<const int32_t> ids) const override;
 
-  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  std::string kind() const override { return "forge-bpe"; }
+  std::string describe() const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   int64_t num_merges() const { return static_cast<int64_t>(merges_.size()); }
   const std::vector<std::pair<int32_t, int32_t>>& merges() const { return merges_; }
-  const std::vector<std::string>& special_tokens() const { return specials_; }
+  std::vector<std::string> special_tokens() const override { return specials_; }
+  std::optional<int32_t> token_id(std::string_view special) const override;
   // The id of a special token; throws forge::Error if `token` is not one.
   int32_t special_id(std::string_view token) const;
   // The bytes of one token.
   const std::string& token_bytes(int32_t id) const;
 
-  void save(const std::string& path) const;
+  void save(const std::string& path) const override;
   static BpeTokenizer load(const std::string& path);
   std::string to_json() const;
+  std::string serialized() const override { return to_json(); }
   static BpeTokenizer from_json(std::string_view json, const std::string& origin = "<string>");
 
  private:

@@ -154,7 +154,7 @@ ModelSpec from_run_config(const train::RunConfig& cfg) {
               " is not a language model; plan covers ", nn::model_type_list(/*transformers_only=*/true, " and "));
   if (m.vocab_size == 0) {
     m.vocab_size = cfg.data.tokenizer.empty() ? cfg.data.vocab_size  // the tokenizer the trainer trains on the fly
-                                              : data::BpeTokenizer::load(cfg.data.tokenizer).vocab_size();
+                                              : data::load_tokenizer(cfg.data.tokenizer)->vocab_size();
   }
   const ModelSpec s = spec_of(cfg.source.empty() ? "config" : cfg.source, nn::transformer_shape(m), cfg.train.seq_len);
   s.validate();

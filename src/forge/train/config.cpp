@@ -134,7 +134,9 @@ const std::vector<Field>& fields() {
                   "token shards already encoded (forge's, llm.c's .bin, Megatron's .bin beside its .idx), trained on "
                   "as they are"),
       FORGE_FIELD(data, exclude, "glob patterns of files to skip when expanding globs and directories"),
-      FORGE_FIELD(data, tokenizer, "a BPE tokenizer JSON (forge tokenize train); \"\" = train one on data.files"),
+      FORGE_FIELD(data, tokenizer,
+                  "a tokenizer file: forge BPE JSON, Hugging Face tokenizer.json, tiktoken ranks or sentencepiece "
+                  ".model (docs/tokenizers.md); \"\" = train one on data.files"),
       FORGE_FIELD(data, vocab_size, "vocabulary of the tokenizer trained on the fly (>= 256)"),
       FORGE_FIELD(data, val_fraction, "the last fraction of each file held out for validation, in [0, 1)"),
       FORGE_FIELD(data, shards_dir, "where the token shards go; \"\" = <run dir>/data"),

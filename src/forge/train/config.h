@@ -69,7 +69,7 @@ using ModelSection = nn::ModelConfig;
 struct DataSection {
   std::vector<std::string> files;  // text files, glob patterns or directories (their files, not recursive)
   std::vector<std::string> exclude;  // glob patterns of file names to skip in globs/directories
-  std::string tokenizer;           // a BPE tokenizer JSON; "" trains one on the data
+  std::string tokenizer;           // any tokenizer file (docs/tokenizers.md); "" trains one on the data
   int64_t vocab_size = 1024;       // the vocabulary of a tokenizer trained on the fly
   double val_fraction = 0.1;       // the last part of each file held out for validation
   std::string shards_dir;          // where token shards go ("" : <run dir>/data)

@@ -188,7 +188,8 @@ void validate(const RunConfig& c) {
                   " (the tokenizer's ids would not fit); set model.vocab_size = 0 or >= data.vocab_size");
     } else {
       FORGE_CHECK(fs::is_regular_file(d.tokenizer, ec), "data.tokenizer: '", d.tokenizer,
-                  "' does not exist; give a tokenizer written by `forge tokenize train`, or \"\" to train one");
+                  "' does not exist; give a tokenizer file (forge's, a Hugging Face tokenizer.json, tiktoken "
+                  "ranks or a sentencepiece .model: docs/tokenizers.md), or \"\" to train one");
     }
     if (d.source == "files") resolve_data_files(d);
   } else {

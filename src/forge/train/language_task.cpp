@@ -60,12 +60,13 @@ class LanguageTask final : public Task {
     }
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
     if (!cfg_.data.eos_token.empty() && shard_files_.empty()) {
-      const auto& sp = tok_->special_tokens();
+      const auto sp = tok_->special_tokens();
       std::string have;
-      for (const auto& t : sp) have += (have.empty() ? "\"" : ", \"") + t + "\"";
-      FORGE_CHECK(std::find(sp.begin(), sp.end(), cfg_.data.eos_token) != sp.end(), "data.eos_token = \"",
-                  cfg_.data.eos_token, "\" is not a special token of the tokenizer (",
-                  have.empty() ? std::string("it has none") : "it has " + have,
+      for (size_t i = 0; i < sp.size() && i < 8; ++i) have += (have.empty() ? "\"" : ", \"") + sp[i] + "\"";
+      if (sp.size() > 8) have += ", ...";
+      FORGE_CHECK(tok_->token_id(cfg_.data.eos_token).has_value(), "data.eos_token = \"", cfg_.data.eos_token,
+                  "\" is not a special token of the tokenizer (",
+                  have.empty() ? std::string("it has none") : "it has " + have, "; ", tok_->describe(),
                   "); set data.eos_token to one of them, or \"\" for none");
     }
     if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
@@ -85,7 +86,7 @@ class LanguageTask final : public Task {
                 ", and train.steps = ", cfg_.train.steps, "; raise train.steps (e.g. --train.steps=", 2 * ck.step,
                 ") to train further");
     if (tok_) {
-      const std::string tok_hash = fnv1a_hex(tok_->to_json());
+      const std::string tok_hash = fnv1a_hex(tok_->serialized());
       FORGE_CHECK(!ck.extra.is_object() || ck.extra.value("tokenizer", tok_hash) == tok_hash, "--resume: checkpoint '",
                   ck_path.string(), "' was trained with another tokenizer than '", resume_tok_->string(), "'");
     }
@@ -161,7 +162,7 @@ class LanguageTask final : public Task {
   }
 
   json checkpoint_extra() const override {
-    return tok_ ? json{{"tokenizer", fnv1a_hex(tok_->to_json())}}
+    return tok_ ? json{{"tokenizer", fnv1a_hex(tok_->serialized())}}
                 : json{{"data", shard_files_.empty() ? "random" : "pre-encoded shards"}};
   }
 
@@ -200,7 +201,7 @@ class LanguageTask final : public Task {
 
   RunConfig& cfg_;
   const bool rank0_;
-  std::optional<data::BpeTokenizer> tok_;
+  std::shared_ptr<const data::Tokenizer> tok_;
   std::vector<std::string> shard_files_;  // Note [pre-encoded corpora]: data.files as shards
   std::optional<fs::path> resume_tok_;
   LanguageModel model_;

@@ -71,8 +71,10 @@ std::string fnv1a_hex(const std::string& s) {
   return buf;
 }
 
-data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
-                                           const std::optional<fs::path>& resume_tokenizer, std::ostream& log) {
+std::shared_ptr<const data::Tokenizer> load_or_train_tokenizer(const RunConfig& cfg,
+                                                               const std::vector<std::string>& files,
+                                                               const std::optional<fs::path>& resume_tokenizer,
+                                                               std::ostream& log) {
   const fs::path run_dir = cfg.run_dir();
   const fs::path tok_path = run_dir / kTokenizerFile;
   const fs::path source_path = run_dir / kTokenizerSourceFile;
@@ -80,28 +82,27 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
   if (resume_tokenizer) {
     FORGE_CHECK(fs::is_regular_file(*resume_tokenizer, ec), "--resume: '", resume_tokenizer->string(),
                 "' is missing; a checkpoint is continued with the tokenizer of its run directory");
-    auto tok = data::BpeTokenizer::load(resume_tokenizer->string());
+    auto tok = data::load_tokenizer(resume_tokenizer->string());
     if (fs::absolute(*resume_tokenizer).lexically_normal() != fs::absolute(tok_path).lexically_normal()) {
-      tok.save(tok_path.string());
+      tok->save(tok_path.string());
       io::write_file_atomic(source_path, json{{"from", resume_tokenizer->string()}}.dump() + "\n");
     }
-    log << "tokenizer: " << resume_tokenizer->string() << " (the checkpoint's run), vocabulary " << tok.vocab_size()
-        << "\n";
+    log << "tokenizer: " << resume_tokenizer->string() << " (the checkpoint's run), " << tok->describe() << "\n";
     return tok;
   }
   if (!cfg.data.tokenizer.empty()) {
-    auto tok = data::BpeTokenizer::load(cfg.data.tokenizer);
-    tok.save(tok_path.string());
+    auto tok = data::load_tokenizer(cfg.data.tokenizer);  // Note [tokenizer files] (tokenizer.cpp)
+    tok->save(tok_path.string());
     io::write_file_atomic(source_path, json{{"from", cfg.data.tokenizer}}.dump() + "\n");
-    log << "tokenizer: " << cfg.data.tokenizer << ", vocabulary " << tok.vocab_size() << "\n";
+    log << "tokenizer: " << cfg.data.tokenizer << ", " << tok->describe() << "\n";
     return tok;
   }
   json want = {{"trained_on", files_fingerprint(files)}, {"vocab_size", cfg.data.vocab_size}};
   if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;
   if (!cfg.data.eos_token.empty()) want["special_tokens"] = json::array({cfg.data.eos_token});
   if (fs::is_regular_file(tok_path, ec) && read_json_file(source_path) == want) {
-    auto tok = data::BpeTokenizer::load(tok_path.string());
-    log << "tokenizer: reusing " << tok_path.string() << ", vocabulary " << tok.vocab_size() << "\n";
+    auto tok = data::load_tokenizer(tok_path.string());
+    log << "tokenizer: reusing " << tok_path.string() << ", " << tok->describe() << "\n";
     return tok;
   }
   const auto t0 = Clock::now();
@@ -109,18 +110,18 @@ data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vect
   topt.vocab_size = cfg.data.vocab_size;
   topt.text_key = cfg.data.text_key;
   if (!cfg.data.eos_token.empty()) topt.special_tokens = {cfg.data.eos_token};
-  auto tok = data::BpeTokenizer::train_files(files, topt);
-  tok.save(tok_path.string());
+  auto tok = std::make_shared<data::BpeTokenizer>(data::BpeTokenizer::train_files(files, topt));
+  tok->save(tok_path.string());
   io::write_file_atomic(source_path, want.dump() + "\n");
-  log << "tokenizer: trained a byte-level BPE of " << tok.vocab_size() << " tokens on " << files.size()
+  log << "tokenizer: trained a byte-level BPE of " << tok->vocab_size() << " tokens on " << files.size()
       << " file(s) in " << fixed1(seconds_since(t0)) << " s -> " << tok_path.string() << "\n";
   return tok;
 }
 
-std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log) {
   const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
-  json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.to_json())}, {"files", files_fingerprint(files)}};
+  json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.serialized())}, {"files", files_fingerprint(files)}};
   // (Note [documents]: how the files become documents changes the shards.)
   if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;
   if (!cfg.data.eos_token.empty()) want["eos_token"] = cfg.data.eos_token;
@@ -220,7 +221,7 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
 // and replaced by the next one at tokens_per_shard tokens. Memory is bounded by one batch and
 // its ids whatever the corpus's size (a plain text file is one document, read whole). The ids
 // are those of encoding the documents one after another.
-std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
+std::vector<std::string> encode_files_to_shards(const data::Tokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log,
                                                 const std::string& text_key, const std::string& eos,
                                                 int64_t tokens_per_shard) {

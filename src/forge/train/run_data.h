@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "forge/data/bpe.h"
+#include "forge/data/tokenizer.h"
 #include "forge/data/loader.h"
 #include "forge/train/config.h"
 
@@ -33,11 +34,11 @@ inline constexpr uint64_t kDataSeedSalt = 0x9e3779b97f4a7c15ULL;
 std::string fnv1a_hex(const std::string& s);
 
 // The run's tokenizer (see above); `resume_tokenizer` is the checkpoint run's tokenizer.json.
-data::BpeTokenizer load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
+std::shared_ptr<const data::Tokenizer> load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
                                            const std::optional<std::filesystem::path>& resume_tokenizer,
                                            std::ostream& log);
 // The shards of `files` under `tok` (see above), made or reused.
-std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::BpeTokenizer& tok,
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log);
 // Note [pre-encoded corpora]: when every file of data.files is a token shard (forge's, llm.c's
 // or Megatron-LM's: data/shards.h, Note [token shard formats]), the corpus is already encoded:
@@ -57,7 +58,7 @@ std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool wri
 // [streaming encoder]); returns the shard paths in order. Each document of a file (Note
 // [documents]: a text file is one, a .jsonl line one, its `text_key`) is followed by `eos` (a
 // special token of `tok`) unless it is "". Prints one line per file to `log` when given.
-std::vector<std::string> encode_files_to_shards(const data::BpeTokenizer& tok, const std::vector<std::string>& files,
+std::vector<std::string> encode_files_to_shards(const data::Tokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log = nullptr,
                                                 const std::string& text_key = "text", const std::string& eos = "",
                                                 int64_t tokens_per_shard = int64_t{1} << 28);

@@ -83,20 +83,20 @@ SampleResult sample(const SampleOptions& opt) {
   FORGE_CHECK(fs::is_regular_file(tok_path, ec), "sample: the run's tokenizer '", tok_path.string(),
               "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
               "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
-  const auto tok = data::BpeTokenizer::load(tok_path.string());
+  const auto tok = data::load_tokenizer(tok_path.string());
   LanguageModel model = build_language_model(cfg);
   io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
                        "checkpoint '" + dir.string() + "'");
   model.module->load_state_dict(ck.model.items());
 
-  std::vector<int32_t> prompt = tok.encode_ordinary(opt.prompt.empty() ? std::string("\n") : opt.prompt);
+  std::vector<int32_t> prompt = tok->encode_ordinary(opt.prompt.empty() ? std::string("\n") : opt.prompt);
   const auto n_prompt = prompt.size();
   const auto ids = generate(model, std::move(prompt), opt.tokens, opt.temperature, opt.top_k, opt.seed);
   SampleResult r;
   r.checkpoint = dir.string();
   r.step = ck.step;
-  r.text = tok.decode(ids);
-  r.completion = tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
+  r.text = tok->decode(ids);
+  r.completion = tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
   if (opt.prompt.empty()) r.text = r.completion;
   return r;
 }
