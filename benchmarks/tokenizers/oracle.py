@@ -6,7 +6,7 @@ oracle_node.mjs (npm references) and oracle_spm.py (Debian's sentencepiece) wrot
     python3 benchmarks/tokenizers/oracle.py <fixtures dir> tests/data/tokenizers --check   # compare
     python3 benchmarks/tokenizers/oracle.py <fixtures dir> tests/data/tokenizers --write   # overwrite
 
-<fixtures dir> is what scripts/fetch-tokenizer-fixtures.sh lays out (.deps/tokenizers; carry it
+<fixtures dir> is what scripts/fetch-tokenizer-fixtures.sh lays out (.fixtures/tokenizers; carry it
 with the run). With --check, prints one line per golden file and every text whose ids differ,
 and exits 1 if any does (a null golden entry is compared too: the Python reference decides).
 """

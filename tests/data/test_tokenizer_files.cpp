@@ -4,7 +4,7 @@
 // UTF-8, threads, the run-directory wrapper, sidecars and errors.
 //
 // The real files come from scripts/fetch-tokenizer-fixtures.sh (run by scripts/install-deps.sh,
-// so by `make test`) into FORGE_TOKENIZER_FIXTURES (default .deps/tokenizers).
+// so by `make test`) into FORGE_TOKENIZER_FIXTURES (default .fixtures/tokenizers).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -42,9 +42,11 @@ json read_json(const std::string& path) {
 }
 std::vector<std::string> corpus() { return read_json(testdata("corpus.json")).get<std::vector<std::string>>(); }
 
+// A missing fixture fails the test (a skip would count as a pass): the fixtures are part of the
+// test, fetched by scripts/install-deps.sh, which the README's test command runs.
 #define REQUIRE_FIXTURE(path)                                                                                \
   if (!fs::exists(path))                                                                                     \
-  GTEST_SKIP() << path << " is missing: run scripts/fetch-tokenizer-fixtures.sh (scripts/install-deps.sh does)"
+  FAIL() << path << " is missing: run scripts/fetch-tokenizer-fixtures.sh (scripts/install-deps.sh does)"
 
 struct Case {
   const char* file;    // under the fixtures directory
