@@ -41,8 +41,14 @@ t "start, commit $C, steps:$STEPS"; nvidia-smi --query-gpu=name --format=csv,noh
 if want build; then
   NT=""
   if [[ -f .deps/nccl-tests/src/Makefile ]]; then  # NCCL's own benchmarks, the collectives' yardstick
+    # Two builds: one process driving every GPU (-g N), and, where Open MPI is there, one process per
+    # GPU under mpirun (*_perf_mpi), the layout forge's ranks have.
     (make -C .deps/nccl-tests/src BUILDDIR=/tmp/nccl-tests-build NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
-       -j 16 > "$R/nccl_tests_build.log" 2>&1; echo "rc=$?" >> "$R/nccl_tests_build.log") &
+       -j 16 > "$R/nccl_tests_build.log" 2>&1; echo "rc=$?" >> "$R/nccl_tests_build.log"
+     mpi_home=$(dirname "$(dirname "$(mpicc --showme:incdirs 2>/dev/null | tr ' ' '\n' | grep -m1 openmpi)/x")" 2>/dev/null)
+     [[ -n "$mpi_home" && -d "$mpi_home" ]] && make -C .deps/nccl-tests/src BUILDDIR=/tmp/nccl-tests-build MPI=1 \
+       MPI_HOME="$mpi_home" NAME_SUFFIX=_mpi NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" -j 16 \
+       >> "$R/nccl_tests_build.log" 2>&1; echo "mpi build rc=$? (MPI_HOME=$mpi_home)" >> "$R/nccl_tests_build.log") &
     NT=$!
   fi
   BUILD_ONLY=1 JOBS="${JOBS:-32}" scripts/gpu-check.sh > "$R/build.log" 2>&1; rc=$?; t "build rc=$rc"

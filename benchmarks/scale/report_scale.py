@@ -102,7 +102,9 @@ def collectives(raw):
     show = {8, 1024, 65536, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}
     for op in ops:
         ref = nccl_tests(os.path.join(raw, f"nccltests_{op}.txt"))
-        lines += [f"**{op}**", "", "| bytes | forge busbw | nccl-tests busbw | forge / nccl-tests |", "|---:|---:|---:|---:|"]
+        mpi = nccl_tests(os.path.join(raw, f"nccltests_mpi_{op}.txt"))  # one process per GPU, where run
+        lines += [f"**{op}**", "", "| bytes | forge busbw | nccl-tests busbw | forge / nccl-tests |"
+                  + (" nccl-tests, a process per GPU |" if mpi else ""), "|---:|---:|---:|---:|" + ("---:|" if mpi else "")]
         for r in j["results"]:
             if r["op"] != op:
                 continue
@@ -112,7 +114,8 @@ def collectives(raw):
                 continue
             nt = ref.get(near) if near is not None and abs(near - b) <= max(64, b // 64) else None
             ratio = f"{r['busbw_gbs'] / nt:.2f}" if nt else "-"
-            lines.append(f"| {b:,} | {r['busbw_gbs']:.2f} | {nt if nt is not None else '-'} | {ratio} |")
+            extra = f" {mpi.get(near, '-')} |" if mpi else ""
+            lines.append(f"| {b:,} | {r['busbw_gbs']:.2f} | {nt if nt is not None else '-'} | {ratio} |{extra}")
         lines.append("")
     return lines
 

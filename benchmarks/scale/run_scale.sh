@@ -136,6 +136,12 @@ run_collectives() {
       # 20 timed iterations (forge's defaults); -c 0: no data check inside the timing.
       timeout 300 "$NCCL_TESTS_DIR/$bin" -b 8 -e "${COLL_MAX:-1G}" -f 2 -g "$N" -d bfloat16 -w 5 -n 20 -c 0 \
         > "$RAW/nccltests_$op.txt" 2>&1 || echo "   nccl-tests $bin FAILED"
+      # One process per GPU (as forge's ranks are), where the MPI build exists.
+      if [[ -x "$NCCL_TESTS_DIR/${bin}_mpi" ]]; then
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --allow-run-as-root --oversubscribe \
+          -np "$N" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH "$NCCL_TESTS_DIR/${bin}_mpi" -b 8 -e "${COLL_MAX:-1G}" -f 2 -g 1 \
+          -d bfloat16 -w 5 -n 20 -c 0 > "$RAW/nccltests_mpi_$op.txt" 2>&1 || echo "   nccl-tests ${bin}_mpi FAILED"
+      fi
     done
   else
     echo "   (no nccl-tests binaries in NCCL_TESTS_DIR='${NCCL_TESTS_DIR:-}': forge's figures stand alone)"
