@@ -357,6 +357,56 @@ TEST_F(TrainerTest, JsonLinesCorpusEndsEveryDocumentWithTheEosToken) {
   EXPECT_NE(k.find("line 1 has no key \"text\"; set data.text_key"), std::string::npos) << k;
 }
 
+// data.eos_token = "auto" (the default; Note [end-of-text token]): a tokenizer trained on the fly
+// gets "<|endoftext|>" and every document ends with it; a given tokenizer's own token is used
+// ("</s>" here); one that has none joins documents as they are and the log says so; "" = none.
+TEST_F(TrainerTest, DocumentsEndWithTheTokenizersEndOfTextTokenByDefault) {
+  const fs::path d = scratch.path() / "auto_eos";
+  fs::create_directories(d);
+  std::string jsonl;
+  for (int i = 0; i < 40; ++i)
+    jsonl += nlohmann::json{{"text", "document number " + std::to_string(i) + " says hello to the world. "}}.dump() + "\n";
+  train_testing::write_text(d / "c.jsonl", jsonl);
+  auto shard_of = [](const RunConfig& c) {
+    return data::TokenShard((fs::path(c.run_dir()) / "data" / "shard_00000.bin").string()).to_vector();
+  };
+  {  // trained on the fly
+    const RunConfig c = config("eos_auto", 2, {"--data.files=" + (d / "c.jsonl").string(), "--eval.every=0"});
+    EXPECT_EQ(c.data.eos_token, "auto");
+    train(c);
+    const auto tok = data::BpeTokenizer::load((fs::path(c.run_dir()) / "tokenizer.json").string());
+    ASSERT_EQ(tok.special_tokens(), (std::vector<std::string>{"<|endoftext|>"})) << last_log;
+    const auto ids = shard_of(c);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.special_id("<|endoftext|>")), 40);
+    EXPECT_NE(last_log.find("every document ends with the tokenizer's end-of-text token \"<|endoftext|>\""),
+              std::string::npos) << last_log;
+  }
+  {  // a given tokenizer's own token
+    const fs::path given = scratch.path() / "s_tok.json";
+    data::BpeTokenizer::train(jsonl, 300, {"<s>", "</s>"}).save(given.string());
+    const RunConfig c = config("eos_given", 2, {"--data.files=" + (d / "c.jsonl").string(), "--eval.every=0",
+                                                "--data.tokenizer=" + given.string()});
+    train(c);
+    const auto tok = data::BpeTokenizer::load(given.string());
+    const auto ids = shard_of(c);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.special_id("</s>")), 40) << last_log;
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.special_id("<s>")), 0);
+  }
+  {  // a given tokenizer without one, and "" = none: the same shard, no extra tokens
+    const fs::path plain = scratch.path() / "plain_auto_tok.json";
+    data::BpeTokenizer().save(plain.string());
+    const RunConfig a = config("eos_none_auto", 2, {"--data.files=" + (d / "c.jsonl").string(), "--eval.every=0",
+                                                    "--data.tokenizer=" + plain.string()});
+    train(a);
+    EXPECT_NE(last_log.find("the tokenizer has no end-of-text token"), std::string::npos) << last_log;
+    const RunConfig b = config("eos_none", 2, {"--data.files=" + (d / "c.jsonl").string(), "--eval.every=0",
+                                               "--data.tokenizer=" + plain.string(), "--data.eos_token="});
+    train(b);
+    EXPECT_EQ(shard_of(a), shard_of(b));
+    EXPECT_EQ(shard_of(a).size(), jsonl.size() - 40 * std::string("{\"text\":\"\"}\n").size());  // bytes of the texts
+  }
+}
+
 // run.dtype on the CPU: bf16 and f16 parameters with f32 masters train; f16 goes through the
 // loss scaler (its scale is in metrics.jsonl) and nothing is skipped at this scale.
 TEST_F(TrainerTest, SixteenBitDtypesTrain) {

@@ -218,6 +218,10 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<int32_t> bos_id() const override {
     return sp_.bos_id() >= 0 ? std::optional<int32_t>(sp_.bos_id()) : std::nullopt;
   }
+  std::optional<std::string> eos_token() const override {
+    if (sp_.eos_id() >= 0 && token_id(sp_.IdToPiece(sp_.eos_id()))) return sp_.IdToPiece(sp_.eos_id());
+    return Tokenizer::eos_token();
+  }
   std::string serialized() const override { return serialized_; }
 
  private:

@@ -33,6 +33,12 @@ int32_t Tokenizer::special_id(std::string_view special) const {
               " special token(s): ", all.empty() ? std::string("none") : some, ")");
 }
 
+std::optional<std::string> Tokenizer::eos_token() const {
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
+    if (token_id(name)) return std::string(name);
+  return std::nullopt;
+}
+
 void Tokenizer::save(const std::string& path) const { io::write_file_atomic(path, serialized()); }
 
 std::string supported_tokenizer_kinds() {

@@ -56,6 +56,10 @@ class Tokenizer {
   // The token a model of this tokenizer starts a sequence with, when its file names one
   // (a Hugging Face post-processor's template, sentencepiece's bos); informational.
   virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
+  // The end-of-text token documents end with (data.eos_token = "auto"): sentencepiece's eos
+  // piece; otherwise the first special or added token of "<|endoftext|>" (GPT-2, tiktoken,
+  // Qwen, forge), "<|end_of_text|>" (LLaMA-3), "</s>" (LLaMA-2), "<eos>" that this tokenizer has.
+  virtual std::optional<std::string> eos_token() const;
 
   // A self-contained serialisation that load_tokenizer reads back into the same tokenizer
   // (forge-bpe and hf: the file itself; tiktoken and sentencepiece: a forge JSON wrapper

@@ -142,8 +142,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(data, shards_dir, "where the token shards go; \"\" = <run dir>/data"),
       FORGE_FIELD(data, text_key, "*.jsonl and *.jsonl.gz files: the key of each line's text (one document per line)"),
       FORGE_FIELD(data, eos_token,
-                  "a special token appended after every document (a text file is one, a .jsonl line one), e.g. "
-                  "\"<|endoftext|>\"; a tokenizer trained on the fly gets it; \"\" = none"),
+                  "the token appended after every document (a text file is one, a .jsonl line one): \"auto\" = the "
+                  "tokenizer's end-of-text token (\"<|endoftext|>\" for one trained on the fly), a special token "
+                  "such as \"</s>\", or \"\" = none"),
       FORGE_FIELD(data, dir, "lenet: the directory of the Fashion-MNIST IDX files"),
       FORGE_FIELD(data, max_train_samples, "lenet: use the first N training images (0 = all)"),
       FORGE_FIELD(data, max_test_samples, "lenet: use the first N test images (0 = all)"),

@@ -74,7 +74,8 @@ struct DataSection {
   double val_fraction = 0.1;       // the last part of each file held out for validation
   std::string shards_dir;          // where token shards go ("" : <run dir>/data)
   std::string text_key = "text";   // .jsonl corpora: the key of each line's text (Note [documents])
-  std::string eos_token;           // appended after every document ("": none), e.g. "<|endoftext|>"
+  std::string eos_token = "auto";  // appended after every document: "auto" = the tokenizer's, "" = none
+                                   // (Note [end-of-text token], run_data.h)
   std::string source = "files";    // "files" (data.files, tokenized) | "random" (uniform random tokens: benchmarks)
   std::string dir = "/usr/share/datasets/fashion-mnist";  // lenet: the IDX files
   int64_t max_train_samples = 0;   // lenet: first N training images (0: all)

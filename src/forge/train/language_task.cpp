@@ -58,7 +58,20 @@ class LanguageTask final : public Task {
         return;
       }
     }
+    // data.eos_token = "auto" (Note [end-of-text token], run_data.h): a tokenizer trained here
+    // gets "<|endoftext|>"; a given one (or the checkpoint run's) names its own.
+    const bool auto_eos = cfg_.data.eos_token == kAutoEosToken;
+    if (auto_eos && cfg_.data.tokenizer.empty() && !resume_tok_) cfg_.data.eos_token = kDefaultEosToken;
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
+    if (auto_eos) {
+      const auto eos = cfg_.data.eos_token == kAutoEosToken ? tok_->eos_token() : std::optional(cfg_.data.eos_token);
+      cfg_.data.eos_token = eos.value_or("");
+      if (shard_files_.empty())
+        log << "data: " << (eos ? "every document ends with the tokenizer's end-of-text token \"" + *eos + "\""
+                                : std::string("the tokenizer has no end-of-text token: documents are joined as they "
+                                              "are (set data.eos_token to one of its special tokens)"))
+            << "\n";
+    }
     if (!cfg_.data.eos_token.empty() && shard_files_.empty()) {
       const auto sp = tok_->special_tokens();
       std::string have;

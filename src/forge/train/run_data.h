@@ -26,6 +26,15 @@
 namespace forge::train {
 
 inline constexpr const char* kTokenizerFile = "tokenizer.json";
+// Note [end-of-text token]: every document ends with one end-of-text token in the shards
+// (data.eos_token), so the model sees where a document stops and no sequence runs from one
+// document into the next unmarked. data.eos_token = "auto" (the default) takes the tokenizer's
+// own: a tokenizer trained on data.files gets kDefaultEosToken as a special token; a given one
+// names its own (data::Tokenizer::eos_token: sentencepiece's eos piece, else "<|endoftext|>",
+// "<|end_of_text|>", "</s>" or "<eos>", whichever it has), and one that has none joins documents
+// as they are, which the log says. "" = no token; any other string must be one of its tokens.
+inline constexpr const char* kAutoEosToken = "auto";
+inline constexpr const char* kDefaultEosToken = "<|endoftext|>";
 // The data order is seeded apart from the model's initialisation (which uses run.seed itself),
 // so changing one never shifts the other.
 inline constexpr uint64_t kDataSeedSalt = 0x9e3779b97f4a7c15ULL;
