@@ -13,6 +13,9 @@
 #include "forge/io/atomic_file.h"
 #include "forge/dist/env.h"
 #include "forge/train/config.h"
+#include <nlohmann/json.hpp>
+
+#include "forge/train/evaluate.h"
 #include "forge/train/trainer.h"
 
 namespace forge::app {
@@ -50,6 +53,37 @@ int run_sample(const SampleArgs& args) {
             << args.temperature << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
             << ", seed " << args.seed << "\n";
   std::cout << r.text << std::endl;
+  return 0;
+}
+
+int run_eval(const EvalArgs& args) {
+  const train::EvalResult r = train::evaluate({.checkpoint = args.checkpoint, .files = args.files, .tasks = args.tasks,
+                                               .max_examples = args.max_examples, .batch = args.batch});
+  if (args.json) {
+    nlohmann::json j = {{"checkpoint", r.checkpoint}, {"step", r.step}, {"files", nlohmann::json::array()},
+                        {"tasks", nlohmann::json::array()}};
+    for (const auto& f : r.files)
+      j["files"].push_back({{"file", f.file}, {"documents", f.documents}, {"tokens", f.tokens}, {"loss", f.loss},
+                            {"perplexity", f.perplexity}});
+    for (const auto& t : r.tasks)
+      j["tasks"].push_back({{"task", t.task}, {"file", t.file}, {"examples", t.examples}, {"acc", t.acc},
+                            {"acc_norm", t.acc_norm}});
+    std::cout << j.dump(1) << std::endl;
+    return 0;
+  }
+  std::cout << "forge eval: " << r.checkpoint << " (step " << r.step << ")\n";
+  char buf[512];
+  for (const auto& f : r.files) {
+    std::snprintf(buf, sizeof(buf), "  %s: loss %.4f, perplexity %.2f (%lld tokens, %lld documents)\n", f.file.c_str(),
+                  f.loss, f.perplexity, static_cast<long long>(f.tokens), static_cast<long long>(f.documents));
+    std::cout << buf;
+  }
+  for (const auto& t : r.tasks) {
+    std::snprintf(buf, sizeof(buf), "  %s: acc %.4f, acc_norm %.4f (%lld examples)\n", t.task.c_str(), t.acc,
+                  t.acc_norm, static_cast<long long>(t.examples));
+    std::cout << buf;
+  }
+  std::cout << std::flush;
   return 0;
 }
 

@@ -28,6 +28,16 @@ struct SampleArgs {
 };
 int run_sample(const SampleArgs& args);
 
+struct EvalArgs {
+  std::string checkpoint;
+  std::vector<std::string> files;      // loss and perplexity
+  std::vector<std::string> tasks;      // multiple choice (HellaSwag layout)
+  int64_t max_examples = 0;
+  int64_t batch = 8;
+  bool json = false;
+};
+int run_eval(const EvalArgs& args);
+
 struct ExportArgs {
   std::string checkpoint;
   std::string out;

@@ -94,6 +94,17 @@ int main(int argc, char** argv) {
   sample->add_option("--top-k", sample_args.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   sample->add_option("--seed", sample_args.seed, "random seed of the sampling")->capture_default_str();
 
+  forge::app::EvalArgs eval_args;
+  auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");
+  eval->add_option("--checkpoint", eval_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
+      ->required();
+  eval->add_option("--files", eval_args.files, "text or JSON Lines files: loss and perplexity");
+  eval->add_option("--tasks", eval_args.tasks, "multiple-choice files in the HellaSwag layout: acc and acc_norm");
+  eval->add_option("--max-examples", eval_args.max_examples, "score the first N examples of each task (0 = all)")
+      ->capture_default_str();
+  eval->add_option("--batch", eval_args.batch, "windows per forward pass (files)")->capture_default_str();
+  eval->add_flag("--json", eval_args.json, "print one JSON object");
+
   forge::app::ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face model directory (safetensors)");
   exp->add_option("--checkpoint", export_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
@@ -165,7 +176,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
+    for (const auto* sub : {train, sample, eval, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -178,6 +189,7 @@ int main(int argc, char** argv) {
       return forge::app::run_train(train_args);
     }
     if (sample->parsed()) return forge::app::run_sample(sample_args);
+    if (eval->parsed()) return forge::app::run_eval(eval_args);
     if (exp->parsed()) return forge::app::run_export(export_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();

@@ -177,6 +177,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(eval, batches, "validation batches per pass, sequential from the start (0 = all windows)"),
       FORGE_FIELD(eval, bigram_baseline,
                   "at the end, also the validation loss of an add-one-smoothed bigram model of the training tokens"),
+      FORGE_FIELD(eval, tasks,
+                  "multiple-choice files in the HellaSwag layout scored at every evaluation (acc, acc_norm in "
+                  "metrics.jsonl; train/evaluate.h); whole-model layouts only (dist.tp = dist.pp = 1, ZeRO <= 2)"),
+      FORGE_FIELD(eval, task_examples, "the first N examples of each eval.tasks file (0 = all)"),
       FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = only at the end)"),
       FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
       FORGE_FIELD(checkpoint, at_end, "write a checkpoint when the run ends (false: benchmarks that need none)"),

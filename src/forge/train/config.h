@@ -118,6 +118,8 @@ struct EvalSection {
   int64_t every = 100;             // steps between evaluations (0: only at the end)
   int64_t batches = 20;            // validation batches per evaluation (0: all windows)
   bool bigram_baseline = false;    // at the end, also the loss of an add-one bigram model
+  std::vector<std::string> tasks;  // multiple-choice files (HellaSwag layout) scored at every evaluation
+  int64_t task_examples = 0;       // the first N examples of each task (0 = all)
 };
 
 struct CheckpointSection {

@@ -89,6 +89,18 @@ void validate(const RunConfig& c) {
   }
   FORGE_CHECK(c.eval.every >= 0, "eval.every must be >= 0 (0 = only at the end), got ", c.eval.every);
   FORGE_CHECK(c.eval.batches >= 0, "eval.batches must be >= 0 (0 = every validation window), got ", c.eval.batches);
+  FORGE_CHECK(c.eval.task_examples >= 0, "eval.task_examples must be >= 0 (0 = every example), got ",
+              c.eval.task_examples);
+  if (!c.eval.tasks.empty()) {
+    FORGE_CHECK(lm && c.data.source != "random", "eval.tasks scores a language model on text: it needs model.type = "
+                "\"gpt\" or \"llama\" and a tokenizer (data.files, not data.source = \"random\")");
+    FORGE_CHECK(c.dist.tp == 1 && c.dist.pp == 1 && c.dist.zero_stage <= 2, "eval.tasks runs on a whole model on each "
+                "rank; dist.tp = ", c.dist.tp, ", dist.pp = ", c.dist.pp, ", dist.zero_stage = ", c.dist.zero_stage,
+                " split it: score the checkpoints with forge eval --tasks instead");
+    std::error_code ec;
+    for (const auto& t : c.eval.tasks)
+      FORGE_CHECK(std::filesystem::is_regular_file(t, ec), "eval.tasks: '", t, "' is not a readable file");
+  }
   FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
   // [dist]

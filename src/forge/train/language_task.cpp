@@ -14,6 +14,7 @@
 #include "forge/telemetry/mfu.h"
 #include "forge/train/language_model.h"
 #include "forge/train/layout.h"
+#include "forge/train/evaluate.h"
 #include "forge/train/run_data.h"
 #include "forge/train/task.h"
 
@@ -171,7 +172,9 @@ class LanguageTask final : public Task {
   }
   Evaluation evaluate(Strategy& strategy, int64_t step) override {
     const double v = validation_loss(strategy);
-    return {v, json{{"val_loss", v}}, "eval step " + std::to_string(step) + ": val loss " + fixed(v, 4)};
+    Evaluation e{v, json{{"val_loss", v}}, "eval step " + std::to_string(step) + ": val loss " + fixed(v, 4)};
+    score_tasks(e.record, e.line);
+    return e;
   }
 
   json checkpoint_extra() const override {
@@ -189,6 +192,11 @@ class LanguageTask final : public Task {
     result.final_val_loss = validation_loss(strategy);
     result.evals.push_back({step, result.final_val_loss});
     final_record["val_loss"] = result.final_val_loss;
+    if (!cfg_.eval.tasks.empty()) {
+      std::string line = "tasks at step " + std::to_string(step);
+      score_tasks(final_record, line);
+      log << line << std::endl;
+    }
     if (cfg_.eval.bigram_baseline && rank0_) {
       val_windows_->reset();
       result.bigram_val_loss = bigram_baseline(split_.train, *val_windows_, cfg_.eval.batches,
@@ -203,6 +211,18 @@ class LanguageTask final : public Task {
 
  private:
   bool random_data() const { return cfg_.data.source == "random"; }
+  // eval.tasks (train/evaluate.h): every rank scores every task on its whole model (the layouts
+  // allowed keep one: config_checks), so no rank waits in a collective for another's scoring;
+  // eval_<task>_acc and eval_<task>_acc_norm go into the record, and the log line.
+  void score_tasks(json& record, std::string& line) {
+    for (const auto& file : cfg_.eval.tasks) {
+      const TaskScore s = multiple_choice(model_, *tok_, file, cfg_.eval.task_examples);
+      record["eval_" + s.task + "_acc"] = s.acc;
+      record["eval_" + s.task + "_acc_norm"] = s.acc_norm;
+      line += ", " + s.task + " acc " + fixed(s.acc, 4) + " acc_norm " + fixed(s.acc_norm, 4) + " (" +
+              std::to_string(s.examples) + ")";
+    }
+  }
   bool has_val() const { return cfg_.data.val_fraction > 0; }
   int64_t width() const { return nn::transformer_shape(cfg_.model).d_model; }
   // The mean cross-entropy per target token of the first eval.batches validation windows (the
