@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "forge/core/error.h"
@@ -43,16 +44,44 @@ int run_train(const TrainArgs& args) {
 int run_sample(const SampleArgs& args) {
   train::SampleOptions opt;
   opt.checkpoint = args.checkpoint;
-  opt.prompt = args.prompt;
+  opt.prompts = args.prompts;
+  if (!args.prompts_file.empty()) {
+    std::ifstream in(args.prompts_file);
+    FORGE_CHECK(in.good(), "sample: cannot read --prompts-file '", args.prompts_file, "'");
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) opt.prompts.push_back(line);
+    FORGE_CHECK(!opt.prompts.empty() || !args.prompts.empty(), "sample: --prompts-file '", args.prompts_file,
+                "' has no prompt (one per line)");
+  }
   opt.tokens = args.tokens;
   opt.temperature = args.temperature;
   opt.top_k = args.top_k;
+  opt.top_p = args.top_p;
+  opt.stop = args.stop;
   opt.seed = args.seed;
   const train::SampleResult r = train::sample(opt);
-  std::cerr << "forge sample: " << r.checkpoint << " (step " << r.step << "), " << args.tokens << " tokens, temperature "
-            << args.temperature << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
-            << ", seed " << args.seed << "\n";
-  std::cout << r.text << std::endl;
+  const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{""} : opt.prompts;
+  char rate[64];
+  std::snprintf(rate, sizeof(rate), "%.1f tok/s", r.tokens_per_s);
+  std::cerr << "forge sample: " << r.checkpoint << " (step " << r.step << "), " << prompts.size() << " prompt(s), up to "
+            << args.tokens << " tokens, temperature " << args.temperature
+            << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
+            << (args.top_p < 1 ? ", top-p " + std::to_string(args.top_p) : std::string()) << ", seed " << args.seed
+            << "; " << rate << "\n";
+  if (args.json) {
+    nlohmann::json j = {{"checkpoint", r.checkpoint}, {"step", r.step}, {"tokens_per_s", r.tokens_per_s},
+                        {"seconds", r.seconds}, {"samples", nlohmann::json::array()}};
+    for (size_t k = 0; k < r.completions.size(); ++k)
+      j["samples"].push_back({{"prompt", prompts[k]}, {"completion", r.completions[k]}, {"new_tokens", r.new_tokens[k]}});
+    // (A completion may hold invalid UTF-8, a byte-level model's partial character: replaced by U+FFFD.)
+    std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+    return 0;
+  }
+  for (size_t k = 0; k < r.completions.size(); ++k) {
+    if (k > 0) std::cout << "\n---\n";
+    std::cout << prompts[k] << r.completions[k];
+  }
+  std::cout << std::endl;
   return 0;
 }
 

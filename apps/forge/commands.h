@@ -20,11 +20,15 @@ int run_train(const TrainArgs& args);
 
 struct SampleArgs {
   std::string checkpoint;
-  std::string prompt;
+  std::vector<std::string> prompts;    // --prompt, repeatable
+  std::string prompts_file;            // one prompt per line
   int64_t tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 0;
+  double top_p = 1.0;
+  std::vector<std::string> stop;
   uint64_t seed = 0;
+  bool json = false;
 };
 int run_sample(const SampleArgs& args);
 

@@ -88,11 +88,16 @@ int main(int argc, char** argv) {
   auto* sample = app.add_subcommand("sample", "generate text from a trained language model");
   sample->add_option("--checkpoint", sample_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
       ->required();
-  sample->add_option("--prompt", sample_args.prompt, "the text to continue (\"\" = start from a newline)");
+  sample->add_option("--prompt", sample_args.prompts, "a text to continue (repeat for several; \"\" = start from a newline)");
+  sample->add_option("--prompts-file", sample_args.prompts_file, "a file of prompts, one per line");
   sample->add_option("--tokens", sample_args.tokens, "new tokens to generate")->capture_default_str();
   sample->add_option("--temperature", sample_args.temperature, "softmax temperature (0 = greedy)")->capture_default_str();
   sample->add_option("--top-k", sample_args.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
-  sample->add_option("--seed", sample_args.seed, "random seed of the sampling")->capture_default_str();
+  sample->add_option("--top-p", sample_args.top_p, "nucleus: sample among the likeliest tokens holding this much "
+                     "probability (1 = all)")->capture_default_str();
+  sample->add_option("--stop", sample_args.stop, "end a completion before this string (repeatable)");
+  sample->add_option("--seed", sample_args.seed, "random seed of the sampling (prompt i uses seed + i)")->capture_default_str();
+  sample->add_flag("--json", sample_args.json, "print one JSON object: every completion, tokens/s");
 
   forge::app::EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");

@@ -1,4 +1,5 @@
-// forge eval (train/evaluate.h) on a tiny GPT trained for a few steps: the held-out loss and the
+// forge eval (train/evaluate.h) and forge sample's controls (train/sample.h) on a tiny GPT trained
+// for a few steps. eval: the held-out loss and the
 // multiple-choice scores against an independent computation from the model's logits (log-softmax
 // in f64, one sequence at a time, no padding), the HellaSwag layouts, errors, and the CLI.
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "forge/autograd/grad_mode.h"
+#include "forge/core/generator.h"
 #include "forge/core/error.h"
 #include "forge/io/checkpoint.h"
 #include "forge/ops/creation.h"
@@ -17,6 +19,7 @@
 #include "forge/train/evaluate.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/run_data.h"
+#include "forge/train/sample.h"
 #include "forge/train/trainer.h"
 #include "testing/cli_testing.h"
 #include "train_testing.h"
@@ -234,6 +237,68 @@ TEST_F(EvaluateTest, TrainingScoresEvalTasksIntoTheMetrics) {
   EXPECT_NE(error_of([&] {
               parse_config(train_testing::tiny_toml(scratch.path(), "ev_no", 2), "t.toml", {"--eval.tasks=[\"/no/x.jsonl\"]"});
             }).find("eval.tasks: '/no/x.jsonl' is not a readable file"),
+            std::string::npos);
+}
+
+// forge sample's controls: top-p keeps the smallest set of likeliest tokens reaching p.
+TEST(SampleControls, TopPDrawsOnlyFromTheNucleus) {
+  const std::vector<double> logits = {std::log(0.5), std::log(0.3), std::log(0.15), std::log(0.05)};
+  Generator gen(11);
+  std::vector<int> seen(4, 0);
+  for (int i = 0; i < 4000; ++i) ++seen[static_cast<size_t>(pick_token(logits, {1.0, 0, 0.7}, gen))];
+  EXPECT_EQ(seen[2] + seen[3], 0);  // 0.5 + 0.3 reaches 0.7: the nucleus is {0, 1}
+  EXPECT_NEAR(seen[0] / 4000.0, 0.5 / 0.8, 0.03);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(pick_token(logits, {1.0, 0, 0.5}, gen), 0);  // 0.5 alone reaches 0.5
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int i = 0; i < 4000; ++i) ++seen[static_cast<size_t>(pick_token(logits, {1.0, 0, 1.0}, gen))];
+  EXPECT_GT(seen[3], 100);  // p = 1: every token
+  // top-k then top-p: k = 3 renormalises to 0.5/0.95, 0.3/0.95, ...; p = 0.9 keeps {0, 1, 2}.
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int i = 0; i < 4000; ++i) ++seen[static_cast<size_t>(pick_token(logits, {1.0, 3, 0.9}, gen))];
+  EXPECT_EQ(seen[3], 0);
+  EXPECT_GT(seen[2], 300);
+}
+
+TEST_F(EvaluateTest, SampleStopsAtAStopStringAndTakesSeveralPrompts) {
+  SampleOptions o;
+  o.checkpoint = run.run_dir;
+  o.prompt = "The cat";
+  o.tokens = 30;
+  o.temperature = 0;  // greedy: the same tokens every time
+  const SampleResult full = sample(o);
+  ASSERT_GE(full.completion.size(), 8u) << full.completion;
+  EXPECT_EQ(full.new_tokens.front(), 30);
+  EXPECT_GT(full.tokens_per_s, 0);
+  const std::string stop = full.completion.substr(4, 3);
+  o.stop = {"never appears \x01", stop};
+  const SampleResult cut = sample(o);
+  EXPECT_EQ(cut.completion, full.completion.substr(0, full.completion.find(stop)));
+  EXPECT_LT(cut.new_tokens.front(), 30);
+  // Several prompts: each as if alone, prompt i drawing from seed + i.
+  SampleOptions m;
+  m.checkpoint = run.run_dir;
+  m.prompts = {"A dog", "Birds"};
+  m.tokens = 12;
+  m.temperature = 0.9;
+  m.top_p = 0.9;
+  m.seed = 4;
+  const SampleResult both = sample(m);
+  ASSERT_EQ(both.completions.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    SampleOptions one = m;
+    one.prompts = {m.prompts[k]};
+    one.seed = m.seed + k;
+    EXPECT_EQ(sample(one).completion, both.completions[k]) << k;
+  }
+  const auto r = testing::run_forge({"sample", "--checkpoint", run.run_dir, "--prompt", "A dog", "--prompt", "Birds",
+                                     "--tokens", "12", "--temperature", "0.9", "--top-p", "0.9", "--seed", "4", "--json"},
+                                    testing::Stderr::dropped);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j["samples"].size(), 2u) << r.out;
+  EXPECT_EQ(j["samples"][1]["new_tokens"], both.new_tokens[1]);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_NE(testing::run_forge({"sample", "--checkpoint", run.run_dir, "--top-p", "0"}).out.find("--top-p must be in (0, 1]"),
             std::string::npos);
 }
 

@@ -2,6 +2,7 @@
 #include "forge/train/sample.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -18,22 +19,39 @@ namespace forge::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-int32_t pick_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+int32_t pick_token(std::vector<double> logits, const Sampling& how, Generator& gen) {
   const auto V = static_cast<int64_t>(logits.size());
-  if (temperature == 0.0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (how.temperature == 0.0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   double threshold = -INFINITY;
-  if (top_k > 0 && top_k < V) {
+  if (how.top_k > 0 && how.top_k < V) {
     std::vector<double> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
-    threshold = sorted[static_cast<size_t>(top_k - 1)];
+    std::nth_element(sorted.begin(), sorted.begin() + (how.top_k - 1), sorted.end(), std::greater<double>());
+    threshold = sorted[static_cast<size_t>(how.top_k - 1)];
   }
   const double mx = *std::max_element(logits.begin(), logits.end());
   double total = 0.0;
   for (auto& l : logits) {
-    l = l < threshold ? 0.0 : std::exp((l - mx) / temperature);
+    l = l < threshold ? 0.0 : std::exp((l - mx) / how.temperature);
     total += l;
+  }
+  if (how.top_p < 1.0) {  // nucleus: drop the tail beyond the smallest set reaching top_p of the mass
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int32_t i = 0; i < static_cast<int32_t>(V); ++i) order[static_cast<size_t>(i)] = i;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] || (logits[static_cast<size_t>(a)] ==
+             logits[static_cast<size_t>(b)] && a < b);
+    });
+    double mass = 0.0, kept = 0.0;
+    for (int32_t i : order) {
+      double& p = logits[static_cast<size_t>(i)];
+      if (mass >= how.top_p * total) {
+        p = 0.0;
+        continue;
+      }
+      mass += p;
+      kept += p;
+    }
+    total = kept;
   }
   const double u = rand({1}, {.dtype = DType::f64}, &gen).item() * total;
   double acc = 0.0;
@@ -47,13 +65,13 @@ int32_t pick_token(std::vector<double> logits, double temperature, int64_t top_k
   return last_nonzero;  // rounding at the top end
 }
 
-}  // namespace
-
-std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
-                              int64_t top_k, uint64_t seed) {
+std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
+                              uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop) {
   FORGE_CHECK(!ids.empty(), "generate: the prompt has no tokens");
-  FORGE_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ", temperature);
-  FORGE_CHECK(top_k >= 0, "generate: top_k must be >= 0 (0 = all tokens), got ", top_k);
+  FORGE_CHECK(how.temperature >= 0 && std::isfinite(how.temperature), "generate: temperature must be >= 0, got ",
+              how.temperature);
+  FORGE_CHECK(how.top_k >= 0, "generate: top_k must be >= 0 (0 = all tokens), got ", how.top_k);
+  FORGE_CHECK(how.top_p > 0 && how.top_p <= 1, "generate: top_p must be in (0, 1] (1 = all tokens), got ", how.top_p);
   NoGradGuard no_grad;
   const bool was_training = model.module->is_training();
   model.module->eval();
@@ -62,16 +80,23 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
     const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
     std::vector<int64_t> window(ids.end() - ctx, ids.end());
     const Tensor logits = model.forward(from_vector(window, {1, ctx}).to(model.device()));  // (1, T, V)
-    ids.push_back(pick_token(logits.select(0, 0).select(0, ctx - 1).to_vector<double>(), temperature, top_k, gen));
+    ids.push_back(pick_token(logits.select(0, 0).select(0, ctx - 1).to_vector<double>(), how, gen));
+    if (stop && stop(ids)) break;
   }
   model.module->train(was_training);
   return ids;
+}
+
+std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
+                              int64_t top_k, uint64_t seed) {
+  return generate(model, std::move(ids), n, Sampling{temperature, top_k, 1.0}, seed);
 }
 
 SampleResult sample(const SampleOptions& opt) {
   FORGE_CHECK(opt.tokens >= 0, "sample: --tokens must be >= 0, got ", opt.tokens);
   FORGE_CHECK(opt.temperature >= 0, "sample: --temperature must be >= 0 (0 = greedy), got ", opt.temperature);
   FORGE_CHECK(opt.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got ", opt.top_k);
+  FORGE_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = all tokens), got ", opt.top_p);
   FORGE_CHECK(!opt.checkpoint.empty(), "sample: --checkpoint is required (a checkpoint or a run directory)");
   const fs::path dir = resolve_checkpoint(opt.checkpoint, "sample: --checkpoint");
   const io::CheckpointData ck = io::load_checkpoint(dir);
@@ -89,15 +114,40 @@ SampleResult sample(const SampleOptions& opt) {
                        "checkpoint '" + dir.string() + "'");
   model.module->load_state_dict(ck.model.items());
 
-  std::vector<int32_t> prompt = tok->encode_ordinary(opt.prompt.empty() ? std::string("\n") : opt.prompt);
-  const auto n_prompt = prompt.size();
-  const auto ids = generate(model, std::move(prompt), opt.tokens, opt.temperature, opt.top_k, opt.seed);
+  const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{opt.prompt} : opt.prompts;
+  const Sampling how{opt.temperature, opt.top_k, opt.top_p};
   SampleResult r;
   r.checkpoint = dir.string();
   r.step = ck.step;
-  r.text = tok->decode(ids);
-  r.completion = tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
-  if (opt.prompt.empty()) r.text = r.completion;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t generated = 0;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    std::vector<int32_t> prompt = tok->encode_ordinary(prompts[k].empty() ? std::string("\n") : prompts[k]);
+    const auto n_prompt = prompt.size();
+    auto completion_of = [&](const std::vector<int32_t>& ids) {
+      return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
+    };
+    // A stop string ends the completion before it (Note: decoded text, so a string split over
+    // several tokens is found once its last token is drawn).
+    auto stop_at = [&](const std::string& text) {
+      size_t at = std::string::npos;
+      for (const auto& s : opt.stop)
+        if (!s.empty()) at = std::min(at, text.find(s));
+      return at;
+    };
+    const auto ids = generate(model, std::move(prompt), opt.tokens, how, opt.seed + k, [&](const std::vector<int32_t>& ids) {
+      return !opt.stop.empty() && stop_at(completion_of(ids)) != std::string::npos;
+    });
+    std::string completion = completion_of(ids);
+    if (const size_t at = stop_at(completion); at != std::string::npos) completion.resize(at);
+    r.new_tokens.push_back(static_cast<int64_t>(ids.size() - n_prompt));
+    generated += r.new_tokens.back();
+    r.completions.push_back(completion);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.tokens_per_s = r.seconds > 0 ? static_cast<double>(generated) / r.seconds : 0.0;
+  r.completion = r.completions.front();
+  r.text = (prompts.front().empty() ? std::string() : prompts.front()) + r.completion;
   return r;
 }
 

@@ -1,37 +1,60 @@
 #pragma once
 // `forge sample`: text from a checkpoint of a language-model run.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "forge/core/generator.h"
 #include "forge/train/language_model.h"
 
 namespace forge::train {
 
 struct SampleOptions {
   std::string checkpoint;      // a checkpoint directory, or a run directory (its latest checkpoint)
-  std::string prompt;
-  int64_t tokens = 200;        // new tokens to generate
+  std::string prompt;          // one prompt (when `prompts` is empty)
+  std::vector<std::string> prompts;  // several prompts, each continued in turn with its own draws
+  int64_t tokens = 200;        // new tokens to generate (at most, with stop strings)
   double temperature = 0.8;    // 0 = greedy (argmax)
   int64_t top_k = 0;           // sample among the k most likely tokens (0 = all)
+  double top_p = 1.0;          // nucleus: the smallest set of likeliest tokens whose mass reaches p (1 = all)
+  std::vector<std::string> stop;  // a completion ends before the first of these strings it produces
   uint64_t seed = 0;
 };
 
 struct SampleResult {
-  std::string text;            // the prompt followed by the generated text
-  std::string completion;      // the generated text alone
+  std::string text;            // the (first) prompt followed by its completion
+  std::string completion;      // the (first) generated text alone
+  std::vector<std::string> completions;  // one per prompt
+  std::vector<int64_t> new_tokens;       // tokens generated per prompt (fewer than asked when a stop string ended it)
   std::string checkpoint;      // the checkpoint directory used
   int64_t step = 0;            // its step
+  double seconds = 0;          // generation time, every prompt
+  double tokens_per_s = 0;     // generated tokens / seconds
 };
 
 // Loads the checkpoint, its run's config (from the checkpoint) and tokenizer
 // (<run dir>/tokenizer.json), and samples autoregressively under NoGradGuard with the
-// model in eval mode. Deterministic for a given seed.
+// model in eval mode. Deterministic for a given seed (prompt i draws from seed + i).
 SampleResult sample(const SampleOptions& opt);
 
-// The autoregressive loop: appends `n` tokens to `ids` (each from the last block_size
-// tokens' logits), drawing from a Philox Generator seeded with `seed`.
+// Sampling controls of one step (pick_token): temperature 0 = argmax; top_k > 0 keeps the k
+// likeliest; top_p < 1 keeps the smallest set of likeliest tokens whose probability reaches p
+// (after top_k and the temperature), always at least one.
+struct Sampling {
+  double temperature = 0.8;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+};
+
+// The autoregressive loop: appends up to `n` tokens to `ids` (each from the last block_size
+// tokens' logits), drawing from a Philox Generator seeded with `seed`; `stop(ids)` true after a
+// token ends it early.
+std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
+                              uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop = {});
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
                               int64_t top_k, uint64_t seed);
+// One draw from `logits` under `how` (exposed for tests).
+int32_t pick_token(std::vector<double> logits, const Sampling& how, Generator& gen);
 
 }  // namespace forge::train
