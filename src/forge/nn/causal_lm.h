@@ -50,6 +50,22 @@ struct Stream {
   Tensor materialize() const;
 };
 
+// Note [KV cache]: decoding keeps every block's keys and values of the positions seen so far,
+// so each new token costs one position's work instead of the whole context's. forward_cached
+// runs the T new tokens of idx at positions [length, length + T) over the cached ones (causal,
+// bottom-right: ops/attention.h) and appends their keys and values. Inference only; the
+// context is the model's block_size (the caller starts again past it). Equal to forward() on
+// the whole sequence up to rounding (tests/nn/test_kv_cache.cpp).
+struct KvCache {
+  std::vector<Tensor> k, v;  // per block: (B, H_kv, length, D)
+  int64_t length = 0;
+  void clear() {
+    k.clear();
+    v.clear();
+    length = 0;
+  }
+};
+
 class CausalLM : public Module {
  public:
   explicit CausalLM(LayerSpec spec = {}) : layer_spec(std::move(spec)) {}
@@ -70,6 +86,9 @@ class CausalLM : public Module {
   Tensor forward(const Tensor& idx) const;
   // Mean cross-entropy against targets (B, T): head_loss(blocks(embed(idx), 0, n), targets).
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+  // idx (B, T) i64, the tokens after the cache's -> logits (B, T, vocab_size) (Note [KV cache]).
+  virtual Tensor forward_cached(const Tensor& idx, KvCache& cache) const = 0;
 
   virtual int64_t num_blocks() const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -73,6 +73,24 @@ Tensor GPTBlock::forward(const Tensor& x) const {
   return ops::add(h, m);
 }
 
+Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  const Tensor h = ops::add(x, attn->forward_cached(ln_1->forward(x), k_cache, v_cache));
+  return ops::add(h, mlp->forward(ln_2->forward(h)));
+}
+
+Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) const {
+  FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
+  const int64_t T = idx.size(1);
+  FORGE_CHECK(cache.length + T <= config.block_size, "GPT: a KV cache of ", cache.length, " positions and ", T,
+              " more exceed model.block_size = ", config.block_size, "; start a new cache");
+  if (cache.k.empty()) cache.k.resize(h.size()), cache.v.resize(h.size());
+  Tensor pos = arange(cache.length, cache.length + T, 1, {.dtype = DType::i64, .device = idx.device()});
+  Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));
+  for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache.k[i], cache.v[i]);
+  cache.length += T;
+  return wte->attend(ln_f->forward(x));
+}
+
 GPT::GPT(const GPTConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(spec), config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below

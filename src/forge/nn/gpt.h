@@ -38,6 +38,8 @@ struct GPTConfig {
 
 class GPTBlock : public Module {
  public:
+  // The block over a KV cache's keys and values of its attention (Note [KV cache]).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   explicit GPTBlock(const GPTConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C), the stream after the block
   std::shared_ptr<LayerNorm> ln_1, ln_2;
@@ -56,6 +58,7 @@ class GPT : public CausalLM {
   Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   // ln_f (fused with the pending add) and the head tied to wte: logits (B, T, vocab_size).
   Tensor head(const Stream& in) const override;
+  Tensor forward_cached(const Tensor& idx, KvCache& cache) const override;
   int64_t num_blocks() const override { return config.n_layer; }
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t block_size() const override { return config.block_size; }

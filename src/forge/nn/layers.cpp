@@ -9,6 +9,7 @@
 #include "forge/ops/attention.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/conv.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dropout.h"
 #include "forge/ops/embedding.h"
@@ -123,6 +124,27 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   return resid_drop->forward(c_proj->forward(y));
 }
 
+namespace {
+// Appends `t` (B, H, T, D) to `cache` along the positions and returns the whole (a new tensor:
+// the cache grows by one concatenation per call, fine for decoding one token at a time).
+Tensor grow(Tensor& cache, const Tensor& t) {
+  cache = cache.defined() ? ops::cat({cache, t}, 2) : ops::contiguous(t);
+  return cache;
+}
+}  // namespace
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  const Tensor qkv = c_attn->forward(x);  // (B, T, 3 H D)
+  const int64_t B = qkv.size(0), T = qkv.size(1), H = local_heads, D = head_dim;
+  auto heads = [&](int64_t part) {
+    return ops::transpose(ops::reshape(ops::narrow(qkv, 2, part * H * D, H * D), {B, T, H, D}), 1, 2);
+  };
+  const Tensor k = grow(k_cache, heads(1)), v = grow(v_cache, heads(2));
+  // causal: the T queries are the last T of the S positions (bottom-right, ops/attention.h).
+  const Tensor y = ops::scaled_dot_product_attention(ops::contiguous(heads(0)), k, v, true);  // (B, H, T, D)
+  return resid_drop->forward(c_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D})));
+}
+
 LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta,
                                const LayerSpec& spec)
     : dim(dim), n_head(n_head), n_kv_head(n_kv_head), head_dim(n_head > 0 ? dim / n_head : 0), rope_theta(rope_theta) {
@@ -162,6 +184,18 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
   Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), position_offset, rope_theta);
   Tensor v = heads(v_proj->forward(x), local_kv_heads);
   Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
+  return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
+}
+
+Tensor LlamaAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  const int64_t offset = k_cache.defined() ? k_cache.size(2) : 0;
+  const Tensor qp = q_proj->forward(x);
+  const int64_t B = qp.size(0), T = qp.size(1);
+  auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
+  const Tensor q = ops::rope(heads(qp, local_heads), offset, rope_theta);
+  const Tensor k = grow(k_cache, ops::rope(heads(k_proj->forward(x), local_kv_heads), offset, rope_theta));
+  const Tensor v = grow(v_cache, heads(v_proj->forward(x), local_kv_heads));
+  const Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
   return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
 }
 

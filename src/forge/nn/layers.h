@@ -80,6 +80,10 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(int64_t dim, int64_t n_head, bool bias = true, double dropout = 0.0,
                       const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  // Incremental decoding (Note [KV cache], causal_lm.h): attends x's T new positions over the
+  // cached keys and values (B, H, S, D) and appends theirs to k_cache / v_cache (undefined =
+  // empty). Inference only (no autograd history is kept for the cache).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   int64_t dim, n_head, head_dim, local_heads;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
@@ -94,6 +98,8 @@ class LlamaAttention : public Module {
  public:
   LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
+  // As CausalSelfAttention::forward_cached; the new positions start at the cache's length.
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   int64_t dim, n_head, n_kv_head, head_dim, local_heads, local_kv_heads;
   double rope_theta;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;

@@ -39,6 +39,22 @@ Tensor LlamaBlock::forward(const Tensor& x) const {
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
+Tensor LlamaBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+  Tensor h = ops::add(x, self_attn->forward_cached(input_layernorm->forward(x), k_cache, v_cache));
+  return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
+}
+
+Tensor Llama::forward_cached(const Tensor& idx, KvCache& cache) const {
+  FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
+  FORGE_CHECK(cache.length + idx.size(1) <= config.block_size, "Llama: a KV cache of ", cache.length, " positions and ",
+              idx.size(1), " more exceed model.block_size = ", config.block_size, "; start a new cache");
+  if (cache.k.empty()) cache.k.resize(layers.size()), cache.v.resize(layers.size());
+  Tensor x = embed_tokens->forward(idx);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache.k[i], cache.v[i]);
+  cache.length += idx.size(1);
+  return lm_head->forward(norm->forward(x));
+}
+
 Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(spec), config(c) {
   c.validate();
   SkipInitGuard skip_default_init;  // every parameter is initialised below

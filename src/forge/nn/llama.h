@@ -39,6 +39,8 @@ struct LlamaConfig {
 
 class LlamaBlock : public Module {
  public:
+  // The block over a KV cache's keys and values of its attention (Note [KV cache]).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   explicit LlamaBlock(const LlamaConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
@@ -53,6 +55,7 @@ class Llama : public CausalLM {
   Stream embed(const Tensor& idx) const override;  // embed_tokens(idx)
   Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   Tensor head(const Stream& in) const override;  // lm_head(norm(x)): (B, T, vocab_size)
+  Tensor forward_cached(const Tensor& idx, KvCache& cache) const override;
   int64_t num_blocks() const override { return config.n_layer; }
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t block_size() const override { return config.block_size; }

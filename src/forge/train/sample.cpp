@@ -11,6 +11,7 @@
 #include "forge/core/error.h"
 #include "forge/core/generator.h"
 #include "forge/io/checkpoint.h"
+#include "forge/nn/causal_lm.h"
 #include "forge/ops/creation.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/run_data.h"
@@ -76,11 +77,21 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
   const bool was_training = model.module->is_training();
   model.module->eval();
   Generator gen(seed);
+  const auto* lm = how.kv_cache ? dynamic_cast<const nn::CausalLM*>(model.module.get()) : nullptr;
+  nn::KvCache cache;
   for (int64_t i = 0; i < n; ++i) {
-    const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
-    std::vector<int64_t> window(ids.end() - ctx, ids.end());
-    const Tensor logits = model.forward(from_vector(window, {1, ctx}).to(model.device()));  // (1, T, V)
-    ids.push_back(pick_token(logits.select(0, 0).select(0, ctx - 1).to_vector<double>(), how, gen));
+    Tensor logits;  // (1, T, V)
+    int64_t last = 0;
+    if (lm && cache.length > 0 && cache.length < model.block_size) {  // one new position
+      logits = lm->forward_cached(from_vector(std::vector<int64_t>{ids.back()}, {1, 1}).to(model.device()), cache);
+    } else {  // the window: the prompt, or (past block_size) the last block_size tokens again
+      const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
+      const Tensor window = from_vector(std::vector<int64_t>(ids.end() - ctx, ids.end()), {1, ctx}).to(model.device());
+      cache.clear();
+      logits = lm ? lm->forward_cached(window, cache) : model.forward(window);
+      last = ctx - 1;
+    }
+    ids.push_back(pick_token(logits.select(0, 0).select(0, last).to_vector<double>(), how, gen));
     if (stop && stop(ids)) break;
   }
   model.module->train(was_training);
@@ -115,7 +126,7 @@ SampleResult sample(const SampleOptions& opt) {
   model.module->load_state_dict(ck.model.items());
 
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{opt.prompt} : opt.prompts;
-  const Sampling how{opt.temperature, opt.top_k, opt.top_p};
+  const Sampling how{opt.temperature, opt.top_k, opt.top_p, true};
   SampleResult r;
   r.checkpoint = dir.string();
   r.step = ck.step;

@@ -45,11 +45,14 @@ struct Sampling {
   double temperature = 0.8;
   int64_t top_k = 0;
   double top_p = 1.0;
+  bool kv_cache = true;  // decode over a KV cache (Note [KV cache], nn/causal_lm.h); false: the whole window every token
 };
 
 // The autoregressive loop: appends up to `n` tokens to `ids` (each from the last block_size
 // tokens' logits), drawing from a Philox Generator seeded with `seed`; `stop(ids)` true after a
-// token ends it early.
+// token ends it early. A GPT or LLaMA decodes over a KV cache (how.kv_cache): the prompt's window
+// once, then one position per token; past block_size the window slides and each token runs it
+// whole again, as without the cache, so both give the same tokens.
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
                               uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop = {});
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
