@@ -127,11 +127,13 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.tp_comm = m_d * w_tp;
   r.pp_p2p = m_d * w_p2p;
   // ZB-H1 (Qi et al., zero-bubble pipeline parallelism): the weight-gradient passes fill the
-  // drain, leaving about a third of 1F1B's bubble when forward, input-gradient and weight-gradient
-  // passes take about the same time, as a transformer's do.
+  // drain: (p - 1)(f + b - w) of 1F1B's (p - 1)(f + b + w), a third if the three passes cost the
+  // same. forge's W pass is only the linears' weight GEMMs (attention's backward and the
+  // memory-bound backward of norms and SwiGLU stay in B), so kZbH1BubbleShare is what forge's
+  // schedule measured instead (time_model.h).
   // Interleaved (Narayanan et al.): v model chunks per rank divide the fill and drain by v.
   r.bubble = static_cast<double>(p - 1) * worst *
-             (l.schedule == Schedule::zb_h1         ? 1.0 / 3.0
+             (l.schedule == Schedule::zb_h1         ? kZbH1BubbleShare
               : l.schedule == Schedule::interleaved ? 1.0 / static_cast<double>(std::max<int64_t>(1, l.virtual_stages))
                                                     : 1.0);
 

@@ -23,6 +23,12 @@
 
 namespace forge::plan {
 
+// ZB-H1's fill and drain as a share of 1F1B's. Equal forward, input-gradient and weight-gradient
+// passes would give 1/3; forge's schedule measured 0.67 (pp 2) and 0.57 (pp 4) of 1F1B's at the
+// 0.85B LLaMA on 4 x H100 (benchmarks/results/scale_NVIDIA_H100_80GB_HBM3_x4.md), its W pass being
+// only the linears' weight GEMMs.
+inline constexpr double kZbH1BubbleShare = 0.6;
+
 struct Cluster {
   GpuSpec gpu;
   int64_t gpus = 1;
