@@ -10,7 +10,7 @@
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
 # Steps (STEPS_TO_RUN, in this order): build ctest tp_check pp_check pp_check4 tp_check4 pp_bubble
-# pp_peer pp_socket tp_profile tp_perf scale.
+# pp_peer pp_socket tp_profile tp_perf tb_check scale.
 #   ctest       the CUDA tests of the distributed paths; with CTEST_GPUS (e.g. 0,1) on those GPUs in
 #               the background while the next steps run on CHECK_GPUS (e.g. 2,3), until a step that
 #               needs every GPU
@@ -136,6 +136,13 @@ if want tp_perf; then
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
+fi
+if want tb_check; then
+  # TensorBoard's own EventAccumulator against a GPU run's metrics.jsonl (issue 19).
+  ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
+    timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=tb --train.steps=30 \
+      --train.log_every=5 --eval.every=0 --checkpoint.at_end=false > "$R/tb_train.log" 2>&1
+    "$PY" tests/python/tensorboard_check.py /tmp/forge_tb_runs/tb 2>&1; t "tensorboard check rc=$?" )
 fi
 if want scale; then
   wait_bg

@@ -208,6 +208,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, offload_optimizer,
                   "ZeRO-1/2/3: keep the f32 master weights and moments on the CPU and run the update there"),
       FORGE_FIELD(dist, bucket_mb, "gradient bucket size in MB for the reductions that overlap backward (> 0)"),
+      FORGE_FIELD(telemetry, tensorboard,
+                  "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
+                  "tensorboard --logdir"),
       FORGE_FIELD(debug, skip_reductions,
                   "data parallel (DDP, ZeRO-1): skip every gradient and loss reduction. The run is WRONG: a diagnostic "
                   "that measures what the rest of data parallelism costs"),
@@ -222,7 +225,7 @@ const std::vector<Field>& fields() {
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {"run", "model", "data", "optim", "schedule", "train", "eval",
-                                                 "checkpoint", "dist", "debug"};
+                                                 "checkpoint", "dist", "telemetry", "debug"};
   return names;
 }
 

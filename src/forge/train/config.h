@@ -140,6 +140,10 @@ struct DistSection {
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
 };
 
+struct TelemetrySection {
+  bool tensorboard = true;         // <run dir>/tb: TensorBoard event files of the metrics (rank 0)
+};
+
 // Switches that change what a run computes: never hidden environment variables, always recorded
 // in the run's config.toml and checkpoints.
 struct DebugSection {
@@ -158,6 +162,7 @@ struct RunConfig {
   EvalSection eval;
   CheckpointSection checkpoint;
   DistSection dist;
+  TelemetrySection telemetry;
   DebugSection debug;
   std::string source;  // the file it came from ("" when built in code)
 

@@ -29,6 +29,7 @@
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
+#include "forge/telemetry/tensorboard.h"
 #include "forge/telemetry/mfu.h"
 #include "forge/train/graphed_step.h"
 #include "forge/train/layout.h"
@@ -165,6 +166,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                   "; continue it with --resume, choose another run.name, or set run.overwrite = true to start afresh");
       fs::remove_all(run_dir / "checkpoints", ec);
       fs::remove(metrics_path, ec);
+      fs::remove_all(run_dir / "tb", ec);
       log << "run: starting afresh in " << run_dir.string() << " (run.overwrite: earlier checkpoints and metrics removed)\n";
     }
   }
@@ -266,6 +268,16 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
   // Rank 0 writes the metrics; the other ranks' writer goes to /dev/null.
   telemetry::JsonlWriter metrics(rank0 ? metrics_path : fs::path("/dev/null"));
+  // telemetry.tensorboard: the same scalars in <run dir>/tb (Note [TensorBoard event files]).
+  std::optional<telemetry::TensorBoardWriter> tensorboard;
+  if (rank0 && cfg.telemetry.tensorboard) tensorboard.emplace(run_dir / "tb");
+  auto write_metrics = [&](const json& record) {
+    metrics.write(record);
+    if (tensorboard && record.contains("step"))
+      tensorboard->scalars(record["step"].get<int64_t>(),
+                           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(),
+                           telemetry::record_scalars(record));
+  };
 
   log << task->describe();
   if (ck) log << "resume: from " << ck_path.string() << " at step " << step << "\n";
@@ -340,7 +352,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       ++bad_in_a_row;
       log << "step " << q.step << ": skipped (loss " << loss_value << ", gradient norm " << gnorm << "), "
           << bad_in_a_row << " in a row of train.max_bad_steps = " << cfg.train.max_bad_steps << std::endl;
-      metrics.write({{"step", q.step}, {"skipped", true}, {"loss", loss_value}, {"grad_norm", gnorm}});
+      write_metrics({{"step", q.step}, {"skipped", true}, {"loss", loss_value}, {"grad_norm", gnorm}});
       result.losses.push_back(loss_value);
       FORGE_CHECK(bad_in_a_row < cfg.train.max_bad_steps, "train: ", bad_in_a_row,
                   " steps in a row had a non-finite loss or gradient norm (last at step ", q.step,
@@ -377,7 +389,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
       if (host.size() > 3) rec["loss_scale"] = host[3];
-      metrics.write(rec);
+      write_metrics(rec);
       interval_seconds = 0.0;
       interval_steps = 0;
       interval_units = 0;
@@ -423,7 +435,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       log << e.line << std::endl;
       e.record["step"] = step;
       e.record["elapsed_s"] = seconds_since(t_start);
-      metrics.write(e.record);
+      write_metrics(e.record);
     }
     if (checkpoint_due) {
       const fs::path dir = checkpoint_now(step);
@@ -478,7 +490,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   result.seconds = seconds_since(t_start);
   final_record["elapsed_s"] = result.seconds;
   final_record[units.name + "_per_s"] = units_per_s;
-  metrics.write(final_record);
+  write_metrics(final_record);
   log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
       << telemetry::format_count(units_per_s) << " " << units.abbrev << "/s); "
       << (cfg.checkpoint.at_end ? "checkpoint " + final_dir.string() : std::string("no final checkpoint (checkpoint.at_end = false)"))
