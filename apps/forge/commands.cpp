@@ -16,6 +16,7 @@
 #include "forge/train/config.h"
 #include <nlohmann/json.hpp>
 
+#include "forge/telemetry/plot.h"
 #include "forge/train/evaluate.h"
 #include "forge/train/trainer.h"
 
@@ -113,6 +114,14 @@ int run_eval(const EvalArgs& args) {
     std::cout << buf;
   }
   std::cout << std::flush;
+  return 0;
+}
+
+int run_plot(const PlotArgs& args) {
+  std::vector<std::filesystem::path> runs(args.runs.begin(), args.runs.end());
+  const auto panels = telemetry::plot_panels(runs);
+  io::write_file_atomic(args.out, telemetry::plot_svg(panels));
+  std::cout << "forge plot: " << runs.size() << " run(s), " << panels.size() << " panel(s) -> " << args.out << std::endl;
   return 0;
 }
 

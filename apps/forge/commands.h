@@ -42,6 +42,12 @@ struct EvalArgs {
 };
 int run_eval(const EvalArgs& args);
 
+struct PlotArgs {
+  std::vector<std::string> runs;       // run directories or metrics.jsonl files
+  std::string out = "curves.svg";
+};
+int run_plot(const PlotArgs& args);
+
 struct ExportArgs {
   std::string checkpoint;
   std::string out;

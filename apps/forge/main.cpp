@@ -110,6 +110,12 @@ int main(int argc, char** argv) {
   eval->add_option("--batch", eval_args.batch, "windows per forward pass (files)")->capture_default_str();
   eval->add_flag("--json", eval_args.json, "print one JSON object");
 
+  forge::app::PlotArgs plot_args;
+  auto* plot_cmd = app.add_subcommand("plot", "curves of one or several runs (loss, validation loss, lr, throughput, MFU) as SVG");
+  plot_cmd->add_option("runs", plot_args.runs, "run directories (or their metrics.jsonl); several are compared")
+      ->required();
+  plot_cmd->add_option("--out", plot_args.out, "the SVG file to write")->capture_default_str();
+
   forge::app::ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face model directory (safetensors)");
   exp->add_option("--checkpoint", export_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
@@ -181,7 +187,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, eval, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
+    for (const auto* sub : {train, sample, eval, plot_cmd, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -195,6 +201,7 @@ int main(int argc, char** argv) {
     }
     if (sample->parsed()) return forge::app::run_sample(sample_args);
     if (eval->parsed()) return forge::app::run_eval(eval_args);
+    if (plot_cmd->parsed()) return forge::app::run_plot(plot_args);
     if (exp->parsed()) return forge::app::run_export(export_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();
