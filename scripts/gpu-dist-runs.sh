@@ -142,7 +142,15 @@ if want tb_check; then
   ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=tb --train.steps=30 \
       --train.log_every=5 --eval.every=0 --checkpoint.at_end=false > "$R/tb_train.log" 2>&1
-    "$PY" tests/python/tensorboard_check.py /tmp/forge_tb_runs/tb 2>&1; t "tensorboard check rc=$?" )
+    "$PY" tests/python/tensorboard_check.py /tmp/forge_tb_runs/tb 2>&1; t "tensorboard check rc=$?"
+    # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
+    timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=200 \
+      --eval.every=0 --checkpoint.at_end=false > /dev/null 2>&1 &
+    sleep 25
+    "$FORGE" top --once --json > "$R/top.json" 2>&1; t "forge top rc=$?"
+    nvidia-smi --query-gpu=index,memory.used,utilization.gpu,power.draw --format=csv | tee "$R/top_nvidia_smi.csv"
+    "$PY" -c "import json; j = json.load(open('$R/top.json')); print([(g['index'], g['memory_used_bytes'] // 2**20, g['utilization_pct'], g['power_w']) for g in j['gpus']])"
+    wait )
 fi
 if want scale; then
   wait_bg

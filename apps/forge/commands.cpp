@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "forge/core/error.h"
 #include "forge/data/bpe.h"
@@ -16,6 +17,7 @@
 #include "forge/train/config.h"
 #include <nlohmann/json.hpp>
 
+#include "forge/bench/top.h"
 #include "forge/telemetry/plot.h"
 #include "forge/train/evaluate.h"
 #include "forge/train/trainer.h"
@@ -123,6 +125,25 @@ int run_plot(const PlotArgs& args) {
   io::write_file_atomic(args.out, telemetry::plot_svg(panels));
   std::cout << "forge plot: " << runs.size() << " run(s), " << panels.size() << " panel(s) -> " << args.out << std::endl;
   return 0;
+}
+
+int run_top(const TopArgs& args) {
+  FORGE_CHECK(args.interval > 0, "top: --interval must be > 0 seconds, got ", args.interval);
+  for (int64_t n = 0;; ++n) {
+    const bench::TopSnapshot s = bench::top_snapshot();
+    if (s.gpus.empty()) {
+      std::cerr << "forge top: no GPU to show (" << s.note << ")" << std::endl;
+      return bench::kNoGpuStatus;
+    }
+    if (args.json) {
+      std::cout << bench::top_json(s).dump(args.once ? 1 : -1) << std::endl;
+    } else {
+      if (!args.once) std::cout << "\033[H\033[2J";  // clear the terminal for the next frame
+      std::cout << bench::top_table(s) << std::flush;
+    }
+    if (args.once || (args.count > 0 && n + 1 >= args.count)) return 0;
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.interval));
+  }
 }
 
 int run_export(const ExportArgs& args) {

@@ -48,6 +48,14 @@ struct PlotArgs {
 };
 int run_plot(const PlotArgs& args);
 
+struct TopArgs {
+  bool once = false;
+  bool json = false;
+  double interval = 1.0;  // seconds between refreshes
+  int64_t count = 0;      // refreshes before exiting (0 = until interrupted)
+};
+int run_top(const TopArgs& args);
+
 struct ExportArgs {
   std::string checkpoint;
   std::string out;

@@ -116,6 +116,14 @@ int main(int argc, char** argv) {
       ->required();
   plot_cmd->add_option("--out", plot_args.out, "the SVG file to write")->capture_default_str();
 
+  forge::app::TopArgs top_args;
+  auto* top = app.add_subcommand("top", "live per-GPU and per-process view: utilisation, memory, power, clocks, "
+                                        "throttle reasons (NVML); exit 3 without a GPU");
+  top->add_flag("--once", top_args.once, "print one table (or JSON object) and exit");
+  top->add_flag("--json", top_args.json, "JSON instead of the table (one object per refresh)");
+  top->add_option("--interval", top_args.interval, "seconds between refreshes")->capture_default_str();
+  top->add_option("--count", top_args.count, "refreshes before exiting (0 = until interrupted)")->capture_default_str();
+
   forge::app::ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face model directory (safetensors)");
   exp->add_option("--checkpoint", export_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
@@ -187,7 +195,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     std::string cmd;
-    for (const auto* sub : {train, sample, eval, plot_cmd, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
+    for (const auto* sub : {train, sample, eval, plot_cmd, top, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";
     if (bench->parsed()) cmd = bench->get_subcommand("gemm")->parsed() ? "bench gemm " : "bench ";
     return usage_error(e.what(), cmd);
@@ -202,6 +210,7 @@ int main(int argc, char** argv) {
     if (sample->parsed()) return forge::app::run_sample(sample_args);
     if (eval->parsed()) return forge::app::run_eval(eval_args);
     if (plot_cmd->parsed()) return forge::app::run_plot(plot_args);
+    if (top->parsed()) return forge::app::run_top(top_args);
     if (exp->parsed()) return forge::app::run_export(export_args);
     if (plan->parsed()) return forge::app::run_plan(split.overrides);
     if (info->parsed()) return forge::app::run_info();

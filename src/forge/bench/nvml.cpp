@@ -47,6 +47,14 @@ Nvml::Nvml() {
   sym(lib, clock_info, "nvmlDeviceGetClockInfo");
   sym(lib, temperature, "nvmlDeviceGetTemperature");
   sym(lib, power_usage, "nvmlDeviceGetPowerUsage");
+  sym(lib, device_count, "nvmlDeviceGetCount_v2");
+  sym(lib, name, "nvmlDeviceGetName");
+  sym(lib, utilization, "nvmlDeviceGetUtilizationRates");
+  sym(lib, memory, "nvmlDeviceGetMemoryInfo");
+  sym(lib, power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+  sym(lib, clock_reasons, "nvmlDeviceGetCurrentClocksEventReasons");
+  if (clock_reasons == nullptr) sym(lib, clock_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");  // older drivers
+  sym(lib, compute_processes, "nvmlDeviceGetComputeRunningProcesses_v3");
 }
 
 Nvml::~Nvml() {

@@ -24,6 +24,19 @@ inline constexpr unsigned kNvmlMaxLinks = 18;     // NVML_NVLINK_MAX_LINKS
 inline constexpr int kNvmlClockSm = 1;            // nvmlClockType_t NVML_CLOCK_SM
 inline constexpr int kNvmlTemperatureGpu = 0;     // nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
 
+// NVML's structs of the calls below (their documented layouts).
+struct NvmlUtilization {
+  unsigned gpu = 0, memory = 0;  // percent of the last sample period a kernel ran / memory was read or written
+};
+struct NvmlMemory {
+  unsigned long long total = 0, free = 0, used = 0;  // bytes
+};
+struct NvmlProcessInfo {  // nvmlProcessInfo_t (the _v2/_v3 calls)
+  unsigned pid = 0;
+  unsigned long long used_gpu_memory = 0;
+  unsigned gpu_instance_id = 0, compute_instance_id = 0;
+};
+
 // What `forge bench burn` reads each row (-1: NVML could not tell).
 struct NvmlSample {
   int sm_clock_mhz = -1;   // nvmlDeviceGetClockInfo(NVML_CLOCK_SM): the current SM clock
@@ -60,6 +73,13 @@ class Nvml {
   nvmlReturn_t (*clock_info)(nvmlDevice_t, int, unsigned*) = nullptr;
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned*) = nullptr;
   nvmlReturn_t (*power_usage)(nvmlDevice_t, unsigned*) = nullptr;
+  nvmlReturn_t (*device_count)(unsigned*) = nullptr;
+  nvmlReturn_t (*name)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*utilization)(nvmlDevice_t, NvmlUtilization*) = nullptr;
+  nvmlReturn_t (*memory)(nvmlDevice_t, NvmlMemory*) = nullptr;
+  nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned*) = nullptr;          // nvmlDeviceGetEnforcedPowerLimit, mW
+  nvmlReturn_t (*clock_reasons)(nvmlDevice_t, unsigned long long*) = nullptr;  // nvmlDeviceGetCurrentClocksEventReasons
+  nvmlReturn_t (*compute_processes)(nvmlDevice_t, unsigned*, NvmlProcessInfo*) = nullptr;  // ..._v3
 
  private:
   void* lib_ = nullptr;
