@@ -211,6 +211,13 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(telemetry, tensorboard,
                   "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
                   "tensorboard --logdir"),
+      FORGE_FIELD(telemetry, gpu_sampling,
+                  "on a GPU: NVML read every 100 ms off the training thread; each progress record gets the mean "
+                  "utilisation, memory-controller utilisation and power, the lowest SM clock, the highest temperature, "
+                  "the memory used and the clock-event reasons (gpu_* keys)"),
+      FORGE_FIELD(telemetry, idle_warn_pct,
+                  "warn when the GPU ran no kernel for more than this percentage of a logging interval (the input "
+                  "pipeline or the host kept it waiting)"),
       FORGE_FIELD(debug, skip_reductions,
                   "data parallel (DDP, ZeRO-1): skip every gradient and loss reduction. The run is WRONG: a diagnostic "
                   "that measures what the rest of data parallelism costs"),

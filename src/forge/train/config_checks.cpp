@@ -101,6 +101,8 @@ void validate(const RunConfig& c) {
     for (const auto& t : c.eval.tasks)
       FORGE_CHECK(std::filesystem::is_regular_file(t, ec), "eval.tasks: '", t, "' is not a readable file");
   }
+  FORGE_CHECK(c.telemetry.idle_warn_pct >= 0 && c.telemetry.idle_warn_pct <= 100,
+              "telemetry.idle_warn_pct must be in [0, 100] (percent of an interval), got ", c.telemetry.idle_warn_pct);
   FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
   // [dist]

@@ -28,6 +28,8 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
+#include "forge/bench/gpu_sampler.h"
+#include "forge/bench/top.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/tensorboard.h"
 #include "forge/telemetry/mfu.h"
@@ -39,6 +41,7 @@
 #include "forge/train/tensor_parallel_model.h"
 #include "forge/train/task.h"
 #ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/device_info.h"
 #include "forge/backends/cuda/matmul.h"
 #include "forge/backends/cuda/memory.h"
 #include "forge/backends/cuda/stream.h"
@@ -302,6 +305,20 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // no MFU then).
   const std::optional<double> flops_per_unit = task->flops_per_unit();
   const std::optional<double> peak_flops = telemetry::device_peak_flops(device, dtype);
+  // telemetry.gpu_sampling: NVML read off this thread every 100 ms (bench/gpu_sampler.h), summed up
+  // in each progress record; Note [idle share].
+  std::unique_ptr<bench::GpuSampler> gpu_sampler;
+#ifdef FORGE_WITH_CUDA
+  if (device.is_cuda() && cfg.telemetry.gpu_sampling) {
+    gpu_sampler = std::make_unique<bench::GpuSampler>(cuda::device_properties(device.index).pci_bus_id, device.index);
+    if (!gpu_sampler->ok()) {
+      rank_log << "telemetry: no NVML sample of the GPU (NVML or the device not found): device activity not recorded"
+               << std::endl;
+      gpu_sampler.reset();
+    }
+  }
+#endif
+  int64_t activity_records = 0;
   if (device.is_cuda())
     log << "device: " << device.str() << " (" << telemetry::device_name(device) << "), " << dtype_name(dtype)
         << (dtype == DType::f32 ? "" : " parameters and activations, f32 master weights and moments")
@@ -388,6 +405,27 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                   {units.name, units_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
+      if (gpu_sampler) {
+        const bench::GpuActivity a = gpu_sampler->take();
+        if (a.samples > 0) {
+          rec["gpu_util_pct"] = a.utilization_pct;
+          rec["gpu_mem_util_pct"] = a.memory_utilization_pct;
+          rec["gpu_power_w"] = a.power_w;
+          rec["gpu_sm_clock_min_mhz"] = a.sm_clock_min_mhz;
+          rec["gpu_temp_max_c"] = a.temperature_max_c;
+          rec["gpu_mem_used_bytes"] = a.memory_used_max_bytes;
+          std::string reasons;
+          for (const auto& r : bench::clock_event_reason_names(a.clock_event_reasons & ~uint64_t{1}))  // (not "idle")
+            reasons += (reasons.empty() ? "" : ", ") + r;
+          if (!reasons.empty()) rec["gpu_clock_events"] = reasons;
+          // The first interval holds the start (allocation, tuning, graph capture): no warning there.
+          const double idle = 100.0 - a.utilization_pct;
+          if (++activity_records > 1 && idle > cfg.telemetry.idle_warn_pct)
+            log << "warning: GPU " << device.index << " ran no kernel for " << fixed(idle, 0) << "% of steps up to "
+                << q.step << " (the data loader, the host or a synchronisation kept it waiting; Note [idle share])"
+                << std::endl;
+        }
+      }
       if (host.size() > 3) rec["loss_scale"] = host[3];
       write_metrics(rec);
       interval_seconds = 0.0;
