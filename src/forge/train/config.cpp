@@ -18,6 +18,7 @@
 #include "forge/core/error.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/creation.h"
+#include "forge/train/hf_model.h"
 
 namespace forge::train {
 
@@ -124,6 +125,13 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(model, ffn_hidden,
                   model_doc("ffn_hidden", "SwiGLU hidden width; 0 = 8*dim/3 rounded up to a multiple of 32")),
       FORGE_FIELD(model, rope_theta, model_doc("rope_theta", "rotary embedding base")),
+      FORGE_FIELD(model, rope_scaling, model_doc("rope_scaling", "\"\" (none) or \"llama3\" (LLaMA-3.1's bands)")),
+      FORGE_FIELD(model, rope_factor, model_doc("rope_factor", "llama3: the context stretch factor")),
+      FORGE_FIELD(model, rope_low_freq_factor, model_doc("rope_low_freq_factor", "llama3: low-frequency band edge")),
+      FORGE_FIELD(model, rope_high_freq_factor, model_doc("rope_high_freq_factor", "llama3: high-frequency band edge")),
+      FORGE_FIELD(model, rope_original_context, model_doc("rope_original_context", "llama3: the pretraining context")),
+      FORGE_FIELD(model, init_from, model_doc("init_from", "a Hugging Face model directory to start from (its shape, "
+                                              "weights and tokenizer; docs/train.md)")),
       FORGE_FIELD(model, norm_eps, model_doc("norm_eps", "RMSNorm epsilon")),
       FORGE_FIELD(model, init_std, model_doc("init_std", "standard deviation of the weight init")),
       FORGE_FIELD(data, source,
@@ -627,6 +635,7 @@ RunConfig parse_config(const std::string& text, const std::string& origin, const
     }
   }
   for (const auto& o : overrides) apply_override(cfg, o);
+  apply_init_from(cfg);  // Note [init_from precedence] (hf_model.h)
   validate(cfg);
   return cfg;
 }
