@@ -11,6 +11,7 @@
 #include "forge/data/shards.h"
 #include "forge/data/tokenizer.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/hf_checkpoint.h"
 #include "forge/dist/env.h"
 #include "forge/train/config.h"
 #include "forge/train/trainer.h"
@@ -54,9 +55,13 @@ int run_sample(const SampleArgs& args) {
 }
 
 int run_export(const ExportArgs& args) {
-  const train::ExportResult r = train::export_model({.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype});
+  const int64_t shard = io::parse_byte_size(args.max_shard_size, "export: --max-shard-size");
+  const train::ExportResult r = train::export_model(
+      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard});
+  std::string files;
+  for (const auto& f : r.files) files += (files.empty() ? "" : ", ") + f;
   std::cout << "forge export: " << r.checkpoint << " (step " << r.step << ") -> " << args.out << ": " << r.tensors
-            << " tensors, " << r.parameters << " parameters (model.safetensors, config.json)" << std::endl;
+            << " tensors, " << r.parameters << " parameters (" << files << ")" << std::endl;
   return 0;
 }
 
