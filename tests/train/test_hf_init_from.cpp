@@ -203,9 +203,15 @@ TEST_F(InitFromTest, GptExportShardedRoundTripsBitForBit) {
   EXPECT_GE(shards.size(), 2u);
   for (const auto& f : shards) EXPECT_TRUE(fs::exists(out / f)) << f;
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
-  // A forge BPE tokenizer is no HF tokenizer.json: it is exported as forge_tokenizer.json.
+  // forge's BPE: converted to tokenizer.json for transformers, and as it is for forge.
+  EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
   EXPECT_TRUE(fs::exists(out / "forge_tokenizer.json"));
-  EXPECT_TRUE(read_json(out / "generation_config.json").contains("eos_token_id"));
+  const json tok_cfg = read_json(out / "tokenizer_config.json");
+  EXPECT_EQ(tok_cfg["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(tok_cfg["model_max_length"], 32);
+  EXPECT_EQ(tok_cfg["tokenizer_class"], "PreTrainedTokenizerFast");
+  const json gen = read_json(out / "generation_config.json");
+  EXPECT_EQ(gen["eos_token_id"], read_json(out / "config.json")["eos_token_id"]);
   const RunConfig c = config("gpt_init", 2, false, {"--model.init_from=" + out.string()});
   EXPECT_EQ(c.data.tokenizer, (out / "forge_tokenizer.json").string());
   check_round_trip(c, scratch.path() / "runs" / "gpt");

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "forge/core/error.h"
+#include "forge/data/bpe_hf.h"
 #include "forge/data/tokenizer.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
@@ -107,11 +108,14 @@ ExportResult export_model(const ExportOptions& opt) {
       io::write_file_atomic(tmp / "generation_config.json", gen.dump(2) + "\n");
       r.files.push_back("generation_config.json");
     }
-    if (tok && tok->kind() == "hf") {
-      io::write_file_atomic(tmp / "tokenizer.json", tok->serialized());
+    // A Hugging Face file as it is; forge's BPE converted (Note [forge BPE as tokenizer.json]).
+    const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(tok.get());
+    if (tok && (tok->kind() == "hf" || bpe)) {
+      io::write_file_atomic(tmp / "tokenizer.json", bpe ? data::bpe_to_hf_tokenizer_json(*bpe) : tok->serialized());
       io::write_file_atomic(tmp / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
       r.files.insert(r.files.end(), {"tokenizer.json", "tokenizer_config.json"});
-    } else if (tok) {
+    }
+    if (tok && tok->kind() != "hf") {  // forge's own serialisation too, which model.init_from prefers
       io::write_file_atomic(tmp / "forge_tokenizer.json", tok->serialized());
       r.files.push_back("forge_tokenizer.json");
     }

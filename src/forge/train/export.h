@@ -19,10 +19,11 @@ namespace forge::train {
 //   <out>/config.json         the HF config of the architecture (LLaMA: rope_scaling when
 //                             model.rope_scaling = "llama3"), with bos/eos token ids
 //   <out>/generation_config.json  {"bos_token_id", "eos_token_id"} (those the tokenizer has)
-//   <out>/tokenizer.json      the run's tokenizer when it is a Hugging Face tokenizer.json (written
-//                             as it is); a tokenizer of another kind (forge's BPE, tiktoken,
-//                             sentencepiece) is written as forge_tokenizer.json, its forge
-//                             serialisation, which data.tokenizer reads but transformers does not
+//   <out>/tokenizer.json      the run's tokenizer: a Hugging Face tokenizer.json as it is, forge's
+//                             own BPE converted to one (data/bpe_hf.h)
+//   <out>/forge_tokenizer.json  a tokenizer of forge's kinds (forge's BPE, tiktoken, sentencepiece)
+//                             in forge's serialisation, exactly the run's (data.tokenizer and
+//                             model.init_from read it; transformers does not)
 //   <out>/tokenizer_config.json  {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token",
 //                             "eos_token", "model_max_length": model.block_size} (with tokenizer.json)
 // A run without a tokenizer (pre-encoded shards, random tokens) writes no tokenizer files.

@@ -249,7 +249,7 @@ void apply_init_from(RunConfig& cfg) {
         members().at(key));
   }
   std::error_code ec;
-  for (const char* file : {"tokenizer.json", "forge_tokenizer.json"})
+  for (const char* file : {"forge_tokenizer.json", "tokenizer.json"})
     if (cfg.data.tokenizer.empty() && fs::is_regular_file(dir / file, ec)) cfg.data.tokenizer = (dir / file).string();
 }
 

@@ -20,8 +20,8 @@
 // exception: a LLaMA's model.block_size may be set below max_position_embeddings (no weight
 // depends on it; the run's context is then that). Keys config.json does not know (dropout,
 // checkpoint_activations, init_std) stay the run's. data.tokenizer = "" becomes
-// PATH/tokenizer.json when that file exists (else PATH/forge_tokenizer.json, which `forge export`
-// writes for a tokenizer of forge's own kinds).
+// PATH/forge_tokenizer.json when that file exists (`forge export` writes it beside tokenizer.json
+// for forge's own tokenizer kinds: exactly the source run's tokenizer), else PATH/tokenizer.json.
 //
 // What forge cannot represent is an error before any work: another architecture (the message
 // lists the supported ones), a GPT-2 with untied head, n_inner other than 4 x n_embd, another
