@@ -198,7 +198,8 @@ TEST_F(InitFromTest, GptExportShardedRoundTripsBitForBit) {
   const fs::path out = trained_export("gpt", false, 8000);  // ~40k parameters: several shards
   EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
   std::set<std::string> shards;
-  for (const auto& [name, file] : read_json(out / "model.safetensors.index.json")["weight_map"].items())
+  const json index = read_json(out / "model.safetensors.index.json");
+  for (const auto& [name, file] : index["weight_map"].items())
     shards.insert(file.get<std::string>());
   EXPECT_GE(shards.size(), 2u);
   for (const auto& f : shards) EXPECT_TRUE(fs::exists(out / f)) << f;

@@ -130,10 +130,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(model, rope_low_freq_factor, model_doc("rope_low_freq_factor", "llama3: low-frequency band edge")),
       FORGE_FIELD(model, rope_high_freq_factor, model_doc("rope_high_freq_factor", "llama3: high-frequency band edge")),
       FORGE_FIELD(model, rope_original_context, model_doc("rope_original_context", "llama3: the pretraining context")),
-      FORGE_FIELD(model, init_from, model_doc("init_from", "a Hugging Face model directory to start from (its shape, "
-                                              "weights and tokenizer; docs/train.md)")),
       FORGE_FIELD(model, norm_eps, model_doc("norm_eps", "RMSNorm epsilon")),
       FORGE_FIELD(model, init_std, model_doc("init_std", "standard deviation of the weight init")),
+      FORGE_FIELD(model, init_from, model_doc("init_from", "a Hugging Face model directory to start from (its shape, "
+                                              "weights and tokenizer; docs/train.md)")),
       FORGE_FIELD(data, source,
                   "language models: \"files\" (data.files, tokenized) or \"random\" (uniform random tokens of "
                   "model.vocab_size, for benchmarks; no tokenizer, no validation)"),
