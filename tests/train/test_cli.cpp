@@ -71,7 +71,8 @@ TEST_F(CliTest, CliTensorParallelOnOneProcessIsRefusedBeforeAnyWork) {
 TEST_F(CliTest, CliExportShardsAndInitFromReadsIt) {
   ASSERT_EQ(run_forge({"train", config}).status, 0);
   const std::string out = scratch.str("hf");
-  const CliRun e = run_forge({"export", "--checkpoint", scratch.str("runs/cli"), "--out", out, "--max-shard-size", "20KB"});
+  const CliRun e =
+      run_forge({"export", "--checkpoint", scratch.str("runs/cli"), "--out", out, "--max-shard-size", "20KB"});
   ASSERT_EQ(e.status, 0) << e.out;
   EXPECT_NE(e.out.find("model.safetensors.index.json"), std::string::npos) << e.out;
   EXPECT_NE(e.out.find("tokenizer.json"), std::string::npos) << e.out;

@@ -153,8 +153,8 @@ class InitFromTest : public ::testing::Test {
   fs::path trained_export(const std::string& name, bool llama, int64_t shard = io::kHfDefaultMaxShardBytes) {
     train(config(name, 3, llama));
     const fs::path out = scratch.path() / (name + "_hf");
-    const ExportResult r = export_model({.checkpoint = (scratch.path() / "runs" / name).string(), .out = out.string(), .dtype = "",
-                                         .max_shard_bytes = shard});
+    const ExportResult r = export_model({.checkpoint = (scratch.path() / "runs" / name).string(),
+                                         .out = out.string(), .dtype = "", .max_shard_bytes = shard});
     EXPECT_EQ(r.step, 3);
     return out;
   }

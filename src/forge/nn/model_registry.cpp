@@ -204,7 +204,8 @@ const ModelFamily& model_family(const std::string& type) {
 ops::RopeScaling rope_scaling(const ModelConfig& m) {
   if (m.rope_scaling != "llama3") return ops::RopeScaling::none();
   return {.factor = m.rope_factor, .low_freq_factor = m.rope_low_freq_factor,
-          .high_freq_factor = m.rope_high_freq_factor, .original_context = static_cast<double>(m.rope_original_context)};
+          .high_freq_factor = m.rope_high_freq_factor,
+          .original_context = static_cast<double>(m.rope_original_context)};
 }
 
 void validate_model(const ModelConfig& m) { model_family(m.type).validate(m); }

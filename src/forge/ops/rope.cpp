@@ -49,9 +49,9 @@ Tensor rope(const Tensor& x, int64_t position_offset, double theta, const RopeSc
   FORGE_CHECK(position_offset >= 0, "rope: position_offset must be >= 0, got ", position_offset, " (x of shape ",
               x.shape(), ")");
   FORGE_CHECK(std::isfinite(theta) && theta > 0, "rope: theta must be a positive finite base, got ", theta);
-  FORGE_CHECK(!scaling.enabled() || (std::isfinite(scaling.factor) && scaling.factor > 0 &&
-                                      scaling.low_freq_factor > 0 && scaling.high_freq_factor > scaling.low_freq_factor &&
-                                      scaling.original_context > 0),
+  FORGE_CHECK(!scaling.enabled() ||
+                  (std::isfinite(scaling.factor) && scaling.factor > 0 && scaling.low_freq_factor > 0 &&
+                   scaling.high_freq_factor > scaling.low_freq_factor && scaling.original_context > 0),
               "rope: llama3 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_context > 0, "
               "got factor ", scaling.factor, ", low_freq_factor ", scaling.low_freq_factor, ", high_freq_factor ",
               scaling.high_freq_factor, ", original_context ", scaling.original_context);

@@ -62,8 +62,8 @@ ExportResult export_model(const ExportOptions& opt) {
           {"hidden_act", "silu"}, {"tie_word_embeddings", s.tied_head()}};
   }
   if (s.arch == nn::Arch::llama && m.rope_scaling == "llama3")
-    hf["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", m.rope_factor}, {"low_freq_factor", m.rope_low_freq_factor},
-                          {"high_freq_factor", m.rope_high_freq_factor},
+    hf["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", m.rope_factor},
+                          {"low_freq_factor", m.rope_low_freq_factor}, {"high_freq_factor", m.rope_high_freq_factor},
                           {"original_max_position_embeddings", m.rope_original_context}};
   ExportResult r;
   r.checkpoint = dir.string();

@@ -70,7 +70,8 @@ std::string architecture_of(const json& j, const std::string& origin) {
       if (a.is_string()) names.push_back(a.get<std::string>());
   for (const auto& a : names)
     if (a == kGpt2 || a == kLlama) return a;
-  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
+  const std::string type =
+      j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
   if (names.empty() && type == "gpt2") return kGpt2;
   if (names.empty() && type == "llama") return kLlama;
   std::string found = names.empty() ? "no \"architectures\"" : "architectures [" + [&] {
@@ -303,7 +304,8 @@ io::NamedTensors load_init_from(const RunConfig& cfg, const io::NamedShapes& exp
     } else if (t->shape() != shape) {
       const bool conv = file_name[name] != name && h.architecture == kGpt2 && t->dim() == 2;
       mismatched.push_back("'" + file_name[name] + "': " + shape_str(t->shape()) + " in the file, " +
-                           shape_str(shape) + " in the model" + (conv ? " (as (out, in); the file holds (in, out))" : ""));
+                           shape_str(shape) + " in the model" +
+                           (conv ? " (as (out, in); the file holds (in, out))" : ""));
     }
   }
   for (const auto& [name, t] : out)
