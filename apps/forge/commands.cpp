@@ -58,8 +58,13 @@ int run_export(const ExportArgs& args) {
   const int64_t shard = io::parse_byte_size(args.max_shard_size, "export: --max-shard-size");
   const train::ExportResult r = train::export_model(
       {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard});
-  std::string files;
-  for (const auto& f : r.files) files += (files.empty() ? "" : ", ") + f;
+  std::string files;  // the shards as one item
+  int64_t shards = 0;
+  for (const auto& f : r.files) {
+    if (f.rfind("model-", 0) == 0 && shards++ > 0) continue;
+    files += (files.empty() ? "" : ", ") + (f.rfind("model-", 0) == 0 ? std::string("SHARDS") : f);
+  }
+  if (shards > 0) files.replace(files.find("SHARDS"), 6, std::to_string(shards) + " shards model-*.safetensors");
   std::cout << "forge export: " << r.checkpoint << " (step " << r.step << ") -> " << args.out << ": " << r.tensors
             << " tensors, " << r.parameters << " parameters (" << files << ")" << std::endl;
   return 0;

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   try {
     const Device device = Device::parse(argv[4]);
     // Random tokens: no data files to read; the vocabulary comes from config.json.
-    const std::string toml = "[run]\ndevice = \"cpu\"\ndtype = \"f32\"\n[data]\nsource = \"random\"\n";
+    const std::string toml =
+        "[run]\ndevice = \"cpu\"\ndtype = \"f32\"\n[data]\nsource = \"random\"\n[train]\nseq_len = 8\n";
     const train::RunConfig cfg =
         train::parse_config(toml, "hf_init_from.toml", {std::string("--model.init_from=") + argv[1]});
     train::LanguageModel m = train::build_language_model(cfg);

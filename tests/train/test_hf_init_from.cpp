@@ -239,8 +239,10 @@ TEST_F(InitFromTest, LlamaWithRopeScalingRoundTripsBitForBit) {
   export_model({.checkpoint = (scratch.path() / "runs" / "llama").string(), .out = sharded.string(), .dtype = "",
                 .max_shard_bytes = 6000});
   EXPECT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
+  const RunConfig cs = config("llama_init_sharded", 2, true, {"--model.init_from=" + sharded.string()});
+  check_round_trip(cs, scratch.path() / "runs" / "llama");
   const TrainResult a = train(c);
-  const TrainResult b = train(config("llama_init_sharded", 2, true, {"--model.init_from=" + sharded.string()}));
+  const TrainResult b = train(cs);
   ASSERT_FALSE(a.losses.empty());
   ASSERT_FALSE(b.losses.empty());
   EXPECT_EQ(a.losses[0], b.losses[0]);
