@@ -13,6 +13,7 @@
 #include "forge/data/shards.h"
 #include "forge/data/tokenizer.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/hf_checkpoint.h"
 #include "forge/dist/env.h"
 #include "forge/train/config.h"
 #include <nlohmann/json.hpp>
@@ -147,9 +148,18 @@ int run_top(const TopArgs& args) {
 }
 
 int run_export(const ExportArgs& args) {
-  const train::ExportResult r = train::export_model({.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype});
+  const int64_t shard = io::parse_byte_size(args.max_shard_size, "export: --max-shard-size");
+  const train::ExportResult r = train::export_model(
+      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard});
+  std::string files;  // the shards as one item
+  int64_t shards = 0;
+  for (const auto& f : r.files) {
+    if (f.rfind("model-", 0) == 0 && shards++ > 0) continue;
+    files += (files.empty() ? "" : ", ") + (f.rfind("model-", 0) == 0 ? std::string("SHARDS") : f);
+  }
+  if (shards > 0) files.replace(files.find("SHARDS"), 6, std::to_string(shards) + " shards model-*.safetensors");
   std::cout << "forge export: " << r.checkpoint << " (step " << r.step << ") -> " << args.out << ": " << r.tensors
-            << " tensors, " << r.parameters << " parameters (model.safetensors, config.json)" << std::endl;
+            << " tensors, " << r.parameters << " parameters (" << files << ")" << std::endl;
   return 0;
 }
 

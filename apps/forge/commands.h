@@ -60,6 +60,7 @@ struct ExportArgs {
   std::string checkpoint;
   std::string out;
   std::string dtype;                   // "" = as trained
+  std::string max_shard_size = "5GB";  // io::parse_byte_size
 };
 int run_export(const ExportArgs& args);
 

@@ -128,8 +128,12 @@ int main(int argc, char** argv) {
   auto* exp = app.add_subcommand("export", "write a checkpoint's model as a Hugging Face model directory (safetensors)");
   exp->add_option("--checkpoint", export_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
       ->required();
-  exp->add_option("--out", export_args.out, "the directory to write (model.safetensors, config.json)")->required();
+  exp->add_option("--out", export_args.out, "the directory to write (weights, config.json, tokenizer files)")->required();
   exp->add_option("--dtype", export_args.dtype, "f32, bf16 or f16 (default: as trained)");
+  exp->add_option("--max-shard-size", export_args.max_shard_size,
+                  "split the weights into shards of at most this size, with model.safetensors.index.json: 5GB, "
+                  "500MB, 2GiB, or bytes")
+      ->capture_default_str();
 
   auto* tokenize =
       app.add_subcommand("tokenize", "train a BPE tokenizer, encode files into token shards, or encode/decode text");

@@ -96,6 +96,12 @@ void rope_cases(std::vector<OpCase>& c) {
                [](const TensorList& in) {
                  return rope(permute(in[0], {0, 2, 1, 3}), 2);
                }});
+  // LLaMA-3's scaling with every band present at D = 8 (tests/ops/test_rope_scaling.cpp).
+  c.push_back({"rope", "llama3 scaling, theta 500000, D=8, offset 3000", {real({1, 2, 5, 8}, 154)},
+               [](const TensorList& in) {
+                 return rope(in[0], 3000, 500000.0, {.factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                                                     .original_context = 8192.0});
+               }});
 }
 
 void conv_cases(std::vector<OpCase>& c) {

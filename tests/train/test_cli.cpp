@@ -66,6 +66,32 @@ TEST_F(CliTest, CliTensorParallelOnOneProcessIsRefusedBeforeAnyWork) {
   EXPECT_NE(pp.out.find("the world has 1 process"), std::string::npos) << pp.out;
 }
 
+// forge export: --max-shard-size shards the weights (and the files are listed); a bad size is an
+// error naming the option before anything is written; the export starts a run through
+// --model.init_from (--print-config shows the shape it took).
+TEST_F(CliTest, CliExportShardsAndInitFromReadsIt) {
+  ASSERT_EQ(run_forge({"train", config}).status, 0);
+  const std::string out = scratch.str("hf");
+  const CliRun e =
+      run_forge({"export", "--checkpoint", scratch.str("runs/cli"), "--out", out, "--max-shard-size", "20KB"});
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_NE(e.out.find("model.safetensors.index.json"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("tokenizer.json"), std::string::npos) << e.out;
+  EXPECT_TRUE(fs::exists(fs::path(out) / "model.safetensors.index.json")) << e.out;
+  EXPECT_FALSE(fs::exists(fs::path(out) / "model.safetensors")) << e.out;
+  const CliRun bad = run_forge({"export", "--checkpoint", scratch.str("runs/cli"), "--out", scratch.str("hf2"),
+                                "--max-shard-size", "lots"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.out.find("--max-shard-size = 'lots' is not a size"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(scratch.str("hf2")));
+  const CliRun p = run_forge({"train", config, "--model.init_from=" + out, "--print-config"});
+  EXPECT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("init_from = '" + out + "'"), std::string::npos) << p.out;
+  const CliRun clash = run_forge({"train", config, "--model.init_from=" + out, "--model.n_layer=3"});
+  EXPECT_EQ(clash.status, 1);
+  EXPECT_NE(clash.out.find("model.n_layer = 3 contradicts n_layer = 2"), std::string::npos) << clash.out;
+}
+
 TEST_F(CliTest, CliErrorsExitOneAndUsageErrorsTwo) {
   const CliRun typo = run_forge({"train", config, "--train.stpes=5"});
   EXPECT_EQ(typo.status, 1) << typo.out;

@@ -146,8 +146,9 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Ten
 }
 
 LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta,
-                               const LayerSpec& spec)
-    : dim(dim), n_head(n_head), n_kv_head(n_kv_head), head_dim(n_head > 0 ? dim / n_head : 0), rope_theta(rope_theta) {
+                               const LayerSpec& spec, const ops::RopeScaling& rope_scaling)
+    : dim(dim), n_head(n_head), n_kv_head(n_kv_head), head_dim(n_head > 0 ? dim / n_head : 0), rope_theta(rope_theta),
+      rope_scaling(rope_scaling) {
   FORGE_CHECK(n_head > 0 && dim % n_head == 0, "LlamaAttention: n_head = ", n_head, " must divide dim = ", dim);
   FORGE_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "LlamaAttention: n_kv_head = ", n_kv_head,
               " must divide n_head = ", n_head);
@@ -180,8 +181,8 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
   const Tensor qp = q_proj->forward(x);
   const int64_t B = qp.size(0), T = qp.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
-  Tensor q = ops::rope(heads(qp, local_heads), position_offset, rope_theta);
-  Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), position_offset, rope_theta);
+  Tensor q = ops::rope(heads(qp, local_heads), position_offset, rope_theta, rope_scaling);
+  Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), position_offset, rope_theta, rope_scaling);
   Tensor v = heads(v_proj->forward(x), local_kv_heads);
   Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
   return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
@@ -192,8 +193,8 @@ Tensor LlamaAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& 
   const Tensor qp = q_proj->forward(x);
   const int64_t B = qp.size(0), T = qp.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
-  const Tensor q = ops::rope(heads(qp, local_heads), offset, rope_theta);
-  const Tensor k = grow(k_cache, ops::rope(heads(k_proj->forward(x), local_kv_heads), offset, rope_theta));
+  const Tensor q = ops::rope(heads(qp, local_heads), offset, rope_theta, rope_scaling);
+  const Tensor k = grow(k_cache, ops::rope(heads(k_proj->forward(x), local_kv_heads), offset, rope_theta, rope_scaling));
   const Tensor v = grow(v_cache, heads(v_proj->forward(x), local_kv_heads));
   const Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
   return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));

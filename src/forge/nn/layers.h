@@ -9,6 +9,7 @@
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/linear.h"
 #include "forge/nn/module.h"
+#include "forge/ops/rope_scaling.h"
 
 namespace forge::nn {
 
@@ -93,15 +94,17 @@ class CausalSelfAttention : public Module {
 // grouped-query heads (n_kv_head divides n_head), rotary position embedding on q and k. The
 // layer computes local_heads = q_proj's out_features / head_dim query heads over
 // local_kv_heads = k_proj's out_features / head_dim key-value heads (n_head and n_kv_head
-// unless the spec shards them).
+// unless the spec shards them). `rope_scaling`: LLaMA-3's frequency scaling (ops/rope_scaling.h).
 class LlamaAttention : public Module {
  public:
-  LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {});
+  LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {},
+                 const ops::RopeScaling& rope_scaling = ops::RopeScaling::none());
   Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
   // As CausalSelfAttention::forward_cached; the new positions start at the cache's length.
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
   int64_t dim, n_head, n_kv_head, head_dim, local_heads, local_kv_heads;
   double rope_theta;
+  ops::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 };
 

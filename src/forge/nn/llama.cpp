@@ -28,7 +28,8 @@ class Llama::Container : public Module {
 
 LlamaBlock::LlamaBlock(const LlamaConfig& c, const LayerSpec& spec) {
   self_attn = register_module("self_attn",
-                              std::make_shared<LlamaAttention>(c.dim, c.n_head, c.n_kv_head, c.rope_theta, spec));
+                              std::make_shared<LlamaAttention>(c.dim, c.n_head, c.n_kv_head, c.rope_theta, spec,
+                                                                               c.rope_scaling));
   mlp = register_module("mlp", std::make_shared<SwiGLU>(c.dim, c.ffn_hidden, spec));
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));

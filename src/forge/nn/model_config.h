@@ -31,8 +31,14 @@ struct ModelConfig {
   int64_t dim = 128;               // LLaMA width
   int64_t ffn_hidden = 0;          // LLaMA SwiGLU width (0: 8·dim/3 rounded up to a multiple of 32)
   double rope_theta = 10000.0;     // LLaMA
+  std::string rope_scaling;        // LLaMA: "" (none) | "llama3" (Note [llama3 rope scaling], ops/rope_scaling.h)
+  double rope_factor = 8.0;        // llama3: how much longer the context gets
+  double rope_low_freq_factor = 1.0;   // llama3: wavelengths above original_context / this are divided by factor
+  double rope_high_freq_factor = 4.0;  // llama3: wavelengths below original_context / this are unchanged
+  int64_t rope_original_context = 8192;  // llama3: the context the model was pretrained at
   double norm_eps = 1e-5;          // LLaMA RMSNorm epsilon
   double init_std = 0.02;          // LLaMA weight init
+  std::string init_from;           // gpt, llama: a Hugging Face model directory to start from (io/hf_checkpoint.h)
 };
 
 }  // namespace forge::nn

@@ -105,6 +105,17 @@ void validate_llama(const ModelConfig& m) {
               "; the usual base is 10000");
   FORGE_CHECK(positive_finite(m.norm_eps), "model.norm_eps must be > 0, got ", m.norm_eps, "; e.g. 1e-5");
   FORGE_CHECK(positive_finite(m.init_std), "model.init_std must be > 0, got ", m.init_std, "; e.g. 0.02");
+  FORGE_CHECK(m.rope_scaling.empty() || m.rope_scaling == "llama3", "model.rope_scaling = \"", m.rope_scaling,
+              "\" is not one forge knows; use \"llama3\" (LLaMA-3.1 and later) or \"\" for none");
+  if (m.rope_scaling == "llama3") {
+    FORGE_CHECK(positive_finite(m.rope_factor), "model.rope_factor must be > 0, got ", m.rope_factor, "; e.g. 8");
+    FORGE_CHECK(positive_finite(m.rope_low_freq_factor) && positive_finite(m.rope_high_freq_factor) &&
+                    m.rope_high_freq_factor > m.rope_low_freq_factor,
+                "model.rope_low_freq_factor = ", m.rope_low_freq_factor, " and model.rope_high_freq_factor = ",
+                m.rope_high_freq_factor, " must be positive with low < high; LLaMA-3 uses 1 and 4");
+    FORGE_CHECK(m.rope_original_context > 0, "model.rope_original_context must be > 0, got ",
+                m.rope_original_context, "; LLaMA-3 uses 8192");
+  }
 }
 
 // n_kv_head = 0 is n_head; ffn_hidden = 0 is LlamaConfig::default_ffn_hidden(dim).
@@ -134,6 +145,7 @@ std::shared_ptr<CausalLM> build_llama(const ModelConfig& m, uint64_t seed, const
   c.ffn_hidden = s.ffn_hidden;
   c.norm_eps = m.norm_eps;
   c.rope_theta = m.rope_theta;
+  c.rope_scaling = rope_scaling(m);
   c.init_std = m.init_std;
   c.checkpoint_activations = m.checkpoint_activations;
   return std::make_shared<Llama>(c, seed, spec);
@@ -148,12 +160,14 @@ void validate_lenet(const ModelConfig&) {}  // reads no [model] key: its shape i
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> table = {
     {"gpt", "GPT-2: learned positions, pre-LN blocks, GELU MLP 4 x n_embd wide, head tied to the token embedding",
-     {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "checkpoint_activations"},
+     {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "checkpoint_activations",
+      "init_from"},
      "4 x model.n_embd", &validate_gpt, &gpt_shape, &build_gpt},
     {"llama",
      "LLaMA: rotary positions, RMSNorm, grouped-query attention, SwiGLU MLP, untied head (Hugging Face names)",
-     {"vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "rope_theta", "norm_eps",
-      "init_std", "checkpoint_activations"},
+     {"vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "dim", "ffn_hidden", "rope_theta", "rope_scaling",
+      "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context", "norm_eps", "init_std",
+      "checkpoint_activations", "init_from"},
      "model.ffn_hidden", &validate_llama, &llama_shape,
      &build_llama},
     {"lenet", "LeNet-5 for 28x28 grey images (Fashion-MNIST); its classes come from the data", {}, "",
@@ -185,6 +199,13 @@ const ModelFamily& model_family(const std::string& type) {
   const ModelFamily* f = find_model_family(type);
   FORGE_CHECK(f != nullptr, "model.type = '", type, "' is not a model forge trains; use ", model_type_list());
   return *f;
+}
+
+ops::RopeScaling rope_scaling(const ModelConfig& m) {
+  if (m.rope_scaling != "llama3") return ops::RopeScaling::none();
+  return {.factor = m.rope_factor, .low_freq_factor = m.rope_low_freq_factor,
+          .high_freq_factor = m.rope_high_freq_factor,
+          .original_context = static_cast<double>(m.rope_original_context)};
 }
 
 void validate_model(const ModelConfig& m) { model_family(m.type).validate(m); }
@@ -229,6 +250,13 @@ ModelConfig model_config(const LlamaConfig& c) {
   m.dim = c.dim;
   m.ffn_hidden = c.ffn_hidden;
   m.rope_theta = c.rope_theta;
+  if (c.rope_scaling.enabled()) {
+    m.rope_scaling = "llama3";
+    m.rope_factor = c.rope_scaling.factor;
+    m.rope_low_freq_factor = c.rope_scaling.low_freq_factor;
+    m.rope_high_freq_factor = c.rope_scaling.high_freq_factor;
+    m.rope_original_context = static_cast<int64_t>(c.rope_scaling.original_context);
+  }
   m.norm_eps = c.norm_eps;
   m.init_std = c.init_std;
   m.checkpoint_activations = c.checkpoint_activations;

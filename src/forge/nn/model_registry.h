@@ -37,6 +37,7 @@
 
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/model_config.h"
+#include "forge/ops/rope_scaling.h"
 
 namespace forge::nn {
 
@@ -96,6 +97,9 @@ const ModelFamily& model_family(const std::string& type);
 // The known types as a message lists them: "\"gpt\", \"llama\" or \"lenet\"" (only the
 // transformer families with `transformers_only`; `last` joins the last two).
 std::string model_type_list(bool transformers_only = false, const char* last = " or ");
+
+// LLaMA's rotary frequency scaling from model.rope_scaling and the rope_* keys (none for "").
+ops::RopeScaling rope_scaling(const ModelConfig& m);
 
 // model_family(m.type).validate(m).
 void validate_model(const ModelConfig& m);

@@ -28,18 +28,18 @@ namespace {
 // memory order when x's last dim is contiguous, so LLaMA's (B, T, H, D) projections keep that
 // order through rope, attention and the head merge (views, no layout copies), and the
 // gradients come back in it too.
-Tensor rotate(const Tensor& x, int64_t position_offset, double theta, bool inverse) {
+Tensor rotate(const Tensor& x, int64_t position_offset, double theta, const RopeScaling& scaling, bool inverse) {
   const bool keep_order = !x.is_cpu() && (x.size(3) <= 1 || x.stride(3) == 1);
   Tensor out =
       keep_order ? empty_in_order_of(x, x.shape()) : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-  if (x.is_cpu()) cpu::rope(x, out, position_offset, theta, inverse);
-  else FORGE_ON_CUDA("rope", cuda::rope(x, out, position_offset, theta, inverse));
+  if (x.is_cpu()) cpu::rope(x, out, position_offset, theta, scaling, inverse);
+  else FORGE_ON_CUDA("rope", cuda::rope(x, out, position_offset, theta, scaling, inverse));
   return out;
 }
 
 }  // namespace
 
-Tensor rope(const Tensor& x, int64_t position_offset, double theta) {
+Tensor rope(const Tensor& x, int64_t position_offset, double theta, const RopeScaling& scaling) {
   FORGE_CHECK(x.defined(), "rope: x must be a defined tensor");
   FORGE_CHECK(x.dim() == 4, "rope: expected x of shape (B, H, T, D), got ", x.shape());
   FORGE_CHECK(x.size(3) % 2 == 0, "rope: the head dim D must be even (dims i and i + D/2 are rotated as a pair), got ",
@@ -49,9 +49,15 @@ Tensor rope(const Tensor& x, int64_t position_offset, double theta) {
   FORGE_CHECK(position_offset >= 0, "rope: position_offset must be >= 0, got ", position_offset, " (x of shape ",
               x.shape(), ")");
   FORGE_CHECK(std::isfinite(theta) && theta > 0, "rope: theta must be a positive finite base, got ", theta);
-  Tensor out = rotate(x.detach(), position_offset, theta, false);
-  record("rope", out, {x}, [position_offset, theta](const Tensor& g, const GradMask&) {
-    return TensorList{rotate(g, position_offset, theta, true)};
+  FORGE_CHECK(!scaling.enabled() ||
+                  (std::isfinite(scaling.factor) && scaling.factor > 0 && scaling.low_freq_factor > 0 &&
+                   scaling.high_freq_factor > scaling.low_freq_factor && scaling.original_context > 0),
+              "rope: llama3 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_context > 0, "
+              "got factor ", scaling.factor, ", low_freq_factor ", scaling.low_freq_factor, ", high_freq_factor ",
+              scaling.high_freq_factor, ", original_context ", scaling.original_context);
+  Tensor out = rotate(x.detach(), position_offset, theta, scaling, false);
+  record("rope", out, {x}, [position_offset, theta, scaling](const Tensor& g, const GradMask&) {
+    return TensorList{rotate(g, position_offset, theta, scaling, true)};
   });
   return out;
 }

@@ -12,12 +12,17 @@
 // decoding. Differentiable; the backward is the inverse rotation. Any strides; f32, f64,
 // bf16, f16. CPU (cos/sin in f64) and CUDA (angles in f64, reduced to [-pi, pi], then f32
 // sincos: Note [CUDA rope precision]).
+//
+// `scaling` rescales the frequencies theta^(-2i/D) by wavelength band, as LLaMA-3.1 and later do
+// (Note [llama3 rope scaling], ops/rope_scaling.h); the default is none.
 #include <cstdint>
 
 #include "forge/core/tensor.h"
+#include "forge/ops/rope_scaling.h"
 
 namespace forge::ops {
 
-Tensor rope(const Tensor& x, int64_t position_offset = 0, double theta = 10000.0);
+Tensor rope(const Tensor& x, int64_t position_offset = 0, double theta = 10000.0,
+            const RopeScaling& scaling = RopeScaling::none());
 
 }  // namespace forge::ops

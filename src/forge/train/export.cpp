@@ -3,9 +3,12 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 
 #include "forge/core/error.h"
+#include "forge/data/bpe_hf.h"
+#include "forge/data/tokenizer.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
 #include "forge/io/hf_names.h"
@@ -58,6 +61,10 @@ ExportResult export_model(const ExportOptions& opt) {
           {"max_position_embeddings", s.block_size}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
           {"hidden_act", "silu"}, {"tie_word_embeddings", s.tied_head()}};
   }
+  if (s.arch == nn::Arch::llama && m.rope_scaling == "llama3")
+    hf["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", m.rope_factor},
+                          {"low_freq_factor", m.rope_low_freq_factor}, {"high_freq_factor", m.rope_high_freq_factor},
+                          {"original_max_position_embeddings", m.rope_original_context}};
   ExportResult r;
   r.checkpoint = dir.string();
   r.step = ck.step;
@@ -70,12 +77,48 @@ ExportResult export_model(const ExportOptions& opt) {
                             : (state.empty() || state.front().second.dtype() == DType::f32 ? "float32"
                                : state.front().second.dtype() == DType::bf16             ? "bfloat16"
                                                                                           : "float16");
-  const fs::path tok = dir.parent_path().parent_path() / kTokenizerFile;
+  // The run's tokenizer (its run directory's) and its bos/eos tokens.
+  const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
+  std::shared_ptr<const data::Tokenizer> tok;
+  std::error_code ec;
+  if (fs::is_regular_file(tok_path, ec)) tok = data::load_tokenizer(tok_path.string());
+  json gen = json::object(), tok_cfg = json::object();
+  if (tok) {
+    std::optional<std::string> eos = cfg.data.eos_token == kAutoEosToken ? tok->eos_token()
+                                     : cfg.data.eos_token.empty()        ? std::nullopt
+                                                                         : std::optional(cfg.data.eos_token);
+    if (eos && !tok->token_id(*eos)) eos.reset();
+    std::optional<std::string> bos;
+    if (const auto id = tok->bos_id())
+      for (const auto& sp : tok->special_tokens())
+        if (tok->token_id(sp) == id) bos = sp;
+    tok_cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", s.block_size},
+               {"clean_up_tokenization_spaces", false}};
+    if (bos) tok_cfg["bos_token"] = *bos, gen["bos_token_id"] = *tok->token_id(*bos);
+    if (eos) tok_cfg["eos_token"] = *eos, gen["eos_token_id"] = *tok->token_id(*eos);
+    for (const char* k : {"bos_token_id", "eos_token_id"})
+      if (gen.contains(k)) hf[k] = gen[k];
+  }
   io::replace_directory_atomic(opt.out, [&](const fs::path& tmp) {
-    io::save_safetensors(tmp / "model.safetensors", state, {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
+    r.files = io::save_hf_weights(tmp, state, opt.max_shard_bytes,
+                                  {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
     io::write_file_atomic(tmp / "config.json", hf.dump(2) + "\n");
-    std::error_code ec;
-    if (fs::is_regular_file(tok, ec)) fs::copy_file(tok, tmp / "forge_tokenizer.json", ec);
+    r.files.push_back("config.json");
+    if (!gen.empty()) {
+      io::write_file_atomic(tmp / "generation_config.json", gen.dump(2) + "\n");
+      r.files.push_back("generation_config.json");
+    }
+    // A Hugging Face file as it is; forge's BPE converted (Note [forge BPE as tokenizer.json]).
+    const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(tok.get());
+    if (tok && (tok->kind() == "hf" || bpe)) {
+      io::write_file_atomic(tmp / "tokenizer.json", bpe ? data::bpe_to_hf_tokenizer_json(*bpe) : tok->serialized());
+      io::write_file_atomic(tmp / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
+      r.files.insert(r.files.end(), {"tokenizer.json", "tokenizer_config.json"});
+    }
+    if (tok && tok->kind() != "hf") {  // forge's own serialisation too, which model.init_from prefers
+      io::write_file_atomic(tmp / "forge_tokenizer.json", tok->serialized());
+      r.files.push_back("forge_tokenizer.json");
+    }
   });
   return r;
 }

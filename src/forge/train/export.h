@@ -1,27 +1,45 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "forge/io/hf_checkpoint.h"
 
 namespace forge::train {
 
 // `forge export`: the model of a checkpoint (any: one process, DDP or ZeRO at any world
-// size — the weights are whole in every one) as a Hugging Face model directory:
+// size — the weights are whole in every one) as a Hugging Face model directory, the files
+// save_pretrained and a tokenizer's save_pretrained write, so from_pretrained(<out>) and
+// AutoTokenizer.from_pretrained(<out>) load it, and `model.init_from = "<out>"` starts a run
+// from it bit for bit (train/hf_model.h):
 //   <out>/model.safetensors   HF tensor names and layouts (io/hf_names.h: GPT2LMHeadModel or
-//                             LlamaForCausalLM), in `dtype` ("" = as trained)
-//   <out>/config.json         the HF config of the architecture, so from_pretrained(<out>) loads it
-//   <out>/forge_tokenizer.json  the run's forge BPE tokenizer, when the run had one (forge's own
-//                             format, so HF's tokenizer.json name stays free)
+//                             LlamaForCausalLM), in `dtype` ("" = as trained); over
+//                             `max_shard_bytes`, model-0000i-of-0000n.safetensors shards and
+//                             model.safetensors.index.json (io/hf_checkpoint.h)
+//   <out>/config.json         the HF config of the architecture (LLaMA: rope_scaling when
+//                             model.rope_scaling = "llama3"), with bos/eos token ids
+//   <out>/generation_config.json  {"bos_token_id", "eos_token_id"} (those the tokenizer has)
+//   <out>/tokenizer.json      the run's tokenizer: a Hugging Face tokenizer.json as it is, forge's
+//                             own BPE converted to one (data/bpe_hf.h)
+//   <out>/forge_tokenizer.json  a tokenizer of forge's kinds (forge's BPE, tiktoken, sentencepiece)
+//                             in forge's serialisation, exactly the run's (data.tokenizer and
+//                             model.init_from read it; transformers does not)
+//   <out>/tokenizer_config.json  {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token",
+//                             "eos_token", "model_max_length": model.block_size} (with tokenizer.json)
+// A run without a tokenizer (pre-encoded shards, random tokens) writes no tokenizer files.
 // Written through a temporary directory and an atomic rename: a crash leaves no half model.
 struct ExportOptions {
   std::string checkpoint;  // a checkpoint directory, or a run directory (its latest)
   std::string out;         // the output directory (replaced if it exists)
   std::string dtype;       // "", "f32", "bf16" or "f16"
+  int64_t max_shard_bytes = io::kHfDefaultMaxShardBytes;  // --max-shard-size (io::parse_byte_size)
 };
 struct ExportResult {
   std::string checkpoint;
   int64_t step = 0;
   int64_t tensors = 0;
   int64_t parameters = 0;
+  std::vector<std::string> files;  // the files written, in <out>
 };
 ExportResult export_model(const ExportOptions& opt);
 

@@ -34,6 +34,7 @@
 #include "forge/telemetry/tensorboard.h"
 #include "forge/telemetry/mfu.h"
 #include "forge/train/graphed_step.h"
+#include "forge/train/hf_model.h"
 #include "forge/train/layout.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/run_checkpoint.h"
@@ -211,6 +212,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     FORGE_CHECK(!rank0_failed(false), "train: rank 0 failed to prepare the run (its error says why); rank ",
                 denv.rank, " stops too");
   std::unique_ptr<data::BatchSource> source;
+  std::optional<io::NamedTensors> init_weights;  // model.init_from's, on a fresh run
   try {
     task->prepare_data(ck, ck_path, log);
     manual_seed(static_cast<uint64_t>(cfg.run.seed));
@@ -228,6 +230,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                     (ck_path / "state.json").string(), ")");
       }
       task->check_resume(*ck, ck_path);
+    } else if (!cfg.model.init_from.empty()) {
+      init_weights = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
     }
     source = task->train_batches(log);
   } catch (...) {
@@ -251,6 +255,11 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     task->restore(*ck);
     step = ck->step;
     if (rank0) telemetry::truncate_jsonl_after_step(metrics_path, step);
+  } else if (init_weights) {
+    model.load_whole_state(*init_weights);
+    log << "init_from: " << cfg.model.init_from << " (" << init_weights->size()
+        << " tensors; step 0, a fresh optimizer)\n";
+    init_weights.reset();
   }
   const std::unique_ptr<Strategy> strategy = make_strategy(cfg, layout, mesh, model, dtype, log);
   if (ck) strategy->load_checkpoint(*ck, ck_path);

@@ -68,6 +68,18 @@ TEST_P(CudaRope, MatchesTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaRope, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
+// LLaMA-3 scaling (ops/rope_scaling.h): the device's frequency table is the host's formula.
+TEST(CudaRope, Llama3ScalingMatchesTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const ops::RopeScaling s{.factor = 32.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 8192.0};
+  const Tensor x = host_input({2, 4, 33, 64}, Domain::real, DType::f32, 97);
+  for (int64_t offset : {0, 5000}) {
+    const Tensor y_cpu = ops::rope(x, offset, 500000.0, s);
+    const Tensor y_gpu = ops::rope(x.to(kGpu), offset, 500000.0, s);
+    expect_close(y_gpu, y_cpu, tolerance(DType::f32), "llama3 offset " + std::to_string(offset));
+  }
+}
+
 // The output (and the gradient) keep the input's memory order: LLaMA's (B, T, H, D)
 // projections viewed as (B, H, T, D) stay (B, T, H, D) through rope, so the head merge after
 // attention is a view; the strided D case (last stride 2) is written contiguous.

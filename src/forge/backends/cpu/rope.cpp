@@ -10,19 +10,20 @@
 
 namespace forge::cpu {
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, bool inverse) {
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+          bool inverse) {
   FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() &&
                   x.size(3) % 2 == 0,
               "cpu::rope: expected x (B, H, T, D) with D even and a contiguous output of its shape, got ", x.shape(),
               " -> ", out.shape());
   if (x.numel() == 0) return;
   const int64_t len = x.size(2), D = x.size(3), half = D / 2;  // len: T of (B, H, T, D)
-  // cos/sin of angle_ti = (offset + t) * theta^(-2i/D), (T, half) row-major.
+  // cos/sin of angle_ti = (offset + t) * freq_i (ops/rope_scaling.h), (T, half) row-major.
   std::vector<double> cs(static_cast<size_t>(len * half)), sn(static_cast<size_t>(len * half));
   {
     std::vector<double> freq(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
-      freq[static_cast<size_t>(i)] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      freq[static_cast<size_t>(i)] = ops::rope_frequency(i, D, theta, scaling);
     const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for if (len * half >= kParallelGrain / 8)
     for (int64_t t = 0; t < len; ++t)

@@ -1,7 +1,8 @@
 // CUDA rotary position embedding, the counterpart of backends/cpu/rope.cpp.
 //
 // Math (HF "rotate_half" layout; x, out (B, H, T, D), h = D / 2, i in [0, h)):
-//   freq_i   = theta^(-2i / D)                          (f64, the CPU's expression)
+//   freq_i   = theta^(-2i / D)                          (f64, the CPU's expression:
+//              ops::rope_frequency, llama3 `scaling` included)
 //   angle_ti = (position_offset + t) * freq_i           (f64)
 //   out[..., t, i]     = x[..., t, i] cos(angle_ti) - x[..., t, i + h] sin(angle_ti)
 //   out[..., t, i + h] = x[..., t, i + h] cos(angle_ti) + x[..., t, i] sin(angle_ti)
@@ -42,9 +43,10 @@ constexpr double kTwoPi = 6.283185307179586476925286766559;
 constexpr double kInvTwoPi = 0.15915494309189533576888376337251;
 
 __global__ void __launch_bounds__(kBlockSize) rope_freq_kernel(double* __restrict__ freq,  // (half)
-                                                               int64_t half, int64_t D, double theta) {
+                                                               int64_t half, int64_t D, double theta,
+                                                               ops::RopeScaling scaling) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < half) freq[i] = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+  if (i < half) freq[i] = ops::rope_frequency(i, D, theta, scaling);
 }
 
 // cos and sin of `angle` (Note [CUDA rope precision]).
@@ -107,7 +109,8 @@ Tensor scratch(int device, const Shape& shape, DType dtype) {
 
 }  // namespace
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, bool inverse) {
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+          bool inverse) {
   FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() &&
                   (out.size(3) <= 1 || out.stride(3) == 1) && x.size(3) % 2 == 0,
               "cuda::rope: expected x (B, H, T, D) with D even and an output of its shape with unit stride in the "
@@ -123,7 +126,7 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, b
 
   Tensor freq = scratch(device, {half}, DType::f64);
   rope_freq_kernel<<<static_cast<unsigned>((half + kBlockSize - 1) / kBlockSize), kBlockSize, 0, stream>>>(
-      static_cast<double*>(freq.data_ptr()), half, D, theta);
+      static_cast<double*>(freq.data_ptr()), half, D, theta, scaling);
   FORGE_CUDA_LAUNCH_CHECK("rope (frequencies) on ", x.device().str(), ": D = ", D);
 
   // Strides of size-1 dims never move the pointer: count them as 0.

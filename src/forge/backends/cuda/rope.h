@@ -6,9 +6,11 @@
 #include <cstdint>
 
 #include "forge/core/tensor.h"
+#include "forge/ops/rope_scaling.h"
 
 namespace forge::cuda {
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, bool inverse);
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+          bool inverse);
 
 }  // namespace forge::cuda
