@@ -10,7 +10,7 @@
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
 # Steps (STEPS_TO_RUN, in this order): build ctest tp_check pp_check pp_check4 tp_check4 pp_bubble
-# pp_peer pp_socket tp_profile tp_perf tb_check scale.
+# pp_peer pp_socket tp_profile tp_perf hf_checks tb_check scale.
 #   ctest       the CUDA tests of the distributed paths; with CTEST_GPUS (e.g. 0,1) on those GPUs in
 #               the background while the next steps run on CHECK_GPUS (e.g. 2,3), until a step that
 #               needs every GPU
@@ -136,6 +136,25 @@ if want tp_perf; then
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
+fi
+if want hf_checks; then
+  # Issue 18 on the GPU machine: transformers and the Python tokenizer references as oracles.
+  (cd build-gpu && timeout 300 ctest -R "hf_init_from|hf_parity|CudaKvCache|CudaRope" --output-on-failure \
+     > "$R/hf_ctest.log" 2>&1; t "hf ctest rc=$?"; grep -E "tests passed|\(Failed\)|Not Run" "$R/hf_ctest.log")
+  ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
+    timeout 300 "$PY" tests/python/hf_export_roundtrip.py --forge "$FORGE" > "$R/hf_roundtrip.log" 2>&1
+    t "export -> transformers rc=$?"; cat "$R/hf_roundtrip.log"
+    if [[ -d .fixtures/tokenizers ]]; then  # (carry .fixtures: scripts/fetch-tokenizer-fixtures.sh)
+      timeout 300 "$PY" benchmarks/tokenizers/oracle.py .fixtures/tokenizers tests/data/tokenizers --check \
+        > "$R/tokenizer_oracle.log" 2>&1; t "tokenizer oracle rc=$?"; tail -12 "$R/tokenizer_oracle.log"
+    fi
+    # forge sample tokens/s with and without the KV cache: GPT-2 124M (random weights after 10 steps).
+    timeout 200 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_sample_runs --run.name=s --train.steps=10 \
+      --eval.every=0 > "$R/sample_train.log" 2>&1
+    for c in "" --no-kv-cache; do
+      "$FORGE" sample --checkpoint /tmp/forge_sample_runs/s --prompt "The" --tokens 256 --temperature 0 --json $c \
+        2>/dev/null | "$PY" -c "import json,sys; j=json.load(sys.stdin); print('sample kv_cache', j['kv_cache'], round(j['tokens_per_s'], 1), 'tok/s')"
+    done | tee "$R/sample_speed.txt" )
 fi
 if want tb_check; then
   # TensorBoard's own EventAccumulator against a GPU run's metrics.jsonl (issue 19).

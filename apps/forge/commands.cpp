@@ -63,6 +63,7 @@ int run_sample(const SampleArgs& args) {
   opt.top_p = args.top_p;
   opt.stop = args.stop;
   opt.seed = args.seed;
+  opt.kv_cache = !args.no_kv_cache;
   const train::SampleResult r = train::sample(opt);
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{""} : opt.prompts;
   char rate[64];
@@ -71,9 +72,10 @@ int run_sample(const SampleArgs& args) {
             << args.tokens << " tokens, temperature " << args.temperature
             << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
             << (args.top_p < 1 ? ", top-p " + std::to_string(args.top_p) : std::string()) << ", seed " << args.seed
-            << "; " << rate << "\n";
+            << (args.no_kv_cache ? ", no KV cache" : "") << "; " << rate << "\n";
   if (args.json) {
     nlohmann::json j = {{"checkpoint", r.checkpoint}, {"step", r.step}, {"tokens_per_s", r.tokens_per_s},
+                        {"kv_cache", !args.no_kv_cache},
                         {"seconds", r.seconds}, {"samples", nlohmann::json::array()}};
     for (size_t k = 0; k < r.completions.size(); ++k)
       j["samples"].push_back({{"prompt", prompts[k]}, {"completion", r.completions[k]}, {"new_tokens", r.new_tokens[k]}});

@@ -29,6 +29,7 @@ struct SampleArgs {
   std::vector<std::string> stop;
   uint64_t seed = 0;
   bool json = false;
+  bool no_kv_cache = false;
 };
 int run_sample(const SampleArgs& args);
 

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   sample->add_option("--stop", sample_args.stop, "end a completion before this string (repeatable)");
   sample->add_option("--seed", sample_args.seed, "random seed of the sampling (prompt i uses seed + i)")->capture_default_str();
   sample->add_flag("--json", sample_args.json, "print one JSON object: every completion, tokens/s");
+  sample->add_flag("--no-kv-cache", sample_args.no_kv_cache, "run the whole window for every token (what the KV cache saves)");
 
   forge::app::EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");

@@ -298,6 +298,15 @@ TEST_F(EvaluateTest, SampleStopsAtAStopStringAndTakesSeveralPrompts) {
   ASSERT_EQ(j["samples"].size(), 2u) << r.out;
   EXPECT_EQ(j["samples"][1]["new_tokens"], both.new_tokens[1]);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  // Without the KV cache: the same text (each token from the whole window again).
+  const auto nc = testing::run_forge({"sample", "--checkpoint", run.run_dir, "--prompt", "A dog", "--prompt", "Birds",
+                                      "--tokens", "12", "--temperature", "0.9", "--top-p", "0.9", "--seed", "4", "--json",
+                                      "--no-kv-cache"},
+                                     testing::Stderr::dropped);
+  ASSERT_EQ(nc.status, 0) << nc.out;
+  const json jn = json::parse(nc.out);
+  EXPECT_EQ(jn["kv_cache"], false);
+  EXPECT_EQ(jn["samples"], j["samples"]);
   EXPECT_NE(testing::run_forge({"sample", "--checkpoint", run.run_dir, "--top-p", "0"}).out.find("--top-p must be in (0, 1]"),
             std::string::npos);
 }

@@ -126,7 +126,7 @@ SampleResult sample(const SampleOptions& opt) {
   model.module->load_state_dict(ck.model.items());
 
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{opt.prompt} : opt.prompts;
-  const Sampling how{opt.temperature, opt.top_k, opt.top_p, true};
+  const Sampling how{opt.temperature, opt.top_k, opt.top_p, opt.kv_cache};
   SampleResult r;
   r.checkpoint = dir.string();
   r.step = ck.step;

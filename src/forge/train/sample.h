@@ -20,6 +20,7 @@ struct SampleOptions {
   double top_p = 1.0;          // nucleus: the smallest set of likeliest tokens whose mass reaches p (1 = all)
   std::vector<std::string> stop;  // a completion ends before the first of these strings it produces
   uint64_t seed = 0;
+  bool kv_cache = true;        // false: every token runs the whole window (to measure what the cache saves)
 };
 
 struct SampleResult {
