@@ -114,5 +114,37 @@ TEST(KvCache, GenerateGivesTheSameTokensWithAndWithoutTheCache) {
   }
 }
 
+// Prompts of one length decode as one batch over one cache: each row gets the tokens it gets
+// alone from its own seed, a stop ends its row only, and past block_size the window slides.
+TEST(KvCache, ABatchOfPromptsDecodesAsEachAlone) {
+  GPTConfig c;
+  c.vocab_size = 61;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  auto m = std::make_shared<GPT>(c, 13);
+  train::LanguageModel lm;
+  lm.module = m;
+  lm.forward = [m](const Tensor& x) { return m->forward(x); };
+  lm.vocab_size = c.vocab_size;
+  lm.block_size = c.block_size;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4}, {9, 8, 7, 6}, {30, 31, 2, 5}};
+  const std::vector<uint64_t> seeds = {5, 6, 7};
+  for (double temperature : {0.0, 0.8}) {
+    const train::Sampling how{temperature, 0, 1.0, true};
+    // Row 1 stops once it has drawn 6 tokens.
+    auto stop = [](size_t k, const std::vector<int32_t>& ids) { return k == 1 && ids.size() >= 10; };
+    const auto batch = train::generate_batch(lm, prompts, 20, how, seeds, stop);
+    ASSERT_EQ(batch.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      auto alone = train::generate(lm, prompts[k], k == 1 ? 6 : 20, how, seeds[k]);
+      EXPECT_EQ(batch[k], alone) << "row " << k << " temperature " << temperature;
+    }
+    EXPECT_EQ(batch[1].size(), 10u);
+    EXPECT_EQ(batch[0].size(), 24u);  // 4 + 20: past block_size 16
+  }
+}
+
 }  // namespace
 }  // namespace forge::nn

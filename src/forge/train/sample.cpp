@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
@@ -98,6 +100,70 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
   return ids;
 }
 
+std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std::vector<std::vector<int32_t>> rows,
+                                                int64_t n, const Sampling& how, const std::vector<uint64_t>& seeds,
+                                                const std::function<bool(size_t, const std::vector<int32_t>&)>& stop) {
+  FORGE_CHECK(!rows.empty() && rows.size() == seeds.size(), "generate_batch: one seed per prompt");
+  const auto* lm = how.kv_cache ? dynamic_cast<const nn::CausalLM*>(model.module.get()) : nullptr;
+  bool same_length = true;
+  for (const auto& r : rows) same_length &= !r.empty() && r.size() == rows.front().size();
+  if (!lm || !same_length || rows.size() == 1) {  // one at a time
+    for (size_t k = 0; k < rows.size(); ++k)
+      rows[k] = generate(model, std::move(rows[k]), n, how, seeds[k],
+                         stop ? std::function<bool(const std::vector<int32_t>&)>(
+                                    [&stop, k](const std::vector<int32_t>& ids) { return stop(k, ids); })
+                              : std::function<bool(const std::vector<int32_t>&)>());
+    return rows;
+  }
+  FORGE_CHECK(how.top_p > 0 && how.top_p <= 1 && how.top_k >= 0 && how.temperature >= 0,
+              "generate_batch: bad sampling controls");
+  NoGradGuard no_grad;
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  const auto B = static_cast<int64_t>(rows.size());
+  std::vector<std::unique_ptr<Generator>> gens;  // (a Generator holds a mutex: not movable)
+  for (uint64_t s : seeds) gens.push_back(std::make_unique<Generator>(s));
+  std::vector<bool> done(rows.size(), false);
+  std::vector<size_t> length(rows.size());  // a finished row keeps this many tokens
+  nn::KvCache cache;
+  for (int64_t i = 0; i < n; ++i) {
+    // Every row advances together (a finished one with tokens nobody reads), so all share one cache.
+    Tensor logits;
+    int64_t last = 0;
+    if (cache.length > 0 && cache.length < model.block_size) {
+      std::vector<int64_t> next;
+      for (const auto& r : rows) next.push_back(r.back());
+      logits = lm->forward_cached(from_vector(next, {B, 1}).to(model.device()), cache);
+    } else {
+      const auto ctx = static_cast<int64_t>(std::min<size_t>(rows.front().size(), static_cast<size_t>(model.block_size)));
+      std::vector<int64_t> window;
+      for (const auto& r : rows) window.insert(window.end(), r.end() - ctx, r.end());
+      cache.clear();
+      logits = lm->forward_cached(from_vector(window, {B, ctx}).to(model.device()), cache);
+      last = ctx - 1;
+    }
+    const Tensor at = logits.select(1, last).to(Device::cpu()).to(DType::f64);  // (B, V)
+    const auto V = at.size(1);
+    const std::vector<double> all = at.to_vector<double>();
+    bool all_done = true;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (done[k]) {
+        rows[k].push_back(rows[k].back());  // keeps the rows aligned; cut below
+        continue;
+      }
+      std::vector<double> row(all.begin() + static_cast<std::ptrdiff_t>(k) * V, all.begin() + static_cast<std::ptrdiff_t>(k + 1) * V);
+      rows[k].push_back(pick_token(std::move(row), how, *gens[k]));
+      if (stop && stop(k, rows[k])) done[k] = true, length[k] = rows[k].size();
+      all_done &= done[k];
+    }
+    if (all_done) break;
+  }
+  for (size_t k = 0; k < rows.size(); ++k)
+    if (done[k]) rows[k].resize(length[k]);
+  model.module->train(was_training);
+  return rows;
+}
+
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
                               int64_t top_k, uint64_t seed) {
   return generate(model, std::move(ids), n, Sampling{temperature, top_k, 1.0}, seed);
@@ -132,28 +198,41 @@ SampleResult sample(const SampleOptions& opt) {
   r.step = ck.step;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t generated = 0;
+  // A stop string ends the completion before it (decoded text, so a string split over several
+  // tokens is found once its last token is drawn).
+  auto stop_at = [&](const std::string& text) {
+    size_t at = std::string::npos;
+    for (const auto& s : opt.stop)
+      if (!s.empty()) at = std::min(at, text.find(s));
+    return at;
+  };
+  // Prompts of one length in tokens decode as one batch (generate_batch: one KV cache, B rows);
+  // prompt k draws from seed + k either way, so batching changes no text.
+  std::vector<std::vector<int32_t>> encoded;
+  std::map<size_t, std::vector<size_t>> by_length;
   for (size_t k = 0; k < prompts.size(); ++k) {
-    std::vector<int32_t> prompt = tok->encode_ordinary(prompts[k].empty() ? std::string("\n") : prompts[k]);
-    const auto n_prompt = prompt.size();
-    auto completion_of = [&](const std::vector<int32_t>& ids) {
-      return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
+    encoded.push_back(tok->encode_ordinary(prompts[k].empty() ? std::string("\n") : prompts[k]));
+    by_length[encoded.back().size()].push_back(k);
+  }
+  r.completions.resize(prompts.size());
+  r.new_tokens.resize(prompts.size());
+  for (const auto& [len, group] : by_length) {
+    auto completion_of = [&, len = len](const std::vector<int32_t>& ids) {
+      return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(len), ids.end()));
     };
-    // A stop string ends the completion before it (Note: decoded text, so a string split over
-    // several tokens is found once its last token is drawn).
-    auto stop_at = [&](const std::string& text) {
-      size_t at = std::string::npos;
-      for (const auto& s : opt.stop)
-        if (!s.empty()) at = std::min(at, text.find(s));
-      return at;
-    };
-    const auto ids = generate(model, std::move(prompt), opt.tokens, how, opt.seed + k, [&](const std::vector<int32_t>& ids) {
+    std::vector<std::vector<int32_t>> rows;
+    std::vector<uint64_t> seeds;
+    for (size_t k : group) rows.push_back(encoded[k]), seeds.push_back(opt.seed + k);
+    const auto out = generate_batch(model, std::move(rows), opt.tokens, how, seeds, [&](size_t, const std::vector<int32_t>& ids) {
       return !opt.stop.empty() && stop_at(completion_of(ids)) != std::string::npos;
     });
-    std::string completion = completion_of(ids);
-    if (const size_t at = stop_at(completion); at != std::string::npos) completion.resize(at);
-    r.new_tokens.push_back(static_cast<int64_t>(ids.size() - n_prompt));
-    generated += r.new_tokens.back();
-    r.completions.push_back(completion);
+    for (size_t g = 0; g < group.size(); ++g) {
+      std::string completion = completion_of(out[g]);
+      if (const size_t at = stop_at(completion); at != std::string::npos) completion.resize(at);
+      r.new_tokens[group[g]] = static_cast<int64_t>(out[g].size() - len);
+      generated += r.new_tokens[group[g]];
+      r.completions[group[g]] = completion;
+    }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.tokens_per_s = r.seconds > 0 ? static_cast<double>(generated) / r.seconds : 0.0;

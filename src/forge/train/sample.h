@@ -58,6 +58,13 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
                               uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop = {});
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
                               int64_t top_k, uint64_t seed);
+// Several prompts of one length in tokens decoded as one batch over one KV cache (a GPT or LLaMA
+// with how.kv_cache; otherwise, or for prompts of different lengths, one after another): row k
+// draws from seeds[k], so each row gets the tokens generate() would give it alone (up to the
+// batched GEMMs' rounding); stop(k, ids) ends row k.
+std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std::vector<std::vector<int32_t>> rows,
+                                                int64_t n, const Sampling& how, const std::vector<uint64_t>& seeds,
+                                                const std::function<bool(size_t, const std::vector<int32_t>&)>& stop = {});
 // One draw from `logits` under `how` (exposed for tests).
 int32_t pick_token(std::vector<double> logits, const Sampling& how, Generator& gen);
 
