@@ -162,6 +162,15 @@ if want tb_check; then
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=tb --train.steps=30 \
       --train.log_every=5 --eval.every=0 --checkpoint.at_end=false > "$R/tb_train.log" 2>&1
     "$PY" tests/python/tensorboard_check.py /tmp/forge_tb_runs/tb 2>&1; t "tensorboard check rc=$?"
+    # A step trace on the GPU (telemetry.profile_steps): its host and device tracks.
+    timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=trace --train.steps=20 \
+      --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=10:12 > "$R/trace_train.log" 2>&1
+    cp /tmp/forge_tb_runs/trace/trace.rank0.json "$R/" 2>/dev/null
+    "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track', collections.Counter(e.get('tid') for e in j['traceEvents'] if e['ph']=='X'))"
+    # A deliberately slow input pipeline (one loader worker, tiny batches): the idle warning.
+    timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=slow --train.steps=60 \
+      --train.batch_size=1 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false > "$R/slow_train.log" 2>&1
+    grep -E "warning: GPU|gpu_util" "$R/slow_train.log" | head -3
     # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
     timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=200 \
       --eval.every=0 --checkpoint.at_end=false > /dev/null 2>&1 &

@@ -147,6 +147,7 @@ struct TelemetrySection {
   bool tensorboard = true;         // <run dir>/tb: TensorBoard event files of the metrics (rank 0)
   bool gpu_sampling = true;        // NVML samples of the GPU in every progress record (bench/gpu_sampler.h)
   double idle_warn_pct = 10.0;     // warn when the GPU ran no kernel for more than this % of an interval
+  std::string profile_steps;       // "A:B": a Chrome/Perfetto trace of steps A..B per rank (train/step_trace.h)
 };
 
 // Switches that change what a run computes: never hidden environment variables, always recorded

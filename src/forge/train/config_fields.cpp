@@ -169,6 +169,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(telemetry, idle_warn_pct,
                   "warn when the GPU ran no kernel for more than this percentage of a logging interval (the input "
                   "pipeline or the host kept it waiting)"),
+      FORGE_FIELD(telemetry, profile_steps,
+                  "\"A:B\": write <run dir>/trace.rank<r>.json, a Chrome/Perfetto trace of steps A..B (data, the "
+                  "step's phases on the host and, on a GPU, on the device; NVTX ranges while tracing); \"\" = none"),
       FORGE_FIELD(debug, skip_reductions,
                   "data parallel (DDP, ZeRO-1): skip every gradient and loss reduction. The run is WRONG: a diagnostic "
                   "that measures what the rest of data parallelism costs"),

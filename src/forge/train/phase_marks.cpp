@@ -1,6 +1,8 @@
 // FORGE_TRAIN_PHASES (contract in phase_marks.h).
 #include "forge/train/phase_marks.h"
 
+#include "forge/train/step_trace.h"
+
 #include <cstdio>
 #include <deque>
 #include <sstream>
@@ -33,6 +35,7 @@ PhaseMarks::PhaseMarks(Device device, bool on)
 PhaseMarks::~PhaseMarks() = default;
 
 void PhaseMarks::mark(int i) {
+  if (trace_) trace_->mark(i);
 #ifdef FORGE_WITH_CUDA
   if (!on_) return;
   auto& steps = events_->steps;

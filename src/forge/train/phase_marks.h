@@ -29,6 +29,8 @@ class PhaseMarks {
   PhaseMarks& operator=(const PhaseMarks&) = delete;
   // Mark i of the current step (0 starts a step); a mark out of order is ignored.
   void mark(int i);
+  // telemetry.profile_steps: every mark also goes to this trace (train/step_trace.h), on any device.
+  void set_trace(class StepTrace* trace) { trace_ = trace; }
   // Host seconds spent waiting for a step's figures (the host's slack: near 0, it is the bottleneck).
   void host_waited(double seconds) { waited_ += seconds; }
   bool on() const { return on_; }
@@ -41,6 +43,7 @@ class PhaseMarks {
   // Adds every step but the last `keep` to the sums (a step needs the next one's first mark).
   void fold(size_t keep);
   std::unique_ptr<Events> events_;
+  class StepTrace* trace_ = nullptr;
   Device device_;
   bool on_ = false;
   int64_t started_ = 0;

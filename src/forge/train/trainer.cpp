@@ -37,6 +37,7 @@
 #include "forge/train/hf_model.h"
 #include "forge/train/layout.h"
 #include "forge/train/phase_marks.h"
+#include "forge/train/step_trace.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
 #include "forge/train/tensor_parallel_model.h"
@@ -342,6 +343,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const auto abort_at = parse_rank_step(cfg.debug.abort_at, "debug.abort_at");
   const auto hang_at = parse_rank_step(cfg.debug.hang_at, "debug.hang_at");
   PhaseMarks phases(device, env::flag("FORGE_TRAIN_PHASES"));
+  // telemetry.profile_steps: a Chrome / Perfetto trace of those steps per rank (Note [step trace]).
+  StepTrace trace(device, cfg.telemetry.profile_steps, run_dir / ("trace.rank" + std::to_string(denv.rank) + ".json"),
+                  denv.rank);
+  phases.set_trace(&trace);
   // Note [the step as a CUDA graph]: from here on a GPU run's work may go to a stream of its own.
   GraphedStep graphed(*strategy, cfg, device, phases.on(), log);
   // A queued step whose figures the host has not read yet (Note [deferred step read]).
@@ -457,13 +462,16 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     const double lr = schedule.lr_at(step);
     std::vector<data::Batch> micro_batches;
     int64_t step_units = 0;
+    trace.begin_step(step + 1);
     for (int64_t k = 0; k < K; ++k) {
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly at step ", step + 1);
       step_units += batch->targets.numel();
       micro_batches.push_back(std::move(*batch));
     }
+    trace.data_done();
     QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases))};
+    trace.end_step();
     ++step;
     if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
     pending.emplace(std::move(queued));
@@ -491,6 +499,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
+  if (const std::string t = trace.write(); !t.empty()) log << "trace: " << t << " (telemetry.profile_steps)" << std::endl;
   if (const std::string g = graphed.summary(); !g.empty()) log << g << std::endl;
 #ifdef FORGE_WITH_CUDA
   if (device.is_cuda()) {  // Note [GEMM algorithm tuning] (backends/cuda/blaslt.h)

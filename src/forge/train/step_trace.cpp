@@ -1,0 +1,140 @@
+// telemetry.profile_steps (contract and Note [step trace] in step_trace.h).
+#include "forge/train/step_trace.h"
+
+#include <nlohmann/json.hpp>
+
+#include "forge/core/error.h"
+#include "forge/io/atomic_file.h"
+
+#ifdef FORGE_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+
+#include "forge/backends/cuda/stream.h"
+#endif
+
+namespace forge::train {
+
+namespace {
+// The phases between marks i and i + 1 (train/phase_marks.h).
+const char* const kPhase[] = {"forward (last micro-batch)", "backward (last micro-batch)", "gradient reductions (wait)",
+                              "loss, norm and clip", "update"};
+constexpr int kMarks = 6;
+}  // namespace
+
+struct StepTrace::Device_ {
+#ifdef FORGE_WITH_CUDA
+  std::unique_ptr<cuda::Event> base;  // recorded with t0_
+  std::vector<std::vector<cuda::Event>> marks;  // per traced step
+#endif
+};
+
+std::pair<int64_t, int64_t> StepTrace::parse(const std::string& spec) {
+  const auto colon = spec.find(':');
+  int64_t a = 0, b = 0;
+  bool ok = colon != std::string::npos;
+  try {
+    if (ok) a = std::stoll(spec.substr(0, colon)), b = std::stoll(spec.substr(colon + 1));
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  FORGE_CHECK(ok && a >= 1 && b >= a, "telemetry.profile_steps = \"", spec,
+              "\" is not a range of steps; write \"A:B\" with 1 <= A <= B (e.g. \"20:25\"), or \"\" for none");
+  return {a, b};
+}
+
+StepTrace::StepTrace(Device device, const std::string& spec, std::filesystem::path out, int rank)
+    : device_(device), out_(std::move(out)), rank_(rank), dev_(std::make_unique<Device_>()) {
+  if (spec.empty()) return;
+  std::tie(first_, last_) = parse(spec);
+}
+
+StepTrace::~StepTrace() = default;
+
+double StepTrace::us(Clock::time_point t) const { return std::chrono::duration<double, std::micro>(t - t0_).count(); }
+
+void StepTrace::begin_step(int64_t step) {
+  active_ = on() && step >= first_ && step <= last_;
+  if (!active_) return;
+  if (steps_.empty()) {
+    t0_ = Clock::now();
+#ifdef FORGE_WITH_CUDA
+    if (device_.is_cuda()) {
+      dev_->base = std::make_unique<cuda::Event>(true);
+      dev_->base->record(cuda::Stream::current(static_cast<int>(device_.index)));
+    }
+#endif
+  }
+  steps_.push_back({step, Clock::now(), {}, {}, {}});
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda()) dev_->marks.emplace_back();
+#endif
+}
+
+void StepTrace::data_done() {
+  if (active_) steps_.back().data = Clock::now();
+}
+
+void StepTrace::mark(int i) {
+  if (!active_ || static_cast<int>(steps_.back().marks.size()) != i || i >= kMarks) return;  // out of order: ignored
+  steps_.back().marks.push_back(Clock::now());
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda()) {
+    dev_->marks.back().emplace_back(true);
+    dev_->marks.back().back().record(cuda::Stream::current(static_cast<int>(device_.index)));
+    if (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
+    if (i + 1 < kMarks) {
+      nvtxRangePushA((std::string("forge: ") + kPhase[i]).c_str());
+      ++nvtx_open_;
+    }
+  }
+#endif
+}
+
+void StepTrace::end_step() {
+  if (!active_) return;
+  steps_.back().end = Clock::now();
+#ifdef FORGE_WITH_CUDA
+  while (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
+#endif
+  active_ = false;
+}
+
+std::string StepTrace::write() {
+  if (!on() || written_ || steps_.empty()) return "";
+  written_ = true;
+  using nlohmann::json;
+  json events = json::array();
+  auto span = [&](const std::string& name, int tid, double ts, double end, const json& args = json::object()) {
+    if (end >= ts) events.push_back({{"name", name}, {"ph", "X"}, {"pid", rank_}, {"tid", tid}, {"ts", ts},
+                                     {"dur", end - ts}, {"args", args}});
+  };
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 1}, {"args", {{"name", "host"}}}});
+  for (const auto& s : steps_) {
+    const json args = {{"step", s.step}};
+    span("step " + std::to_string(s.step), 1, us(s.begin), us(s.end), args);
+    if (s.data != Clock::time_point{}) span("data", 1, us(s.begin), us(s.data), args);
+    for (size_t i = 0; i + 1 < s.marks.size(); ++i) span(kPhase[i], 1, us(s.marks[i]), us(s.marks[i + 1]), args);
+  }
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda() && dev_->base) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 2}, {"args", {{"name", "GPU compute stream"}}}});
+    for (size_t k = 0; k < steps_.size() && k < dev_->marks.size(); ++k) {
+      const auto& m = dev_->marks[k];
+      if (m.empty()) continue;
+      m.back().synchronize();
+      const json args = {{"step", steps_[k].step}};
+      std::vector<double> t;
+      for (const auto& e : m) t.push_back(1e3 * static_cast<double>(dev_->base->elapsed_ms(e)));
+      span("step " + std::to_string(steps_[k].step), 2, t.front(), t.back(), args);
+      for (size_t i = 0; i + 1 < t.size(); ++i) span(kPhase[i], 2, t[i], t[i + 1], args);
+    }
+  }
+#endif
+  const json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
+                      {"otherData", {{"forge", "telemetry.profile_steps"}, {"first_step", first_}, {"last_step", last_}}}};
+  io::write_file_atomic(out_, trace.dump() + "\n");
+  return out_.string();
+}
+
+}  // namespace forge::train

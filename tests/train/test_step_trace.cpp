@@ -1,0 +1,71 @@
+// telemetry.profile_steps (Note [step trace], train/step_trace.h): a CPU run writes a Chrome trace
+// of exactly the steps asked for, each step's data and phases inside its span in order; a bad
+// range is refused with the key's name before any work.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+
+#include "forge/core/error.h"
+#include "forge/telemetry/metrics.h"
+#include "forge/train/config.h"
+#include "forge/train/step_trace.h"
+#include "forge/train/trainer.h"
+#include "train_testing.h"
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(StepTrace, ACpuRunTracesTheStepsAskedFor) {
+  train_testing::Scratch scratch;
+  train_testing::write_corpus(scratch.path() / "corpus");
+  const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path(), "trace", 8), "t.toml",
+                                   {"--telemetry.profile_steps=3:5", "--eval.every=0", "--train.grad_accum=2"});
+  std::ostringstream log;
+  const TrainResult r = run_training(c, {}, log);
+  const fs::path f = fs::path(r.run_dir) / "trace.rank0.json";
+  ASSERT_TRUE(fs::exists(f)) << log.str();
+  EXPECT_NE(log.str().find("trace: " + f.string()), std::string::npos) << log.str();
+  const auto j = nlohmann::json::parse(train_testing::read_text(f));
+  std::map<int64_t, nlohmann::json> steps;                 // step -> its span
+  std::map<int64_t, std::vector<nlohmann::json>> inside;   // step -> data and phases
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    EXPECT_EQ(e["pid"], 0);
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    const int64_t s = e["args"]["step"].get<int64_t>();
+    if (e["name"].get<std::string>().rfind("step ", 0) == 0) steps[s] = e;
+    else inside[s].push_back(e);
+  }
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps.begin()->first, 3);
+  EXPECT_EQ(steps.rbegin()->first, 5);
+  for (const auto& [s, span] : steps) {
+    std::vector<std::string> names;
+    double at = span["ts"].get<double>();
+    const double end = at + span["dur"].get<double>();
+    for (const auto& e : inside[s]) {
+      names.push_back(e["name"]);
+      EXPECT_GE(e["ts"].get<double>(), at - 1e-6) << e["name"];  // in order, inside the step
+      at = e["ts"].get<double>() + e["dur"].get<double>();
+      EXPECT_LE(at, end + 1e-6) << e["name"];
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"data", "forward (last micro-batch)", "backward (last micro-batch)",
+                                               "gradient reductions (wait)", "loss, norm and clip", "update"}))
+        << "step " << s;
+  }
+  // A bad range names the key and the fix, before any work.
+  for (const char* bad : {"5:3", "0:2", "x", "3"}) {
+    try {
+      parse_config(train_testing::tiny_toml(scratch.path(), "bad", 2), "t.toml", {std::string("--telemetry.profile_steps=") + bad});
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("telemetry.profile_steps"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace forge::train
