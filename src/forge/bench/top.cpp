@@ -81,10 +81,12 @@ TopSnapshot top_snapshot() {
       g.reasons = clock_event_reason_names(reasons);
     }
     if (nv.compute_processes) {
-      std::vector<NvmlProcessInfo> procs(64);
-      unsigned count = static_cast<unsigned>(procs.size());
+      // Room for twice the entries NVML may write: should a driver's nvmlProcessInfo_t be larger
+      // than the layout declared here, its writes still stay inside the buffer.
+      std::vector<NvmlProcessInfo> procs(128);
+      unsigned count = 64;
       if (nv.compute_processes(h, &count, procs.data()) == kNvmlSuccess) {
-        for (unsigned k = 0; k < count && k < procs.size(); ++k) {
+        for (unsigned k = 0; k < count && k < 64; ++k) {
           GpuProcess p;
           p.pid = procs[k].pid;
           p.command = command_of(p.pid);
