@@ -22,6 +22,7 @@
 #include "forge/train/sample.h"
 #include "forge/train/trainer.h"
 #include "testing/cli_testing.h"
+#include "testing/tensor_testing.h"
 #include "train_testing.h"
 
 namespace forge::train {
@@ -30,14 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using forge::testing::error_of;
 
 // log p(ids[i] | ids[< i]) for i >= 1, from the model's logits in f64 (one sequence, batch 1).
 std::vector<double> reference_logprobs(const LanguageModel& m, const std::vector<int32_t>& ids) {

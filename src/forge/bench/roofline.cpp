@@ -1,5 +1,7 @@
 #include "forge/bench/roofline.h"
 
+#include "forge/telemetry/metrics.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,20 +28,6 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), f, v);
   return buf;
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
 }
 
 void set_device(Roofline& r, const nlohmann::json& doc) {
@@ -267,7 +255,7 @@ std::string roofline_svg(const Roofline& r) {
     << H << "\" font-family=\"sans-serif\">\n";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s << "<text x=\"" << W / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"17\">Roofline: "
-    << xml_escape(r.device_name.empty() ? r.device : r.device_name) << " (" << xml_escape(r.device) << ")</text>\n";
+    << telemetry::xml_escape(r.device_name.empty() ? r.device : r.device_name) << " (" << telemetry::xml_escape(r.device) << ")</text>\n";
   // Grid and decade labels.
   for (double e = lx0; e <= lx1 + 1e-9; e += 1) {
     const double x = X(std::pow(10.0, e));
@@ -302,7 +290,7 @@ std::string roofline_svg(const Roofline& r) {
     }
     s << X(xmax) << "," << Y(c.tflops) << "\"/>\n";
     s << "<text x=\"" << X(xmax) - 6 << "\" y=\"" << Y(c.tflops) - 6 << "\" text-anchor=\"end\" font-size=\"12\" fill=\"" << col
-      << "\">" << xml_escape(c.dtype) << " peak " << fmt("%.4g", c.tflops * unit) << (tera ? " TFLOP/s" : " GFLOP/s")
+      << "\">" << telemetry::xml_escape(c.dtype) << " peak " << fmt("%.4g", c.tflops * unit) << (tera ? " TFLOP/s" : " GFLOP/s")
       << " (measured)</text>\n";
     if (rp > 0) {
       s << "<circle cx=\"" << X(rp) << "\" cy=\"" << Y(c.tflops) << "\" r=\"3\" fill=\"" << col << "\"/>\n";
@@ -330,9 +318,9 @@ std::string roofline_svg(const Roofline& r) {
     if (p.intensity() <= 0 || p.tflops() <= 0) continue;
     const double x = X(p.intensity()), y = Y(p.tflops());
     s << "<circle cx=\"" << x << "\" cy=\"" << y << "\" r=\"4.5\" fill=\"" << color(p.kind) << "\" stroke=\"black\" stroke-width=\"0.5\"><title>"
-      << xml_escape(p.name) << ": " << fmt("%.3g", p.intensity()) << " FLOP/B, " << fmt("%.4g", p.tflops() * unit)
+      << telemetry::xml_escape(p.name) << ": " << fmt("%.3g", p.intensity()) << " FLOP/B, " << fmt("%.4g", p.tflops() * unit)
       << (tera ? " TFLOP/s" : " GFLOP/s") << "</title></circle>\n";
-    s << "<text x=\"" << x + 7 << "\" y=\"" << y + 4 << "\" font-size=\"10\">" << xml_escape(p.name) << "</text>\n";
+    s << "<text x=\"" << x + 7 << "\" y=\"" << y + 4 << "\" font-size=\"10\">" << telemetry::xml_escape(p.name) << "</text>\n";
   }
   // Legend.
   double ly = T + 14;

@@ -82,6 +82,20 @@ std::string format_count(double n) {
   return buf;
 }
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
 std::string format_bytes(double bytes) {
   char buf[32];
   if (bytes < 1e9) std::snprintf(buf, sizeof(buf), "%.0f MB", bytes / 1e6);

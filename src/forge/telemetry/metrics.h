@@ -46,6 +46,9 @@ std::string format_duration(double seconds);
 std::string format_count(double n);
 // "812 MB", "1.21 GB".
 std::string format_bytes(double bytes);
+// `s` with &, <, > and " as XML entities (text and attributes of the SVG figures: forge plot,
+// forge bench roofline).
+std::string xml_escape(const std::string& s);
 
 struct Progress {
   int64_t step = 0;

@@ -18,20 +18,6 @@ namespace {
 
 const char* const kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
 std::string tick_label(double v, const std::string& key) {
   char b[32];
   if (key == "lr") std::snprintf(b, sizeof(b), "%.1e", v);
@@ -110,8 +96,8 @@ std::string plot_svg(const std::vector<PlotPanel>& panels) {
     ymax += pad;
     auto X = [&](double x) { return L + (W - L - R) * (x - xmin) / (xmax - xmin); };
     auto Y = [&](double y) { return y0 + T + (PH - T - B) * (1 - (y - ymin) / (ymax - ymin)); };
-    s << "<g class=\"panel\" data-key=\"" << escape(panel.key) << "\">\n";
-    s << "<text x=\"" << L << "\" y=\"" << y0 + 22 << "\" font-size=\"15\" font-weight=\"bold\">" << escape(panel.title)
+    s << "<g class=\"panel\" data-key=\"" << xml_escape(panel.key) << "\">\n";
+    s << "<text x=\"" << L << "\" y=\"" << y0 + 22 << "\" font-size=\"15\" font-weight=\"bold\">" << xml_escape(panel.title)
       << "</text>\n";
     s << "<rect x=\"" << L << "\" y=\"" << y0 + T << "\" width=\"" << W - L - R << "\" height=\"" << PH - T - B
       << "\" fill=\"none\" stroke=\"#888\"/>\n";
@@ -119,7 +105,7 @@ std::string plot_svg(const std::vector<PlotPanel>& panels) {
       const double yv = ymin + (ymax - ymin) * k / 4, xv = xmin + (xmax - xmin) * k / 4;
       s << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << Y(yv) << "\" y2=\"" << Y(yv)
         << "\" stroke=\"#eee\"/>\n<text x=\"" << L - 6 << "\" y=\"" << Y(yv) + 4
-        << "\" text-anchor=\"end\" font-size=\"11\">" << escape(tick_label(yv, panel.key)) << "</text>\n";
+        << "\" text-anchor=\"end\" font-size=\"11\">" << xml_escape(tick_label(yv, panel.key)) << "</text>\n";
       s << "<text x=\"" << X(xv) << "\" y=\"" << y0 + PH - B + 16 << "\" text-anchor=\"middle\" font-size=\"11\">"
         << static_cast<int64_t>(std::llround(xv)) << "</text>\n";
     }
@@ -128,7 +114,7 @@ std::string plot_svg(const std::vector<PlotPanel>& panels) {
       const auto& se = panel.series[i];
       const char* col = kColours[i % (sizeof(kColours) / sizeof(kColours[0]))];
       if (!se.points.empty()) {
-        s << "<polyline class=\"series\" data-run=\"" << escape(se.run) << "\" fill=\"none\" stroke=\"" << col
+        s << "<polyline class=\"series\" data-run=\"" << xml_escape(se.run) << "\" fill=\"none\" stroke=\"" << col
           << "\" stroke-width=\"1.6\" points=\"";
         for (const auto& [x, y] : se.points)
           if (std::isfinite(y)) s << X(x) << "," << Y(y) << " ";
@@ -136,7 +122,7 @@ std::string plot_svg(const std::vector<PlotPanel>& panels) {
       }
       s << "<rect x=\"" << W - R + 12 << "\" y=\"" << y0 + T + 6 + 18 * static_cast<int>(i) << "\" width=\"14\" height=\"4\" fill=\""
         << col << "\"/><text x=\"" << W - R + 32 << "\" y=\"" << y0 + T + 12 + 18 * static_cast<int>(i)
-        << "\" font-size=\"12\">" << escape(se.run) << "</text>\n";
+        << "\" font-size=\"12\">" << xml_escape(se.run) << "</text>\n";
     }
     s << "</g>\n";
   }

@@ -17,6 +17,7 @@
 #include "forge/ops/loss.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/run_data.h"
+#include "forge/train/sample.h"
 
 namespace forge::train {
 
@@ -217,7 +218,6 @@ TaskScore multiple_choice(const LanguageModel& model, const data::Tokenizer& tok
 }
 
 EvalResult evaluate(const EvalOptions& opt) {
-  FORGE_CHECK(!opt.checkpoint.empty(), "eval: --checkpoint is required (a checkpoint or a run directory)");
   FORGE_CHECK(!opt.files.empty() || !opt.tasks.empty(),
               "eval: nothing to evaluate; give --files (loss and perplexity) and/or --tasks (multiple choice)");
   FORGE_CHECK(opt.batch >= 1, "eval: --batch must be >= 1, got ", opt.batch);
@@ -225,26 +225,17 @@ EvalResult evaluate(const EvalOptions& opt) {
   for (const auto* list : {&opt.files, &opt.tasks})
     for (const auto& f : *list)
       FORGE_CHECK(fs::is_regular_file(f, ec), "eval: '", f, "' is not a readable file");
-  const fs::path dir = resolve_checkpoint(opt.checkpoint, "eval: --checkpoint");
-  const io::CheckpointData ck = io::load_checkpoint(dir);
-  const RunConfig cfg = config_from_json(ck.config, (dir / "state.json").string() + " (config)");
-  FORGE_CHECK(cfg.is_language_model(), "eval: checkpoint '", dir.string(), "' holds a ", cfg.model.type,
-              " model, not a language model");
-  const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
-  FORGE_CHECK(fs::is_regular_file(tok_path, ec), "eval: the run's tokenizer '", tok_path.string(),
-              "' is missing (a checkpoint is read with the tokenizer.json of its run directory)");
-  const auto tok = data::load_tokenizer(tok_path.string());
-  LanguageModel model = build_language_model(cfg);
-  io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
-                       "checkpoint '" + dir.string() + "'");
-  model.module->load_state_dict(ck.model.items());
+  const LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "eval");
+  const RunConfig& cfg = run.cfg;
+  const data::Tokenizer& tok = *run.tok;
+  const LanguageModel& model = run.model;
   EvalResult r;
-  r.checkpoint = dir.string();
-  r.step = ck.step;
-  const std::string eos = resolved_eos(cfg, *tok);
+  r.checkpoint = run.dir.string();
+  r.step = run.step;
+  const std::string eos = resolved_eos(cfg, tok);
   for (const auto& f : opt.files)
-    r.files.push_back(file_loss(model, *tok, f, cfg.data.text_key, eos, cfg.train.seq_len, opt.batch));
-  for (const auto& t : opt.tasks) r.tasks.push_back(multiple_choice(model, *tok, t, opt.max_examples));
+    r.files.push_back(file_loss(model, tok, f, cfg.data.text_key, eos, cfg.train.seq_len, opt.batch));
+  for (const auto& t : opt.tasks) r.tasks.push_back(multiple_choice(model, tok, t, opt.max_examples));
   return r;
 }
 

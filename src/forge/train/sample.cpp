@@ -169,33 +169,42 @@ std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> i
   return generate(model, std::move(ids), n, Sampling{temperature, top_k, 1.0}, seed);
 }
 
+LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who) {
+  FORGE_CHECK(!checkpoint.empty(), who, ": --checkpoint is required (a checkpoint or a run directory)");
+  LoadedCheckpoint r;
+  r.dir = resolve_checkpoint(checkpoint, (who + ": --checkpoint").c_str());
+  const io::CheckpointData ck = io::load_checkpoint(r.dir);
+  r.step = ck.step;
+  r.cfg = config_from_json(ck.config, (r.dir / "state.json").string() + " (config)");
+  FORGE_CHECK(r.cfg.is_language_model(), who, ": checkpoint '", r.dir.string(), "' holds a ", r.cfg.model.type,
+              " model, not a language model");
+  const fs::path tok_path = r.dir.parent_path().parent_path() / kTokenizerFile;
+  std::error_code ec;
+  FORGE_CHECK(fs::is_regular_file(tok_path, ec), who, ": the run's tokenizer '", tok_path.string(),
+              "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
+              "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
+  r.tok = data::load_tokenizer(tok_path.string());
+  r.model = build_language_model(r.cfg);
+  io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), ck.model,
+                       "checkpoint '" + r.dir.string() + "'");
+  r.model.module->load_state_dict(ck.model.items());
+  return r;
+}
+
 SampleResult sample(const SampleOptions& opt) {
   FORGE_CHECK(opt.tokens >= 0, "sample: --tokens must be >= 0, got ", opt.tokens);
   FORGE_CHECK(opt.temperature >= 0, "sample: --temperature must be >= 0 (0 = greedy), got ", opt.temperature);
   FORGE_CHECK(opt.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got ", opt.top_k);
   FORGE_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = all tokens), got ", opt.top_p);
-  FORGE_CHECK(!opt.checkpoint.empty(), "sample: --checkpoint is required (a checkpoint or a run directory)");
-  const fs::path dir = resolve_checkpoint(opt.checkpoint, "sample: --checkpoint");
-  const io::CheckpointData ck = io::load_checkpoint(dir);
-  const RunConfig cfg = config_from_json(ck.config, (dir / "state.json").string() + " (config)");
-  FORGE_CHECK(cfg.is_language_model(), "sample: checkpoint '", dir.string(), "' holds a ", cfg.model.type,
-              " model, not a language model");
-  const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
-  std::error_code ec;
-  FORGE_CHECK(fs::is_regular_file(tok_path, ec), "sample: the run's tokenizer '", tok_path.string(),
-              "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
-              "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
-  const auto tok = data::load_tokenizer(tok_path.string());
-  LanguageModel model = build_language_model(cfg);
-  io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
-                       "checkpoint '" + dir.string() + "'");
-  model.module->load_state_dict(ck.model.items());
+  LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "sample");
+  const auto& tok = run.tok;
+  const LanguageModel& model = run.model;
 
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{opt.prompt} : opt.prompts;
   const Sampling how{opt.temperature, opt.top_k, opt.top_p, opt.kv_cache};
   SampleResult r;
-  r.checkpoint = dir.string();
-  r.step = ck.step;
+  r.checkpoint = run.dir.string();
+  r.step = run.step;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t generated = 0;
   // A stop string ends the completion before it (decoded text, so a string split over several

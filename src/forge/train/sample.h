@@ -1,11 +1,15 @@
 #pragma once
 // `forge sample`: text from a checkpoint of a language-model run.
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "forge/core/generator.h"
+#include "forge/data/tokenizer.h"
+#include "forge/train/config.h"
 #include "forge/train/language_model.h"
 
 namespace forge::train {
@@ -33,6 +37,19 @@ struct SampleResult {
   double seconds = 0;          // generation time, every prompt
   double tokens_per_s = 0;     // generated tokens / seconds
 };
+
+// A language model's checkpoint loaded for inference (forge sample, forge eval): `checkpoint` is a
+// checkpoint directory or a run directory (its latest); the run's config from the checkpoint, its
+// tokenizer (<run dir>/tokenizer.json) and the model with the checkpoint's weights. `who` names
+// the command in errors ("sample", "eval").
+struct LoadedCheckpoint {
+  std::filesystem::path dir;
+  int64_t step = 0;
+  RunConfig cfg;
+  std::shared_ptr<const data::Tokenizer> tok;
+  LanguageModel model;
+};
+LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who);
 
 // Loads the checkpoint, its run's config (from the checkpoint) and tokenizer
 // (<run dir>/tokenizer.json), and samples autoregressively under NoGradGuard with the
