@@ -68,55 +68,19 @@ int32_t pick_token(std::vector<double> logits, const Sampling& how, Generator& g
   return last_nonzero;  // rounding at the top end
 }
 
-std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
-                              uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop) {
-  FORGE_CHECK(!ids.empty(), "generate: the prompt has no tokens");
+namespace {
+
+// The decoding loop of generate and generate_batch: rows of one length advance together (a
+// finished row takes tokens nobody reads, so every row stays aligned in one KV cache), row k
+// drawing from gens[k]; over a KV cache when `lm` is set, else the whole window every token.
+std::vector<std::vector<int32_t>> decode_rows(const LanguageModel& model, const nn::CausalLM* lm,
+                                              std::vector<std::vector<int32_t>> rows, int64_t n, const Sampling& how,
+                                              const std::vector<uint64_t>& seeds,
+                                              const std::function<bool(size_t, const std::vector<int32_t>&)>& stop) {
   FORGE_CHECK(how.temperature >= 0 && std::isfinite(how.temperature), "generate: temperature must be >= 0, got ",
               how.temperature);
   FORGE_CHECK(how.top_k >= 0, "generate: top_k must be >= 0 (0 = all tokens), got ", how.top_k);
   FORGE_CHECK(how.top_p > 0 && how.top_p <= 1, "generate: top_p must be in (0, 1] (1 = all tokens), got ", how.top_p);
-  NoGradGuard no_grad;
-  const bool was_training = model.module->is_training();
-  model.module->eval();
-  Generator gen(seed);
-  const auto* lm = how.kv_cache ? dynamic_cast<const nn::CausalLM*>(model.module.get()) : nullptr;
-  nn::KvCache cache;
-  for (int64_t i = 0; i < n; ++i) {
-    Tensor logits;  // (1, T, V)
-    int64_t last = 0;
-    if (lm && cache.length > 0 && cache.length < model.block_size) {  // one new position
-      logits = lm->forward_cached(from_vector(std::vector<int64_t>{ids.back()}, {1, 1}).to(model.device()), cache);
-    } else {  // the window: the prompt, or (past block_size) the last block_size tokens again
-      const auto ctx = static_cast<int64_t>(std::min<size_t>(ids.size(), static_cast<size_t>(model.block_size)));
-      const Tensor window = from_vector(std::vector<int64_t>(ids.end() - ctx, ids.end()), {1, ctx}).to(model.device());
-      cache.clear();
-      logits = lm ? lm->forward_cached(window, cache) : model.forward(window);
-      last = ctx - 1;
-    }
-    ids.push_back(pick_token(logits.select(0, 0).select(0, last).to_vector<double>(), how, gen));
-    if (stop && stop(ids)) break;
-  }
-  model.module->train(was_training);
-  return ids;
-}
-
-std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std::vector<std::vector<int32_t>> rows,
-                                                int64_t n, const Sampling& how, const std::vector<uint64_t>& seeds,
-                                                const std::function<bool(size_t, const std::vector<int32_t>&)>& stop) {
-  FORGE_CHECK(!rows.empty() && rows.size() == seeds.size(), "generate_batch: one seed per prompt");
-  const auto* lm = how.kv_cache ? dynamic_cast<const nn::CausalLM*>(model.module.get()) : nullptr;
-  bool same_length = true;
-  for (const auto& r : rows) same_length &= !r.empty() && r.size() == rows.front().size();
-  if (!lm || !same_length || rows.size() == 1) {  // one at a time
-    for (size_t k = 0; k < rows.size(); ++k)
-      rows[k] = generate(model, std::move(rows[k]), n, how, seeds[k],
-                         stop ? std::function<bool(const std::vector<int32_t>&)>(
-                                    [&stop, k](const std::vector<int32_t>& ids) { return stop(k, ids); })
-                              : std::function<bool(const std::vector<int32_t>&)>());
-    return rows;
-  }
-  FORGE_CHECK(how.top_p > 0 && how.top_p <= 1 && how.top_k >= 0 && how.temperature >= 0,
-              "generate_batch: bad sampling controls");
   NoGradGuard no_grad;
   const bool was_training = model.module->is_training();
   model.module->eval();
@@ -127,23 +91,23 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
   std::vector<size_t> length(rows.size());  // a finished row keeps this many tokens
   nn::KvCache cache;
   for (int64_t i = 0; i < n; ++i) {
-    // Every row advances together (a finished one with tokens nobody reads), so all share one cache.
-    Tensor logits;
+    Tensor logits;  // (B, T, V)
     int64_t last = 0;
-    if (cache.length > 0 && cache.length < model.block_size) {
+    if (lm && cache.length > 0 && cache.length < model.block_size) {  // one new position per row
       std::vector<int64_t> next;
       for (const auto& r : rows) next.push_back(r.back());
       logits = lm->forward_cached(from_vector(next, {B, 1}).to(model.device()), cache);
-    } else {
+    } else {  // the window: the prompts, or (past block_size) the last block_size tokens again
       const auto ctx = static_cast<int64_t>(std::min<size_t>(rows.front().size(), static_cast<size_t>(model.block_size)));
       std::vector<int64_t> window;
       for (const auto& r : rows) window.insert(window.end(), r.end() - ctx, r.end());
+      const Tensor w = from_vector(window, {B, ctx}).to(model.device());
       cache.clear();
-      logits = lm->forward_cached(from_vector(window, {B, ctx}).to(model.device()), cache);
+      logits = lm ? lm->forward_cached(w, cache) : model.forward(w);
       last = ctx - 1;
     }
     const Tensor at = logits.select(1, last).to(Device::cpu()).to(DType::f64);  // (B, V)
-    const auto V = at.size(1);
+    const auto V = static_cast<size_t>(at.size(1));
     const std::vector<double> all = at.to_vector<double>();
     bool all_done = true;
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -151,10 +115,9 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
         rows[k].push_back(rows[k].back());  // keeps the rows aligned; cut below
         continue;
       }
-      std::vector<double> row(all.begin() + static_cast<std::ptrdiff_t>(k) * V, all.begin() + static_cast<std::ptrdiff_t>(k + 1) * V);
-      rows[k].push_back(pick_token(std::move(row), how, *gens[k]));
+      rows[k].push_back(pick_token(std::vector<double>(all.begin() + k * V, all.begin() + (k + 1) * V), how, *gens[k]));
       if (stop && stop(k, rows[k])) done[k] = true, length[k] = rows[k].size();
-      all_done &= done[k];
+      all_done = all_done && done[k];
     }
     if (all_done) break;
   }
@@ -164,9 +127,36 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
   return rows;
 }
 
-std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, double temperature,
-                              int64_t top_k, uint64_t seed) {
-  return generate(model, std::move(ids), n, Sampling{temperature, top_k, 1.0}, seed);
+const nn::CausalLM* cached_lm(const LanguageModel& model, const Sampling& how) {
+  return how.kv_cache ? dynamic_cast<const nn::CausalLM*>(model.module.get()) : nullptr;
+}
+
+}  // namespace
+
+std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
+                              uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop) {
+  FORGE_CHECK(!ids.empty(), "generate: the prompt has no tokens");
+  std::function<bool(size_t, const std::vector<int32_t>&)> row_stop;
+  if (stop) row_stop = [&stop](size_t, const std::vector<int32_t>& r) { return stop(r); };
+  return decode_rows(model, cached_lm(model, how), {std::move(ids)}, n, how, {seed}, row_stop).front();
+}
+
+std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std::vector<std::vector<int32_t>> rows,
+                                                int64_t n, const Sampling& how, const std::vector<uint64_t>& seeds,
+                                                const std::function<bool(size_t, const std::vector<int32_t>&)>& stop) {
+  FORGE_CHECK(!rows.empty() && rows.size() == seeds.size(), "generate_batch: one seed per prompt");
+  bool same_length = true;
+  for (const auto& r : rows) {
+    FORGE_CHECK(!r.empty(), "generate: a prompt has no tokens");
+    same_length = same_length && r.size() == rows.front().size();
+  }
+  if (same_length) return decode_rows(model, cached_lm(model, how), std::move(rows), n, how, seeds, stop);
+  for (size_t k = 0; k < rows.size(); ++k) {  // one at a time
+    std::function<bool(size_t, const std::vector<int32_t>&)> row_stop;
+    if (stop) row_stop = [&stop, k](size_t, const std::vector<int32_t>& r) { return stop(k, r); };
+    rows[k] = decode_rows(model, cached_lm(model, how), {std::move(rows[k])}, n, how, {seeds[k]}, row_stop).front();
+  }
+  return rows;
 }
 
 LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who) {
