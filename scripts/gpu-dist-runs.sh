@@ -10,7 +10,7 @@
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
 # Steps (STEPS_TO_RUN, in this order): build ctest tp_check pp_check pp_check4 tp_check4 pp_bubble
-# pp_peer pp_socket tp_profile tp_perf hf_checks tb_check scale.
+# pp_peer pp_socket tp_profile tp_perf step_bench hf_checks tb_check scale.
 #   ctest       the CUDA tests of the distributed paths; with CTEST_GPUS (e.g. 0,1) on those GPUs in
 #               the background while the next steps run on CHECK_GPUS (e.g. 2,3), until a step that
 #               needs every GPU
@@ -18,6 +18,7 @@
 #   pp_check4 / tp_check4   the same at pp = 4 / tp = 4 (CHECK4_MODELS, CHECK4_OPTIMS)
 #   pp_bubble   the pipeline bubble at pp = 2 (SCHEDS)
 #   tp_profile  phase timers and a kernel trace of tp 2 with and without sequence parallelism
+#   step_bench  benchmarks/step/run.sh on GPU 0 (STEP_ROWS, default 3; STEP_PROFILE_ROWS, default 3)
 #   scale       benchmarks/scale/run_scale.sh on every GPU (SCALE_PHASES; its own variables pass through)
 # Each writes under $RESULTS/<benchmark>/; $RESULTS/log has a line per step and the key numbers
 # (grep ALL_DONE). Copy $RESULTS/{pp,tp,scale} into benchmarks/results/raw/<kind>_<gpu>/ and run
@@ -136,6 +137,13 @@ if want tp_perf; then
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
+fi
+if want step_bench; then
+  # The single-GPU rows of the training-step benchmark (issue 15) with a kernel breakdown.
+  wait_bg
+  CUDA_VISIBLE_DEVICES=0 FORGE_COMMIT=$C BUILD=0 ROWS="${STEP_ROWS:-3}" PROFILE_ROWS="${STEP_PROFILE_ROWS-3}" \
+    RAW_DIR=$R/step/raw RESULT_FILE=$R/step/step.md OUT= timeout 900 benchmarks/step/run.sh > "$R/step_bench.log" 2>&1
+  t "step bench rc=$?"; grep -E "forge / compile|^\| [0-9] \|" "$R/step/step.md" | head -8
 fi
 if want hf_checks; then
   # Issue 18 on the GPU machine: transformers and the Python tokenizer references as oracles.

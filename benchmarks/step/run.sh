@@ -30,6 +30,8 @@
 #   TIME_BUDGET=480          seconds; past it the optional phases (profiles) are skipped
 #   BUILD=auto               auto: build forge (incremental) first; 0: use build-gpu/forge as it is
 #   BUILD_DIR=build-gpu  PYTHON=<python with CUDA torch>  FORGE_COMMIT=<when the tree has no .git>
+#   RAW_DIR, RESULT_FILE     where the raw files and the report go (defaults above; outside the tree
+#                            when a detached run outlives the GPU tool's call, scripts/gpu-dist-runs.sh)
 #   PEAK_TFLOPS=<override the dense bf16 peak used for MFU>
 #   FORGE_ARGS, PEER_ARGS    words added to every forge train / torch_peer.py command (a diagnostic
 #                            or a smoke test of this script: they change the workload, so the
@@ -84,8 +86,8 @@ if [[ -z "$commit" ]] && git rev-parse --git-dir > /dev/null 2>&1; then
   [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || commit="$commit (with uncommitted changes)"
 fi
 # shellcheck disable=SC2153
-RAW="benchmarks/results/raw/step_${GPU}"
-RESULT="benchmarks/results/step_${GPU}.md"
+RAW="${RAW_DIR:-benchmarks/results/raw/step_${GPU}}"
+RESULT="${RESULT_FILE:-benchmarks/results/step_${GPU}.md}"
 WORK="$(mktemp -d /tmp/forge_step.XXXXXX)"
 RUNS="$WORK/runs"
 rm -rf "$RAW"
