@@ -104,6 +104,40 @@ Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, const ProcessGroupPtr& g
   return out;
 }
 
+// Note [sequence-parallel shards]: the shard (B, T / W, ...) of a whole (B, T, ...) is part r of the
+// flattened whole, so both collectives work on the contiguous tensors as they are.
+Shape whole_of_shard(const Tensor& shard, int W, const char* op) {
+  FORGE_CHECK(shard.dim() >= 2, op, ": expected a sequence shard (B, T / tp, ...), got shape ", shard.shape());
+  Shape whole = shard.shape();
+  whole[1] *= W;
+  return whole;
+}
+
+Tensor gather_sequence_now(const Tensor& shard, const ProcessGroupPtr& g) {
+  auto [flat, work] = start_all_gather(shard, g);
+  work->wait();
+  NoGradGuard no_grad;
+  return flat.reshape(whole_of_shard(shard, g->size(), "tp::gather_sequence"));
+}
+
+std::pair<Tensor, WorkPtr> start_reduce_scatter_sequence(const Tensor& x, const ProcessGroupPtr& g, const char* op) {
+  NoGradGuard no_grad;
+  const int W = g->size();
+  FORGE_CHECK(x.dim() >= 2 && x.size(1) % W == 0, op, ": the sequence (dim 1) of shape ", x.shape(),
+              " is not divisible by the group's ", W, " ranks");
+  Shape part = x.shape();
+  part[1] /= W;
+  Tensor out = empty(part, {.dtype = x.dtype(), .device = x.device()});
+  WorkPtr work = g->reduce_scatter(out, x.detach().contiguous().reshape({-1}), ReduceOp::sum);
+  return {out, work};
+}
+
+Tensor reduce_scatter_sequence_now(const Tensor& x, const ProcessGroupPtr& g, const char* op) {
+  auto [out, work] = start_reduce_scatter_sequence(x, g, op);
+  work->wait();
+  return out;
+}
+
 Tensor own_slice(const Tensor& x, int64_t dim, const ProcessGroupPtr& g, const char* op) {
   const int W = g->size();
   const int64_t n = x.size(dim);
@@ -134,6 +168,19 @@ Tensor reduce_from_region(const Tensor& x, const ProcessGroupPtr& g) {
   check_device(x, g, "tp::reduce_from_region");
   return with_history("tp_reduce_from_region", all_reduce_sum(x, g), x, [](const Tensor& grad) { return grad; });
 }
+
+namespace {
+// reduce_from_region of a partial product nothing else will read (a row-parallel linear's, which
+// its GEMM's history does not keep): summed in place, saving a copy of it.
+Tensor reduce_from_region_in_place(const Tensor& partial, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return partial;
+  check_device(partial, g, "tp::reduce_from_region");
+  if (!partial.is_contiguous()) return reduce_from_region(partial, g);
+  Tensor out = partial.detach();
+  g->all_reduce(out, ReduceOp::sum)->wait();
+  return with_history("tp_reduce_from_region", out, partial, [](const Tensor& grad) { return grad; });
+}
+}  // namespace
 
 // Megatron's gather: every rank then computes the same thing from the whole output, so every
 // rank's gradient of it is the same, and this rank's slice of it is its shard's gradient.
@@ -170,6 +217,21 @@ Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
   });
 }
 
+Tensor gather_sequence(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::gather_sequence");
+  return with_history("tp_gather_sequence", gather_sequence_now(x, g), x, [g](const Tensor& grad) {
+    return reduce_scatter_sequence_now(grad, g, "tp::gather_sequence backward");
+  });
+}
+
+Tensor reduce_scatter_sequence(const Tensor& x, const ProcessGroupPtr& g) {
+  if (size_of(g) == 1) return x;
+  check_device(x, g, "tp::reduce_scatter_sequence");
+  return with_history("tp_reduce_scatter_sequence", reduce_scatter_sequence_now(x, g, "tp::reduce_scatter_sequence"),
+                      x, [g](const Tensor& grad) { return gather_sequence_now(grad, g); });
+}
+
 // Note [one collective per input]: LLaMA's q, k and v projections (and its gate and up) are
 // separate linears fed the same normed activations. Each entering its tensor-parallel region on
 // its own would cost, per block, three all-reduces of the input gradient in backward (one per
@@ -177,7 +239,12 @@ Tensor gather_along(const Tensor& x, int64_t dim, const ProcessGroupPtr& g) {
 // three whole-sequence copies saved for backward and three reduce-scatters. So the last entry is
 // remembered, by weak references to its input and output: the same input tensor (alive, the same
 // object, the same group, kind and grad mode) gets the same output, whose gradient autograd sums
-// over its users before the one collective of its backward. The memo keeps nothing alive.
+// over its users before the one collective of its backward. The memo holds the last entry's
+// output: its users need not keep it (a linear whose weight gradient is deferred saves nothing of
+// it, and under sequence parallelism nothing may keep the gathered input), and a memo that held
+// it only weakly missed every time (measured: five entries per LLaMA block instead of two, three
+// collectives and copies too many each way). A region ends at its row-parallel linear and the
+// head's at the loss: both let the memo go (leave_regions), so it holds nothing past its region.
 namespace {
 bool overlap_enabled() { return env::flag("FORGE_TP_OVERLAP"); }
 
@@ -194,15 +261,15 @@ RegionEntry make_entry(const Tensor& x, const ProcessGroupPtr& g, bool sequence)
     if (e.defer) e.defer = std::make_shared<autograd::DeferredGrads>(/*provides_input=*/true);
     defer = e.defer;
     const Tensor shard = defer ? x.detach() : Tensor();
-    e.input = with_history("tp_enter_sequence", all_gather_dim(x, 1, g), x, [g, defer, shard](const Tensor& grad) {
-      if (!defer) return reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
+    e.input = with_history("tp_enter_sequence", gather_sequence_now(x, g), x, [g, defer, shard](const Tensor& grad) {
+      if (!defer) return reduce_scatter_sequence_now(grad, g, "tp::gather_sequence backward");
       NoGradGuard no_grad;
       // The gather first (the weight gradients need it), the reduce-scatter behind it, and the
       // weight-gradient GEMMs while the reduce-scatter runs.
       auto [flat, gather] = start_all_gather(shard, g);
-      auto [out, scatter] = start_reduce_scatter_dim(grad, 1, g, "tp::gather_along backward");
+      auto [out, scatter] = start_reduce_scatter_sequence(grad, g, "tp::gather_sequence backward");
       gather->wait();
-      defer->run(assemble_gathered(flat, shard, 1, g->size()));
+      defer->run(flat.reshape(whole_of_shard(shard, g->size(), "tp::gather_sequence backward")));
       scatter->wait();
       return out;
     });
@@ -219,23 +286,26 @@ RegionEntry make_entry(const Tensor& x, const ProcessGroupPtr& g, bool sequence)
   if (!e.input.grad_fn()) e.defer = nullptr;  // (no backward will run the queue)
   return e;
 }
+
+struct EntryMemo {
+  std::weak_ptr<TensorImpl> input;
+  std::shared_ptr<TensorImpl> output;
+  std::weak_ptr<autograd::DeferredGrads> defer;
+  const ProcessGroup* group = nullptr;
+  bool sequence = false, grad = false;
+};
+thread_local EntryMemo memo;
+
+void leave_regions() { memo = {}; }
 }  // namespace
 
 RegionEntry enter_column_region(const Tensor& x, const ProcessGroupPtr& g, bool sequence_parallel) {
   if (size_of(g) == 1) return {x, nullptr};
   check_device(x, g, "tp::enter_column_region");
-  struct Memo {
-    std::weak_ptr<TensorImpl> input, output;
-    std::weak_ptr<autograd::DeferredGrads> defer;
-    const ProcessGroup* group = nullptr;
-    bool sequence = false, grad = false;
-  };
-  thread_local Memo memo;
   const bool grad = grad_enabled();
   if (memo.group == g.get() && memo.sequence == sequence_parallel && memo.grad == grad) {
     const auto in = memo.input.lock();
-    auto out = memo.output.lock();
-    if (in && out && in.get() == x.impl()) return {Tensor(std::move(out)), memo.defer.lock()};
+    if (in && memo.output && in.get() == x.impl()) return {Tensor(memo.output), memo.defer.lock()};
   }
   RegionEntry e = make_entry(x, g, sequence_parallel);
   memo = {x.impl_ptr(), e.input.impl_ptr(), e.defer, g.get(), sequence_parallel, grad};
@@ -327,11 +397,13 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, Process
       group(std::move(g)) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
+  leave_regions();
   const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
   FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
               " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
   const Tensor partial = ops::linear(xs, weight, Tensor());
-  const Tensor y = sequence_parallel ? reduce_scatter_along(partial, 1, group) : reduce_from_region(partial, group);
+  const Tensor y =
+      sequence_parallel ? reduce_scatter_sequence(partial, group) : reduce_from_region_in_place(partial, group);
   return bias.defined() ? ops::add(y, bias) : y;
 }
 
@@ -363,11 +435,11 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
     inside = ops::unsqueeze(in_range.to(weight.dtype()), -1);
   }
   const Tensor partial = ops::mul(ops::embedding(weight, local), inside);
-  return sequence_parallel ? reduce_scatter_along(partial, 1, group) : reduce_from_region(partial, group);
+  return sequence_parallel ? reduce_scatter_sequence(partial, group) : reduce_from_region_in_place(partial, group);
 }
 
 Tensor VocabParallelEmbedding::attend(const Tensor& x) const {
-  const Tensor xin = sequence_parallel ? gather_along(x, 1, group) : copy_to_region(x, group);
+  const Tensor xin = sequence_parallel ? gather_sequence(x, group) : copy_to_region(x, group);
   return ops::matmul(xin, ops::transpose(weight, 0, 1));
 }
 
@@ -406,13 +478,27 @@ void ReplicatedKVLinear::load_whole(const Tensor& w) {
 SequenceShardEmbedding::SequenceShardEmbedding(int64_t num, int64_t dim, ProcessGroupPtr g)
     : nn::Embedding(num, dim), group(std::move(g)) {}
 
-Tensor SequenceShardEmbedding::forward(const Tensor& positions) const {
+// Row b of rank r's shard holds positions [s n, (s + 1) n), s = (r B + b) mod W (Note
+// [sequence-parallel shards]): the table's rows for all T positions, as W blocks of n, picked per row.
+Tensor SequenceShardEmbedding::add_to(const Tensor& x, const Tensor& positions) const {
   const int W = size_of(group);
   FORGE_CHECK(positions.dim() == 1 && positions.size(0) % W == 0, "SequenceShardEmbedding: ", positions.size(0),
               " positions are not divisible by the tensor-parallel size ", W,
               " (sequence parallelism splits the sequence evenly); choose train.seq_len a multiple of dist.tp");
   const int64_t n = positions.size(0) / W;
-  return nn::Embedding::forward(ops::narrow(positions, 0, (group ? group->rank() : 0) * n, n).contiguous());
+  FORGE_CHECK(x.dim() == 3 && x.size(1) == n && x.size(2) == dim, "SequenceShardEmbedding: expected the token "
+              "embeddings' shard (B, ", n, ", ", dim, ") of ", positions.size(0), " positions, got shape ", x.shape());
+  const int64_t B = x.size(0), r = group ? group->rank() : 0;
+  const Tensor blocks = ops::reshape(nn::Embedding::forward(positions), {W, n, dim});
+  if (W == 1) return ops::add(x, blocks);
+  Tensor rows;  // s for each row b: W-periodic from (r B) mod W
+  {
+    NoGradGuard no_grad;
+    const Tensor period = arange(W, {.dtype = DType::i64, .device = x.device()});
+    const int64_t first = (r * B) % W, copies = (first + B + W - 1) / W;
+    rows = ops::narrow(ops::cat(TensorList(static_cast<size_t>(copies), period), 0), 0, first, B).contiguous();
+  }
+  return ops::add(x, ops::index_select(blocks, 0, rows));
 }
 
 void VocabParallelEmbedding::load_whole(const Tensor& w) {
@@ -438,6 +524,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
               logits.shape(), " without their last (class) dim");
   FORGE_CHECK(is_floating(logits.dtype()), "tp::vocab_parallel_cross_entropy: floating logits, got ",
               dtype_name(logits.dtype()));
+  leave_regions();  // (the head's)
   const int64_t V = logits.size(-1), N = targets.numel();
   // The loss's dtype (Note [loss dtype]): f32 for 16-bit logits, else the logits'.
   const DType dt = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;

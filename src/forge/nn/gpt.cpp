@@ -85,7 +85,7 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) const {
               " more exceed model.block_size = ", config.block_size, "; start a new cache");
   if (cache.k.empty()) cache.k.resize(h.size()), cache.v.resize(h.size());
   Tensor pos = arange(cache.length, cache.length + T, 1, {.dtype = DType::i64, .device = idx.device()});
-  Tensor x = drop->forward(ops::add(wte->forward(idx), wpe->forward(pos)));
+  Tensor x = drop->forward(wpe->add_to(wte->forward(idx), pos));
   for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache.k[i], cache.v[i]);
   cache.length += T;
   return wte->attend(ln_f->forward(x));
@@ -129,7 +129,7 @@ Stream GPT::embed(const Tensor& idx) const {
   const int64_t T = idx.size(1);
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
   Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
-  return {drop->forward(ops::add(wte->forward(idx), wpe->forward(pos))), Tensor()};  // (B, T, C)
+  return {drop->forward(wpe->add_to(wte->forward(idx), pos)), Tensor()};  // (B, T, C)
 }
 
 Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {

@@ -28,6 +28,7 @@ Embedding::Embedding(int64_t n, int64_t d, Generator* gen) : num(n), dim(d) {
 }
 Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(weight, ids); }
 Tensor Embedding::attend(const Tensor& x) const { return ops::matmul(x, ops::transpose(weight, 0, 1)); }
+Tensor Embedding::add_to(const Tensor& x, const Tensor& positions) const { return ops::add(x, forward(positions)); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool with_bias) : eps(eps) {
   weight = register_parameter("weight", ones({dim}));

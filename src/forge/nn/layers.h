@@ -21,6 +21,10 @@ class Embedding : public Module {
   virtual Tensor forward(const Tensor& ids) const;  // (*) i64 -> (*, dim)
   // The table used as an output layer (a head tied to the embedding): x W^T, (*, dim) -> (*, num).
   virtual Tensor attend(const Tensor& x) const;
+  // x + forward(positions): a position table added to the token embeddings x (*, T, dim) of
+  // positions (T). A sequence-parallel table looks up the positions of the tokens x holds
+  // (Note [sequence-parallel shards] in dist/tensor_parallel.h).
+  virtual Tensor add_to(const Tensor& x, const Tensor& positions) const;
   int64_t num, dim;
   Tensor weight;
 };

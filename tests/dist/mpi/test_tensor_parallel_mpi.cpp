@@ -41,13 +41,14 @@ void expect_near(const Tensor& got, const Tensor& want, const std::string& what)
 }
 
 // Note [one collective per input]: linears fed the same tensor enter their region through one
-// collective (the same output tensor, whose backward runs once on the summed gradient); another
-// input, another grad mode or the other kind of entry gets its own; the memo keeps nothing alive.
+// collective (the same output tensor, whose backward runs once on the summed gradient), also when
+// the first linear kept nothing of it; another input, another grad mode or the other kind of entry
+// gets its own; the memo holds only the last entry.
 TEST(TensorParallelMpi, LinearsSharingAnInputShareOneCollective) {
   const auto g = world();
   const int W = g->size(), r = g->rank();
   for (const bool sp : {false, true}) {
-    const std::string kind = sp ? "gather_along" : "copy_to_region";
+    const std::string kind = sp ? "gather_sequence" : "copy_to_region";
     Tensor x = of_rank({2, 4, 3}, 5, r).requires_grad_();
     const tp::RegionEntry ea = tp::enter_column_region(x, g, sp);
     const tp::RegionEntry eb = tp::enter_column_region(x, g, sp);
@@ -67,15 +68,21 @@ TEST(TensorParallelMpi, LinearsSharingAnInputShareOneCollective) {
     // Two users of the shared entry: the input's gradient is what two separate entries give.
     ops::add(ops::sum(ops::mul(a, a)), ops::sum(ops::mul(b, 3.0))).backward();
     Tensor y = x.detach().clone().requires_grad_();
-    auto enter = [&] { return sp ? tp::gather_along(y, 1, g) : tp::copy_to_region(y, g); };
+    auto enter = [&] { return sp ? tp::gather_sequence(y, g) : tp::copy_to_region(y, g); };
     ops::add(ops::sum(ops::mul(enter(), enter())), ops::sum(ops::mul(enter(), 3.0))).backward();
     expect_near(x.grad(), y.grad(), kind + ": the gradient through the shared entry");
   }
-  // Nothing kept alive: once its users are gone, the same input gets a new entry.
-  Tensor x = of_rank({2, 4, 3}, 6, r).requires_grad_();
-  const std::weak_ptr<TensorImpl> entry = tp::enter_column_region(x, g, true).input.impl_ptr();
-  if (W > 1) {
-    EXPECT_TRUE(entry.expired()) << "the memo kept the gathered tensor alive";
+  // As in a model: q's linear used the entry and kept nothing of it; k's linear, fed the same
+  // input, still gets it. The next input's entry releases it.
+  for (const bool sp : {false, true}) {
+    Tensor x = of_rank({2, 4, 3}, 6, r).requires_grad_();
+    const std::weak_ptr<TensorImpl> entry = tp::enter_column_region(x, g, sp).input.impl_ptr();
+    if (W == 1) continue;
+    ASSERT_FALSE(entry.expired()) << "the memo let the entry go before the input's other linears";
+    EXPECT_EQ(tp::enter_column_region(x, g, sp).input.impl(), entry.lock().get()) << "a second entry for one input";
+    Tensor next = of_rank({2, 4, 3}, 7, r).requires_grad_();
+    tp::enter_column_region(next, g, sp);
+    EXPECT_TRUE(entry.expired()) << "the memo kept an entry past the next input's";
   }
 }
 
@@ -156,6 +163,75 @@ TEST(TensorParallelMpi, SequenceParallelGatherAndReduceScatter) {
     for (int q = 0; q < W; ++q) total = total + of_rank(shape, 24, q);
     expect_near(tp::reduce_scatter_along(b, dim, g), ops::narrow(total, dim, 2 * r, 2).contiguous(),
                 "reduce-scatter forward, dim " + std::to_string(dim));
+  }
+}
+
+// Note [sequence-parallel shards]: rank r's shard (B, T / W, C) is part r of the flattened whole.
+Tensor shard_of(const Tensor& whole, int r, int W) {
+  Shape part = whole.shape();
+  part[1] /= W;
+  const int64_t n = whole.numel() / W;
+  return ops::narrow(whole.contiguous().reshape({-1}), 0, r * n, n).contiguous().reshape(part);
+}
+
+TEST(TensorParallelMpi, SequenceShardsGatherAndReduceScatterInPlace) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  for (const int64_t B : {1, 2, 3}) {
+    const std::string what = "B = " + std::to_string(B);
+    // The ranks' shards gathered are the whole, shard by shard; backward: the sum over the ranks
+    // of their gradients' shard r.
+    Tensor x = of_rank({B, 2, 3}, 40, r).requires_grad_();
+    Tensor y = tp::gather_sequence(x, g);
+    TensorList parts;
+    for (int q = 0; q < W; ++q) parts.push_back(of_rank({B, 2, 3}, 40, q).reshape({-1}));
+    expect_near(y, ops::cat(parts, 0).reshape({B, 2 * W, 3}), what + ": gather forward");
+    y.backward(of_rank({B, 2 * W, 3}, 41, r));
+    Tensor want = zeros({B, 2, 3}, kF64);
+    for (int q = 0; q < W; ++q) want = want + shard_of(of_rank({B, 2 * W, 3}, 41, q), r, W);
+    expect_near(x.grad(), want, what + ": gather backward");
+    // reduce-scatter: shard r of the sum; backward: the ranks' gradients gathered.
+    Tensor a = of_rank({B, 2 * W, 3}, 42, r).requires_grad_();
+    Tensor s = tp::reduce_scatter_sequence(a, g);
+    Tensor sum = zeros({B, 2 * W, 3}, kF64);
+    for (int q = 0; q < W; ++q) sum = sum + of_rank({B, 2 * W, 3}, 42, q);
+    expect_near(s, shard_of(sum, r, W), what + ": reduce-scatter forward");
+    s.backward(of_rank({B, 2, 3}, 43, r));
+    TensorList grads;
+    for (int q = 0; q < W; ++q) grads.push_back(of_rank({B, 2, 3}, 43, q).reshape({-1}));
+    expect_near(a.grad(), ops::cat(grads, 0).reshape({B, 2 * W, 3}), what + ": reduce-scatter backward");
+  }
+}
+
+// GPT's position table under sequence parallelism adds to each token of a shard the embedding of
+// that token's position: shard r of (tokens + positions) over the whole, with its gradient, for
+// batches W divides, batches smaller than W and batches neither (rows split across ranks).
+TEST(TensorParallelMpi, SequenceShardPositionsAreTheTokensPositions) {
+  const auto g = world();
+  const int W = g->size(), r = g->rank();
+  const int64_t C = 3, T = 2 * W;
+  for (const int64_t B : {1, 2, 3, 4}) {
+    const std::string what = "B = " + std::to_string(B);
+    tp::SequenceShardEmbedding split(T, C, g);
+    nn::Embedding whole(T, C);
+    {
+      NoGradGuard no_grad;
+      const Tensor table = random({T, C}, 50);
+      ops::copy_(split.weight, table);
+      ops::copy_(whole.weight, table);
+    }
+    const Tensor tokens = random({B, T, C}, 51);
+    const Tensor positions = arange(T, {.dtype = DType::i64});
+    const Tensor want = whole.add_to(tokens, positions);
+    const Tensor got = split.add_to(shard_of(tokens, r, W), positions);
+    expect_near(got, shard_of(want, r, W), what + ": forward");
+    // The table's gradient: each rank's part is from its tokens; their sum is the whole's.
+    const Tensor gy = random({B, T, C}, 52);
+    want.backward(gy);
+    got.backward(shard_of(gy, r, W));
+    Tensor summed = split.weight.grad().clone();
+    g->all_reduce(summed, ReduceOp::sum)->wait();
+    expect_near(summed, whole.weight.grad(), what + ": the table's gradient summed over the ranks");
   }
 }
 
