@@ -99,6 +99,30 @@ TEST(HfConfig, Llama3WithRopeScaling) {
   EXPECT_FALSE(l2.tied_head);
 }
 
+// transformers >= 5 saves theta and the scaling together as "rope_parameters".
+TEST(HfConfig, Llama3WithRopeParametersOfTransformers5) {
+  const HfModel h = parse_hf_config(json::parse(R"({
+      "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+      "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})"),
+                                    "v5/config.json");
+  const auto& m = h.model;
+  EXPECT_DOUBLE_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling, "llama3");
+  EXPECT_DOUBLE_EQ(m.rope_factor, 8.0);
+  EXPECT_DOUBLE_EQ(m.rope_low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(m.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(m.rope_original_context, 64);
+  // Without scaling: the default type, theta from the object.
+  const HfModel d = parse_hf_config(json::parse(R"({
+      "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "vocab_size": 1000, "rope_parameters": {"rope_theta": 250000.0, "rope_type": "default"}})"),
+                                    "v5d/config.json");
+  EXPECT_DOUBLE_EQ(d.model.rope_theta, 250000.0);
+  EXPECT_EQ(d.model.rope_scaling, "");
+}
+
 TEST(HfConfig, ErrorsNameTheSupportedArchitecturesAndTheField) {
   std::string e = error_of([] {
     parse_hf_config(json::parse(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})"), "m.json");

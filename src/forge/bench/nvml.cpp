@@ -51,10 +51,16 @@ Nvml::Nvml() {
   sym(lib, name, "nvmlDeviceGetName");
   sym(lib, utilization, "nvmlDeviceGetUtilizationRates");
   sym(lib, memory, "nvmlDeviceGetMemoryInfo");
+  sym(lib, memory_v2, "nvmlDeviceGetMemoryInfo_v2");
   sym(lib, power_limit, "nvmlDeviceGetEnforcedPowerLimit");
   sym(lib, clock_reasons, "nvmlDeviceGetCurrentClocksEventReasons");
   if (clock_reasons == nullptr) sym(lib, clock_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons");  // older drivers
   sym(lib, compute_processes, "nvmlDeviceGetComputeRunningProcesses_v3");
+  sym(lib, gpm_query_support, "nvmlGpmQueryDeviceSupport");
+  sym(lib, gpm_sample_alloc, "nvmlGpmSampleAlloc");
+  sym(lib, gpm_sample_free, "nvmlGpmSampleFree");
+  sym(lib, gpm_sample_get, "nvmlGpmSampleGet");
+  sym(lib, gpm_metrics_get, "nvmlGpmMetricsGet");
 }
 
 Nvml::~Nvml() {
@@ -81,6 +87,69 @@ NvmlSample Nvml::sample(nvmlDevice_t h) const {
   if (temperature != nullptr && temperature(h, kNvmlTemperatureGpu, &v) == kNvmlSuccess) s.temperature_c = static_cast<int>(v);
   if (power_usage != nullptr && power_usage(h, &v) == kNvmlSuccess) s.power_w = static_cast<double>(v) / 1000.0;
   return s;
+}
+
+bool Nvml::memory_used(nvmlDevice_t h, unsigned long long* used, unsigned long long* total) const {
+  if (lib_ == nullptr || h == nullptr) return false;
+  NvmlMemoryV2 m2;
+  if (memory_v2 != nullptr && memory_v2(h, &m2) == kNvmlSuccess) {
+    *used = m2.used;
+    *total = m2.total;
+    return true;
+  }
+  NvmlMemory m;
+  if (memory == nullptr || memory(h, &m) != kNvmlSuccess) return false;
+  *used = m.used;
+  *total = m.total;
+  return true;
+}
+
+GpmReader::GpmReader(const Nvml& nvml, nvmlDevice_t device) : nvml_(nvml), device_(device) {
+  if (!nvml.ok() || device == nullptr || !nvml.gpm_query_support || !nvml.gpm_sample_alloc || !nvml.gpm_sample_free ||
+      !nvml.gpm_sample_get || !nvml.gpm_metrics_get)
+    return;
+  NvmlGpmSupport support;
+  if (nvml.gpm_query_support(device, &support) != kNvmlSuccess || !support.is_supported_device) return;
+  if (nvml.gpm_sample_alloc(&samples_[0]) != kNvmlSuccess) return;
+  if (nvml.gpm_sample_alloc(&samples_[1]) != kNvmlSuccess) return;
+  ok_ = true;
+}
+
+GpmReader::~GpmReader() {
+  for (nvmlGpmSample_t s : samples_)
+    if (s != nullptr) nvml_.gpm_sample_free(s);
+}
+
+std::optional<GpmFigures> GpmReader::next() {
+  if (!ok_) return std::nullopt;
+  nvmlGpmSample_t now = samples_[taken_ % 2], before = samples_[(taken_ + 1) % 2];
+  if (nvml_.gpm_sample_get(device_, now) != kNvmlSuccess) return std::nullopt;
+  if (++taken_ < 2) return std::nullopt;
+  NvmlGpmMetricsGet get;
+  get.sample1 = before;
+  get.sample2 = now;
+  const unsigned ids[] = {kGpmSmActive, kGpmSmOccupancy, kGpmTensorActive, kGpmDramActive,
+                          kGpmPcieTx,   kGpmPcieRx,      kGpmNvlinkTx,     kGpmNvlinkRx};
+  for (unsigned id : ids) get.metrics[get.num_metrics++].metric_id = id;
+  if (nvml_.gpm_metrics_get(&get) != kNvmlSuccess) return std::nullopt;
+  GpmFigures f;
+  constexpr double kMiBToGB = 1048576.0 / 1e9;
+  for (unsigned i = 0; i < get.num_metrics; ++i) {
+    const NvmlGpmMetric& m = get.metrics[i];
+    if (m.nvml_return != kNvmlSuccess) continue;
+    switch (m.metric_id) {
+      case kGpmSmActive: f.sm_active_pct = m.value; break;
+      case kGpmSmOccupancy: f.sm_occupancy_pct = m.value; break;
+      case kGpmTensorActive: f.tensor_active_pct = m.value; break;
+      case kGpmDramActive: f.dram_active_pct = m.value; break;
+      case kGpmPcieTx: f.pcie_tx_gbps = m.value * kMiBToGB; break;
+      case kGpmPcieRx: f.pcie_rx_gbps = m.value * kMiBToGB; break;
+      case kGpmNvlinkTx: f.nvlink_tx_gbps = m.value * kMiBToGB; break;
+      case kGpmNvlinkRx: f.nvlink_rx_gbps = m.value * kMiBToGB; break;
+      default: break;
+    }
+  }
+  return f;
 }
 
 }  // namespace forge::bench

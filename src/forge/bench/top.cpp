@@ -3,13 +3,18 @@
 // Note [utilisation is not saturation]: NVML's (and nvidia-smi's) "GPU utilisation" is the share
 // of the sample period in which at least one kernel was running on the device. One small kernel
 // on one SM counts as 100%; a data loader that starves the GPU between steps shows as the gaps.
-// How busy the SMs and tensor cores were is another measurement (Hopper's GPM metrics: SM
-// activity, tensor-core activity), which forge top does not claim to show.
+// How busy the SMs and tensor cores were is another measurement: Hopper's GPM metrics (SM
+// activity: the time-averaged share of SMs with work; tensor-core activity), which forge top shows
+// beside it where the GPU has them.
 #include "forge/bench/top.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <thread>
 
 #include "forge/bench/nvml.h"
 #include "forge/telemetry/metrics.h"
@@ -38,7 +43,7 @@ std::string command_of(unsigned pid) {
 
 }  // namespace
 
-TopSnapshot top_snapshot() {
+TopSnapshot top_snapshot(double gpm_window_s) {
   TopSnapshot s;
   const Nvml nv;
   if (!nv.ok()) {
@@ -52,6 +57,20 @@ TopSnapshot top_snapshot() {
     s.note = "NVML sees no GPU";
     return s;
   }
+  // GPM first: one sample of every device, the window, then the rest of the snapshot with the
+  // second sample.
+  std::vector<std::unique_ptr<GpmReader>> gpm(n);
+  bool any_gpm = false;
+  for (unsigned i = 0; i < n && gpm_window_s > 0; ++i) {
+    if (nvmlDevice_t h = nv.device("", static_cast<int>(i))) {
+      gpm[i] = std::make_unique<GpmReader>(nv, h);
+      if (gpm[i]->ok()) {
+        gpm[i]->next();
+        any_gpm = true;
+      }
+    }
+  }
+  if (any_gpm) std::this_thread::sleep_for(std::chrono::duration<double>(gpm_window_s));
   for (unsigned i = 0; i < n; ++i) {
     nvmlDevice_t h = nv.device("", static_cast<int>(i));
     if (!h) continue;
@@ -64,11 +83,13 @@ TopSnapshot top_snapshot() {
       g.utilization_pct = static_cast<int>(u.gpu);
       g.memory_utilization_pct = static_cast<int>(u.memory);
     }
-    NvmlMemory m;
-    if (nv.memory && nv.memory(h, &m) == kNvmlSuccess) {
-      g.memory_used_bytes = static_cast<int64_t>(m.used);
-      g.memory_total_bytes = static_cast<int64_t>(m.total);
+    unsigned long long used = 0, total = 0;
+    if (nv.memory_used(h, &used, &total)) {
+      g.memory_used_bytes = static_cast<int64_t>(used);
+      g.memory_total_bytes = static_cast<int64_t>(total);
     }
+    if (gpm[i] && gpm[i]->ok())
+      if (const auto f = gpm[i]->next()) g.gpm = *f;
     const NvmlSample smp = nv.sample(h);
     g.power_w = smp.power_w;
     g.sm_clock_mhz = smp.sm_clock_mhz;
@@ -106,10 +127,11 @@ std::string top_table(const TopSnapshot& s) {
   o << "forge top: " << s.gpus.size() << " GPU(s)" << (s.driver.empty() ? "" : ", driver " + s.driver)
     << "  (util = share of time any kernel ran, not SM saturation)\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "%-3s %-24s %5s %5s %19s %15s %7s %5s  %s\n", "gpu", "name", "util", "mem%",
-                "memory", "power", "sm MHz", "temp", "clock events");
+  std::snprintf(line, sizeof(line), "%-3s %-24s %5s %5s %5s %5s %19s %15s %7s %5s  %s\n", "gpu", "name", "util", "SM",
+                "TC", "mem%", "memory", "power", "sm MHz", "temp", "clock events");
   o << line;
   auto pct = [](int v) { return v < 0 ? std::string("-") : std::to_string(v) + "%"; };
+  auto pctf = [](double v) { return v < 0 ? std::string("-") : std::to_string(static_cast<int>(v + 0.5)) + "%"; };
   for (const auto& g : s.gpus) {
     const std::string mem = g.memory_total_bytes < 0 ? "-"
                                                      : telemetry::format_bytes(static_cast<double>(g.memory_used_bytes)) + " / " +
@@ -119,13 +141,23 @@ std::string top_table(const TopSnapshot& s) {
     else std::snprintf(power, sizeof(power), "%.0f / %.0f W", g.power_w, g.power_limit_w);
     std::string reasons;
     for (const auto& r : g.reasons) reasons += (reasons.empty() ? "" : ", ") + r;
-    std::snprintf(line, sizeof(line), "%-3d %-24.24s %5s %5s %19s %15s %7s %5s  %s\n", g.index, g.name.c_str(),
-                  pct(g.utilization_pct).c_str(), pct(g.memory_utilization_pct).c_str(), mem.c_str(), power,
+    std::snprintf(line, sizeof(line), "%-3d %-24.24s %5s %5s %5s %5s %19s %15s %7s %5s  %s\n", g.index, g.name.c_str(),
+                  pct(g.utilization_pct).c_str(), pctf(g.gpm.sm_active_pct).c_str(), pctf(g.gpm.tensor_active_pct).c_str(),
+                  pct(g.memory_utilization_pct).c_str(), mem.c_str(), power,
                   g.sm_clock_mhz < 0 ? "-" : std::to_string(g.sm_clock_mhz).c_str(),
                   g.temperature_c < 0 ? "-" : (std::to_string(g.temperature_c) + "C").c_str(),
                   reasons.empty() ? "-" : reasons.c_str());
     o << line;
   }
+  for (const auto& g : s.gpus)
+    if (g.gpm.nvlink_tx_gbps >= 0 || g.gpm.pcie_tx_gbps >= 0) {
+      std::snprintf(line, sizeof(line), "gpu %d: SM occupancy %s, DRAM %s, PCIe tx/rx %.1f / %.1f GB/s, NVLink tx/rx %.1f / %.1f GB/s\n",
+                    g.index, pctf(g.gpm.sm_occupancy_pct).c_str(), pctf(g.gpm.dram_active_pct).c_str(),
+                    std::max(0.0, g.gpm.pcie_tx_gbps), std::max(0.0, g.gpm.pcie_rx_gbps),
+                    std::max(0.0, g.gpm.nvlink_tx_gbps), std::max(0.0, g.gpm.nvlink_rx_gbps));
+      o << line;
+    }
+  o << "(util: nvidia-smi's; SM, TC: the share of SMs busy and of tensor-core activity, GPM)\n";
   bool any = false;
   for (const auto& g : s.gpus)
     for (const auto& p : g.processes) {
@@ -149,7 +181,11 @@ nlohmann::json top_json(const TopSnapshot& s) {
                          {"memory_total_bytes", g.memory_total_bytes}, {"power_w", g.power_w},
                          {"power_limit_w", g.power_limit_w}, {"sm_clock_mhz", g.sm_clock_mhz},
                          {"temperature_c", g.temperature_c}, {"clock_event_reasons", g.clock_event_reasons},
-                         {"clock_event_reason_names", g.reasons}, {"processes", procs}});
+                         {"clock_event_reason_names", g.reasons}, {"processes", procs},
+                         {"sm_active_pct", g.gpm.sm_active_pct}, {"sm_occupancy_pct", g.gpm.sm_occupancy_pct},
+                         {"tensor_active_pct", g.gpm.tensor_active_pct}, {"dram_active_pct", g.gpm.dram_active_pct},
+                         {"pcie_tx_gbps", g.gpm.pcie_tx_gbps}, {"pcie_rx_gbps", g.gpm.pcie_rx_gbps},
+                         {"nvlink_tx_gbps", g.gpm.nvlink_tx_gbps}, {"nvlink_rx_gbps", g.gpm.nvlink_rx_gbps}});
   }
   return j;
 }

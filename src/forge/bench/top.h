@@ -8,8 +8,10 @@
 //
 // Per GPU: name, utilisation as nvidia-smi shows it (the share of the last sample period in which
 // any kernel ran: NOT how busy the SMs were, Note [utilisation is not saturation] in top.cpp),
-// memory-controller utilisation, memory used / total, power / limit, SM clock, temperature, and
-// the clock-event (throttle) reasons in words. Per process on a GPU: pid, its command (from
+// beside what says how busy they were where the GPU has GPM (Hopper and later, over a short
+// window): SM activity and occupancy, tensor-core and DRAM activity, PCIe and NVLink traffic;
+// memory-controller utilisation, memory used / total (as nvidia-smi counts it), power / limit,
+// SM clock, temperature, and the clock-event (throttle) reasons in words. Per process on a GPU: pid, its command (from
 // /proc), GPU memory. Without NVML or a GPU: a message saying so on stderr and exit status 3
 // (kNoGpuStatus), distinct from a usage error (2) or a failure (1).
 #include <cstdint>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "forge/bench/nvml.h"
 
 namespace forge::bench {
 
@@ -37,6 +41,7 @@ struct GpuState {
   int sm_clock_mhz = -1, temperature_c = -1;
   uint64_t clock_event_reasons = 0;
   std::vector<std::string> reasons;  // clock_event_reasons in words ("power cap", "HW thermal slowdown", ...)
+  GpmFigures gpm;                    // over the snapshot's GPM window (-1: no GPM)
   std::vector<GpuProcess> processes;
 };
 
@@ -49,8 +54,9 @@ struct TopSnapshot {
   std::string note;  // why there is nothing (no NVML, no GPU)
 };
 
-// One sample of every GPU NVML sees (empty gpus + note when none).
-TopSnapshot top_snapshot();
+// One sample of every GPU NVML sees (empty gpus + note when none); the GPM figures over the
+// gpm_window_s seconds the call waits between its two GPM samples (0: none read).
+TopSnapshot top_snapshot(double gpm_window_s = 0.5);
 // The table `forge top` prints, and its JSON.
 std::string top_table(const TopSnapshot& s);
 nlohmann::json top_json(const TopSnapshot& s);

@@ -117,6 +117,7 @@ std::string progress_line(const Progress& p) {
     os << " | " << mfu;
   }
   if (p.memory_bytes >= 0) os << " | " << format_bytes(static_cast<double>(p.memory_bytes));
+  if (!p.gpu.empty()) os << " | " << p.gpu;
   os << " | " << format_duration(p.elapsed_s) << " elapsed | ETA " << format_duration(p.eta_s);
   return os.str();
 }

@@ -62,6 +62,7 @@ struct Progress {
   int64_t memory_bytes = -1;  // < 0: not shown
   double mfu = -1.0;          // model FLOPs utilisation in [0, 1] (Note [MFU]); < 0: not shown
   int64_t epoch = 0, epochs = 0;  // epochs > 0: "epoch E/N | " leads the line
+  std::string gpu;                 // device activity ("GPU busy 97%, SM 81%, tensor 38%"); empty: not shown
 };
 std::string progress_line(const Progress& p);
 

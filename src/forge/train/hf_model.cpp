@@ -126,7 +126,7 @@ void parse_llama(const Fields& f, const json& j, HfModel& h, const std::string& 
             {"n_head", "num_attention_heads"},     {"n_kv_head", "num_key_value_heads"},
             {"dim", "hidden_size"},                {"ffn_hidden", "intermediate_size"},
             {"rope_theta", "rope_theta"},          {"norm_eps", "rms_norm_eps"},
-            {"rope_scaling", "rope_scaling"}};
+            {"rope_scaling", f.has("rope_parameters") ? "rope_parameters.rope_type" : "rope_scaling"}};
   h.tied_head = f.boolean("tie_word_embeddings", false);
   FORGE_CHECK(!f.boolean("attention_bias", false) && !f.boolean("mlp_bias", false), origin,
               ": attention_bias / mlp_bias = true, but forge's LLaMA has no biases");
@@ -137,23 +137,33 @@ void parse_llama(const Fields& f, const json& j, HfModel& h, const std::string& 
   if (f.has("head_dim"))
     FORGE_CHECK(f.integer("head_dim") == m.dim / m.n_head, origin, ": head_dim = ", f.integer("head_dim"),
                 ", but forge's LLaMA heads are hidden_size / num_attention_heads = ", m.dim / m.n_head, " wide");
-  if (f.has("rope_scaling")) {
-    const json& rs = j["rope_scaling"];
-    FORGE_CHECK(rs.is_object(), origin, ": \"rope_scaling\" must be an object or null, got ", rs.dump());
-    const Fields r(rs, origin + " rope_scaling");
+  // transformers >= 5 writes "rope_parameters" (rope_theta, rope_type and the scaling's fields in
+  // one object) where earlier versions wrote "rope_theta" and "rope_scaling": both are read, the
+  // newer first.
+  const char* rope = f.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (f.has(rope)) {
+    const json& rs = j[rope];
+    FORGE_CHECK(rs.is_object(), origin, ": \"", rope, "\" must be an object or null, got ", rs.dump());
+    const Fields r(rs, origin + " " + rope);
+    if (r.has("rope_theta")) {
+      m.rope_theta = r.number("rope_theta");
+      for (auto& [key, field] : h.keys)
+        if (key == "rope_theta") field = std::string(rope) + ".rope_theta";
+    }
     const std::string type = r.has("rope_type") ? r.string("rope_type") : r.string("type", "default");
     if (type != "default") {
-      FORGE_CHECK(type == "llama3", origin, ": rope_scaling type \"", type,
+      FORGE_CHECK(type == "llama3", origin, ": ", rope, " type \"", type,
                   "\" is not one forge implements; forge reads \"llama3\" (LLaMA-3.1 and later) or none");
       m.rope_scaling = "llama3";
       m.rope_factor = r.number("factor");
       m.rope_low_freq_factor = r.number("low_freq_factor");
       m.rope_high_freq_factor = r.number("high_freq_factor");
       m.rope_original_context = r.integer("original_max_position_embeddings");
-      h.keys.insert(h.keys.end(), {{"rope_factor", "rope_scaling.factor"},
-                                   {"rope_low_freq_factor", "rope_scaling.low_freq_factor"},
-                                   {"rope_high_freq_factor", "rope_scaling.high_freq_factor"},
-                                   {"rope_original_context", "rope_scaling.original_max_position_embeddings"}});
+      const std::string at = std::string(rope) + ".";
+      h.keys.insert(h.keys.end(), {{"rope_factor", at + "factor"},
+                                   {"rope_low_freq_factor", at + "low_freq_factor"},
+                                   {"rope_high_freq_factor", at + "high_freq_factor"},
+                                   {"rope_original_context", at + "original_max_position_embeddings"}});
     }
   }
 }

@@ -409,10 +409,12 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       const int64_t mem = peak_memory(device);
       // rate counts the whole job's units: MFU is over the peak of all its GPUs (Note [MFU]).
       const double mfu = peak_flops && flops_per_unit ? rate * *flops_per_unit / (*peak_flops * world_size) : -1.0;
+      const bench::GpuActivity activity = gpu_sampler ? gpu_sampler->take() : bench::GpuActivity{};
       log << telemetry::progress_line({.step = q.step, .total_steps = total_steps, .loss = loss_value, .lr = q.lr,
                                        .rate = rate, .unit = units.abbrev, .elapsed_s = elapsed, .eta_s = eta,
                                        .memory_bytes = mem, .mfu = mfu, .epoch = place ? place->epoch : 0,
-                                       .epochs = place ? place->epochs : 0})
+                                       .epochs = place ? place->epochs : 0,
+                                       .gpu = bench::activity_text(activity)})
           << std::endl;
       json rec = {{"step", q.step}, {"loss", loss_value}, {"lr", q.lr}, {"grad_norm", gnorm}, {units.name + "_per_s", rate},
                   {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
@@ -420,18 +422,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
       if (gpu_sampler) {
-        const bench::GpuActivity a = gpu_sampler->take();
+        const bench::GpuActivity& a = activity;
         if (a.samples > 0) {
-          rec["gpu_util_pct"] = a.utilization_pct;
-          rec["gpu_mem_util_pct"] = a.memory_utilization_pct;
-          rec["gpu_power_w"] = a.power_w;
-          rec["gpu_sm_clock_min_mhz"] = a.sm_clock_min_mhz;
-          rec["gpu_temp_max_c"] = a.temperature_max_c;
-          rec["gpu_mem_used_bytes"] = a.memory_used_max_bytes;
-          std::string reasons;
-          for (const auto& r : bench::clock_event_reason_names(a.clock_event_reasons & ~uint64_t{1}))  // (not "idle")
-            reasons += (reasons.empty() ? "" : ", ") + r;
-          if (!reasons.empty()) rec["gpu_clock_events"] = reasons;
+          rec.update(bench::activity_record(a));
           // The first interval holds the start (allocation, tuning, graph capture): no warning there.
           const double idle = 100.0 - a.utilization_pct;
           if (++activity_records > 1 && idle > cfg.telemetry.idle_warn_pct)
