@@ -150,18 +150,29 @@ if want hf_checks; then
   (cd build-gpu && timeout 300 ctest -R "hf_init_from|hf_parity|CudaKvCache|CudaRope" --output-on-failure \
      > "$R/hf_ctest.log" 2>&1; t "hf ctest rc=$?"; grep -E "tests passed|\(Failed\)|Not Run" "$R/hf_ctest.log")
   ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
+    [[ -d .deps/root/usr/share/games/fortunes && ! -d /usr/share/games/fortunes ]] &&
+      export FORGE_FORTUNES_DIR="$ROOT/.deps/root/usr/share/games/fortunes"
     timeout 300 "$PY" tests/python/hf_export_roundtrip.py --forge "$FORGE" > "$R/hf_roundtrip.log" 2>&1
     t "export -> transformers rc=$?"; cat "$R/hf_roundtrip.log"
     if [[ -d .fixtures/tokenizers ]]; then  # (carry .fixtures: scripts/fetch-tokenizer-fixtures.sh)
-      timeout 300 "$PY" benchmarks/tokenizers/oracle.py .fixtures/tokenizers tests/data/tokenizers --check \
+      timeout 300 "$PY" benchmarks/tokenizers/oracle.py .fixtures/tokenizers tests/data/tokenizers --check "$R/tokenizer_fills.json" \
         > "$R/tokenizer_oracle.log" 2>&1; t "tokenizer oracle rc=$?"; tail -12 "$R/tokenizer_oracle.log"
     fi
-    # forge sample tokens/s with and without the KV cache: GPT-2 124M (random weights after 10 steps).
+    # forge sample tokens/s with and without the KV cache: GPT-2 124M after 10 steps on the fortunes
+    # with GPT-2's own tokenizer.json (a sampled checkpoint needs its run's tokenizer).
+    FORTUNES="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}"
     timeout 200 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_sample_runs --run.name=s --train.steps=10 \
-      --eval.every=0 > "$R/sample_train.log" 2>&1
+      --eval.every=0 --data.source=files --data.files="$FORTUNES" --data.exclude='["*.dat","*.u8"]' \
+      --data.tokenizer=.fixtures/tokenizers/gpt2/tokenizer.json > "$R/sample_train.log" 2>&1; t "sample train rc=$?"
+    # One prompt, then a batch of 8 prompts of one token length, 256 tokens each, greedy.
     for c in "" --no-kv-cache; do
-      "$FORGE" sample --checkpoint /tmp/forge_sample_runs/s --prompt "The" --tokens 256 --temperature 0 --json $c \
-        2>/dev/null | "$PY" -c "import json,sys; j=json.load(sys.stdin); print('sample kv_cache', j['kv_cache'], round(j['tokens_per_s'], 1), 'tok/s')"
+      for n in 1 8; do
+        P=(); for ((k = 0; k < n; ++k)); do P+=(--prompt "The"); done
+        "$FORGE" sample --checkpoint /tmp/forge_sample_runs/s "${P[@]}" --tokens 256 --temperature 0 --json $c \
+          2> "$R/sample_err.log" > "$R/sample_${n}${c}.json"
+        "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print('sample prompts $n kv_cache', j['kv_cache'], round(j['tokens_per_s'], 1), 'tok/s')" \
+          "$R/sample_${n}${c}.json" || tail -3 "$R/sample_err.log"
+      done
     done | tee "$R/sample_speed.txt" )
 fi
 if want tb_check; then

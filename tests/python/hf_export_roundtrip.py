@@ -45,9 +45,12 @@ def main():
     }
     prompt = "The meaning of life is"
     ok = True
+    # configs/tiny.toml reads Debian's fortunes; where they are elsewhere (the GPU machine unpacks
+    # the package under .deps, scripts/gpu-check.sh), FORGE_FORTUNES_DIR says where.
+    data = [f"--data.files={os.environ['FORGE_FORTUNES_DIR']}"] if os.environ.get("FORGE_FORTUNES_DIR") else []
     for name, extra in models.items():
         run([a.forge, "train", "configs/tiny.toml", f"--run.dir={work}", f"--run.name={name}", "--run.device=cpu",
-             "--run.overwrite=true", "--train.steps=40", "--eval.every=0", *extra])
+             "--run.overwrite=true", "--train.steps=40", "--eval.every=0", *data, *extra])
         out = os.path.join(work, name + "_hf")
         run([a.forge, "export", "--checkpoint", os.path.join(work, name), "--out", out, "--dtype", "f32",
              "--max-shard-size", "1MB"])
