@@ -185,19 +185,25 @@ if want tb_check; then
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=trace --train.steps=20 \
       --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=10:12 > "$R/trace_train.log" 2>&1
     cp /tmp/forge_tb_runs/trace/trace.rank0.json "$R/" 2>/dev/null
-    "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track', collections.Counter(e.get('tid') for e in j['traceEvents'] if e['ph']=='X'))"
+    "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track and name', collections.Counter((e.get('tid'), e['name'].split(' ')[0]) for e in j['traceEvents'] if e['ph']=='X'))"
+    grep -E "cuda graph" "$R/trace_train.log"
     # A deliberately slow input pipeline (one loader worker, tiny batches): the idle warning.
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=slow --train.steps=60 \
       --train.batch_size=1 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false > "$R/slow_train.log" 2>&1
     grep -E "warning: GPU|gpu_util" "$R/slow_train.log" | head -3
     # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
-    timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=200 \
-      --eval.every=0 --checkpoint.at_end=false > /dev/null 2>&1 &
+    # (3000 steps: still training when sampled, ~25 s in; stopped right after.)
+    timeout 90 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=3000 \
+      --train.log_every=100 --eval.every=0 --checkpoint.at_end=false > "$R/top_train.log" 2>&1 &
+    TOPRUN=$!
     sleep 25
     "$FORGE" top --once --json > "$R/top.json" 2>&1; t "forge top rc=$?"
     nvidia-smi --query-gpu=index,memory.used,utilization.gpu,power.draw --format=csv | tee "$R/top_nvidia_smi.csv"
-    "$PY" -c "import json; j = json.load(open('$R/top.json')); print([(g['index'], g['memory_used_bytes'] // 2**20, g['utilization_pct'], g['power_w']) for g in j['gpus']])"
-    wait )
+    "$FORGE" top --once > "$R/top.txt" 2>&1; cat "$R/top.txt"
+    "$PY" -c "import json; j = json.load(open('$R/top.json')); print([(g['index'], g['memory_used_bytes'] // 2**20, g['utilization_pct'], g['power_w'], g['sm_active_pct'], g['tensor_active_pct']) for g in j['gpus']])"
+    kill $TOPRUN 2>/dev/null; wait
+    grep -E "GPU busy" "$R/top_train.log" | tail -2
+    grep -h '"gpu_sm_active_pct"' /tmp/forge_tb_runs/top/metrics.jsonl | tail -1 | cut -c1-600 )
 fi
 if want scale; then
   wait_bg

@@ -96,10 +96,18 @@ GraphedStep::~GraphedStep() {
 #endif
 }
 
-Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) {
+Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases,
+                               bool traced) {
   if (!enabled_) return strategy_.train_step(micro_batches, lr, phases);
 #ifdef FORGE_WITH_CUDA
   const int64_t call = replays_ + eager_ + 1;
+  if (traced && call > 1) {
+    if (traced_++ == 0)
+      log_ << "cuda graph: step " << call << " and the other steps of telemetry.profile_steps run kernel by kernel, "
+           << "so the trace times their phases (counted at the end)" << std::endl;
+    ++eager_;
+    return strategy_.train_step(micro_batches, lr, phases);
+  }
   // 1. Warm-up: everything lazy happens outside any capture.
   if (call == 1) {
     ++eager_;
@@ -169,6 +177,7 @@ Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, do
   (void)lr;
   (void)phases;
   (void)micro_batches;
+  (void)traced;
   FORGE_THROW("GraphedStep: CUDA graphs need a CUDA build");
 #endif
 }
@@ -179,6 +188,7 @@ std::string GraphedStep::summary() const {
   o << "cuda graph: " << replays_ << " step(s) replayed from the graph of step " << capture_at_ << " (" << nodes_
     << " nodes), " << eager_ << " without it (1 warm-up";
   if (reshaped_ > 0) o << ", " << reshaped_ << " with micro-batches of another shape";
+  if (traced_ > 0) o << ", " << traced_ << " traced";
   o << ")";
   return o.str();
 }

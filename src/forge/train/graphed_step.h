@@ -64,8 +64,11 @@ class GraphedStep {
   GraphedStep(const GraphedStep&) = delete;
   GraphedStep& operator=(const GraphedStep&) = delete;
 
-  // Strategy::train_step, captured and replayed as described above.
-  Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases);
+  // Strategy::train_step, captured and replayed as described above. traced: the step is in
+  // telemetry.profile_steps and runs kernel by kernel (a replay has no phases to time: its marks
+  // would all fall at the one launch); said in the log the first time.
+  Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases,
+                    bool traced = false);
 
   bool enabled() const { return enabled_; }
   // Steps launched as replays, and steps run without the graph (the first, and any with another shape).
@@ -83,7 +86,7 @@ class GraphedStep {
   std::unique_ptr<Cuda> cuda_;
   std::vector<data::Batch> static_batches_;  // the captured step's micro-batches, on the GPU
   Tensor figures_;                           // the captured step's figures
-  int64_t replays_ = 0, eager_ = 0, reshaped_ = 0;
+  int64_t replays_ = 0, eager_ = 0, reshaped_ = 0, traced_ = 0;
   size_t nodes_ = 0;
   int64_t capture_at_ = 0;  // the call that captured (1-based)
 };

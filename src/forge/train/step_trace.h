@@ -11,7 +11,9 @@
 // recorded at the marks on the compute stream and placed on the host clock at the first traced
 // step (so the GPU track lags the host track by the queue's depth). The same phases are NVTX
 // ranges ("forge: forward", ...) while tracing, so an Nsight Systems timeline reads the same way.
-// Kernels themselves are not in the file (that needs CUPTI: benchmarks/step/ktrace.cpp).
+// Kernels themselves are not in the file (that needs CUPTI: benchmarks/step/ktrace.cpp). A run
+// whose step is a CUDA graph runs the traced steps kernel by kernel (GraphedStep), since a
+// replay's phases cannot be told apart.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -32,6 +34,7 @@ class StepTrace {
   StepTrace& operator=(const StepTrace&) = delete;
 
   bool on() const { return first_ > 0; }
+  bool tracing() const { return active_; }  // the step begun last is traced
   void begin_step(int64_t step);  // before step `step`'s micro-batches are fetched
   void data_done();               // they are in hand
   void mark(int i);               // a phase mark (PhaseMarks::mark forwards it)

@@ -463,7 +463,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       micro_batches.push_back(std::move(*batch));
     }
     trace.data_done();
-    QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases))};
+    QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases, trace.tracing()))};
     trace.end_step();
     ++step;
     if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
