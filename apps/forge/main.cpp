@@ -16,6 +16,7 @@
 #include "info_command.h"
 #include "launch_command.h"
 #include "plan_command.h"
+#include "forge/core/memory_owner.h"
 #include "forge/core/error.h"
 #include "forge/train/config.h"
 
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    (void)forge::cpu_memory_limit();  // a bad FORGE_CPU_MEMORY_LIMIT is refused before any work
     if (train->parsed()) {
       train_args.overrides = split.overrides;
       train_args.resume = resume->count() > 0;

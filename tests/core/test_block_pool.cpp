@@ -15,6 +15,7 @@
 #include "core/alloc_workload.h"
 #include "forge/core/block_pool.h"
 #include "forge/core/error.h"
+#include "forge/core/memory_owner.h"
 
 namespace forge {
 namespace {
@@ -366,6 +367,80 @@ TEST(BlockPool, OutOfMemoryReleasesTheCacheAndRetriesOnceThenThrows) {
   EXPECT_EQ(pool.stats().allocated, static_cast<int64_t>(20 * MiB)) << "a failed allocation changes nothing";
   EXPECT_EQ(pool.stats().num_allocs, 2);
   pool.free(b);
+}
+
+// Note [memory owners]: the error carries a snapshot taken at the failure (before anything is
+// unwound): live bytes by the owner each block was allocated under, largest first, the request's
+// owner, the cached free bytes and the largest free block; the message names the owner and the
+// largest holders.
+TEST(BlockPool, OutOfMemoryCarriesASnapshotOfTheOwners) {
+  FakeDevice dev(40 * MiB);
+  BlockPool pool("CUDA caching allocator on cuda:3", dev.backend());
+  void *p0, *a0, *a1, *small, *gap;
+  {
+    const MemoryOwner owner("parameters");
+    p0 = pool.allocate(12 * MiB, 0);
+  }
+  {
+    const MemoryOwner owner(forward_block_owner(0));
+    a0 = pool.allocate(10 * MiB, 0);
+    {
+      const MemoryOwner inner("backward: matmul");  // the innermost scope labels
+      small = pool.allocate(3 * KiB, 0);
+    }
+    a1 = pool.allocate(10 * MiB, 0);
+  }
+  gap = pool.allocate(700 * KiB, 0);  // untagged; freed below: cached free bytes inside a segment
+  pool.free(gap);
+  const MemoryOwner failing("backward: rms_norm");
+  try {
+    (void)pool.allocate(16 * MiB, 0);
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const OutOfMemoryError& e) {
+    const MemorySnapshot& s = e.snapshot();
+    EXPECT_EQ(s.allocator, "CUDA caching allocator on cuda:3");
+    EXPECT_EQ(s.requested, static_cast<int64_t>(16 * MiB));
+    EXPECT_EQ(s.failed_owner, "backward: rms_norm");
+    ASSERT_EQ(s.live.size(), 3u);
+    EXPECT_EQ(s.live[0].owner, "forward: block 0");
+    EXPECT_EQ(s.live[0].blocks, 2);
+    EXPECT_EQ(s.live[0].bytes, static_cast<int64_t>(20 * MiB));
+    EXPECT_EQ(s.live[1].owner, "parameters");
+    EXPECT_EQ(s.live[1].bytes, static_cast<int64_t>(12 * MiB));
+    EXPECT_EQ(s.live[2].owner, "backward: matmul");
+    EXPECT_EQ(s.live[2].bytes, static_cast<int64_t>(3 * KiB));
+    EXPECT_EQ(s.stats.allocated, static_cast<int64_t>(32 * MiB + 3 * KiB));
+    EXPECT_GT(s.cached_free_bytes, 0);
+    EXPECT_GE(s.cached_free_bytes, s.largest_free_block);
+    EXPECT_EQ(s.segments, static_cast<int64_t>(pool.segment_count()));
+    EXPECT_EQ(s.device_total, static_cast<int64_t>(40 * MiB));  // the fake device's memory_info
+    const std::string msg = e.what();
+    for (const char* part : {"for backward: rms_norm", "most: forward: block 0", "parameters", "largest free block"})
+      EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in: " << msg;
+  }
+  for (void* p : {p0, a0, a1, small}) pool.free(p);
+}
+
+TEST(MemoryOwner, LabelsNestAndAreInternedOnce) {
+  EXPECT_EQ(current_memory_owner(), nullptr);
+  EXPECT_EQ(intern_memory_owner("optimizer"), intern_memory_owner(std::string("optim") + "izer"));
+  EXPECT_EQ(forward_block_owner(5), intern_memory_owner("forward: block 5"));
+  {
+    const MemoryOwner a("data");
+    EXPECT_STREQ(current_memory_owner(), "data");
+    {
+      const MemoryOwner b(forward_block_owner(2));
+      EXPECT_STREQ(current_memory_owner(), "forward: block 2");
+    }
+    EXPECT_STREQ(current_memory_owner(), "data");
+  }
+  EXPECT_EQ(current_memory_owner(), nullptr);
+  const auto by = bytes_by_owner({{nullptr, 5}, {intern_memory_owner("x"), 7}, {nullptr, 4}});
+  ASSERT_EQ(by.size(), 2u);
+  EXPECT_EQ(by[0].owner, "(untagged)");
+  EXPECT_EQ(by[0].bytes, 9);
+  EXPECT_EQ(by[0].blocks, 2);
+  EXPECT_EQ(by[1].owner, "x");
 }
 
 TEST(BlockPool, DestructorReleasesEverySegmentAndEvent) {

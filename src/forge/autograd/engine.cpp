@@ -1,5 +1,10 @@
 #include "forge/autograd/engine.h"
 
+#include <string>
+#include <unordered_map>
+
+#include "forge/core/memory_owner.h"
+
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -144,6 +149,12 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
         struct ClearPending {
           ~ClearPending() { t_pending_input_grad = Tensor(); }
         } clear_pending;
+        // Note [memory owners]: what this node allocates is "backward: <its op>".
+        thread_local std::unordered_map<std::string, const char*> labels;
+        const std::string op = node->name();
+        auto label = labels.find(op);
+        if (label == labels.end()) label = labels.emplace(op, intern_memory_owner("backward: " + op)).first;
+        const MemoryOwner owner(label->second);
         out = node->apply(g);
         if (t_pending_input_grad.defined()) buffers[fused] = std::move(t_pending_input_grad);  // not taken: added as usual
       }

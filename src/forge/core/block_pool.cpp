@@ -84,6 +84,7 @@ void* BlockPool::allocate(size_t nbytes, StreamId stream) {
     insert_free(rest);
   }
   b->allocated = true;
+  b->owner = current_memory_owner();
   live_.emplace(b->ptr, b);
   stats_.allocated += static_cast<int64_t>(b->size);
   raise_peak(stats_.allocated, stats_.peak_allocated);
@@ -273,20 +274,54 @@ size_t BlockPool::pending_blocks() const {
   return blocks.size();
 }
 
+MemorySnapshot BlockPool::snapshot() const {
+  MemorySnapshot s;
+  s.allocator = name_;
+  s.stats = stats_;
+  s.segments = static_cast<int64_t>(segments_.size());
+  for (const FreeSet* pool : {&small_, &large_})
+    for (const Block* b : *pool) {
+      s.cached_free_bytes += static_cast<int64_t>(b->size);
+      s.largest_free_block = std::max(s.largest_free_block, static_cast<int64_t>(b->size));
+    }
+  s.pending_blocks = static_cast<int64_t>(pending_.size());
+  std::vector<std::pair<const char*, int64_t>> blocks;
+  blocks.reserve(live_.size());
+  for (const auto& [p, b] : live_) blocks.emplace_back(b->owner, static_cast<int64_t>(b->size));
+  s.live = bytes_by_owner(blocks);
+  return s;
+}
+
 void BlockPool::throw_out_of_memory(size_t requested, size_t rounded, size_t segment) const {
+  MemorySnapshot snap = snapshot();
+  snap.requested = static_cast<int64_t>(requested);
+  const char* owner = current_memory_owner();
+  snap.failed_owner = owner ? owner : "(untagged)";
   std::string device = "unknown";
   if (backend_.memory_info) {
     try {
       const auto [free_b, total_b] = backend_.memory_info();
-      if (total_b > 0) device = format_bytes(free_b) + " free of " + format_bytes(total_b);
+      if (total_b > 0) {
+        device = format_bytes(free_b) + " free of " + format_bytes(total_b);
+        snap.device_free = static_cast<int64_t>(free_b);
+        snap.device_total = static_cast<int64_t>(total_b);
+      }
     } catch (...) {
     }
   }
-  FORGE_THROW(name_, ": out of memory: tried to allocate ", format_bytes(requested), " (rounded to ", rounded,
-              ", a new segment of ", format_bytes(segment), ") after releasing every cached segment; in use: ",
-              format_bytes(static_cast<size_t>(stats_.allocated)), " allocated in live tensors, ",
-              format_bytes(static_cast<size_t>(stats_.reserved)), " reserved by this allocator; device memory: ",
-              device, ". Free tensors you no longer need, or lower the batch size / sequence length.");
+  std::string held;  // the three largest owners
+  for (size_t i = 0; i < snap.live.size() && i < 3; ++i)
+    held += (i ? ", " : "") + snap.live[i].owner + " " + format_bytes(static_cast<size_t>(snap.live[i].bytes));
+  std::string what =
+      detail::concat(name_, ": out of memory: tried to allocate ", format_bytes(requested), " for ", snap.failed_owner,
+                     " (rounded to ", rounded, ", a new segment of ", format_bytes(segment),
+                     ") after releasing every cached segment; in use: ",
+                     format_bytes(static_cast<size_t>(stats_.allocated)), " allocated in live tensors (most: ",
+                     held.empty() ? "none" : held, "), ", format_bytes(static_cast<size_t>(stats_.reserved)),
+                     " reserved by this allocator, the largest free block ",
+                     format_bytes(static_cast<size_t>(snap.largest_free_block)), "; device memory: ", device,
+                     ". Free tensors you no longer need, or lower the batch size / sequence length.");
+  throw OutOfMemoryError(what, std::move(snap));
 }
 
 }  // namespace forge

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "forge/core/allocator.h"
+#include "forge/core/memory_owner.h"
 
 namespace forge {
 
@@ -122,6 +123,9 @@ class BlockPool {
 
   MemoryStats stats() const;
   void reset_peak();  // peak_allocated = allocated, peak_reserved = reserved
+  // Live bytes by owner, segments, cached free bytes and the largest free block (Note [memory
+  // owners]); the request fields are left empty.
+  MemorySnapshot snapshot() const;
 
   // For tests and diagnostics: the rounded size of the live block at `ptr` (0 if none), the
   // number of freed blocks waiting for events, the number of segments held.
@@ -144,6 +148,7 @@ class BlockPool {
     bool allocated = false;
     Block* prev = nullptr;  // neighbours within the segment, by address
     Block* next = nullptr;
+    const char* owner = nullptr;         // Note [memory owners] (core/memory_owner.h)
     int pending_events = 0;              // freed, waiting for this many events
     std::vector<StreamId> stream_uses;   // record_stream()
     std::vector<EventId> events;         // add_event()

@@ -1,5 +1,7 @@
 #include "forge/nn/gpt.h"
 
+#include "forge/core/memory_owner.h"
+
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -139,6 +141,7 @@ Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
   if (config.checkpoint_activations && is_training()) {
     Tensor x = in.materialize();
     for (int64_t i = begin; i < end; ++i) {
+      const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
       const GPTBlock* b = h[static_cast<size_t>(i)].get();
       if (hooks) hooks->before_block(static_cast<int>(i));
       x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
@@ -148,6 +151,7 @@ Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
   }
   Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
   for (int64_t i = begin; i < end; ++i) {
+    const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
     if (hooks) hooks->before_block(static_cast<int>(i));
     std::tie(x, pending) = block_pending(*h[static_cast<size_t>(i)], x, pending);
     if (hooks) {

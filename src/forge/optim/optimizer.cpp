@@ -3,6 +3,8 @@
 // names; the update rules live in sgd.cpp and adamw.cpp.
 #include "forge/optim/optimizer.h"
 
+#include "forge/core/memory_owner.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -92,6 +94,8 @@ void Optimizer::check_groups(const std::vector<ParamGroup>& groups) const {
 void Optimizer::step() { step(Tensor()); }
 
 void Optimizer::step(const Tensor& skip_if) {
+  static const char* label = intern_memory_owner("optimizer");  // Note [memory owners]
+  const MemoryOwner owner(label);
   check_groups(groups_);
   // Every check before the first parameter changes, so a bad step leaves all of them as they were.
   bool cpu_grads = false;

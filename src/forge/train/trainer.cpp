@@ -18,6 +18,7 @@
 #include "forge/core/allocator.h"
 #include "forge/core/env.h"
 #include "forge/core/error.h"
+#include "forge/core/memory_owner.h"
 #include "forge/dist/env.h"
 #include "forge/dist/mesh.h"
 #include "forge/dist/numa.h"
@@ -36,6 +37,7 @@
 #include "forge/train/graphed_step.h"
 #include "forge/train/hf_model.h"
 #include "forge/train/layout.h"
+#include "forge/train/oom_report.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/step_trace.h"
 #include "forge/train/run_checkpoint.h"
@@ -217,9 +219,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   try {
     task->prepare_data(ck, ck_path, log);
     manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    Model& m = task->model();
     // Initialised on the CPU (the same weights whatever the device; split over the
     // tensor-parallel group when dist.tp > 1), then moved and cast once.
+    const MemoryOwner owner("parameters");  // Note [memory owners]
+    Model& m = task->model();
     split_model_for_layout(cfg, layout, mesh, m, log);
     m.module->to(device, dtype);
     if (ck) {
@@ -262,7 +265,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
         << " tensors; step 0, a fresh optimizer)\n";
     init_weights.reset();
   }
-  const std::unique_ptr<Strategy> strategy = make_strategy(cfg, layout, mesh, model, dtype, log);
+  const std::unique_ptr<Strategy> strategy = [&] {
+    const MemoryOwner owner("parameters: the strategy's copies and buffers");  // (master weights, ZeRO shards, buckets)
+    return make_strategy(cfg, layout, mesh, model, dtype, log);
+  }();
   if (ck) strategy->load_checkpoint(*ck, ck_path);
   log << strategy->describe() << "\n";
   const bool evaluates = strategy->evaluates();
@@ -457,6 +463,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     int64_t step_units = 0;
     trace.begin_step(step + 1);
     for (int64_t k = 0; k < K; ++k) {
+      static const char* data_label = intern_memory_owner("data");
+      const MemoryOwner owner(data_label);
       auto batch = loader.next();
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly at step ", step + 1);
       step_units += batch->targets.numel();
@@ -556,7 +564,14 @@ std::unique_ptr<Task> make_task(RunConfig& cfg, const dist::Layout& layout, bool
 
 TrainResult run_training(const RunConfig& cfg, const TrainOptions& opt, std::ostream& log) {
   validate(cfg);
-  return train(cfg, opt, log);
+  try {
+    return train(cfg, opt, log);
+  } catch (const OutOfMemoryError& e) {  // Note [memory owners]: what held the memory, and the plan
+    const std::string path = write_oom_report(e, cfg);
+    if (path.empty()) throw;
+    throw Error(std::string(e.what()) + "\nThe device's memory at the failure, by owner, beside forge plan's "
+                "prediction for this config: " + path);
+  }
 }
 
 }  // namespace forge::train
