@@ -51,6 +51,12 @@ const std::vector<Spec>& table() {
        .meaning = "NUMA binding of a rank's threads and host memory: auto (with 2+ nodes, unless mpirun/srun "
                   "bound it), numa, none; forge launch --bind sets it (docs/dist.md)",
        .choices = {"auto", "numa", "none"}},
+      {.name = "FORGE_CPU_MEMORY_LIMIT",
+       .kind = Kind::string,
+       .category = Category::debugging,
+       .default_value = "",
+       .meaning = "a byte limit for the CPU allocator (512MB, 2GiB, ...): beyond it allocations fail as on a "
+                  "full GPU, with the out-of-memory snapshot (Note [memory owners]; docs/train.md)"},
       {.name = "FORGE_CUDA_ALLOC",
        .kind = Kind::choice,
        .category = Category::debugging,

@@ -1,6 +1,8 @@
 // Memory owners and out-of-memory snapshots (Note [memory owners] in memory_owner.h).
 #include "forge/core/memory_owner.h"
 
+#include "forge/core/env.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -58,9 +60,8 @@ std::vector<OwnerBytes> bytes_by_owner(const std::vector<std::pair<const char*, 
 
 std::optional<int64_t> cpu_memory_limit() {
   static const std::optional<int64_t> limit = []() -> std::optional<int64_t> {
-    const char* v = std::getenv("FORGE_CPU_MEMORY_LIMIT");
-    if (v == nullptr || *v == '\0') return std::nullopt;
-    const std::string s(v);
+    const std::string s = env::string("FORGE_CPU_MEMORY_LIMIT");
+    if (s.empty()) return std::nullopt;
     size_t end = 0;
     double n = 0;
     try {
