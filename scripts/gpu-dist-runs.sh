@@ -192,6 +192,12 @@ if want tb_check; then
       --train.batch_size=1 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false > "$R/slow_train.log" 2>&1
     grep -E "warning: GPU|gpu_util" "$R/slow_train.log" | head -3
     # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
+    # A deliberately oversized batch: the out-of-memory error and its snapshot beside the plan.
+    timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=oom --train.batch_size=512 \
+      --train.steps=3 --eval.every=0 --checkpoint.at_end=false > "$R/oom_train.log" 2>&1; t "oom run rc=$? (non-zero expected)"
+    grep -E "out of memory|oom_snapshot" "$R/oom_train.log" | cut -c1-400 | head -3
+    cp /tmp/forge_tb_runs/oom/oom_snapshot.rank0.json "$R/" 2>/dev/null
+    "$PY" -c "import json; j=json.load(open('$R/oom_snapshot.rank0.json')); print('oom owner', j['failed_owner'], j['requested_bytes'], 'live', [(o['owner'], round(o['bytes']/1e9, 2)) for o in j['live_by_owner'][:6]], 'plan', j.get('plan', {}).get('memory_per_gpu_bytes', {}).get('total'), j.get('plan', {}).get('fits'), j.get('plan_error'))"
     # (3000 steps: still training when sampled, ~25 s in; stopped right after.)
     timeout 90 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=3000 \
       --train.log_every=100 --eval.every=0 --checkpoint.at_end=false > "$R/top_train.log" 2>&1 &
