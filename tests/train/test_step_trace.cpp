@@ -1,5 +1,6 @@
 // telemetry.profile_steps (Note [step trace], train/step_trace.h): a CPU run writes a Chrome trace
-// of exactly the steps asked for, each step's data and phases inside its span in order; a bad
+// of exactly the steps asked for, each step's data and phases inside its span in order, and the
+// blocks' forward and backward ranges and the optimizer's inside it too; a bad
 // range is refused with the key's name before any work.
 #include <gtest/gtest.h>
 
@@ -46,7 +47,15 @@ TEST(StepTrace, ACpuRunTracesTheStepsAskedFor) {
     std::vector<std::string> names;
     double at = span["ts"].get<double>();
     const double end = at + span["dur"].get<double>();
+    std::map<std::string, int> ranges;  // core/trace_range.h: blocks' forward and backward, the optimizer
     for (const auto& e : inside[s]) {
+      const std::string name = e["name"];
+      if (name.rfind("forward: ", 0) == 0 || name.rfind("backward: ", 0) == 0 || name == "optimizer") {
+        ++ranges[name];
+        EXPECT_GE(e["ts"].get<double>(), span["ts"].get<double>() - 1e-6) << name;
+        EXPECT_LE(e["ts"].get<double>() + e["dur"].get<double>(), end + 1e-6) << name;
+        continue;
+      }
       names.push_back(e["name"]);
       EXPECT_GE(e["ts"].get<double>(), at - 1e-6) << e["name"];  // in order, inside the step
       at = e["ts"].get<double>() + e["dur"].get<double>();
@@ -54,6 +63,10 @@ TEST(StepTrace, ACpuRunTracesTheStepsAskedFor) {
     }
     EXPECT_EQ(names, (std::vector<std::string>{"data", "forward (last micro-batch)", "backward (last micro-batch)",
                                                "gradient reductions (wait)", "loss, norm and clip", "update"}))
+        << "step " << s;
+    // Two micro-batches through the tiny GPT's 2 blocks, forward and backward; one update.
+    EXPECT_EQ(ranges, (std::map<std::string, int>{{"forward: block 0", 2}, {"forward: block 1", 2},
+                                                  {"backward: block 0", 2}, {"backward: block 1", 2}, {"optimizer", 1}}))
         << "step " << s;
   }
   // A bad range names the key and the fix, before any work.

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 
 #include <queue>
 #include <unordered_map>
@@ -124,9 +125,27 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
   }
 
   NoGradGuard no_grad;
+  // Trace ranges "backward: block i" (core/trace_range.h): opened when the next node belongs to
+  // another block than the one open, closed at the end (only while a sink is installed). Nodes of
+  // no block (parameters' gradient accumulation, the head's, the embedding's) leave the open
+  // range as it is: they run between a block's nodes and would cut its range into pieces.
+  struct BlockRanges {
+    trace::RangeSink* sink = trace::sink();
+    int64_t open = -1;
+    void at(int64_t block) {
+      if (!sink || block < 0 || block == open) return;
+      if (open >= 0) sink->end_range();
+      if (block >= 0) sink->begin_range(trace::backward_block_name(block));
+      open = block;
+    }
+    ~BlockRanges() {
+      if (sink && open >= 0) sink->end_range();
+    }
+  } block_ranges;
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();
+    block_ranges.at(node->block);
     Tensor g;
     if (auto it = buffers.find(node.get()); it != buffers.end()) {
       g = std::move(it->second);

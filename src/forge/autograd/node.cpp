@@ -1,5 +1,7 @@
 #include "forge/autograd/node.h"
 
+#include "forge/core/trace_range.h"
+
 #include "forge/autograd/grad_mode.h"
 
 namespace forge::autograd {
@@ -82,6 +84,7 @@ Tensor& record(const char* name, Tensor& out, const TensorList& inputs, Backward
               " output");
   FORGE_CHECK(!out.grad_fn(), name, ": internal error: output already has history");
   auto node = std::make_shared<FunctionNode>(std::string(name) + "Backward", std::move(fn));
+  node->block = trace::current_block();
   for (const auto& t : saved) node->watch_saved(t);
   node->next_edges.reserve(inputs.size());
   node->input_meta.reserve(inputs.size());

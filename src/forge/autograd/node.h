@@ -52,6 +52,9 @@ class Node {
   int fuse_input_grad = -1;
   // Creation order: the engine prefers later nodes when several are ready, like PyTorch.
   uint64_t sequence_nr;
+  // The transformer block whose forward recorded this node (-1: none; core/trace_range.h): the
+  // engine's "backward: block i" trace ranges.
+  int64_t block = -1;
 };
 
 // The mask handed to backward functions: need[i] is false when input i needs no gradient,

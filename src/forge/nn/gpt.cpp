@@ -1,6 +1,7 @@
 #include "forge/nn/gpt.h"
 
 #include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 
 #include <cmath>
 #include <tuple>
@@ -142,6 +143,7 @@ Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
     Tensor x = in.materialize();
     for (int64_t i = begin; i < end; ++i) {
       const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+      const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
       const GPTBlock* b = h[static_cast<size_t>(i)].get();
       if (hooks) hooks->before_block(static_cast<int>(i));
       x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
@@ -152,6 +154,7 @@ Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
   Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
   for (int64_t i = begin; i < end; ++i) {
     const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+    const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
     if (hooks) hooks->before_block(static_cast<int>(i));
     std::tie(x, pending) = block_pending(*h[static_cast<size_t>(i)], x, pending);
     if (hooks) {

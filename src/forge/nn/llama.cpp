@@ -1,6 +1,7 @@
 #include "forge/nn/llama.h"
 
 #include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 
 #include <cmath>
 
@@ -96,6 +97,7 @@ Stream Llama::blocks(const Stream& in, int64_t begin, int64_t end) const {
   BlockHooks* hooks = block_hooks.get();
   for (int64_t i = begin; i < end; ++i) {
     const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+    const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
     const LlamaBlock* b = layers[static_cast<size_t>(i)].get();
     if (hooks) hooks->before_block(static_cast<int>(i));
     if (config.checkpoint_activations && is_training()) {

@@ -4,6 +4,7 @@
 #include "forge/optim/optimizer.h"
 
 #include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 
 #include <algorithm>
 #include <cmath>
@@ -96,6 +97,7 @@ void Optimizer::step() { step(Tensor()); }
 void Optimizer::step(const Tensor& skip_if) {
   static const char* label = intern_memory_owner("optimizer");  // Note [memory owners]
   const MemoryOwner owner(label);
+  const trace::Range traced(label);
   check_groups(groups_);
   // Every check before the first parameter changes, so a bad step leaves all of them as they were.
   bool cpu_grads = false;

@@ -25,6 +25,7 @@ struct StepTrace::Device_ {
 #ifdef FORGE_WITH_CUDA
   std::unique_ptr<cuda::Event> base;  // recorded with t0_
   std::vector<std::vector<cuda::Event>> marks;  // per traced step
+  std::vector<std::vector<std::pair<cuda::Event, cuda::Event>>> ranges;  // per traced step, as Step::ranges
 #endif
 };
 
@@ -64,9 +65,39 @@ void StepTrace::begin_step(int64_t step) {
     }
 #endif
   }
-  steps_.push_back({step, Clock::now(), {}, {}, {}});
+  steps_.push_back({step, Clock::now(), {}, {}, {}, {}, {}});
 #ifdef FORGE_WITH_CUDA
-  if (device_.is_cuda()) dev_->marks.emplace_back();
+  if (device_.is_cuda()) dev_->marks.emplace_back(), dev_->ranges.emplace_back();
+#endif
+  trace::set_sink(this);
+}
+
+void StepTrace::begin_range(const char* name) {
+  if (!active_) return;
+  Step& s = steps_.back();
+  s.open.push_back(s.ranges.size());
+  s.ranges.push_back({name, Clock::now(), {}});
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda()) {
+    auto& r = dev_->ranges.back();
+    r.emplace_back(cuda::Event(true), cuda::Event(true));
+    r.back().first.record(cuda::Stream::current(static_cast<int>(device_.index)));
+    nvtxRangePushA(name);
+  }
+#endif
+}
+
+void StepTrace::end_range() {
+  if (!active_ || steps_.back().open.empty()) return;
+  Step& s = steps_.back();
+  const size_t i = s.open.back();
+  s.open.pop_back();
+  s.ranges[i].end = Clock::now();
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda()) {
+    dev_->ranges.back()[i].second.record(cuda::Stream::current(static_cast<int>(device_.index)));
+    nvtxRangePop();
+  }
 #endif
 }
 
@@ -92,6 +123,8 @@ void StepTrace::mark(int i) {
 
 void StepTrace::end_step() {
   if (!active_) return;
+  while (!steps_.back().open.empty()) end_range();
+  trace::set_sink(nullptr);
   steps_.back().end = Clock::now();
 #ifdef FORGE_WITH_CUDA
   while (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
@@ -115,6 +148,7 @@ std::string StepTrace::write() {
     span("step " + std::to_string(s.step), 1, us(s.begin), us(s.end), args);
     if (s.data != Clock::time_point{}) span("data", 1, us(s.begin), us(s.data), args);
     for (size_t i = 0; i + 1 < s.marks.size(); ++i) span(kPhase[i], 1, us(s.marks[i]), us(s.marks[i + 1]), args);
+    for (const Range& r : s.ranges) span(r.name, 1, us(r.begin), us(r.end), args);
   }
 #ifdef FORGE_WITH_CUDA
   if (device_.is_cuda() && dev_->base) {
@@ -128,6 +162,12 @@ std::string StepTrace::write() {
       for (const auto& e : m) t.push_back(1e3 * static_cast<double>(dev_->base->elapsed_ms(e)));
       span("step " + std::to_string(steps_[k].step), 2, t.front(), t.back(), args);
       for (size_t i = 0; i + 1 < t.size(); ++i) span(kPhase[i], 2, t[i], t[i + 1], args);
+      if (k < dev_->ranges.size())
+        for (size_t i = 0; i < dev_->ranges[k].size() && i < steps_[k].ranges.size(); ++i) {
+          const auto& [b, e] = dev_->ranges[k][i];
+          span(steps_[k].ranges[i].name, 2, 1e3 * static_cast<double>(dev_->base->elapsed_ms(b)),
+               1e3 * static_cast<double>(dev_->base->elapsed_ms(e)), args);
+        }
     }
   }
 #endif

@@ -7,7 +7,9 @@
 // its micro-batches ("data") and the phases between the strategy's marks (train/phase_marks.h:
 // forward and backward of the last micro-batch, waiting for the gradient reductions, loss/norm/
 // clip, update), in host time: on a CPU that is the work itself, on a GPU the time the host
-// spent queueing it. On a GPU a second track has the same phases in device time, from CUDA events
+// spent queueing it. Inside the phases, the ranges of core/trace_range.h: each transformer block's
+// forward and backward ("forward: block i", "backward: block i") and the optimizer's update.
+// On a GPU a second track has the same phases and ranges in device time, from CUDA events
 // recorded at the marks on the compute stream and placed on the host clock at the first traced
 // step (so the GPU track lags the host track by the queue's depth). The same phases are NVTX
 // ranges ("forge: forward", ...) while tracing, so an Nsight Systems timeline reads the same way.
@@ -22,10 +24,13 @@
 #include <vector>
 
 #include "forge/core/device.h"
+#include "forge/core/trace_range.h"
 
 namespace forge::train {
 
-class StepTrace {
+// While a traced step runs, the trace is the thread's trace::RangeSink: the blocks' forward and
+// backward ranges and the optimizer's (core/trace_range.h) go on both tracks, nested in the phases.
+class StepTrace : public trace::RangeSink {
  public:
   // spec "A:B" ("" = off; checked by the config); out: the file to write.
   StepTrace(Device device, const std::string& spec, std::filesystem::path out, int rank);
@@ -39,6 +44,8 @@ class StepTrace {
   void data_done();               // they are in hand
   void mark(int i);               // a phase mark (PhaseMarks::mark forwards it)
   void end_step();                // the step is queued (the host's part is done)
+  void begin_range(const char* name) override;
+  void end_range() override;
   // Writes the trace (after the last traced step; later calls do nothing). Returns the path, or "".
   std::string write();
 
@@ -47,10 +54,16 @@ class StepTrace {
 
  private:
   using Clock = std::chrono::steady_clock;
+  struct Range {
+    const char* name = nullptr;
+    Clock::time_point begin, end;
+  };
   struct Step {
     int64_t step = 0;
     Clock::time_point begin, data, end;
     std::vector<Clock::time_point> marks;  // host time at each mark
+    std::vector<Range> ranges;             // in the order they began
+    std::vector<size_t> open;              // indices of the ranges not ended yet
   };
   struct Device_;  // the CUDA events (GPU runs)
   double us(Clock::time_point t) const;
