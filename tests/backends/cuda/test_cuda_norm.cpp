@@ -2,10 +2,12 @@
 // rms_norm and add_layer_norm, forward and backward through autograd, in f32, bf16, f16 and
 // f64. Widths 768 (GPT-2), 1000 and 999 (999: not a multiple of any vector width, so the
 // scalar path runs; 1000 is a multiple of 8 and takes the vector path), 3 and 4096 (wider than
-// the 1024 columns a warp keeps in registers: the re-reading path and the separate
-// weight/bias-gradient kernel); 1 and 513 rows, and 70001 rows (more rows than the backward's
-// 1024 partial sums: warps walk several rows). Non-contiguous, unaligned and parameter-less
-// inputs, and every combination of needed gradients.
+// the 1024 columns a warp keeps in registers: the block-per-row backward of norm_wide.cu for
+// f32/bf16/f16, the re-reading path and the separate weight/bias-gradient kernel for f64); 1
+// and 513 rows, and 70001 rows (more rows than the backward's 1024 partial sums: warps walk
+// several rows). WideRowsBackwardMatchesTheCpu covers the block-per-row backward's widths and
+// row counts. Non-contiguous, unaligned and parameter-less inputs, and every combination of
+// needed gradients.
 //
 // Every comparison is ||gpu - cpu|| / ||cpu|| with the tolerances of cuda_testing.h (f32 1e-5,
 // bf16/f16 1e-2, f64 1e-12), on random inputs (never zeros).
@@ -217,7 +219,7 @@ TEST_P(CudaNorm, BackwardAddsTheResidualGradient) {
   FORGE_SKIP_WITHOUT_GPU();
   const DType dt = GetParam();
   const double tol = dt == DType::f64 ? 1e-13 : (dt == DType::f32 ? 1e-6 : 1e-2);
-  for (int64_t C : {768, 2048, 999}) {
+  for (int64_t C : {768, 2048, 999, 4096}) {
     for (bool rms : {false, true}) {
       const std::string what = std::string(rms ? "rms_norm" : "layer_norm") + " C=" + std::to_string(C);
       const int64_t R = 300;
@@ -262,6 +264,43 @@ TEST_P(CudaNorm, BackwardAddsTheResidualGradient) {
                        {host_input({4, 33, 768}, Domain::real, dt, 910), host_input({768}, Domain::positive, dt, 911)},
                        {true, true}, block, dt, tolerance(dt), 912);
   }
+}
+
+// Rows wider than the 1024 columns a warp keeps in registers, in whole 16-byte vectors: the
+// block-per-row backward (norm_wide.cu: dx and the weight/bias gradients in one pass, for f32,
+// bf16 and f16; f64 and f32 at 8192 take the older path). LLaMA's 2048 and 4096; 8192 (the
+// widest bf16/f16 row it takes: 1024-thread blocks); 3000 and 1032 (threads of the block past
+// the row's end). 37 rows (one a block) and 1100 (more rows than blocks: each walks several).
+// Every gradient; the weight and bias gradients alone (no dx: the kernel's sums-only mode); and
+// a residual stream, so the norm's pending input gradient reaches the kernel as dx_add.
+TEST_P(CudaNorm, WideRowsBackwardMatchesTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const double tol = tolerance(dt);
+  uint64_t seed = 1000;
+  for (int64_t C : {2048, 4096, 8192, 3000, 1032})
+    for (int64_t R : {37, 1100}) {
+      const std::string w = " [" + std::to_string(R) + ", " + std::to_string(C) + "]";
+      const Tensor x = host_input({R, C}, Domain::real, dt, seed);
+      const Tensor wt = host_input({C}, Domain::positive, dt, seed + 1), b = host_input({C}, Domain::real, dt, seed + 2);
+      expect_same_on_gpu("layer_norm" + w, {x, wt, b}, {true, true, true}, kLayerNorm, dt, tol, seed + 3);
+      expect_same_on_gpu("rms_norm" + w, {x, wt}, {true, true}, kRmsNorm, dt, tol, seed + 4);
+      expect_same_on_gpu("layer_norm dweight and dbias only" + w, {x, wt, b}, {false, true, true}, kLayerNorm, dt, tol,
+                         seed + 5);
+      expect_same_on_gpu("rms_norm dweight only" + w, {x, wt}, {false, true}, kRmsNorm, dt, tol, seed + 6);
+      for (bool rms : {false, true}) {
+        const Fn block = [rms](const TensorList& in) {
+          Tensor n = rms ? ops::rms_norm(in[0], in[1]) : ops::layer_norm(in[0], in[1], in[2]);
+          return ops::add(ops::mul(ops::tanh(n), 0.5), in[0]);  // x + f(norm(x))
+        };
+        expect_same_on_gpu(std::string(rms ? "residual stream through rms_norm" : "residual stream through layer_norm") +
+                               w,
+                           rms ? TensorList{x, wt} : TensorList{x, wt, b},
+                           rms ? std::vector<bool>{true, true} : std::vector<bool>{true, true, true}, block, dt, tol,
+                           seed + 7);
+      }
+      seed += 10;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaNorm, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),

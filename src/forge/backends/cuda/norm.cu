@@ -54,8 +54,28 @@
 //     its 8 warps' slices column by column in warp order and writes one partial row (C) of the
 //     scratch. (Keeping the sums in registers instead needs ~170 registers a thread, one
 //     block per SM; shared memory keeps the kernel near 120 registers, two to three blocks.)
-//   C > kRegisterWidth: the dx kernel computes dx only; norm_param_grad_kernel then re-reads
-//     dy and x in (32 columns x a slice of rows) tiles, one partial row per slice.
+//   C > kRegisterWidth in whole aligned vectors, up to 1024 of them (bf16/f16: 8192 columns,
+//     f32: 4096): a block per row instead (norm_backward_wide_kernel, norm_wide.cu), dx and the
+//     column sums in one pass. Thread t of a 256-, 512- or 1024-thread block (the smallest that
+//     covers the row) owns the row's vector t and keeps its weight and its column sums of
+//     dy * xhat and dy in registers; a row's sums of g and g * xhat go through warp butterflies,
+//     then every thread adds the warp sums from shared memory in warp order (the same bits
+//     everywhere). Block b walks rows b, b + P, ... (P = min(R, 512) for 256-thread blocks,
+//     min(R, 256) for wider ones: R and C alone) and writes one partial row.
+//     Why: the warp-per-row kernel holds only 1024 columns in registers, re-reads the rest at
+//     low occupancy, and the gradients then cost a second pass over dy and x
+//     (norm_param_grad_kernel): ~1 TB/s. On an H200, R = 8192, with dx_add and dweight
+//     (counting the reads of x, dy, dx_add and the write of dx; column_sum_kernel included),
+//     old -> new: bf16 rms C = 2048 148 -> 48 us (0.9 -> 2.8 TB/s), C = 4096 269 -> 89 us
+//     (3.0 TB/s), C = 8192 533 -> 189 us (2.8 TB/s); layer norm (dweight and dbias) C = 4096
+//     295 -> 100 us; f32 rms C = 4096 359 -> 156 us (3.5 TB/s). bf16 stays below f32 and the
+//     ~4.3 TB/s of a copy, likely issue-bound by the software 16-bit conversions (Note [16-bit
+//     conversions], core/half.h; not profiled). Measured and dropped: 256 threads with 2 or 4
+//     vectors each (more registers, fewer warps: up to 1.6x slower at C = 8192), and loading
+//     the next row before the current row's reduction (likewise slower).
+//   Other rows wider than kRegisterWidth (scalar, f64, wider still): the dx kernel computes dx
+//     only; norm_param_grad_kernel then re-reads dy and x in (32 columns x a slice of rows) tiles,
+//     one partial row per slice.
 // column_sum_kernel finally adds the P partials of each column in a fixed order (in f64; both
 // gradients in one launch) and rounds to T. The result is bit-identical from run to run and
 // independent of the GPU's SM count.
@@ -66,9 +86,9 @@
 // Performance notes: the forward reads x and writes y (add_layer_norm: reads x and residual,
 // writes h and y); the backward reads x and dy once and writes dx once, plus (fused path)
 // P x C x 4 bytes of partials per parameter gradient written and read back (P = 256 for
-// R = 16384: 0.8 MB at C = 768, next to the 75 MB a bf16 backward moves). Wide rows
-// (C > 1024) would be better served by a block per row; they are correct here but not tuned
-// (LLaMA widths: see docs/cuda-kernels.md).
+// R = 16384: 0.8 MB at C = 768, next to the 75 MB a bf16 backward moves; the wide kernel's
+// at most 512 partial rows are 4 MB at C = 2048 against 134 MB for R = 8192 with dx_add).
+// LLaMA widths: see docs/cuda-kernels.md.
 #include "forge/backends/cuda/norm.h"
 
 #include <algorithm>
@@ -78,6 +98,7 @@
 #include <type_traits>
 
 #include "forge/backends/cuda/loops.cuh"
+#include "forge/backends/cuda/norm_wide.cuh"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/convert.h"
@@ -86,7 +107,11 @@
 namespace forge::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
+using norm_detail::kWarpSize;
+using norm_detail::load_vec;
+using norm_detail::store_vec;
+using norm_detail::warp_sum;
+
 constexpr int kRowWarps = 8;  // rows in flight per block (one per warp)
 constexpr int kRowThreads = kRowWarps * kWarpSize;
 // Columns a warp holds in registers: 32 lanes x kCache vectors x V elements.
@@ -101,25 +126,10 @@ constexpr int kTileRows = 8;
 
 template <int V> constexpr int cache_vecs() { return static_cast<int>(kRegisterWidth / (kWarpSize * V)); }
 
-template <class A> __device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Correctly rounded 1 / sqrt (sqrtf and the division are IEEE-rounded without fast math).
 template <class A> __device__ __forceinline__ A inv_sqrt(A v) {
   if constexpr (std::is_same_v<A, float>) return 1.0f / sqrtf(v);
   else return 1.0 / sqrt(v);
-}
-
-template <class T, int V>
-__device__ __forceinline__ Vec<T, V> load_vec(const T* base, int64_t vi) {  // base: (nvec * V)
-  return reinterpret_cast<const Vec<T, V>*>(base)[vi];
-}
-
-template <class T, int V> __device__ __forceinline__ void store_vec(T* base, int64_t vi, const Vec<T, V>& v) {
-  reinterpret_cast<Vec<T, V>*>(base)[vi] = v;
 }
 
 // ---- forward ---------------------------------------------------------------------------
@@ -603,7 +613,25 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
       if (want_b) part_b = scratch(device, {p, C}, sd);
     };
 
-    if (grads.dx.defined() || fused) {
+    // Wide rows in whole aligned vectors, up to kWideMaxVecs of them: dx and the column sums
+    // in one pass, a block per row (Note [CUDA norm kernels]).
+    bool wide = false;
+    if constexpr (!std::is_same_v<T, double>) {
+      constexpr int V = 16 / static_cast<int>(sizeof(T));
+      wide = C > kRegisterWidth && C / V <= norm_detail::kWideMaxVecs && (grads.dx.defined() || want_w || want_b) &&
+             use_vectors<T>(C, {&dy, &x, &weight, &grads.dx, &grads.dx_add});
+      if (wide) {
+        const int64_t p = norm_detail::wide_blocks(R, C / V, kMaxPartials);
+        if (want_w || want_b) make_parts(p);
+        norm_detail::norm_backward_wide<T>(kRms, ptr<T>(dy), ptr<T>(x), ptr<T>(weight), pm, pr, mut_ptr<T>(grads.dx),
+                                           ptr<T>(grads.dx_add), mut_ptr<A>(part_w), mut_ptr<A>(part_b), R, C, p,
+                                           stream);
+        FORGE_CUDA_LAUNCH_CHECK(op, " on ", x.device().str(), ": x ", x.shape(), " ", dtype_name(x.dtype()), " (", R,
+                                " rows of ", C, ")");
+      }
+    }
+
+    if (!wide && (grads.dx.defined() || fused)) {
       unsigned blocks;
       if (fused) {
         make_parts(std::clamp<int64_t>((R + kRowWarps * kRowsPerWarp - 1) / (kRowWarps * kRowsPerWarp), 1,
@@ -635,7 +663,7 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
                               " rows of ", C, ")");
     }
 
-    if ((want_w || want_b) && !fused) {
+    if ((want_w || want_b) && !fused && !wide) {
       const int64_t want_parts = std::clamp<int64_t>((R + 63) / 64, 1, kMaxPartials);
       const int64_t rows_per_part = (R + want_parts - 1) / want_parts;
       make_parts((R + rows_per_part - 1) / rows_per_part);

@@ -1,0 +1,147 @@
+// The wide-row backward of layer norm and RMS norm: a block per row (Note [CUDA norm kernels]
+// in norm.cu, whose backward launcher calls norm_backward_wide and finishes the partial column
+// sums with column_sum_kernel). Same math and accumulation type as norm.cu's
+// norm_backward_kernel (backward_sums / backward_apply there).
+#include "forge/backends/cuda/norm_wide.cuh"
+
+#include "forge/core/convert.h"
+
+namespace forge::cuda::norm_detail {
+namespace {
+
+// A block of kThreads per row; thread t owns the row's vector t (t < C / V) and keeps its
+// weight and, for part_w / part_b, its column sums in registers. Block b walks rows b, b + P,
+// b + 2P, ... (P = gridDim.x) and at the end writes its partial row of each kept sum. dx null:
+// the sums only.
+template <class T, int V, int kThreads, bool kRms>
+__global__ void __launch_bounds__(kThreads)
+    norm_backward_wide_kernel(const T* __restrict__ dy,            // (R, C)
+                              const T* __restrict__ x,             // (R, C)
+                              const T* __restrict__ weight,        // (C) or null
+                              const acc_t<T>* __restrict__ mean,   // (R), layer norm only
+                              const acc_t<T>* __restrict__ rstd,   // (R)
+                              T* dx,                               // (R, C) or null
+                              const T* dx_add,                     // (R, C) or null: added into dx; may be dx
+                              acc_t<T>* __restrict__ part_w,       // (gridDim.x, C) or null: sums of dy * xhat
+                              acc_t<T>* __restrict__ part_b,       // (gridDim.x, C) or null: sums of dy
+                              int64_t R, int64_t C) {
+  using A = acc_t<T>;
+  using P = Vec<T, V>;
+  constexpr int kWarps = kThreads / kWarpSize;
+  // Per-warp sums of g and g * xhat, by row parity: with two buffers one barrier per row
+  // suffices (a warp writing row i + 2's slots has passed row i + 1's barrier, which every
+  // thread reaches only after it has read row i's).
+  __shared__ A red[2][2][kWarps];
+  const int vi = static_cast<int>(threadIdx.x);
+  const int lane = vi % kWarpSize, warp = vi / kWarpSize;
+  const bool mine = vi < C / V;  // threads past the row's end still take part in the barrier
+  const A inv_c = A(1) / static_cast<A>(C);
+  // The addend is read with x and dy, before dx is written (it may be dx's own buffer: each
+  // thread reads and writes only its own vector of a row).
+  const T* add = dx ? dx_add : nullptr;
+  P w;
+  if (weight && mine) w = load_vec<T, V>(weight, vi);
+  A sw[V], sb[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sw[j] = sb[j] = 0;
+
+  int par = 0;
+  for (int64_t row = blockIdx.x; row < R; row += gridDim.x) {  // the same rows for the whole block
+    const A mu = kRms ? A(0) : mean[row];
+    const A rs = rstd[row];
+    P xv, gv, av;
+    if (mine) {
+      xv = load_vec<T, V>(x + row * C, vi);
+      gv = load_vec<T, V>(dy + row * C, vi);
+      if (add) av = load_vec<T, V>(add + row * C, vi);
+    }
+    // a1 = sum g, a2 = sum g * xhat (as backward_sums), and the column sums (as backward_apply).
+    A a1 = 0, a2 = 0;
+    if (mine) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A xh = (static_cast<A>(xv.v[j]) - mu) * rs;
+        const A d = static_cast<A>(gv.v[j]);
+        const A g = weight ? d * static_cast<A>(w.v[j]) : d;
+        a1 += g;
+        a2 += g * xh;
+        sw[j] += d * xh;
+        if constexpr (!kRms) sb[j] += d;  // (rms norm has no bias)
+      }
+    }
+    if (!dx) continue;  // the same for the whole grid
+
+    // The row's sums: xor butterflies, then every thread adds the warps' sums in warp order
+    // (the same bits everywhere).
+    if constexpr (!kRms) a1 = warp_sum(a1);
+    a2 = warp_sum(a2);
+    if (lane == 0) {
+      red[par][0][warp] = a1;
+      red[par][1][warp] = a2;
+    }
+    __syncthreads();
+    A t1 = 0, t2 = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) {
+      if constexpr (!kRms) t1 += red[par][0][i];
+      t2 += red[par][1][i];
+    }
+    par ^= 1;
+    if (!mine) continue;
+    const A m1 = kRms ? A(0) : t1 * inv_c;
+    const A m2 = t2 * inv_c;
+    P o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A xh = (static_cast<A>(xv.v[j]) - mu) * rs;
+      const A d = static_cast<A>(gv.v[j]);
+      const A g = weight ? d * static_cast<A>(w.v[j]) : d;
+      const A dxv = rs * (g - m1 - xh * m2);
+      o.v[j] = convert<T>(add ? dxv + static_cast<A>(av.v[j]) : dxv);
+    }
+    store_vec<T, V>(dx + row * C, vi, o);
+  }
+
+  // This block's partial rows (the scratch is 256-byte aligned and C % V == 0: whole vectors).
+  if (!mine) return;
+  Vec<A, V> ow, ob;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    ow.v[j] = sw[j];
+    ob.v[j] = sb[j];
+  }
+  if (part_w) store_vec<A, V>(part_w + blockIdx.x * C, vi, ow);
+  if (!kRms && part_b) store_vec<A, V>(part_b + blockIdx.x * C, vi, ob);
+}
+
+}  // namespace
+
+template <class T>
+void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, const acc_t<T>* mean,
+                        const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
+                        int64_t R, int64_t C, int64_t parts, cudaStream_t stream) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  auto launch = [&]<int kThreads, bool kRms>() {
+    norm_backward_wide_kernel<T, V, kThreads, kRms><<<static_cast<unsigned>(parts), kThreads, 0, stream>>>(
+        dy, x, weight, mean, rstd, dx, dx_add, part_w, part_b, R, C);
+  };
+  auto pick = [&]<bool kRms>() {
+    switch (wide_threads(C / V)) {
+      case 256: launch.template operator()<256, kRms>(); break;
+      case 512: launch.template operator()<512, kRms>(); break;
+      default: launch.template operator()<1024, kRms>(); break;
+    }
+  };
+  if (rms) pick.template operator()<true>();
+  else pick.template operator()<false>();
+}
+
+template void norm_backward_wide<float>(bool, const float*, const float*, const float*, const float*, const float*,
+                                        float*, const float*, float*, float*, int64_t, int64_t, int64_t,
+                                        cudaStream_t);
+template void norm_backward_wide<bf16>(bool, const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*,
+                                       const bf16*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
+template void norm_backward_wide<f16>(bool, const f16*, const f16*, const f16*, const float*, const float*, f16*,
+                                      const f16*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
+
+}  // namespace forge::cuda::norm_detail

@@ -1,0 +1,63 @@
+#pragma once
+// Internal to the CUDA norm kernels (norm.cu, norm_wide.cu; Note [CUDA norm kernels] in
+// norm.cu): the device helpers both use, and the launcher of the wide-row backward.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "forge/backends/cuda/loops.cuh"
+#include "forge/core/dtype.h"
+
+namespace forge::cuda::norm_detail {
+
+inline constexpr int kWarpSize = 32;
+
+// Sum over the warp by an xor butterfly: every lane ends with the same bits.
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* base, int64_t vi) {  // base: (nvec * V)
+  return reinterpret_cast<const Vec<T, V>*>(base)[vi];
+}
+
+template <class T, int V> __device__ __forceinline__ void store_vec(T* base, int64_t vi, const Vec<T, V>& v) {
+  reinterpret_cast<Vec<T, V>*>(base)[vi] = v;
+}
+
+// The wide-row backward: a block per row, one 16-byte vector of the row per thread, so rows
+// of up to kWideMaxVecs vectors (bf16/f16: 8192 columns, f32: 4096).
+inline constexpr int64_t kWideMaxVecs = 1024;
+
+// Threads of a block for rows of nvec vectors: the smallest of 256, 512 and 1024 that covers
+// the row.
+inline int wide_threads(int64_t nvec) { return nvec <= 256 ? 256 : nvec <= 512 ? 512 : 1024; }
+
+// Blocks of the grid, each writing one partial row of column sums: P = min(R, 512) for
+// 256-thread blocks, min(R, 256) for wider ones, at most max_parts. A function of R and C
+// alone, so the sums are the same bits on every run and GPU. At 4, 2 and 1 resident blocks an
+// SM (256, 512, 1024 threads, <= 64 registers) that is about one wave of blocks on a 132-SM
+// H100 / H200 (two for 1024 threads), which measured best on an H200 at R = 8192 and 16384:
+// fewer blocks than that leave the GPU underused (small R: one row each), more cost a
+// part-empty last wave plus scratch traffic and column_sum_kernel time (P x C x 4 bytes each
+// way per gradient).
+inline int64_t wide_blocks(int64_t R, int64_t nvec, int64_t max_parts) {
+  int64_t p = wide_threads(nvec) == 256 ? 512 : 256;
+  if (R < p) p = R < 1 ? 1 : R;
+  return p < max_parts ? p : max_parts;
+}
+
+// Launches norm_backward_wide_kernel on `stream` with `parts` blocks of wide_threads(C / V):
+// dx (when non-null; plus dx_add, which may be dx) and, when non-null, each block's partial
+// column sums part_w[b, :] of dy * xhat and part_b[b, :] of dy (layer norm only). T is float,
+// bf16 or f16; with V = 16 / sizeof(T): C % V == 0, C / V <= kWideMaxVecs, every pointer
+// 16-byte aligned (the partials 32-byte aligned: the allocator gives 256).
+template <class T>
+void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, const acc_t<T>* mean,
+                        const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
+                        int64_t R, int64_t C, int64_t parts, cudaStream_t stream);
+
+}  // namespace forge::cuda::norm_detail
