@@ -10,6 +10,7 @@
 #include "forge/plan/gpu_catalog.h"
 #include "forge/plan/memory_model.h"
 #include "forge/plan/model_spec.h"
+#include "forge/telemetry/mfu.h"
 #include "forge/train/layout.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -26,7 +27,12 @@ plan::PlanInput plan_input_of_run(const RunConfig& cfg, const dist::Layout& layo
   plan::GpuSpec gpu = plan::cpu_device(0);
   if (device.is_cuda()) {
 #ifdef FORGE_WITH_CUDA
-    gpu = plan::find_gpu(cuda::device_properties(static_cast<int>(device.index)).name);
+    // The driver's name ("NVIDIA H200") to the catalogue's entry, as the MFU figure finds it.
+    const std::string name = cuda::device_properties(static_cast<int>(device.index)).name;
+    const std::optional<std::string> entry = telemetry::catalogue_name(name);
+    FORGE_CHECK(entry.has_value(), "forge plan's catalogue has no entry for the GPU '", name,
+                "'; forge plan --list-gpus lists those it has");
+    gpu = plan::find_gpu(*entry);
 #endif
   }
   in.cluster = plan::make_cluster(gpu, world_size);
