@@ -64,6 +64,8 @@ int run_sample(const SampleArgs& args) {
   opt.stop = args.stop;
   opt.seed = args.seed;
   opt.kv_cache = !args.no_kv_cache;
+  opt.device = args.device;
+  opt.dtype = args.dtype;
   const train::SampleResult r = train::sample(opt);
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{""} : opt.prompts;
   char rate[64];
@@ -93,7 +95,8 @@ int run_sample(const SampleArgs& args) {
 
 int run_eval(const EvalArgs& args) {
   const train::EvalResult r = train::evaluate({.checkpoint = args.checkpoint, .files = args.files, .tasks = args.tasks,
-                                               .max_examples = args.max_examples, .batch = args.batch});
+                                               .max_examples = args.max_examples, .batch = args.batch,
+                                               .device = args.device, .dtype = args.dtype});
   if (args.json) {
     nlohmann::json j = {{"checkpoint", r.checkpoint}, {"step", r.step}, {"files", nlohmann::json::array()},
                         {"tasks", nlohmann::json::array()}};

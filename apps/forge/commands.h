@@ -30,6 +30,8 @@ struct SampleArgs {
   uint64_t seed = 0;
   bool json = false;
   bool no_kv_cache = false;
+  std::string device = "auto";
+  std::string dtype = "f32";
 };
 int run_sample(const SampleArgs& args);
 
@@ -40,6 +42,8 @@ struct EvalArgs {
   int64_t max_examples = 0;
   int64_t batch = 8;
   bool json = false;
+  std::string device = "auto";
+  std::string dtype = "f32";
 };
 int run_eval(const EvalArgs& args);
 

@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
   sample->add_option("--seed", sample_args.seed, "random seed of the sampling (prompt i uses seed + i)")->capture_default_str();
   sample->add_flag("--json", sample_args.json, "print one JSON object: every completion, tokens/s");
   sample->add_flag("--no-kv-cache", sample_args.no_kv_cache, "run the whole window for every token (what the KV cache saves)");
+  sample->add_option("--device", sample_args.device, "where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N")
+      ->capture_default_str();
+  sample->add_option("--dtype", sample_args.dtype, "the weights' dtype there: f32, bf16 or f16")->capture_default_str();
 
   forge::app::EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");
@@ -111,6 +114,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   eval->add_option("--batch", eval_args.batch, "windows per forward pass (files)")->capture_default_str();
   eval->add_flag("--json", eval_args.json, "print one JSON object");
+  eval->add_option("--device", eval_args.device, "where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N")
+      ->capture_default_str();
+  eval->add_option("--dtype", eval_args.dtype, "the weights' dtype there: f32, bf16 or f16")->capture_default_str();
 
   forge::app::PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand("plot", "curves of one or several runs (loss, validation loss, lr, throughput, MFU) as SVG");

@@ -61,7 +61,7 @@ def main():
             gen = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tok.eos_token_id or 0)
         hf_text = tok.decode(gen[0, ids.shape[1]:], clean_up_tokenization_spaces=False)
         for cache in ([], ["--no-kv-cache"]):
-            j = json.loads(run([a.forge, "sample", "--checkpoint", os.path.join(work, name), "--prompt", prompt,
+            j = json.loads(run([a.forge, "sample", "--device", "cpu", "--checkpoint", os.path.join(work, name), "--prompt", prompt,
                                 "--tokens", "24", "--temperature", "0", "--json", *cache]))
             forge_text = j["samples"][0]["completion"]
             same = forge_text == hf_text

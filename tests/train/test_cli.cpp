@@ -141,6 +141,21 @@ TEST_F(CliTest, CliTrainResumeAndSample) {
   const CliRun bad = run_forge({"sample", "--checkpoint", scratch.str("nowhere")});
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.out.find("forge: error: "), std::string::npos);
+  // --device and --dtype: the CPU named explicitly gives the default's text; bf16 weights run;
+  // a dtype forge does not take is refused naming the valid ones.
+  const CliRun cpu = run_forge({"sample", "--checkpoint", run_dir, "--prompt", "A dog", "--tokens", "10", "--seed", "3",
+                                "--device", "cpu"},
+                               Stderr::dropped);
+  ASSERT_EQ(cpu.status, 0) << cpu.out;
+  if (run_forge({"info"}).out.find("GPUs: no CUDA device") != std::string::npos) {
+    EXPECT_EQ(cpu.out, s1.out);
+  }
+  const CliRun half = run_forge({"sample", "--checkpoint", run_dir, "--prompt", "A dog", "--tokens", "10", "--dtype",
+                                 "bf16", "--device", "cpu"});
+  EXPECT_EQ(half.status, 0) << half.out;
+  const CliRun wrong = run_forge({"sample", "--checkpoint", run_dir, "--dtype", "f8"});
+  EXPECT_EQ(wrong.status, 1) << wrong.out;
+  EXPECT_NE(wrong.out.find("--dtype must be f32, bf16 or f16"), std::string::npos) << wrong.out;
 }
 
 TEST_F(CliTest, CliTokenizeTrainAndEncode) {

@@ -61,6 +61,8 @@ struct EvalOptions {
   std::vector<std::string> tasks;    // multiple-choice files in the HellaSwag layout
   int64_t max_examples = 0;          // per task; 0 = all
   int64_t batch = 8;                 // windows per forward pass (files)
+  std::string device = "auto";       // where the model runs (run.device's forms)
+  std::string dtype = "f32";         // the weights' dtype there: f32, bf16, f16
 };
 
 struct EvalResult {

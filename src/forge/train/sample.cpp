@@ -159,8 +159,12 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
   return rows;
 }
 
-LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who) {
+LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who,
+                                          const std::string& device, const std::string& dtype) {
   FORGE_CHECK(!checkpoint.empty(), who, ": --checkpoint is required (a checkpoint or a run directory)");
+  FORGE_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "f16", who, ": --dtype must be f32, bf16 or f16, got '",
+              dtype, "'");
+  const Device where = resolve_run_device(device);  // (checks the device exists, naming the forms)
   LoadedCheckpoint r;
   r.dir = resolve_checkpoint(checkpoint, (who + ": --checkpoint").c_str());
   const io::CheckpointData ck = io::load_checkpoint(r.dir);
@@ -178,6 +182,7 @@ LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const s
   io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), ck.model,
                        "checkpoint '" + r.dir.string() + "'");
   r.model.module->load_state_dict(ck.model.items());
+  r.model.module->to(where, dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32);
   return r;
 }
 
@@ -186,7 +191,7 @@ SampleResult sample(const SampleOptions& opt) {
   FORGE_CHECK(opt.temperature >= 0, "sample: --temperature must be >= 0 (0 = greedy), got ", opt.temperature);
   FORGE_CHECK(opt.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got ", opt.top_k);
   FORGE_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = all tokens), got ", opt.top_p);
-  LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "sample");
+  LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "sample", opt.device, opt.dtype);
   const auto& tok = run.tok;
   const LanguageModel& model = run.model;
 

@@ -25,6 +25,8 @@ struct SampleOptions {
   std::vector<std::string> stop;  // a completion ends before the first of these strings it produces
   uint64_t seed = 0;
   bool kv_cache = true;        // false: every token runs the whole window (to measure what the cache saves)
+  std::string device = "auto";  // where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N
+  std::string dtype = "f32";    // the weights' dtype there: f32 (the master weights as saved), bf16, f16
 };
 
 struct SampleResult {
@@ -49,7 +51,9 @@ struct LoadedCheckpoint {
   std::shared_ptr<const data::Tokenizer> tok;
   LanguageModel model;
 };
-LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who);
+// The model moved to `device` (run.device's forms) in `dtype` ("f32", "bf16", "f16").
+LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who,
+                                          const std::string& device = "cpu", const std::string& dtype = "f32");
 
 // Loads the checkpoint, its run's config (from the checkpoint) and tokenizer
 // (<run dir>/tokenizer.json), and samples autoregressively under NoGradGuard with the

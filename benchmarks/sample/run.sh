@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# forge sample's decoding speed (issue 18): tokens/s with and without the KV cache, for one prompt
+# and for a batch of 8 prompts of one length, greedy, on the device given (default: the CPU).
+#
+#   benchmarks/sample/run.sh                      # CPU, GPT-2 124M shape, 64 new tokens
+#   DEVICE=cuda TOKENS=256 benchmarks/sample/run.sh
+#
+# The model is GPT-2 124M's shape after one training step (random-like weights: the speed does not
+# depend on them) on Debian's fortunes with GPT-2's own tokenizer.json (.fixtures/tokenizers,
+# scripts/fetch-tokenizer-fixtures.sh): a sampled checkpoint needs its run's tokenizer. Writes
+# benchmarks/results/sample_<device>.md (RESULT overrides) with the exact commands.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+FORGE="${FORGE:-$ROOT/build/forge}"
+DEVICE="${DEVICE:-cpu}"
+TOKENS="${TOKENS:-64}"
+FORTUNES="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}"
+WORK="$(mktemp -d /tmp/forge_sample_bench.XXXXXX)"
+TOK=.fixtures/tokenizers/gpt2/tokenizer.json
+[[ -f "$TOK" ]] || { echo "run.sh: $TOK missing: scripts/fetch-tokenizer-fixtures.sh"; exit 2; }
+TRAIN=("$FORGE" train configs/gpt2-124m.toml --run.dir="$WORK" --run.name=s --run.device="$DEVICE" --train.steps=1
+       --train.batch_size=1 --train.seq_len=64 --eval.every=0 --data.source=files --data.files="$FORTUNES"
+       '--data.exclude=["*.dat","*.u8"]' --data.tokenizer="$TOK")
+"${TRAIN[@]}" > "$WORK/train.log" 2>&1 || { tail -5 "$WORK/train.log"; exit 1; }
+if [[ "$DEVICE" == cpu ]]; then
+  NAME="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) threads"
+else
+  NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+fi
+SLUG="$(echo "$NAME" | sed 's/,.*//; s/[^A-Za-z0-9]\+/_/g; s/_$//')"
+RESULT="${RESULT:-benchmarks/results/sample_${SLUG}.md}"
+rows=()
+for cache in "" --no-kv-cache; do
+  for n in 1 8; do
+    P=(); for ((k = 0; k < n; ++k)); do P+=(--prompt "The"); done
+    CMD=("$FORGE" sample --checkpoint "$WORK/s" --device "$DEVICE" "${P[@]}" --tokens "$TOKENS" --temperature 0 --json $cache)
+    "${CMD[@]}" 2> "$WORK/err.log" > "$WORK/out.json" || { tail -3 "$WORK/err.log"; exit 1; }
+    rate=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['tokens_per_s'], 1))")
+    rows+=("| ${cache:-kv cache} | $n | $TOKENS | $rate |")
+    echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s"
+  done
+done
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+{
+  echo "# forge sample: tokens/s with and without the KV cache ($NAME)"
+  echo
+  echo "- Device: $DEVICE ($NAME); forge commit $commit; $(date -u +%Y-%m-%d\ %H:%M) UTC"
+  echo "- Command: \`DEVICE=$DEVICE TOKENS=$TOKENS benchmarks/sample/run.sh\`"
+  echo "- Model: GPT-2 124M's shape (configs/gpt2-124m.toml) after one step, GPT-2's tokenizer.json;"
+  echo "  greedy (temperature 0), prompt \"The\" (1 token), $TOKENS new tokens per prompt; tokens/s counts every"
+  echo "  row's new tokens over the decode time (forge sample's own figure)"
+  echo
+  echo "| decoding | prompts | new tokens each | tokens/s |"
+  echo "|---|---:|---:|---:|"
+  printf '%s\n' "${rows[@]}"
+} > "$RESULT"
+echo "wrote $RESULT"
+rm -rf "$WORK"
