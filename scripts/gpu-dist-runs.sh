@@ -158,22 +158,10 @@ if want hf_checks; then
       timeout 300 "$PY" benchmarks/tokenizers/oracle.py .fixtures/tokenizers tests/data/tokenizers --check "$R/tokenizer_fills.json" \
         > "$R/tokenizer_oracle.log" 2>&1; t "tokenizer oracle rc=$?"; tail -12 "$R/tokenizer_oracle.log"
     fi
-    # forge sample tokens/s with and without the KV cache: GPT-2 124M after 10 steps on the fortunes
-    # with GPT-2's own tokenizer.json (a sampled checkpoint needs its run's tokenizer).
-    FORTUNES="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}"
-    timeout 200 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_sample_runs --run.name=s --train.steps=10 \
-      --eval.every=0 --data.source=files --data.files="$FORTUNES" --data.exclude='["*.dat","*.u8"]' \
-      --data.tokenizer=.fixtures/tokenizers/gpt2/tokenizer.json > "$R/sample_train.log" 2>&1; t "sample train rc=$?"
-    # One prompt, then a batch of 8 prompts of one token length, 256 tokens each, greedy.
-    for c in "" --no-kv-cache; do
-      for n in 1 8; do
-        P=(); for ((k = 0; k < n; ++k)); do P+=(--prompt "The"); done
-        "$FORGE" sample --checkpoint /tmp/forge_sample_runs/s "${P[@]}" --tokens 256 --temperature 0 --json $c \
-          2> "$R/sample_err.log" > "$R/sample_${n}${c}.json"
-        "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print('sample prompts $n kv_cache', j['kv_cache'], round(j['tokens_per_s'], 1), 'tok/s')" \
-          "$R/sample_${n}${c}.json" || tail -3 "$R/sample_err.log"
-      done
-    done | tee "$R/sample_speed.txt" )
+    # forge sample tokens/s with and without the KV cache, 1 and 8 prompts, on the GPU (issue 18).
+    FORGE_FORTUNES_DIR="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}" FORGE="$FORGE" DEVICE=cuda TOKENS=256 \
+      RESULT="$R/sample_gpu.md" timeout 300 benchmarks/sample/run.sh > "$R/sample_speed.txt" 2>&1
+    t "sample bench rc=$?"; cat "$R/sample_speed.txt" )
 fi
 if want tb_check; then
   # TensorBoard's own EventAccumulator against a GPU run's metrics.jsonl (issue 19).
