@@ -37,7 +37,7 @@ for cache in "" --no-kv-cache; do
     CMD=("$FORGE" sample --checkpoint "$WORK/s" --device "$DEVICE" "${P[@]}" --tokens "$TOKENS" --temperature 0 --json $cache)
     "${CMD[@]}" 2> "$WORK/err.log" > "$WORK/out.json" || { tail -3 "$WORK/err.log"; exit 1; }
     rate=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['tokens_per_s'], 1))")
-    rows+=("| ${cache:-kv cache} | $n | $TOKENS | $rate |")
+    rows+=("| ${cache:+whole window (--no-kv-cache)}${cache:-KV cache} | $n | $TOKENS | $rate |")
     echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s"
   done
 done

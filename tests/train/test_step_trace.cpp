@@ -82,3 +82,38 @@ TEST(StepTrace, ACpuRunTracesTheStepsAskedFor) {
 
 }  // namespace
 }  // namespace forge::train
+
+namespace forge::train {
+namespace {
+
+// Instants (a gradient bucket's collective launched) and nested ranges go into the traced step
+// only, and only while a step is traced (the thread's sink is removed at the end of the step).
+TEST(StepTrace, InstantsAndRangesOfATracedStep) {
+  train_testing::Scratch scratch;
+  const fs::path out = scratch.path() / "t.json";
+  StepTrace t(Device::cpu(), "2:2", out, 0);
+  t.begin_step(1);  // not traced
+  EXPECT_EQ(trace::sink(), nullptr);
+  trace::instant("all-reduce bucket 9");
+  t.end_step();
+  t.begin_step(2);
+  EXPECT_EQ(trace::sink(), &t);
+  {
+    trace::Range outer("forward: block 0");
+    trace::instant("all-reduce bucket 0");
+    trace::Range inner("optimizer");
+  }
+  t.end_step();
+  EXPECT_EQ(trace::sink(), nullptr);
+  ASSERT_EQ(t.write(), out.string());
+  const auto j = nlohmann::json::parse(train_testing::read_text(out));
+  std::map<std::string, std::string> kinds;
+  for (const auto& e : j["traceEvents"]) kinds[e["name"]] = e["ph"];
+  EXPECT_EQ(kinds["all-reduce bucket 0"], "i");
+  EXPECT_EQ(kinds["forward: block 0"], "X");
+  EXPECT_EQ(kinds["optimizer"], "X");
+  EXPECT_EQ(kinds.count("all-reduce bucket 9"), 0u);
+}
+
+}  // namespace
+}  // namespace forge::train

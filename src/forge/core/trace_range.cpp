@@ -14,6 +14,9 @@ thread_local int64_t t_block = -1;
 }  // namespace
 
 void set_sink(RangeSink* s) { t_sink = s; }
+void instant(const char* name) {
+  if (t_sink) t_sink->instant(name);
+}
 RangeSink* sink() { return t_sink; }
 int64_t current_block() { return t_block; }
 

@@ -15,7 +15,12 @@ class RangeSink {
   virtual ~RangeSink() = default;
   virtual void begin_range(const char* name) = 0;  // nested: ended in reverse order
   virtual void end_range() = 0;
+  // A point in time (a collective launched): the host track and an NVTX mark.
+  virtual void instant(const char* name) { (void)name; }
 };
+
+// sink()->instant(name) when a sink is installed.
+void instant(const char* name);
 
 // The sink of this thread (nullptr: ranges do nothing).
 void set_sink(RangeSink* sink);

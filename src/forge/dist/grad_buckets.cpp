@@ -2,9 +2,13 @@
 #include "forge/dist/grad_buckets.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
+#include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 #include "forge/ops/creation.h"
 
 namespace forge::dist {
@@ -193,6 +197,14 @@ void GradientBuckets::launch(int index) {
   if (st_.skip_reductions) {  // debug.skip_reductions (DDP, ZeRO-1): a diagnostic, the run is wrong
     b.launched = true;
     return;
+  }
+  if (trace::sink()) {  // a traced step (core/trace_range.h): when each bucket's collective starts
+    static std::vector<const char*> names[2];
+    auto& n = names[st_.zero_stage <= 1 ? 0 : 1];
+    while (n.size() <= static_cast<size_t>(index))
+      n.push_back(intern_memory_owner(std::string(st_.zero_stage <= 1 ? "all-reduce" : "reduce-scatter") +
+                                      " bucket " + std::to_string(n.size())));
+    trace::instant(n[static_cast<size_t>(index)]);
   }
   if (st_.zero_stage <= 1) {
     b.work = st_.group->all_reduce(b.grads, ReduceOp::avg);

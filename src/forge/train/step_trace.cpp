@@ -65,7 +65,7 @@ void StepTrace::begin_step(int64_t step) {
     }
 #endif
   }
-  steps_.push_back({step, Clock::now(), {}, {}, {}, {}, {}});
+  steps_.push_back({step, Clock::now(), {}, {}, {}, {}, {}, {}});
 #ifdef FORGE_WITH_CUDA
   if (device_.is_cuda()) dev_->marks.emplace_back(), dev_->ranges.emplace_back();
 #endif
@@ -84,6 +84,14 @@ void StepTrace::begin_range(const char* name) {
     r.back().first.record(cuda::Stream::current(static_cast<int>(device_.index)));
     nvtxRangePushA(name);
   }
+#endif
+}
+
+void StepTrace::instant(const char* name) {
+  if (!active_) return;
+  steps_.back().instants.emplace_back(name, Clock::now());
+#ifdef FORGE_WITH_CUDA
+  if (device_.is_cuda()) nvtxMarkA(name);
 #endif
 }
 
@@ -149,6 +157,8 @@ std::string StepTrace::write() {
     if (s.data != Clock::time_point{}) span("data", 1, us(s.begin), us(s.data), args);
     for (size_t i = 0; i + 1 < s.marks.size(); ++i) span(kPhase[i], 1, us(s.marks[i]), us(s.marks[i + 1]), args);
     for (const Range& r : s.ranges) span(r.name, 1, us(r.begin), us(r.end), args);
+    for (const auto& [name, at] : s.instants)
+      events.push_back({{"name", name}, {"ph", "i"}, {"s", "t"}, {"pid", rank_}, {"tid", 1}, {"ts", us(at)}, {"args", args}});
   }
 #ifdef FORGE_WITH_CUDA
   if (device_.is_cuda() && dev_->base) {

@@ -46,6 +46,7 @@ class StepTrace : public trace::RangeSink {
   void end_step();                // the step is queued (the host's part is done)
   void begin_range(const char* name) override;
   void end_range() override;
+  void instant(const char* name) override;
   // Writes the trace (after the last traced step; later calls do nothing). Returns the path, or "".
   std::string write();
 
@@ -64,6 +65,7 @@ class StepTrace : public trace::RangeSink {
     std::vector<Clock::time_point> marks;  // host time at each mark
     std::vector<Range> ranges;             // in the order they began
     std::vector<size_t> open;              // indices of the ranges not ended yet
+    std::vector<std::pair<const char*, Clock::time_point>> instants;
   };
   struct Device_;  // the CUDA events (GPU runs)
   double us(Clock::time_point t) const;
