@@ -237,7 +237,7 @@ Tensor reduce_scatter_sequence(const Tensor& x, const ProcessGroupPtr& g) {
 // its own would cost, per block, three all-reduces of the input gradient in backward (one per
 // copy_to_region) where one of their sum does, and under sequence parallelism three all-gathers,
 // three whole-sequence copies saved for backward and three reduce-scatters. So the last entry is
-// remembered, by weak references to its input and output: the same input tensor (alive, the same
+// remembered (its input by a weak reference, its output held): the same input tensor (alive, the same
 // object, the same group, kind and grad mode) gets the same output, whose gradient autograd sums
 // over its users before the one collective of its backward. The memo holds the last entry's
 // output: its users need not keep it (a linear whose weight gradient is deferred saves nothing of
