@@ -151,8 +151,8 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 over the data-parallel group")->capture_default_str();
   c->add_flag("--offload", a.offload, "optimizer state and step in host memory (ZeRO-Offload)");
   c->add_option("--checkpointing", a.checkpointing, "activation checkpointing: none, selective or full");
-  c->add_flag("--sp,!--no-sp", a.sp, "sequence parallelism with tp > 1 (default on)");
-  c->add_option("--schedule", a.schedule, "pipeline schedule: 1f1b, gpipe, zb-h1 or interleaved")->capture_default_str();
+  c->add_flag("--sp,!--no-sp", a.sp, "sequence parallelism with tp > 1 (default: a config's dist.sequence_parallel, else on)");
+  c->add_option("--schedule", a.schedule, "pipeline schedule: 1f1b, gpipe, zb-h1 or interleaved (default: a config's dist.pp_schedule)")->capture_default_str();
   c->add_option("--virtual-stages", a.virtual_stages, "--schedule interleaved: model chunks per pipeline rank (>= 2)")
       ->capture_default_str();
 
@@ -238,6 +238,9 @@ int run_plan(const std::vector<std::string>& overrides) {
     config_layout.pp = cfg.dist.pp;
     config_layout.zero = static_cast<int>(cfg.dist.zero_stage);
     config_layout.offload = cfg.dist.offload_optimizer;
+    config_layout.sequence_parallel = cfg.dist.sequence_parallel;
+    config_layout.schedule = parse_schedule(cfg.dist.pp_schedule);
+    config_layout.virtual_stages = cfg.dist.pp_virtual_stages;
     default_tokens = static_cast<double>(cfg.train.steps * default_batch * cfg.train.seq_len);
     // Where the config trains: "cpu"; "auto" is the CPU in a build without CUDA.
 #ifdef FORGE_WITH_CUDA
@@ -397,12 +400,15 @@ int run_plan(const std::vector<std::string>& overrides) {
   l.pp = pp;
   l.zero = a.given("--zero") ? a.zero : config_layout.zero;
   l.offload = a.given("--offload") ? a.offload : config_layout.offload;
-  l.sequence_parallel = a.sp;
-  l.schedule = parse_schedule(a.schedule);
+  // Sequence parallelism: --sp / --no-sp, else a config's dist.sequence_parallel, else on.
+  l.sequence_parallel = a.given("--sp") || a.config.empty() ? a.sp : config_layout.sequence_parallel;
+  // The pipeline schedule: --schedule, else a config's dist.pp_schedule (and its virtual stages).
+  const bool schedule_from_config = !a.given("--schedule") && !a.config.empty();
+  l.schedule = schedule_from_config ? config_layout.schedule : parse_schedule(a.schedule);
   if (l.schedule == Schedule::interleaved) {
-    FORGE_CHECK(a.virtual_stages >= 2, "--virtual-stages must be >= 2 with --schedule interleaved, got ",
-                a.virtual_stages);
-    l.virtual_stages = a.virtual_stages;
+    const int64_t v = schedule_from_config && !a.given("--virtual-stages") ? config_layout.virtual_stages : a.virtual_stages;
+    FORGE_CHECK(v >= 2, "--virtual-stages must be >= 2 with --schedule interleaved, got ", v);
+    l.virtual_stages = v;
   }
   l.checkpointing = a.given("--checkpointing") ? parse_checkpointing(a.checkpointing)
                     : config_checkpointing     ? Checkpointing::full

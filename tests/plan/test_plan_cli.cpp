@@ -90,6 +90,16 @@ TEST_F(PlanCli, ReadsAForgeConfigWithOverrides) {
   EXPECT_EQ(j["layout"]["dp"], 2);
   EXPECT_EQ(j["layout"]["micro_batch"], 2);
   EXPECT_EQ(j["layout"]["grad_accum"], 2);
+  // Sequence parallelism and the pipeline schedule too: the config's (sp off, zb-h1) unless the
+  // flags say otherwise (the first version planned sp and 1F1B whatever the config said).
+  j = json_of({"plan", "--config", cfg.string(), "--dist.tp=2", "--dist.sequence_parallel=false", "--dist.pp=2",
+               "--dist.pp_schedule=zb-h1", "--gpu", "h100", "--json"});
+  EXPECT_EQ(j["layout"]["sequence_parallel"], false);
+  EXPECT_EQ(j["layout"]["schedule"], "zb-h1");
+  j = json_of({"plan", "--config", cfg.string(), "--dist.tp=2", "--dist.sequence_parallel=false", "--sp",
+               "--dist.pp=2", "--dist.pp_schedule=zb-h1", "--schedule", "gpipe", "--gpu", "h100", "--json"});
+  EXPECT_EQ(j["layout"]["sequence_parallel"], true);
+  EXPECT_EQ(j["layout"]["schedule"], "gpipe");
   fs::remove_all(dir);
 }
 
