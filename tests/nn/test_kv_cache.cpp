@@ -146,5 +146,89 @@ TEST(KvCache, ABatchOfPromptsDecodesAsEachAlone) {
   }
 }
 
+// Note [padded prompts]: prompts of different lengths, left-padded in one batch, give each row's
+// logits as that row alone (prefill, then one token at a time), for GPT (learned positions) and
+// LLaMA (rotary positions per row, grouped-query heads); and generate_batch gives each prompt's
+// tokens alone, also past block_size where each row's window slides.
+template <class Model> void expect_padded_rows_match(const Model& m, int64_t vocab) {
+  NoGradGuard ng;
+  const std::vector<int64_t> lengths = {7, 3, 1, 5};
+  const int64_t L = 7, B = static_cast<int64_t>(lengths.size());
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<int64_t> window, pad;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.push_back(tokens(lengths[static_cast<size_t>(b)] + 3, vocab, 11 + static_cast<uint64_t>(b)));
+    pad.push_back(L - lengths[static_cast<size_t>(b)]);
+    window.insert(window.end(), static_cast<size_t>(pad.back()), 0);
+    window.insert(window.end(), rows.back().begin(), rows.back().begin() + lengths[static_cast<size_t>(b)]);
+  }
+  KvCache cache;
+  cache.pad = pad;
+  std::vector<Tensor> steps = {ops::select(m.forward_cached(from_vector(window, {B, L}), cache), 1, L - 1)};
+  for (int64_t t = 0; t < 3; ++t) {  // three more tokens per row, one at a time
+    std::vector<int64_t> next;
+    for (int64_t b = 0; b < B; ++b) next.push_back(rows[static_cast<size_t>(b)][static_cast<size_t>(lengths[static_cast<size_t>(b)] + t)]);
+    steps.push_back(ops::select(m.forward_cached(from_vector(next, {B, 1}), cache), 1, 0));
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& r = rows[static_cast<size_t>(b)];
+    const int64_t n = lengths[static_cast<size_t>(b)] + 3;
+    const Tensor alone = m.forward(from_vector(std::vector<int64_t>(r.begin(), r.begin() + n), {1, n}));  // (1, n, V)
+    for (int64_t s = 0; s < 4; ++s) {
+      const auto got = ops::select(steps[static_cast<size_t>(s)], 0, b).to_vector<double>();
+      const auto want = ops::select(ops::select(alone, 0, 0), 0, lengths[static_cast<size_t>(b)] - 1 + s).to_vector<double>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-5) << "row " << b << " step " << s << " element " << i;
+    }
+  }
+}
+
+TEST(KvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
+  GPTConfig g;
+  g.vocab_size = 61;
+  g.block_size = 16;
+  g.n_layer = 2;
+  g.n_head = 4;
+  g.n_embd = 32;
+  expect_padded_rows_match(GPT(g, 13), g.vocab_size);
+  LlamaConfig l;
+  l.vocab_size = 61;
+  l.block_size = 16;
+  l.n_layer = 2;
+  l.n_head = 4;
+  l.n_kv_head = 2;
+  l.dim = 32;
+  l.ffn_hidden = 64;
+  expect_padded_rows_match(Llama(l, 13), l.vocab_size);
+}
+
+TEST(KvCache, ABatchOfPromptsOfDifferentLengthsDecodesAsEachAlone) {
+  LlamaConfig c;
+  c.vocab_size = 61;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.dim = 32;
+  c.ffn_hidden = 64;
+  auto m = std::make_shared<Llama>(c, 17);
+  train::LanguageModel lm;
+  lm.module = m;
+  lm.forward = [m](const Tensor& x) { return m->forward(x); };
+  lm.vocab_size = c.vocab_size;
+  lm.block_size = c.block_size;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {9}, {30, 31, 2}};
+  const std::vector<uint64_t> seeds = {5, 6, 7};
+  for (double temperature : {0.0, 0.8}) {
+    const train::Sampling how{temperature, 0, 1.0, true};
+    const auto batch = train::generate_batch(lm, prompts, 14, how, seeds);  // row 0 passes block_size 16
+    ASSERT_EQ(batch.size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(batch[k], train::generate(lm, prompts[k], 14, how, seeds[k])) << "row " << k << " temperature " << temperature;
+    EXPECT_EQ(batch[0].size(), 20u);
+  }
+}
+
 }  // namespace
 }  // namespace forge::nn

@@ -1,11 +1,40 @@
 #include "forge/nn/causal_lm.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "forge/core/memory_owner.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/creation.h"
 
 namespace forge::nn {
 
 Tensor Stream::materialize() const { return pending.defined() ? ops::add(x, pending) : x; }
+
+bool KvCache::padded() const {
+  for (int64_t p : pad)
+    if (p != 0) return true;
+  return false;
+}
+
+Tensor KvCache::key_mask(int64_t new_tokens, Device device) const {
+  if (!padded()) return Tensor();
+  const auto B = static_cast<int64_t>(pad.size());
+  const int64_t S = length + new_tokens;
+  std::vector<int64_t> allowed(static_cast<size_t>(B * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) allowed[static_cast<size_t>(b * S + s)] = s >= pad[static_cast<size_t>(b)] ? 1 : 0;
+  return ops::ne(from_vector(allowed, {B, 1, 1, S}), 0.0).to(device);
+}
+
+Tensor KvCache::positions(int64_t new_tokens, Device device) const {
+  const auto B = static_cast<int64_t>(pad.size());
+  std::vector<int64_t> p(static_cast<size_t>(B * new_tokens));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < new_tokens; ++t)
+      p[static_cast<size_t>(b * new_tokens + t)] = std::max<int64_t>(0, length + t - pad[static_cast<size_t>(b)]);
+  return from_vector(p, {B, new_tokens}).to(device);
+}
 
 namespace {
 // Note [memory owners]: the embedding's and the head's allocations (the blocks label their own).

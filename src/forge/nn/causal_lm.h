@@ -56,14 +56,30 @@ struct Stream {
 // bottom-right: ops/attention.h) and appends their keys and values. Inference only; the
 // context is the model's block_size (the caller starts again past it). Equal to forward() on
 // the whole sequence up to rounding (tests/nn/test_kv_cache.cpp).
+//
+// Note [padded prompts]: prompts of different lengths decode as one batch left-padded to the
+// longest: row b's first pad[b] positions are padding. Its real tokens keep the positions they
+// would have alone (position = cache position - pad[b]: GPT's position table, LLaMA's rotary
+// embedding per row), and every query attends only to keys past the row's padding (key_mask,
+// with the causal mask), so each row computes what it would alone, up to the batched GEMMs'
+// rounding. The padding's own queries see no key and give zero rows nobody reads.
 struct KvCache {
   std::vector<Tensor> k, v;  // per block: (B, H_kv, length, D)
   int64_t length = 0;
+  std::vector<int64_t> pad;  // per row, its left padding (Note [padded prompts]); empty: none
   void clear() {
     k.clear();
     v.clear();
     length = 0;
+    pad.clear();
   }
+  bool padded() const;
+  // (B, 1, 1, length + new_tokens) bool on `device`: true where a row may attend (past its
+  // padding); undefined when no row is padded.
+  Tensor key_mask(int64_t new_tokens, Device device) const;
+  // (B, new_tokens) i64 on `device`: each row's positions of the new tokens, cache position
+  // minus its padding (0 on the padding itself).
+  Tensor positions(int64_t new_tokens, Device device) const;
 };
 
 class CausalLM : public Module {

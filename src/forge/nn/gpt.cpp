@@ -76,8 +76,8 @@ Tensor GPTBlock::forward(const Tensor& x) const {
   return ops::add(h, m);
 }
 
-Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
-  const Tensor h = ops::add(x, attn->forward_cached(ln_1->forward(x), k_cache, v_cache));
+Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask) const {
+  const Tensor h = ops::add(x, attn->forward_cached(ln_1->forward(x), k_cache, v_cache, key_mask));
   return ops::add(h, mlp->forward(ln_2->forward(h)));
 }
 
@@ -87,9 +87,18 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) const {
   FORGE_CHECK(cache.length + T <= config.block_size, "GPT: a KV cache of ", cache.length, " positions and ", T,
               " more exceed model.block_size = ", config.block_size, "; start a new cache");
   if (cache.k.empty()) cache.k.resize(h.size()), cache.v.resize(h.size());
-  Tensor pos = arange(cache.length, cache.length + T, 1, {.dtype = DType::i64, .device = idx.device()});
-  Tensor x = drop->forward(wpe->add_to(wte->forward(idx), pos));
-  for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache.k[i], cache.v[i]);
+  FORGE_CHECK(cache.pad.empty() || static_cast<int64_t>(cache.pad.size()) == idx.size(0), "GPT: the KV cache pads ",
+              cache.pad.size(), " rows, the batch has ", idx.size(0));
+  // Each row's positions (Note [padded prompts]): the cache's, less its padding.
+  Tensor x;
+  if (cache.padded()) {
+    x = drop->forward(ops::add(wte->forward(idx), wpe->forward(cache.positions(T, idx.device()))));
+  } else {
+    const Tensor pos = arange(cache.length, cache.length + T, 1, {.dtype = DType::i64, .device = idx.device()});
+    x = drop->forward(wpe->add_to(wte->forward(idx), pos));
+  }
+  const Tensor mask = cache.key_mask(T, idx.device());
+  for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache.k[i], cache.v[i], mask);
   cache.length += T;
   return wte->attend(ln_f->forward(x));
 }

@@ -39,7 +39,7 @@ struct GPTConfig {
 class GPTBlock : public Module {
  public:
   // The block over a KV cache's keys and values of its attention (Note [KV cache]).
-  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {}) const;
   explicit GPTBlock(const GPTConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C), the stream after the block
   std::shared_ptr<LayerNorm> ln_1, ln_2;

@@ -1,5 +1,6 @@
 #include "forge/nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <typeinfo>
@@ -134,7 +135,8 @@ Tensor grow(Tensor& cache, const Tensor& t) {
 }
 }  // namespace
 
-Tensor CausalSelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache,
+                                           const Tensor& key_mask) const {
   const Tensor qkv = c_attn->forward(x);  // (B, T, 3 H D)
   const int64_t B = qkv.size(0), T = qkv.size(1), H = local_heads, D = head_dim;
   auto heads = [&](int64_t part) {
@@ -142,7 +144,7 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, Tensor& k_cache, Ten
   };
   const Tensor k = grow(k_cache, heads(1)), v = grow(v_cache, heads(2));
   // causal: the T queries are the last T of the S positions (bottom-right, ops/attention.h).
-  const Tensor y = ops::scaled_dot_product_attention(ops::contiguous(heads(0)), k, v, true);  // (B, H, T, D)
+  const Tensor y = ops::scaled_dot_product_attention(ops::contiguous(heads(0)), k, v, true, 0.0, key_mask);  // (B, H, T, D)
   return resid_drop->forward(c_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D})));
 }
 
@@ -189,15 +191,36 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
   return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
 }
 
-Tensor LlamaAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
+Tensor LlamaAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask,
+                                      const std::vector<int64_t>& pad) const {
   const int64_t offset = k_cache.defined() ? k_cache.size(2) : 0;
   const Tensor qp = q_proj->forward(x);
   const int64_t B = qp.size(0), T = qp.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
-  const Tensor q = ops::rope(heads(qp, local_heads), offset, rope_theta, rope_scaling);
-  const Tensor k = grow(k_cache, ops::rope(heads(k_proj->forward(x), local_kv_heads), offset, rope_theta, rope_scaling));
+  // Rotary positions: the cache's, less each row's padding (Note [padded prompts]); a row's
+  // padding columns are left unrotated (masked: nobody attends to them).
+  auto rotate = [&](const Tensor& t) {  // (B, h, T, D)
+    bool padded = false;
+    for (int64_t p : pad) padded = padded || p != 0;
+    if (!padded) return ops::rope(t, offset, rope_theta, rope_scaling);
+    FORGE_CHECK(static_cast<int64_t>(pad.size()) == B, "LlamaAttention: ", pad.size(), " rows of padding for a batch of ", B);
+    TensorList rows;
+    for (int64_t b = 0; b < B; ++b) {
+      const Tensor row = ops::narrow(t, 0, b, 1);
+      const int64_t start = std::clamp<int64_t>(pad[static_cast<size_t>(b)] - offset, 0, T);  // first real column
+      TensorList parts;
+      if (start > 0) parts.push_back(ops::narrow(row, 2, 0, start));
+      if (start < T)
+        parts.push_back(ops::rope(ops::narrow(row, 2, start, T - start), offset + start - pad[static_cast<size_t>(b)],
+                                  rope_theta, rope_scaling));
+      rows.push_back(parts.size() == 1 ? parts.front() : ops::cat(parts, 2));
+    }
+    return ops::cat(rows, 0);
+  };
+  const Tensor q = rotate(heads(qp, local_heads));
+  const Tensor k = grow(k_cache, rotate(heads(k_proj->forward(x), local_kv_heads)));
   const Tensor v = grow(v_cache, heads(v_proj->forward(x), local_kv_heads));
-  const Tensor y = ops::scaled_dot_product_attention(q, k, v, true);  // (B, H, T, D)
+  const Tensor y = ops::scaled_dot_product_attention(q, k, v, true, 0.0, key_mask);  // (B, H, T, D)
   return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
 }
 

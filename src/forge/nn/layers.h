@@ -87,8 +87,9 @@ class CausalSelfAttention : public Module {
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
   // Incremental decoding (Note [KV cache], causal_lm.h): attends x's T new positions over the
   // cached keys and values (B, H, S, D) and appends theirs to k_cache / v_cache (undefined =
-  // empty). Inference only (no autograd history is kept for the cache).
-  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
+  // empty). Inference only (no autograd history is kept for the cache). key_mask: (B, 1, 1, S)
+  // bool, the keys past each row's padding (Note [padded prompts], causal_lm.h), or undefined.
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {}) const;
   int64_t dim, n_head, head_dim, local_heads;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
@@ -104,8 +105,10 @@ class LlamaAttention : public Module {
   LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {},
                  const ops::RopeScaling& rope_scaling = ops::RopeScaling::none());
   Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
-  // As CausalSelfAttention::forward_cached; the new positions start at the cache's length.
-  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
+  // As CausalSelfAttention::forward_cached; the new positions start at the cache's length,
+  // less each row's padding `pad` (empty: none; Note [padded prompts]).
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {},
+                        const std::vector<int64_t>& pad = {}) const;
   int64_t dim, n_head, n_kv_head, head_dim, local_heads, local_kv_heads;
   double rope_theta;
   ops::RopeScaling rope_scaling;

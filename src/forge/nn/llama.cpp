@@ -43,8 +43,9 @@ Tensor LlamaBlock::forward(const Tensor& x) const {
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
-Tensor LlamaBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const {
-  Tensor h = ops::add(x, self_attn->forward_cached(input_layernorm->forward(x), k_cache, v_cache));
+Tensor LlamaBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask,
+                                  const std::vector<int64_t>& pad) const {
+  Tensor h = ops::add(x, self_attn->forward_cached(input_layernorm->forward(x), k_cache, v_cache, key_mask, pad));
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
@@ -53,8 +54,11 @@ Tensor Llama::forward_cached(const Tensor& idx, KvCache& cache) const {
   FORGE_CHECK(cache.length + idx.size(1) <= config.block_size, "Llama: a KV cache of ", cache.length, " positions and ",
               idx.size(1), " more exceed model.block_size = ", config.block_size, "; start a new cache");
   if (cache.k.empty()) cache.k.resize(layers.size()), cache.v.resize(layers.size());
+  FORGE_CHECK(cache.pad.empty() || static_cast<int64_t>(cache.pad.size()) == idx.size(0), "Llama: the KV cache pads ",
+              cache.pad.size(), " rows, the batch has ", idx.size(0));
   Tensor x = embed_tokens->forward(idx);
-  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache.k[i], cache.v[i]);
+  const Tensor mask = cache.key_mask(idx.size(1), idx.device());  // (Note [padded prompts])
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache.k[i], cache.v[i], mask, cache.pad);
   cache.length += idx.size(1);
   return lm_head->forward(norm->forward(x));
 }

@@ -41,7 +41,8 @@ struct LlamaConfig {
 class LlamaBlock : public Module {
  public:
   // The block over a KV cache's keys and values of its attention (Note [KV cache]).
-  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache) const;
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {},
+                        const std::vector<int64_t>& pad = {}) const;
   explicit LlamaBlock(const LlamaConfig& c, const LayerSpec& spec = {});
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;

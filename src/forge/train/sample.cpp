@@ -70,9 +70,11 @@ int32_t pick_token(std::vector<double> logits, const Sampling& how, Generator& g
 
 namespace {
 
-// The decoding loop of generate and generate_batch: rows of one length advance together (a
-// finished row takes tokens nobody reads, so every row stays aligned in one KV cache), row k
-// drawing from gens[k]; over a KV cache when `lm` is set, else the whole window every token.
+// The decoding loop of generate and generate_batch: the rows advance together (a finished row
+// takes tokens nobody reads, so every row stays aligned in one KV cache), row k drawing from
+// gens[k]; over a KV cache when `lm` is set, else the whole window every token. Rows of
+// different lengths are left-padded to the longest over the KV cache (Note [padded prompts],
+// nn/causal_lm.h); without a cache they run one length at a time (generate_batch).
 std::vector<std::vector<int32_t>> decode_rows(const LanguageModel& model, const nn::CausalLM* lm,
                                               std::vector<std::vector<int32_t>> rows, int64_t n, const Sampling& how,
                                               const std::vector<uint64_t>& seeds,
@@ -97,12 +99,21 @@ std::vector<std::vector<int32_t>> decode_rows(const LanguageModel& model, const 
       std::vector<int64_t> next;
       for (const auto& r : rows) next.push_back(r.back());
       logits = lm->forward_cached(from_vector(next, {B, 1}).to(model.device()), cache);
-    } else {  // the window: the prompts, or (past block_size) the last block_size tokens again
-      const auto ctx = static_cast<int64_t>(std::min<size_t>(rows.front().size(), static_cast<size_t>(model.block_size)));
-      std::vector<int64_t> window;
-      for (const auto& r : rows) window.insert(window.end(), r.end() - ctx, r.end());
+    } else {  // the window: the prompts, or (past block_size) each row's last block_size tokens again
+      size_t longest = 0;
+      for (const auto& r : rows) longest = std::max(longest, r.size());
+      const auto ctx = static_cast<int64_t>(std::min<size_t>(longest, static_cast<size_t>(model.block_size)));
+      std::vector<int64_t> window, pad;
+      for (const auto& r : rows) {  // left-padded with token 0 (Note [padded prompts])
+        const auto own = static_cast<int64_t>(std::min<size_t>(r.size(), static_cast<size_t>(ctx)));
+        pad.push_back(ctx - own);
+        window.insert(window.end(), static_cast<size_t>(ctx - own), 0);
+        window.insert(window.end(), r.end() - own, r.end());
+      }
       const Tensor w = from_vector(window, {B, ctx}).to(model.device());
       cache.clear();
+      cache.pad = pad;
+      FORGE_CHECK(lm || !cache.padded(), "generate: rows of different lengths need the KV cache path");
       logits = lm ? lm->forward_cached(w, cache) : model.forward(w);
       last = ctx - 1;
     }
@@ -150,8 +161,10 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
     FORGE_CHECK(!r.empty(), "generate: a prompt has no tokens");
     same_length = same_length && r.size() == rows.front().size();
   }
-  if (same_length) return decode_rows(model, cached_lm(model, how), std::move(rows), n, how, seeds, stop);
-  for (size_t k = 0; k < rows.size(); ++k) {  // one at a time
+  // One batch over one KV cache, left-padded when the lengths differ (Note [padded prompts]).
+  const nn::CausalLM* lm = cached_lm(model, how);
+  if (same_length || lm) return decode_rows(model, lm, std::move(rows), n, how, seeds, stop);
+  for (size_t k = 0; k < rows.size(); ++k) {  // without the cache: one at a time
     std::function<bool(size_t, const std::vector<int32_t>&)> row_stop;
     if (stop) row_stop = [&stop, k](size_t, const std::vector<int32_t>& r) { return stop(k, r); };
     rows[k] = decode_rows(model, cached_lm(model, how), {std::move(rows[k])}, n, how, {seeds[k]}, row_stop).front();
@@ -210,32 +223,30 @@ SampleResult sample(const SampleOptions& opt) {
       if (!s.empty()) at = std::min(at, text.find(s));
     return at;
   };
-  // Prompts of one length in tokens decode as one batch (generate_batch: one KV cache, B rows);
-  // prompt k draws from seed + k either way, so batching changes no text.
+  // Every prompt decodes in one batch over one KV cache (generate_batch; of different lengths,
+  // left-padded: Note [padded prompts]), or without the cache one length at a time; prompt k
+  // draws from seed + k either way, so batching changes no text.
   std::vector<std::vector<int32_t>> encoded;
-  std::map<size_t, std::vector<size_t>> by_length;
+  std::vector<uint64_t> seeds;
   for (size_t k = 0; k < prompts.size(); ++k) {
     encoded.push_back(tok->encode_ordinary(prompts[k].empty() ? std::string("\n") : prompts[k]));
-    by_length[encoded.back().size()].push_back(k);
+    seeds.push_back(opt.seed + k);
   }
   r.completions.resize(prompts.size());
   r.new_tokens.resize(prompts.size());
-  for (const auto& [len, group] : by_length) {
-    auto completion_of = [&, len = len](const std::vector<int32_t>& ids) {
-      return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(len), ids.end()));
-    };
-    std::vector<std::vector<int32_t>> rows;
-    std::vector<uint64_t> seeds;
-    for (size_t k : group) rows.push_back(encoded[k]), seeds.push_back(opt.seed + k);
-    const auto out = generate_batch(model, std::move(rows), opt.tokens, how, seeds, [&](size_t, const std::vector<int32_t>& ids) {
-      return !opt.stop.empty() && stop_at(completion_of(ids)) != std::string::npos;
+  auto completion_of = [&](size_t k, const std::vector<int32_t>& ids) {
+    return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(encoded[k].size()), ids.end()));
+  };
+  {
+    const auto out = generate_batch(model, encoded, opt.tokens, how, seeds, [&](size_t k, const std::vector<int32_t>& ids) {
+      return !opt.stop.empty() && stop_at(completion_of(k, ids)) != std::string::npos;
     });
-    for (size_t g = 0; g < group.size(); ++g) {
-      std::string completion = completion_of(out[g]);
+    for (size_t k = 0; k < out.size(); ++k) {
+      std::string completion = completion_of(k, out[k]);
       if (const size_t at = stop_at(completion); at != std::string::npos) completion.resize(at);
-      r.new_tokens[group[g]] = static_cast<int64_t>(out[g].size() - len);
-      generated += r.new_tokens[group[g]];
-      r.completions[group[g]] = completion;
+      r.new_tokens[k] = static_cast<int64_t>(out[k].size() - encoded[k].size());
+      generated += r.new_tokens[k];
+      r.completions[k] = completion;
     }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -77,11 +77,11 @@ struct Sampling {
 // whole again, as without the cache, so both give the same tokens.
 std::vector<int32_t> generate(const LanguageModel& model, std::vector<int32_t> ids, int64_t n, const Sampling& how,
                               uint64_t seed, const std::function<bool(const std::vector<int32_t>&)>& stop = {});
-// Several prompts of one length in tokens decoded as one batch (over one KV cache for a GPT or
-// LLaMA with how.kv_cache, else the whole window each token; prompts of different lengths one
-// after another): row k
-// draws from seeds[k], so each row gets the tokens generate() would give it alone (up to the
-// batched GEMMs' rounding); stop(k, ids) ends row k.
+// Several prompts decoded as one batch over one KV cache (a GPT or LLaMA with how.kv_cache;
+// prompts of different lengths left-padded, Note [padded prompts] in nn/causal_lm.h), or without
+// the cache the whole window each token, one length at a time: row k draws from seeds[k], so each
+// row gets the tokens generate() would give it alone (up to the batched GEMMs' rounding);
+// stop(k, ids) ends row k.
 std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std::vector<std::vector<int32_t>> rows,
                                                 int64_t n, const Sampling& how, const std::vector<uint64_t>& seeds,
                                                 const std::function<bool(size_t, const std::vector<int32_t>&)>& stop = {});
