@@ -59,7 +59,7 @@ if want build; then
 fi
 if want ctest; then
   run_ctest() {
-    (cd build-gpu && timeout 300 ctest -L cuda -R "${CTEST_REGEX:-LinearDeferred|CudaStreams|CudaTensorParallel|Nccl|GraphedTraining|CudaAllocator|CudaLinear|Deferred|CudaModels|CrossEntropy|OpTable}" \
+    (cd build-gpu && timeout 300 ctest -L cuda -R "${CTEST_REGEX:-LinearDeferred|CudaStreams|CudaTensorParallel|Nccl|GraphedTraining|CudaAllocator|CudaLinear|Deferred|CudaModels|CrossEntropy|OpTable|CudaRope|CudaNorm|CudaKvCache}" \
        --output-on-failure -j8 > "$R/ctest.log" 2>&1; t "ctest rc=$?")
   }
   if [[ -n "${CTEST_GPUS:-}" ]]; then
