@@ -148,6 +148,25 @@ TEST(PlanTime, RingAllReduceMovesTwoNMinusOneOverNOfTheBytes) {
   EXPECT_NEAR(t.dp_comm, ring_allreduce_bytes(bytes, 8) / bw + 2 * 3 * 10e-6, 1e-9);
 }
 
+// Tensor parallelism: 4 all-reduces of the activations per layer (6 with full recomputation),
+// one for the embedding and one for the head; sequence parallelism one all-gather more per
+// region in backward (its input shard gathered again): the traffic of one all-reduce per layer.
+TEST(PlanTime, TensorParallelCollectivesPerLayer) {
+  PlanInput in = llama7b_on("h100", 8);
+  in.layout.dp = 1, in.layout.tp = 8, in.layout.micro_batch = 1, in.layout.grad_accum = 1;
+  in.layout.sequence_parallel = false;
+  const double L = static_cast<double>(in.model.n_layer);
+  const double hidden = static_cast<double>(in.model.seq_len * in.model.d_model) * 2;  // bf16
+  const TimeBreakdown t = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  // One ring all-reduce of the activations over the tp link (time_model.h's formula).
+  const double one = ring_allreduce_bytes(hidden, 8) / t.tp_link.bandwidth + 2 * 3 * t.tp_link.latency;
+  EXPECT_NEAR(t.tp_comm, (4 * L + 2) * one, 1e-12);
+  in.layout.sequence_parallel = true;
+  EXPECT_NEAR(step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens).tp_comm, (5 * L + 2) * one, 1e-12);
+  in.layout.checkpointing = Checkpointing::full;
+  EXPECT_NEAR(step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens).tp_comm, (6 * L + 2) * one, 1e-12);
+}
+
 TEST(PlanTime, PipelineBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_DOUBLE_EQ(bubble_fraction(4, 12), 3.0 / 15.0);
   EXPECT_DOUBLE_EQ(bubble_fraction(1, 8), 0.0);

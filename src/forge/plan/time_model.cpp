@@ -104,8 +104,14 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     const double compute = model_flops / rate, recompute = recompute_flops / rate;
     double tp = 0;
     if (t > 1) {
-      const double n = static_cast<double>(layers * (l.checkpointing == Checkpointing::full ? 6 : 4) + (first ? 1 : 0) +
-                                           (last ? 1 : 0));
+      const bool full = l.checkpointing == Checkpointing::full;
+      double n = static_cast<double>(layers * (full ? 6 : 4) + (first ? 1 : 0) + (last ? 1 : 0));
+      // Sequence parallelism keeps only each region's input shard for backward and gathers it
+      // again there (Megatron's choice, forge's with its default FORGE_TP_OVERLAP): one more
+      // all-gather per region, two per layer, each half an all-reduce's traffic (measured on
+      // 2 x H200 at tp 2: sp 4% slower than tp alone, docs/dist.md). (Full recomputation's
+      // gathers are in its 6.)
+      if (sp && !full) n += static_cast<double>(layers);
       tp = n * allreduce_time(hidden_bytes, t, r.tp_link);
     }
     double p2p = 0;
