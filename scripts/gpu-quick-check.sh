@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A short GPU check for a session with little device time left (about 5 minutes on 2 GPUs): build,
+# A short GPU check for a session with little device time left (about 6 minutes on 2 GPUs): build,
 # the CUDA tests of the kernels changed, tensor parallelism with and without sequence parallelism
-# (phase timers), the LLaMA 0.85B step (forge alone), and the telemetry of a GPT-2 run (GPM in the
+# (equivalence with one GPU, phase timers), the LLaMA 0.85B step (forge alone), and the telemetry of a GPT-2 run (GPM in the
 # progress line, a step trace, an out-of-memory snapshot). Every result goes to $OUT as it comes, so
 # a run cut short still returns what it finished.
 #
@@ -32,6 +32,11 @@ CUDA_VISIBLE_DEVICES=0 timeout 120 "$FORGE" train configs/llama-0.85b.toml --run
 t "llama rc=$?"; grep -E "^step|cuda graph" "$R/llama.log" | tail -4 | tee -a "$LOG"
 wait "$CT"
 if [[ $NGPU -ge 2 ]]; then
+  # Tensor parallelism against one GPU (losses and parameters), with and without sequence parallelism.
+  FORGE_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) RAW_DIR="$R/tp" PHASES=check \
+    CHECK_MODELS="${CHECK_MODELS:-gpt llama_kv2}" CHECK_OPTIMS="${CHECK_OPTIMS:-adamw}" timeout 240 benchmarks/tp/run_tp.sh \
+    > "$R/tp_check.log" 2>&1
+  t "tp check rc=$?"; grep -h '"result"' "$R/tp/equivalence.jsonl" 2>/dev/null | cut -c1-220 | tee -a "$LOG"
   for v in tp2 tp2_sp; do
     V=(--dist.tp=2); [[ $v == tp2_sp ]] && V+=(--dist.sequence_parallel=true)
     FORGE_TRAIN_PHASES=1 OMP_NUM_THREADS=8 timeout 100 "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train \
