@@ -135,8 +135,11 @@ int run_plot(const PlotArgs& args) {
 
 int run_top(const TopArgs& args) {
   FORGE_CHECK(args.interval > 0, "top: --interval must be > 0 seconds, got ", args.interval);
+  // The GPM figures are over a window inside each refresh (at most half a second), so a frame
+  // still comes every --interval seconds.
+  const double window = std::min(0.5, args.interval / 2);
   for (int64_t n = 0;; ++n) {
-    const bench::TopSnapshot s = bench::top_snapshot();
+    const bench::TopSnapshot s = bench::top_snapshot(window);
     if (s.gpus.empty()) {
       std::cerr << "forge top: no GPU to show (" << s.note << ")" << std::endl;
       return bench::kNoGpuStatus;
@@ -148,7 +151,7 @@ int run_top(const TopArgs& args) {
       std::cout << bench::top_table(s) << std::flush;
     }
     if (args.once || (args.count > 0 && n + 1 >= args.count)) return 0;
-    std::this_thread::sleep_for(std::chrono::duration<double>(args.interval));
+    std::this_thread::sleep_for(std::chrono::duration<double>(args.interval - window));
   }
 }
 
