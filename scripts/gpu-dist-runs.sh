@@ -173,7 +173,7 @@ if want tb_check; then
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=trace --train.steps=20 \
       --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=10:12 > "$R/trace_train.log" 2>&1
     cp /tmp/forge_tb_runs/trace/trace.rank0.json "$R/" 2>/dev/null
-    "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track and name', collections.Counter((e.get('tid'), e['name'].split(' ')[0]) for e in j['traceEvents'] if e['ph']=='X'))"
+    "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track and name', collections.Counter((e.get('tid'), 'kernel' if e.get('tid') == 3 else e['name'].split(':')[0]) for e in j['traceEvents'] if e['ph']=='X'), j['otherData'].get('kernels'))"
     grep -E "cuda graph" "$R/trace_train.log"
     # A deliberately slow input pipeline (one loader worker, tiny batches): the idle warning.
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=slow --train.steps=60 \

@@ -51,7 +51,7 @@ CUDA_VISIBLE_DEVICES=0 timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.di
   --train.log_every=10 --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=20:21 > "$R/gpt.log" 2>&1
 t "gpt2 rc=$?"; grep -E "^step|cuda graph|trace" "$R/gpt.log" | tail -6 | tee -a "$LOG"
 cp /tmp/q/gpt/trace.rank0.json "$R/" 2>/dev/null
-python3 -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events', collections.Counter((e.get('tid'), e['name'].split(':')[0]) for e in j['traceEvents'] if e['ph']=='X'))" 2>&1 | tee -a "$LOG"
+python3 -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events', collections.Counter((e.get('tid'), 'kernel' if e.get('tid') == 3 else e['name'].split(':')[0]) for e in j['traceEvents'] if e['ph']=='X'), j['otherData'].get('kernels'))" 2>&1 | tee -a "$LOG"
 grep -h '"gpu_sm_active_pct"' /tmp/q/gpt/metrics.jsonl | tail -1 | cut -c1-700 | tee -a "$LOG"
 CUDA_VISIBLE_DEVICES=0 timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/q --run.name=oom --train.batch_size=512 \
   --train.steps=2 --eval.every=0 --checkpoint.at_end=false > "$R/oom.log" 2>&1

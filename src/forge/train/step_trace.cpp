@@ -9,6 +9,7 @@
 #ifdef FORGE_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
 
+#include "forge/backends/cuda/kernel_trace.h"
 #include "forge/backends/cuda/stream.h"
 #endif
 
@@ -26,6 +27,9 @@ struct StepTrace::Device_ {
   std::unique_ptr<cuda::Event> base;  // recorded with t0_
   std::vector<std::vector<cuda::Event>> marks;  // per traced step
   std::vector<std::vector<std::pair<cuda::Event, cuda::Event>>> ranges;  // per traced step, as Step::ranges
+  cuda::KernelTrace kernels;  // CUPTI's kernel records from the first traced step to the last's end
+  bool kernels_on = false;
+  uint64_t base_ns = 0;       // CUPTI's clock at t0_
 #endif
 };
 
@@ -62,6 +66,8 @@ void StepTrace::begin_step(int64_t step) {
     if (device_.is_cuda()) {
       dev_->base = std::make_unique<cuda::Event>(true);
       dev_->base->record(cuda::Stream::current(static_cast<int>(device_.index)));
+      dev_->kernels_on = dev_->kernels.start();
+      if (dev_->kernels_on) dev_->base_ns = dev_->kernels.now_ns();
     }
 #endif
   }
@@ -135,6 +141,9 @@ void StepTrace::end_step() {
   trace::set_sink(nullptr);
   steps_.back().end = Clock::now();
 #ifdef FORGE_WITH_CUDA
+  if (steps_.back().step == last_ && dev_->kernels_on) dev_->kernels.stop();  // (waits for the device)
+#endif
+#ifdef FORGE_WITH_CUDA
   while (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
 #endif
   active_ = false;
@@ -181,8 +190,26 @@ std::string StepTrace::write() {
     }
   }
 #endif
-  const json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
-                      {"otherData", {{"forge", "telemetry.profile_steps"}, {"first_step", first_}, {"last_step", last_}}}};
+  json other = {{"forge", "telemetry.profile_steps"}, {"first_step", first_}, {"last_step", last_}};
+#ifdef FORGE_WITH_CUDA
+  // The kernels (CUPTI), on a track of their own, on the host's clock.
+  if (device_.is_cuda()) {
+    dev_->kernels.stop();
+    if (dev_->kernels_on) {
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 3}, {"args", {{"name", "GPU kernels (CUPTI)"}}}});
+      for (const auto& k : dev_->kernels.records()) {
+        if (k.start_ns < dev_->base_ns || k.end_ns < k.start_ns) continue;
+        events.push_back({{"name", k.name}, {"ph", "X"}, {"pid", rank_}, {"tid", 3},
+                          {"ts", static_cast<double>(k.start_ns - dev_->base_ns) / 1e3},
+                          {"dur", static_cast<double>(k.end_ns - k.start_ns) / 1e3}, {"args", {{"stream", k.stream}}}});
+      }
+      other["kernels"] = dev_->kernels.records().size();
+    } else {
+      other["kernels"] = dev_->kernels.note();
+    }
+  }
+#endif
+  const json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   io::write_file_atomic(out_, trace.dump() + "\n");
   return out_.string();
 }

@@ -13,9 +13,11 @@
 // recorded at the marks on the compute stream and placed on the host clock at the first traced
 // step (so the GPU track lags the host track by the queue's depth). The same phases are NVTX
 // ranges ("forge: forward", ...) while tracing, so an Nsight Systems timeline reads the same way.
-// Kernels themselves are not in the file (that needs CUPTI: benchmarks/step/ktrace.cpp). A run
-// whose step is a CUDA graph runs the traced steps kernel by kernel (GraphedStep), since a
-// replay's phases cannot be told apart.
+// A third track has the GPU's kernels themselves, from CUPTI's activity records (loaded at run time
+// from the CUDA toolkit: backends/cuda/kernel_trace.h; without it the file says why in
+// otherData.kernels), from the first traced step to the end of the last (the device is waited
+// for there, once). A run whose step is a CUDA graph runs the traced steps kernel by kernel
+// (GraphedStep), since a replay's phases cannot be told apart.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
