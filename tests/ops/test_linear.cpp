@@ -165,6 +165,17 @@ TEST(LinearDeferred, WeightGradientsWaitForTheQueueAndMatchThePlainLinear) {
   ops::linear(x2, w2, b2, queue).backward(dy);
   queue->run();
   EXPECT_EQ(vals(w2.grad()), vals(ops::mul(w1.grad(), 2.0)));
+  // on_first_push: called once, when the first weight gradient is queued (the sequence-parallel
+  // entry starts its all-gather there), before it is queued; not again.
+  int first = 0;
+  size_t queued_then = 99;
+  auto q2 = std::make_shared<autograd::DeferredGrads>();
+  q2->on_first_push([&] { ++first, queued_then = q2->empty() ? 0 : 1; });
+  Tensor x3 = x0.detach().requires_grad_(), w3 = w0.detach().requires_grad_();
+  ops::add(ops::sum(ops::linear(x3, w3, Tensor(), q2)), ops::sum(ops::linear(x3, w3, Tensor(), q2))).backward();
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(queued_then, 0u);
+  q2->run();
 }
 
 }  // namespace

@@ -23,7 +23,9 @@
 // weight gradients, one whole-sequence copy per region. Then they save nothing; the entry keeps
 // its own input (this rank's slice of the sequence), gathers it again in backward and sets it
 // here while the queue runs: Megatron's sequence-parallel memory (Korthikanti et al.), one extra
-// all-gather per region in backward.
+// all-gather per region in backward. That all-gather starts when the first linear queues its
+// weight gradient (on_first_push), so it runs behind the region's input-gradient GEMMs instead of
+// in front of the weight-gradient ones (2 x H200: sp was 4% slower than tp without it).
 #include <functional>
 #include <memory>
 #include <vector>
@@ -36,7 +38,18 @@ class DeferredGrads {
  public:
   DeferredGrads() = default;
   explicit DeferredGrads(bool provides_input) : provides_input_(provides_input) {}
-  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
+  void push(std::function<void()> work) {
+    if (work_.empty() && first_push_) {  // (one-shot)
+      auto f = std::move(first_push_);
+      first_push_ = nullptr;
+      f();
+    }
+    work_.push_back(std::move(work));
+  }
+  // Called once, when the first work is queued: the region's backward has reached its linears,
+  // so what the queue will need can be started (the sequence-parallel entry's all-gather, Note
+  // [weight gradients behind the collective]).
+  void on_first_push(std::function<void()> f) { first_push_ = std::move(f); }
   // Runs the queued work in the order it was queued, and empties the queue; `input` is what
   // input() returns meanwhile (when the queue provides it).
   void run(const Tensor& input = Tensor());
@@ -47,6 +60,7 @@ class DeferredGrads {
 
  private:
   std::vector<std::function<void()>> work_;
+  std::function<void()> first_push_;
   bool provides_input_ = false;
   Tensor input_;
 };

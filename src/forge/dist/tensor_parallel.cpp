@@ -261,15 +261,28 @@ RegionEntry make_entry(const Tensor& x, const ProcessGroupPtr& g, bool sequence)
     if (e.defer) e.defer = std::make_shared<autograd::DeferredGrads>(/*provides_input=*/true);
     defer = e.defer;
     const Tensor shard = defer ? x.detach() : Tensor();
-    e.input = with_history("tp_enter_sequence", gather_sequence_now(x, g), x, [g, defer, shard](const Tensor& grad) {
+    // The re-gather of the shard for the weight gradients starts when the region's first linear
+    // queues its weight gradient: it then runs behind the linears' input-gradient GEMMs.
+    struct Prefetch {
+      Tensor flat;
+      WorkPtr work;
+    };
+    auto pre = std::make_shared<Prefetch>();
+    if (defer)
+      defer->on_first_push([g, shard, pre] {
+        NoGradGuard no_grad;
+        std::tie(pre->flat, pre->work) = start_all_gather(shard, g);
+      });
+    e.input = with_history("tp_enter_sequence", gather_sequence_now(x, g), x, [g, defer, shard, pre](const Tensor& grad) {
       if (!defer) return reduce_scatter_sequence_now(grad, g, "tp::gather_sequence backward");
       NoGradGuard no_grad;
-      // The gather first (the weight gradients need it), the reduce-scatter behind it, and the
+      // The gather (started early, or now), the reduce-scatter behind it, and the
       // weight-gradient GEMMs while the reduce-scatter runs.
-      auto [flat, gather] = start_all_gather(shard, g);
+      if (!pre->work) std::tie(pre->flat, pre->work) = start_all_gather(shard, g);
       auto [out, scatter] = start_reduce_scatter_sequence(grad, g, "tp::gather_sequence backward");
-      gather->wait();
-      defer->run(flat.reshape(whole_of_shard(shard, g->size(), "tp::gather_sequence backward")));
+      pre->work->wait();
+      defer->run(pre->flat.reshape(whole_of_shard(shard, g->size(), "tp::gather_sequence backward")));
+      *pre = {};
       scatter->wait();
       return out;
     });
