@@ -58,6 +58,13 @@ void install_crash_handler() {
   ::backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(sig, on_fatal_signal);
 }
+
+// --device and --dtype of the commands that load a checkpoint's model (sample, eval).
+void add_model_placement(CLI::App* cmd, std::string& device, std::string& dtype) {
+  cmd->add_option("--device", device, "where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N")
+      ->capture_default_str();
+  cmd->add_option("--dtype", dtype, "the weights' dtype there: f32, bf16 or f16")->capture_default_str();
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,9 +107,7 @@ int main(int argc, char** argv) {
   sample->add_option("--seed", sample_args.seed, "random seed of the sampling (prompt i uses seed + i)")->capture_default_str();
   sample->add_flag("--json", sample_args.json, "print one JSON object: every completion, tokens/s");
   sample->add_flag("--no-kv-cache", sample_args.no_kv_cache, "run the whole window for every token (what the KV cache saves)");
-  sample->add_option("--device", sample_args.device, "where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N")
-      ->capture_default_str();
-  sample->add_option("--dtype", sample_args.dtype, "the weights' dtype there: f32, bf16 or f16")->capture_default_str();
+  add_model_placement(sample, sample_args.device, sample_args.dtype);
 
   forge::app::EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");
@@ -114,9 +119,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   eval->add_option("--batch", eval_args.batch, "windows per forward pass (files)")->capture_default_str();
   eval->add_flag("--json", eval_args.json, "print one JSON object");
-  eval->add_option("--device", eval_args.device, "where the model runs: auto (the first GPU if any), cpu, cuda, cuda:N")
-      ->capture_default_str();
-  eval->add_option("--dtype", eval_args.dtype, "the weights' dtype there: f32, bf16 or f16")->capture_default_str();
+  add_model_placement(eval, eval_args.device, eval_args.dtype);
 
   forge::app::PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand("plot", "curves of one or several runs (loss, validation loss, lr, throughput, MFU) as SVG");

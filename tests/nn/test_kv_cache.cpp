@@ -26,6 +26,37 @@ std::vector<int64_t> tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+// The small models of these tests (vocab 61 and context 16 unless said).
+GPTConfig tiny_gpt(int64_t vocab = 61, int64_t block = 16) {
+  GPTConfig c;
+  c.vocab_size = vocab;
+  c.block_size = block;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  return c;
+}
+LlamaConfig tiny_llama(int64_t vocab = 61, int64_t block = 16, int64_t kv = 2) {
+  LlamaConfig c;
+  c.vocab_size = vocab;
+  c.block_size = block;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = kv;
+  c.dim = 32;
+  c.ffn_hidden = 64;
+  return c;
+}
+// A model as forge sample sees it.
+template <class M> train::LanguageModel language_model(std::shared_ptr<M> m) {
+  train::LanguageModel lm;
+  lm.module = m;
+  lm.forward = [m](const Tensor& x) { return m->forward(x); };
+  lm.vocab_size = m->vocab_size();
+  lm.block_size = m->block_size();
+  return lm;
+}
+
 void expect_cache_matches(const CausalLM& m, int64_t vocab) {
   NoGradGuard ng;
   const int64_t n = 20;
@@ -62,12 +93,7 @@ void expect_cache_matches(const CausalLM& m, int64_t vocab) {
 }
 
 TEST(KvCache, GptDecodingMatchesTheWholeSequence) {
-  GPTConfig c;
-  c.vocab_size = 97;
-  c.block_size = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
+  const GPTConfig c = tiny_gpt(97, 32);
   GPT m(c, 7);
   m.eval();
   expect_cache_matches(m, c.vocab_size);
@@ -75,14 +101,7 @@ TEST(KvCache, GptDecodingMatchesTheWholeSequence) {
 
 TEST(KvCache, LlamaDecodingMatchesTheWholeSequence) {
   for (int64_t kv : {2, 4}) {  // grouped-query and multi-head
-    LlamaConfig c;
-    c.vocab_size = 97;
-    c.block_size = 32;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_kv_head = kv;
-    c.dim = 32;
-    c.ffn_hidden = 64;
+    const LlamaConfig c = tiny_llama(97, 32, kv);
     Llama m(c, 7);
     m.eval();
     expect_cache_matches(m, c.vocab_size);
@@ -90,20 +109,7 @@ TEST(KvCache, LlamaDecodingMatchesTheWholeSequence) {
 }
 
 TEST(KvCache, GenerateGivesTheSameTokensWithAndWithoutTheCache) {
-  LlamaConfig c;
-  c.vocab_size = 61;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.dim = 32;
-  c.ffn_hidden = 64;
-  auto m = std::make_shared<Llama>(c, 11);
-  train::LanguageModel lm;
-  lm.module = m;
-  lm.forward = [m](const Tensor& x) { return m->forward(x); };
-  lm.vocab_size = c.vocab_size;
-  lm.block_size = c.block_size;
+  const train::LanguageModel lm = language_model(std::make_shared<Llama>(tiny_llama(), 11));
   const std::vector<int32_t> prompt = {5, 9, 2, 40, 7};
   for (double temperature : {0.0, 1.0}) {
     train::Sampling with{temperature, 0, 0.95, true}, without{temperature, 0, 0.95, false};
@@ -117,18 +123,7 @@ TEST(KvCache, GenerateGivesTheSameTokensWithAndWithoutTheCache) {
 // Prompts of one length decode as one batch over one cache: each row gets the tokens it gets
 // alone from its own seed, a stop ends its row only, and past block_size the window slides.
 TEST(KvCache, ABatchOfPromptsDecodesAsEachAlone) {
-  GPTConfig c;
-  c.vocab_size = 61;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  auto m = std::make_shared<GPT>(c, 13);
-  train::LanguageModel lm;
-  lm.module = m;
-  lm.forward = [m](const Tensor& x) { return m->forward(x); };
-  lm.vocab_size = c.vocab_size;
-  lm.block_size = c.block_size;
+  const train::LanguageModel lm = language_model(std::make_shared<GPT>(tiny_gpt(), 13));
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4}, {9, 8, 7, 6}, {30, 31, 2, 5}};
   const std::vector<uint64_t> seeds = {5, 6, 7};
   for (double temperature : {0.0, 0.8}) {
@@ -185,39 +180,12 @@ template <class Model> void expect_padded_rows_match(const Model& m, int64_t voc
 }
 
 TEST(KvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
-  GPTConfig g;
-  g.vocab_size = 61;
-  g.block_size = 16;
-  g.n_layer = 2;
-  g.n_head = 4;
-  g.n_embd = 32;
-  expect_padded_rows_match(GPT(g, 13), g.vocab_size);
-  LlamaConfig l;
-  l.vocab_size = 61;
-  l.block_size = 16;
-  l.n_layer = 2;
-  l.n_head = 4;
-  l.n_kv_head = 2;
-  l.dim = 32;
-  l.ffn_hidden = 64;
-  expect_padded_rows_match(Llama(l, 13), l.vocab_size);
+  expect_padded_rows_match(GPT(tiny_gpt(), 13), 61);
+  expect_padded_rows_match(Llama(tiny_llama(), 13), 61);
 }
 
 TEST(KvCache, ABatchOfPromptsOfDifferentLengthsDecodesAsEachAlone) {
-  LlamaConfig c;
-  c.vocab_size = 61;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.dim = 32;
-  c.ffn_hidden = 64;
-  auto m = std::make_shared<Llama>(c, 17);
-  train::LanguageModel lm;
-  lm.module = m;
-  lm.forward = [m](const Tensor& x) { return m->forward(x); };
-  lm.vocab_size = c.vocab_size;
-  lm.block_size = c.block_size;
+  const train::LanguageModel lm = language_model(std::make_shared<Llama>(tiny_llama(), 17));
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {9}, {30, 31, 2}};
   const std::vector<uint64_t> seeds = {5, 6, 7};
   for (double temperature : {0.0, 0.8}) {

@@ -168,12 +168,17 @@ void backward(const TensorList& roots, const TensorList& grads, bool retain_grap
         struct ClearPending {
           ~ClearPending() { t_pending_input_grad = Tensor(); }
         } clear_pending;
-        // Note [memory owners]: what this node allocates is "backward: <its op>".
-        thread_local std::unordered_map<std::string, const char*> labels;
-        const std::string op = node->name();
-        auto label = labels.find(op);
-        if (label == labels.end()) label = labels.emplace(op, intern_memory_owner("backward: " + op)).first;
-        const MemoryOwner owner(label->second);
+        // Note [memory owners]: what this node allocates is "backward: <its op>" (labelled when
+        // recorded; other nodes by their name, looked up once per name).
+        const char* label = node->memory_label;
+        if (label == nullptr) {
+          thread_local std::unordered_map<std::string, const char*> labels;
+          const std::string op = node->name();
+          auto it = labels.find(op);
+          if (it == labels.end()) it = labels.emplace(op, intern_memory_owner("backward: " + op)).first;
+          label = it->second;
+        }
+        const MemoryOwner owner(label);
         out = node->apply(g);
         if (t_pending_input_grad.defined()) buffers[fused] = std::move(t_pending_input_grad);  // not taken: added as usual
       }

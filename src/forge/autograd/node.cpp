@@ -1,8 +1,11 @@
 #include "forge/autograd/node.h"
 
-#include "forge/core/trace_range.h"
+#include <string>
+#include <unordered_map>
 
 #include "forge/autograd/grad_mode.h"
+#include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 
 namespace forge::autograd {
 namespace {
@@ -85,6 +88,12 @@ Tensor& record(const char* name, Tensor& out, const TensorList& inputs, Backward
   FORGE_CHECK(!out.grad_fn(), name, ": internal error: output already has history");
   auto node = std::make_shared<FunctionNode>(std::string(name) + "Backward", std::move(fn));
   node->block = trace::current_block();
+  {  // (keyed by the op's name literal: one lookup of a pointer per recorded node)
+    thread_local std::unordered_map<const char*, const char*> labels;
+    auto [it, fresh] = labels.try_emplace(name, nullptr);
+    if (fresh) it->second = intern_memory_owner(std::string("backward: ") + name + "Backward");
+    node->memory_label = it->second;
+  }
   for (const auto& t : saved) node->watch_saved(t);
   node->next_edges.reserve(inputs.size());
   node->input_meta.reserve(inputs.size());

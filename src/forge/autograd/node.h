@@ -55,6 +55,9 @@ class Node {
   // The transformer block whose forward recorded this node (-1: none; core/trace_range.h): the
   // engine's "backward: block i" trace ranges.
   int64_t block = -1;
+  // What this node's backward allocates is labelled so (Note [memory owners]): "backward: <op>",
+  // interned when the node is recorded; null for nodes of no op (the engine labels them by name).
+  const char* memory_label = nullptr;
 };
 
 // The mask handed to backward functions: need[i] is false when input i needs no gradient,

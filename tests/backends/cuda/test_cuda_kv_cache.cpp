@@ -45,30 +45,6 @@ void check(CausalLM& m, int64_t vocab, DType dt, double tol) {
   EXPECT_LT(worst, tol) << dtype_name(dt);
 }
 
-TEST(CudaKvCache, LlamaAndGptDecodeAsTheWholeSequence) {
-  FORGE_SKIP_WITHOUT_GPU();
-  for (auto [dt, tol] : {std::pair{DType::f32, 1e-4}, std::pair{DType::bf16, 0.08}}) {
-    LlamaConfig c;
-    c.vocab_size = 128;
-    c.block_size = 64;
-    c.n_layer = 2;
-    c.n_head = 4;
-    c.n_kv_head = 2;
-    c.dim = 64;
-    c.ffn_hidden = 128;
-    Llama llama(c, 5);
-    check(llama, c.vocab_size, dt, tol);
-    GPTConfig g;
-    g.vocab_size = 128;
-    g.block_size = 64;
-    g.n_layer = 2;
-    g.n_head = 4;
-    g.n_embd = 64;
-    GPT gpt(g, 5);
-    check(gpt, g.vocab_size, dt, tol);
-  }
-}
-
 // Note [padded prompts] on the GPU: rows of lengths 9, 4 and 1 left-padded in one batch (the
 // attention's key mask with its causal mask), then three tokens each: every row's last logits as
 // the row alone on the GPU.
@@ -110,8 +86,8 @@ void check_padded(CausalLM& m, int64_t vocab, DType dt, double tol) {
   EXPECT_LT(worst, tol) << dtype_name(dt);
 }
 
-TEST(CudaKvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
-  FORGE_SKIP_WITHOUT_GPU();
+// A grouped-query LLaMA and a GPT, in f32 and bf16, through `run`.
+template <class Check> void each_model(Check run) {
   for (auto [dt, tol] : {std::pair{DType::f32, 1e-4}, std::pair{DType::bf16, 0.08}}) {
     LlamaConfig c;
     c.vocab_size = 128;
@@ -122,7 +98,7 @@ TEST(CudaKvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
     c.dim = 64;
     c.ffn_hidden = 128;
     Llama llama(c, 5);
-    check_padded(llama, c.vocab_size, dt, tol);
+    run(llama, c.vocab_size, dt, tol);
     GPTConfig g;
     g.vocab_size = 128;
     g.block_size = 64;
@@ -130,8 +106,18 @@ TEST(CudaKvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
     g.n_head = 4;
     g.n_embd = 64;
     GPT gpt(g, 5);
-    check_padded(gpt, g.vocab_size, dt, tol);
+    run(gpt, g.vocab_size, dt, tol);
   }
+}
+
+TEST(CudaKvCache, LlamaAndGptDecodeAsTheWholeSequence) {
+  FORGE_SKIP_WITHOUT_GPU();
+  each_model(check);
+}
+
+TEST(CudaKvCache, PromptsOfDifferentLengthsLeftPaddedGiveEachRowsLogits) {
+  FORGE_SKIP_WITHOUT_GPU();
+  each_model(check_padded);
 }
 
 }  // namespace
