@@ -13,6 +13,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/view.h"
 #include "forge/train/sample.h"
+#include "testing/tiny_models.h"
 
 namespace forge::nn {
 namespace {
@@ -26,25 +27,17 @@ std::vector<int64_t> tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return t;
 }
 
-// The small models of these tests (vocab 61 and context 16 unless said).
+// The shared tiny models (testing/tiny_models.h) with this file's vocabulary and context.
 GPTConfig tiny_gpt(int64_t vocab = 61, int64_t block = 16) {
-  GPTConfig c;
+  GPTConfig c = testing::tiny_gpt_config();
   c.vocab_size = vocab;
   c.block_size = block;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
   return c;
 }
 LlamaConfig tiny_llama(int64_t vocab = 61, int64_t block = 16, int64_t kv = 2) {
-  LlamaConfig c;
+  LlamaConfig c = testing::tiny_llama_config(kv);
   c.vocab_size = vocab;
   c.block_size = block;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = kv;
-  c.dim = 32;
-  c.ffn_hidden = 64;
   return c;
 }
 // A model as forge sample sees it.
@@ -100,7 +93,7 @@ TEST(KvCache, GptDecodingMatchesTheWholeSequence) {
 }
 
 TEST(KvCache, LlamaDecodingMatchesTheWholeSequence) {
-  for (int64_t kv : {2, 4}) {  // grouped-query and multi-head
+  for (int64_t kv : {2, 8}) {  // grouped-query and multi-head
     const LlamaConfig c = tiny_llama(97, 32, kv);
     Llama m(c, 7);
     m.eval();
