@@ -10,7 +10,7 @@
 #   STEPS_TO_RUN="tp_perf pp_bubble" scripts/gpu-dist-runs.sh               # a subset
 #
 # Steps (STEPS_TO_RUN, in this order): build ctest tp_check pp_check pp_check4 tp_check4 pp_bubble
-# pp_peer pp_socket tp_profile tp_perf step_bench hf_checks tb_check scale.
+# pp_peer pp_socket tp_profile tp_perf step_bench hf_checks sample_bench tb_check scale.
 #   ctest       the CUDA tests of the distributed paths; with CTEST_GPUS (e.g. 0,1) on those GPUs in
 #               the background while the next steps run on CHECK_GPUS (e.g. 2,3), until a step that
 #               needs every GPU
@@ -137,6 +137,10 @@ if want tp_perf; then
     WIDE_VARIANTS="${WIDE_VARIANTS:-ddp tp2 tp2_sp}" RUN_TIMEOUT=120 PEER_TIMEOUT=200 timeout 900 benchmarks/tp/run_tp.sh > "$R/tp_perf.log" 2>&1
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
+  # NVLink traffic under tensor parallelism (issue 19): the GPM figures of each run's last interval.
+  for f in "$R"/tp/perf_*.metrics.jsonl; do
+    python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'gpu_nvlink_tx_gbps' in l]; print(sys.argv[1].split('/')[-1], {k: r[-1][k] for k in ('gpu_nvlink_tx_gbps','gpu_nvlink_rx_gbps','gpu_sm_active_pct','gpu_tensor_active_pct','gpu_util_pct')} if r else 'no GPM keys')" "$f"
+  done
 fi
 if want step_bench; then
   # The single-GPU rows of the training-step benchmark (issue 15) with a kernel breakdown.
@@ -163,30 +167,50 @@ if want hf_checks; then
       RESULT="$R/sample_gpu.md" timeout 300 benchmarks/sample/run.sh > "$R/sample_speed.txt" 2>&1
     t "sample bench rc=$?"; cat "$R/sample_speed.txt" )
 fi
+if want sample_bench; then
+  # forge sample beside transformers' generate() on the GPU (issue 18), alone (hf_checks runs it too).
+  ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
+    [[ -d .deps/root/usr/share/games/fortunes && ! -d /usr/share/games/fortunes ]] &&
+      export FORGE_FORTUNES_DIR="$ROOT/.deps/root/usr/share/games/fortunes"
+    FORGE="$FORGE" PY="$PY" DEVICE=cuda TOKENS=256 RESULT="$R/sample_gpu.md" timeout 300 benchmarks/sample/run.sh \
+      > "$R/sample_speed.txt" 2>&1
+    t "sample bench rc=$?"; cat "$R/sample_speed.txt" )
+fi
 if want tb_check; then
   # TensorBoard's own EventAccumulator against a GPU run's metrics.jsonl (issue 19).
+  # TB_PARTS picks among "tb trace slow oom top" (default all).
   ( source benchmarks/common.sh; bench_setup gpu-dist-runs.sh
+    part() { [[ " ${TB_PARTS:-tb trace slow oom top} " == *" $1 "* ]]; }
+    if part tb; then
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=tb --train.steps=30 \
       --train.log_every=5 --eval.every=0 --checkpoint.at_end=false > "$R/tb_train.log" 2>&1
     "$PY" tests/python/tensorboard_check.py /tmp/forge_tb_runs/tb 2>&1; t "tensorboard check rc=$?"
+    fi
+    if part trace; then
     # A step trace on the GPU (telemetry.profile_steps): its host and device tracks.
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=trace --train.steps=20 \
       --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=10:12 > "$R/trace_train.log" 2>&1
     cp /tmp/forge_tb_runs/trace/trace.rank0.json "$R/" 2>/dev/null
     "$PY" -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events by track and name', collections.Counter((e.get('tid'), 'kernel' if e.get('tid') == 3 else e['name'].split(':')[0]) for e in j['traceEvents'] if e['ph']=='X'), j['otherData'].get('kernels'))"
     grep -E "cuda graph" "$R/trace_train.log"
+    fi
+    if part slow; then
     # A deliberately slow input pipeline (one loader worker, tiny batches): the idle warning.
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=slow --train.steps=60 \
       --train.batch_size=1 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false > "$R/slow_train.log" 2>&1
     grep -E "warning: GPU|gpu_util" "$R/slow_train.log" | head -3
-    # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
+    fi
     # A deliberately oversized batch: the out-of-memory error and its snapshot beside the plan.
+    if part oom; then
     timeout 120 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=oom --train.batch_size=512 \
       --train.steps=3 --eval.every=0 --checkpoint.at_end=false > "$R/oom_train.log" 2>&1; t "oom run rc=$? (non-zero expected)"
     grep -E "out of memory|oom_snapshot" "$R/oom_train.log" | cut -c1-400 | head -3
     cp /tmp/forge_tb_runs/oom/oom_snapshot.rank0.json "$R/" 2>/dev/null
     "$PY" -c "import json; j=json.load(open('$R/oom_snapshot.rank0.json')); print('oom owner', j['failed_owner'], j['requested_bytes'], 'live', [(o['owner'], round(o['bytes']/1e9, 2)) for o in j['live_by_owner'][:6]], 'plan', j.get('plan', {}).get('memory_per_gpu_bytes', {}).get('total'), j.get('plan', {}).get('fits'), j.get('plan_error'))"
+    fi
+    # forge top beside nvidia-smi while a run holds GPU 0 (memory and utilisation should agree).
     # (3000 steps: still training when sampled, ~25 s in; stopped right after.)
+    part top || exit 0
     timeout 90 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=3000 \
       --train.log_every=100 --eval.every=0 --checkpoint.at_end=false > "$R/top_train.log" 2>&1 &
     TOPRUN=$!

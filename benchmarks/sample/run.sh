@@ -30,6 +30,13 @@ else
 fi
 SLUG="$(echo "$NAME" | sed 's/,.*//; s/[^A-Za-z0-9]\+/_/g; s/_$//')"
 RESULT="${RESULT:-benchmarks/results/sample_${SLUG}.md}"
+# The peer, where Python has transformers (the GPU machine): generate() on forge's export of the
+# same checkpoint, f32, the same prompts and greedy decoding.
+PY="${PY:-python3}"
+PEER=""
+if [[ "${HF_PEER:-1}" == 1 ]] && "$PY" -c "import transformers, torch" 2>/dev/null; then
+  "$FORGE" export --checkpoint "$WORK/s" --out "$WORK/hf" --dtype f32 > "$WORK/export.log" 2>&1 && PEER=1
+fi
 rows=()
 for cache in "" --no-kv-cache; do
   for n in 1 8; do
@@ -37,8 +44,21 @@ for cache in "" --no-kv-cache; do
     CMD=("$FORGE" sample --checkpoint "$WORK/s" --device "$DEVICE" "${P[@]}" --tokens "$TOKENS" --temperature 0 --json $cache)
     "${CMD[@]}" 2> "$WORK/err.log" > "$WORK/out.json" || { tail -3 "$WORK/err.log"; exit 1; }
     rate=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['tokens_per_s'], 1))")
-    rows+=("| ${cache:+whole window (--no-kv-cache)}${cache:-KV cache} | $n | $TOKENS | $rate |")
-    echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s"
+    label="KV cache"; [[ -n "$cache" ]] && label="whole window (--no-kv-cache)"
+    peer="not run"
+    if [[ -n "$PEER" ]]; then
+      if "$PY" benchmarks/sample/hf_generate.py "$WORK/hf" --prompts $n --tokens "$TOKENS" --device "$DEVICE" $cache \
+           > "$WORK/peer.json" 2> "$WORK/peer.log"; then
+        peer=$(python3 -c "import json; print(round(json.load(open('$WORK/peer.json'))['tokens_per_s'], 1))")
+        same=$(python3 -c "import json; f=json.load(open('$WORK/out.json')); p=json.load(open('$WORK/peer.json'))
+print('same' if f['samples'][0]['completion'] == p['completion'] else 'different')" 2>/dev/null || echo "?")
+        peer="$peer ($same tokens, $(python3 -c "print(round($rate / $peer, 2))")x)"
+      else
+        peer="failed: $(tail -1 "$WORK/peer.log")"
+      fi
+    fi
+    rows+=("| $label | $n | $TOKENS | $rate | $peer |")
+    echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s; transformers generate: $peer"
   done
 done
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
@@ -51,8 +71,13 @@ commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
   echo "  greedy (temperature 0), prompt \"The\" (1 token), $TOKENS new tokens per prompt; tokens/s counts every"
   echo "  row's new tokens over the decode time (forge sample's own figure)"
   echo
-  echo "| decoding | prompts | new tokens each | tokens/s |"
-  echo "|---|---:|---:|---:|"
+  tv=$("$PY" -c "import transformers; print(transformers.__version__)" 2>/dev/null || echo "(absent here)")
+  echo "- Peer: transformers $tv \`generate()\` on \`forge export\` of the same"
+  echo "  checkpoint (f32, greedy, use_cache as the row says; benchmarks/sample/hf_generate.py), one untimed"
+  echo "  warm-up call; 'same' compares the first row's new text with forge's"
+  echo
+  echo "| decoding | prompts | new tokens each | forge tokens/s | transformers tokens/s (forge / it) |"
+  echo "|---|---:|---:|---:|---|"
   printf '%s\n' "${rows[@]}"
 } > "$RESULT"
 echo "wrote $RESULT"

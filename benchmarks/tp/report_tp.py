@@ -110,7 +110,11 @@ def main():
             if "tokens_per_s" in on and "tokens_per_s" in off:
                 w(f"\nWeight gradients behind the collective ({v}): {on['tokens_per_s'] / off['tokens_per_s']:.3f}x "
                   f"tokens/s, memory {gb(on['mem_bytes'])} vs {gb(off['mem_bytes'])} without.")
-        w("\n`forge plan` beside each forge run (`--gpu h100` or `h200` as measured, `--gpus 2`, its default MFU of 40% for the compute; "
+        mfu_in = next((p["plan"].get("mfu_in") for p in forge.values() if "mfu_in" in p.get("plan", {})), None)
+        how = (f"`--mfu {mfu_in:.3f}`, the MFU forge's tp 1 (DDP) run of this model measured, so that the plan "
+               "tests what tensor parallelism adds (its collectives and memory) rather than the GEMMs' speed"
+               if mfu_in is not None and abs(mfu_in - 0.4) > 1e-9 else "its default MFU of 40% for the compute")
+        w(f"\n`forge plan` beside each forge run (`--gpu h100` or `h200` as measured, `--gpus 2`, {how}; "
           "memory without its allocator margin and runtime reserve):\n")
         w("| run | plan memory | measured peak | plan off by | plan step | measured step | off by |")
         w("|---|---|---|---|---|---|---|")

@@ -90,6 +90,7 @@ print(json.dumps({"tokens_per_s": sum(r["tokens_per_s"] for r in last) / len(las
 PYEOF
   }
   for model in ${MODELS:-0.85b wide}; do
+    PLAN_MFU=""
     case $model in
       0.85b) M=() ; PM=() ;;
       wide) M=(--model.dim=4096 --model.n_layer=${WIDE_LAYERS:-4} --model.ffn_hidden=11008)
@@ -115,18 +116,22 @@ PYEOF
       if FORGE_TP_OVERLAP=$OVERLAP OMP_NUM_THREADS=8 timeout ${RUN_TIMEOUT:-300} "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" "${V[@]}" --run.name=$name > "$RAW/$name.log" 2>&1; then
         r=$(summary "$RUNS/$name")
         cp "$RUNS/$name/metrics.jsonl" "$RAW/$name.metrics.jsonl"
+        # plan's compute rate comes from the tp 1 run of the same model (its measured MFU), so
+        # the plan column tests what tp adds: its collectives and memory, not the GEMMs' speed.
+        [[ $variant == ddp ]] && PLAN_MFU=$("$PY" -c "import json,sys; print(json.loads(sys.argv[1])['mfu'])" "$r")
       else
         r='{"error": "run failed"}'
       fi
       # forge plan of the same run: the model of the config with the same overrides, 2 H100s.
       plan_args=(--batch $BATCH --gpus 2 --gpu $PLAN_GPU --json "${PLAN[@]}")
+      [[ -n "${PLAN_MFU:-}" ]] && plan_args+=(--mfu "$PLAN_MFU")
       if [[ $model == wide ]]; then
         plan_args+=(--arch llama --layers ${WIDE_LAYERS:-4} --width 4096 --heads 32 --kv-heads 8 --ffn 11008 --vocab 32000 --seq 2048)
       else
         plan_args+=(--config configs/llama-0.85b.toml)
       fi
       [[ $variant == ddp ]] && plan_args+=(--micro-batch $((BATCH / 2))) || plan_args+=(--micro-batch $BATCH)
-      p=$("$FORGE" plan "${plan_args[@]}" 2>/dev/null | "$PY" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'mem_total': j['memory']['total'], 'mem_subtotal': j['memory']['subtotal'], 'step_s': j['time']['step'], 'tokens_per_s': j['time']['tokens_per_s'], 'mfu': j['time']['mfu']}))" || echo '{"error": "plan failed"}')
+      p=$("$FORGE" plan "${plan_args[@]}" 2>/dev/null | "$PY" -c "import json,sys; j=json.load(sys.stdin); print(json.dumps({'mem_total': j['memory']['total'], 'mem_subtotal': j['memory']['subtotal'], 'step_s': j['time']['step'], 'tokens_per_s': j['time']['tokens_per_s'], 'mfu': j['time']['mfu'], 'mfu_in': float(sys.argv[1])}))" "${PLAN_MFU:-0.4}" || echo '{"error": "plan failed"}')
       echo "{\"model\": \"$model\", \"who\": \"forge\", \"variant\": \"$variant\", \"result\": $r, \"plan\": $p}" | tee -a "$RAW/perf.jsonl"
     done
     for variant in tp2 tp2_sp; do

@@ -256,6 +256,7 @@ std::vector<AttnCase> flash_cases() {
     all.push_back({"flash T < S bottom-right causal", 2, 2, 2, 45, 130, D, D, true, M::none, L::contiguous});
     all.push_back({"flash T > S causal: rows with no key", 1, 2, 2, 150, 70, D, D, true, M::none, L::contiguous});
     all.push_back({"flash T != S not causal", 1, 2, 2, 33, 90, D, D, false, M::none, L::contiguous});
+    all.push_back({"flash decoding: 1 query after a cache, GQA 8/2", 2, 8, 2, 1, 77, D, D, true, M::none, L::contiguous});
   }
   return all;
 }
@@ -525,6 +526,31 @@ TEST(CudaCudnnAttentionPath, AgreesWithFlashAndMixesWithIt) {
   expect_close(cudnn[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "cudnn vs flash d(qkv)");
   expect_close(mixed1[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "cudnn forward + flash backward");
   expect_close(mixed2[1].to(DType::f32), flash[1].to(DType::f32), 1e-2, "flash forward + cudnn backward");
+}
+
+// Decoding (a few queries after a KV cache, S one longer each call) builds no cuDNN graph: one per
+// S would cost milliseconds a token. It runs on the flash kernels and matches the CPU.
+TEST(CudaCudnnAttentionPath, DecodingStepsBuildNoGraphs) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  BackendGuard automatic(cuda::AttentionBackend::automatic);
+  const int64_t B = 2, H = 8, Hkv = 2, D = 64;
+  const int64_t graphs = cuda::cudnn_attention_graphs_built(), flash = cuda::flash_attention_calls();
+  for (int64_t S = 40; S < 44; ++S) {
+    const Pair q = on_both(host_input({B, H, 1, D}, Domain::real, DType::bf16, 7500 + S));
+    const Pair k = on_both(host_input({B, Hkv, S, D}, Domain::real, DType::bf16, 7600 + S));
+    const Pair v = on_both(host_input({B, Hkv, S, D}, Domain::real, DType::bf16, 7700 + S));
+    EXPECT_FALSE(cuda::cudnn_attention_applies(q.gpu, k.gpu, v.gpu, Tensor(), true)) << "S = " << S;
+    const Tensor y = ops::scaled_dot_product_attention(q.gpu, k.gpu, v.gpu, true);
+    const Tensor r = ops::scaled_dot_product_attention(q.cpu.to(DType::f32), k.cpu.to(DType::f32),
+                                                       v.cpu.to(DType::f32), true);
+    expect_matches(y, r, tolerance(DType::bf16), "decoding step, S = " + std::to_string(S));
+  }
+  EXPECT_EQ(cuda::cudnn_attention_graphs_built(), graphs) << "a decoding step built a cuDNN graph";
+  EXPECT_EQ(cuda::flash_attention_calls(), flash + 4) << "decoding steps should run on the flash kernels";
+  // Prefill (T == S) and longer query blocks after a cache still go to cuDNN.
+  const Pair q = on_both(host_input({B, H, cuda::kDecodeQueries + 1, D}, Domain::real, DType::bf16, 7800));
+  const Pair k = on_both(host_input({B, Hkv, 90, D}, Domain::real, DType::bf16, 7801));
+  EXPECT_TRUE(cuda::cudnn_attention_applies(q.gpu, k.gpu, k.gpu, Tensor(), true));
 }
 
 // run.deterministic: two backward passes over the same inputs give the same bits (cuDNN's

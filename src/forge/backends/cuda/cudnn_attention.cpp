@@ -70,6 +70,10 @@ bool cudnn_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (Hkv <= 0 || H % Hkv != 0 || B <= 0 || T <= 0 || S <= 0) return false;
   if (causal && T > S) return false;
   if (T == 1 && S == 1) return false;  // cuDNN's backward refuses s_q = s_kv = 1
+  // A few queries after a KV cache (decoding): S grows by one every call, so each call would
+  // build a new cuDNN graph (milliseconds each: 13 ms a token for GPT-2 124M on an H200). The
+  // flash kernels, or the composed ones, need no plan (Note [cuDNN attention]).
+  if (T < S && T <= kDecodeQueries) return false;
   return layout_ok(q) && layout_ok(k) && layout_ok(v);
 }
 

@@ -25,10 +25,12 @@ std::string cudnn_version_string();
 // Whether cuDNN's fused attention may take this problem: available, q/k/v bf16 or f16, 4-D,
 // D == Dv, D a multiple of 8 and at most 128, no mask, 0 < T <= S when causal (every row
 // then has a key: cuDNN's rows without keys are not forge's zero rows), not T == S == 1
-// (cuDNN's backward refuses it), and every tensor
+// (cuDNN's backward refuses it), not a decoding step (T <= kDecodeQueries queries after a KV
+// cache, T < S: a new graph per call, since S grows each time), and every tensor
 // readable in place (unit stride in the last dim, other strides multiples of 8 elements,
 // 16-byte aligned). cuDNN may still decline a problem when its graph is built (no engine):
 // the calls below then return false and the caller runs another back-end.
+inline constexpr int64_t kDecodeQueries = 16;
 bool cudnn_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal);
 
 // Runs the forward; false when cuDNN has no plan for it (nothing was written). out and lse as
