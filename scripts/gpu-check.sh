@@ -80,7 +80,9 @@ record "configure" "$rc"
 
 step "build (-j $JOBS)"
 start=$SECONDS
-cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1 | tee "$LOG_DIR/build.log"
+# BUILD_TARGETS (e.g. "forge"): only those, for a short check on a fresh machine.
+TARGET_ARGS=(); [[ -n "${BUILD_TARGETS:-}" ]] && TARGET_ARGS=(--target ${BUILD_TARGETS})
+cmake --build "$BUILD_DIR" -j "$JOBS" "${TARGET_ARGS[@]}" 2>&1 | tee "$LOG_DIR/build.log"
 rc=${PIPESTATUS[0]}
 warnings=$(grep -c -i "warning" "$LOG_DIR/build.log" || true)
 record "build" "$rc" "$((SECONDS - start)) s, $warnings warning line(s)"

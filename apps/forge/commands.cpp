@@ -68,8 +68,9 @@ int run_sample(const SampleArgs& args) {
   opt.dtype = args.dtype;
   const train::SampleResult r = train::sample(opt);
   const std::vector<std::string> prompts = opt.prompts.empty() ? std::vector<std::string>{""} : opt.prompts;
-  char rate[64];
-  std::snprintf(rate, sizeof(rate), "%.1f tok/s", r.tokens_per_s);
+  char rate[128];
+  std::snprintf(rate, sizeof(rate), "%.1f tok/s (first token after %.3f s, then %.1f tok/s)", r.tokens_per_s,
+                r.first_token_seconds, r.decode_tokens_per_s);
   std::cerr << "forge sample: " << r.checkpoint << " (step " << r.step << "), " << prompts.size() << " prompt(s), up to "
             << args.tokens << " tokens, temperature " << args.temperature
             << (args.top_k > 0 ? ", top-k " + std::to_string(args.top_k) : std::string())
@@ -77,7 +78,8 @@ int run_sample(const SampleArgs& args) {
             << (args.no_kv_cache ? ", no KV cache" : "") << "; " << rate << "\n";
   if (args.json) {
     nlohmann::json j = {{"checkpoint", r.checkpoint}, {"step", r.step}, {"tokens_per_s", r.tokens_per_s},
-                        {"kv_cache", !args.no_kv_cache},
+                        {"first_token_seconds", r.first_token_seconds},
+                        {"decode_tokens_per_s", r.decode_tokens_per_s}, {"kv_cache", !args.no_kv_cache},
                         {"seconds", r.seconds}, {"samples", nlohmann::json::array()}};
     for (size_t k = 0; k < r.completions.size(); ++k)
       j["samples"].push_back({{"prompt", prompts[k]}, {"completion", r.completions[k]}, {"new_tokens", r.new_tokens[k]}});

@@ -44,6 +44,8 @@ for cache in "" --no-kv-cache; do
     CMD=("$FORGE" sample --checkpoint "$WORK/s" --device "$DEVICE" "${P[@]}" --tokens "$TOKENS" --temperature 0 --json $cache)
     "${CMD[@]}" 2> "$WORK/err.log" > "$WORK/out.json" || { tail -3 "$WORK/err.log"; exit 1; }
     rate=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['tokens_per_s'], 1))")
+    steady=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['decode_tokens_per_s'], 1))")
+    first=$(python3 -c "import json; print(round(json.load(open('$WORK/out.json'))['first_token_seconds'], 3))")
     label="KV cache"; [[ -n "$cache" ]] && label="whole window (--no-kv-cache)"
     peer="not run"
     if [[ -n "$PEER" ]]; then
@@ -52,13 +54,13 @@ for cache in "" --no-kv-cache; do
         peer=$(python3 -c "import json; print(round(json.load(open('$WORK/peer.json'))['tokens_per_s'], 1))")
         same=$(python3 -c "import json; f=json.load(open('$WORK/out.json')); p=json.load(open('$WORK/peer.json'))
 print('same' if f['samples'][0]['completion'] == p['completion'] else 'different')" 2>/dev/null || echo "?")
-        peer="$peer ($same tokens, $(python3 -c "print(round($rate / $peer, 2))")x)"
+        peer="$peer ($same tokens, $(python3 -c "print(round($steady / $peer, 2))")x)"
       else
         peer="failed: $(tail -1 "$WORK/peer.log")"
       fi
     fi
-    rows+=("| $label | $n | $TOKENS | $rate | $peer |")
-    echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s; transformers generate: $peer"
+    rows+=("| $label | $n | $TOKENS | $rate | $first | $steady | $peer |")
+    echo "kv_cache=${cache:-on} prompts=$n: $rate tok/s (first token $first s, then $steady tok/s); transformers generate: $peer"
   done
 done
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
@@ -74,10 +76,12 @@ commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
   tv=$("$PY" -c "import transformers; print(transformers.__version__)" 2>/dev/null || echo "(absent here)")
   echo "- Peer: transformers $tv \`generate()\` on \`forge export\` of the same"
   echo "  checkpoint (f32, greedy, use_cache as the row says; benchmarks/sample/hf_generate.py), one untimed"
-  echo "  warm-up call; 'same' compares the first row's new text with forge's"
+  echo "  warm-up call; 'same' compares the first row's new text with forge's; forge / it takes forge's rate after"
+  echo "  the first token (forge sample is one process: its first token pays for each kernel's first launch,"
+  echo "  which the peer's warm-up call has already paid)"
   echo
-  echo "| decoding | prompts | new tokens each | forge tokens/s | transformers tokens/s (forge / it) |"
-  echo "|---|---:|---:|---:|---|"
+  echo "| decoding | prompts | new tokens each | forge tokens/s | forge first token (s) | forge tokens/s after it | transformers tokens/s (forge / it) |"
+  echo "|---|---:|---:|---:|---:|---:|---|"
   printf '%s\n' "${rows[@]}"
 } > "$RESULT"
 echo "wrote $RESULT"

@@ -16,6 +16,8 @@
 #include "forge/io/checkpoint.h"
 #include "forge/ops/creation.h"
 #include "forge/train/config.h"
+#include "forge/ops/attention.h"
+#include "forge/ops/matmul.h"
 #include "forge/train/evaluate.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/run_data.h"
@@ -253,6 +255,27 @@ TEST(SampleControls, TopPDrawsOnlyFromTheNucleus) {
   EXPECT_GT(seen[2], 300);
 }
 
+// Note [inference kernels]: decoding and evaluation run attention on the kernels planned for no
+// shape and GEMMs without timing, then restore the process's choice ("composed" is kept).
+TEST(InferenceKernels, SwitchToUnplannedKernelsForTheirScopeAndRestore) {
+  const std::string before = ops::attention_backend();
+  const bool tuning = ops::gemm_tuning();
+  {
+    const InferenceKernels k;
+    EXPECT_EQ(ops::attention_backend(), "flash");
+    EXPECT_FALSE(ops::gemm_tuning());
+  }
+  EXPECT_EQ(ops::attention_backend(), before);
+  EXPECT_EQ(ops::gemm_tuning(), tuning);
+  ops::set_attention_backend("composed");
+  {
+    const InferenceKernels k;
+    EXPECT_EQ(ops::attention_backend(), "composed");
+  }
+  EXPECT_EQ(ops::attention_backend(), "composed");
+  ops::set_attention_backend(before);
+}
+
 TEST_F(EvaluateTest, SampleStopsAtAStopStringAndTakesSeveralPrompts) {
   SampleOptions o;
   o.checkpoint = run.run_dir;
@@ -263,6 +286,10 @@ TEST_F(EvaluateTest, SampleStopsAtAStopStringAndTakesSeveralPrompts) {
   ASSERT_GE(full.completion.size(), 8u) << full.completion;
   EXPECT_EQ(full.new_tokens.front(), 30);
   EXPECT_GT(full.tokens_per_s, 0);
+  EXPECT_GT(full.first_token_seconds, 0);  // the prompt's window and the first draw
+  EXPECT_LT(full.first_token_seconds, full.seconds);
+  EXPECT_GT(full.decode_tokens_per_s, 0);  // 29 tokens after it
+  EXPECT_NEAR(full.decode_tokens_per_s * (full.seconds - full.first_token_seconds), 29.0, 1e-6);
   const std::string stop = full.completion.substr(4, 3);
   o.stop = {"never appears \x01", stop};
   const SampleResult cut = sample(o);
@@ -292,6 +319,8 @@ TEST_F(EvaluateTest, SampleStopsAtAStopStringAndTakesSeveralPrompts) {
   ASSERT_EQ(j["samples"].size(), 2u) << r.out;
   EXPECT_EQ(j["samples"][1]["new_tokens"], both.new_tokens[1]);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["first_token_seconds"].get<double>(), 0);
   // Without the KV cache: the same text (each token from the whole window again).
   const auto nc = testing::run_forge({"sample", "--checkpoint", run.run_dir, "--prompt", "A dog", "--prompt", "Birds",
                                       "--tokens", "12", "--temperature", "0.9", "--top-p", "0.9", "--seed", "4", "--json",

@@ -26,7 +26,8 @@ using nlohmann::json;
 
 namespace {
 
-// The model in eval mode without gradients for a scope.
+// The model in eval mode without gradients, on kernels planned for no shape (Note [inference
+// kernels]), for a scope.
 class Inference {
  public:
   explicit Inference(const LanguageModel& m) : m_(m), was_training_(m.module->is_training()) { m.module->eval(); }
@@ -36,6 +37,7 @@ class Inference {
 
  private:
   NoGradGuard no_grad_;
+  InferenceKernels kernels_;
   const LanguageModel& m_;
   bool was_training_;
 };

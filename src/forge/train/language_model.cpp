@@ -4,6 +4,8 @@
 #include "forge/core/error.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/nn/model_registry.h"
+#include "forge/ops/attention.h"
+#include "forge/ops/matmul.h"
 
 namespace forge::train {
 
@@ -24,6 +26,15 @@ LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& sp
   out.loss = [l = lm.get()](const Tensor& idx, const Tensor& targets) { return l->loss(idx, targets); };
   out.module = lm;
   return out;
+}
+
+InferenceKernels::InferenceKernels() : attention_(ops::attention_backend()), gemm_tuning_(ops::gemm_tuning()) {
+  if (attention_ != "composed") ops::set_attention_backend("flash");  // (Note [inference kernels])
+  ops::set_gemm_tuning(false);
+}
+InferenceKernels::~InferenceKernels() {
+  ops::set_attention_backend(attention_);
+  ops::set_gemm_tuning(gemm_tuning_);
 }
 
 int64_t matmul_parameters(const Model& m) {

@@ -4,6 +4,7 @@
 // train::Model (train/model.h: module, forward, block hooks) that also knows its vocabulary and
 // context.
 #include <cstdint>
+#include <string>
 
 #include "forge/nn/layer_spec.h"
 #include "forge/train/config.h"
@@ -19,6 +20,26 @@ struct LanguageModel : Model {
 // Builds the model cfg.model describes, initialised from run.seed; cfg.model.vocab_size
 // must be resolved (> 0). `spec`: its layers (nn/layer_spec.h; tensor parallelism's split ones).
 LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& spec = {});
+
+// Note [inference kernels]: decoding and evaluation run shapes that change from call to call (the
+// window one token longer each step without a KV cache, multiple-choice answers of different
+// lengths). Kernels planned per shape would plan again on nearly every call: a cuDNN attention
+// graph or the timing of cuBLASLt's GEMM candidates costs milliseconds, more than the call itself
+// (forge sample without the cache ran at 4.9 tokens/s on an H200, building one cuDNN graph per
+// token). For its lifetime this guard runs attention on forge's flash kernels (the composed ones
+// where those do not apply; a process set to "composed" keeps it) and GEMMs on cuBLASLt's
+// heuristic choice, then restores both. Training's fixed shapes keep the planned kernels.
+class InferenceKernels {
+ public:
+  InferenceKernels();
+  ~InferenceKernels();
+  InferenceKernels(const InferenceKernels&) = delete;
+  InferenceKernels& operator=(const InferenceKernels&) = delete;
+
+ private:
+  std::string attention_;
+  bool gemm_tuning_;
+};
 
 // Parameters of the whole model that take part in a matmul (Note [MFU]): all but the
 // look-up-only embedding tables, GPT's positions (transformer.wpe) and LLaMA's input embedding

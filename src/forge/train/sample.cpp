@@ -84,6 +84,7 @@ std::vector<std::vector<int32_t>> decode_rows(const LanguageModel& model, const 
   FORGE_CHECK(how.top_k >= 0, "generate: top_k must be >= 0 (0 = all tokens), got ", how.top_k);
   FORGE_CHECK(how.top_p > 0 && how.top_p <= 1, "generate: top_p must be in (0, 1] (1 = all tokens), got ", how.top_p);
   NoGradGuard no_grad;
+  const InferenceKernels kernels;  // each step's shapes are new (Note [inference kernels])
   const bool was_training = model.module->is_training();
   model.module->eval();
   const auto B = static_cast<int64_t>(rows.size());
@@ -237,8 +238,11 @@ SampleResult sample(const SampleOptions& opt) {
   auto completion_of = [&](size_t k, const std::vector<int32_t>& ids) {
     return tok->decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(encoded[k].size()), ids.end()));
   };
+  auto first = t0;  // when the first token of every row was drawn (the stop test sees each token)
+  bool first_seen = false;
   {
     const auto out = generate_batch(model, encoded, opt.tokens, how, seeds, [&](size_t k, const std::vector<int32_t>& ids) {
+      if (!first_seen && k + 1 == encoded.size()) first_seen = true, first = std::chrono::steady_clock::now();
       return !opt.stop.empty() && stop_at(completion_of(k, ids)) != std::string::npos;
     });
     for (size_t k = 0; k < out.size(); ++k) {
@@ -251,6 +255,13 @@ SampleResult sample(const SampleOptions& opt) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.tokens_per_s = r.seconds > 0 ? static_cast<double>(generated) / r.seconds : 0.0;
+  if (first_seen) {
+    r.first_token_seconds = std::chrono::duration<double>(first - t0).count();
+    const double after = r.seconds - r.first_token_seconds;
+    int64_t later = 0;  // the tokens after each row's first
+    for (int64_t n : r.new_tokens) later += std::max<int64_t>(0, n - 1);
+    r.decode_tokens_per_s = after > 0 ? static_cast<double>(later) / after : 0.0;
+  }
   r.completion = r.completions.front();
   r.text = (prompts.front().empty() ? std::string() : prompts.front()) + r.completion;
   return r;

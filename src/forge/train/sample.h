@@ -38,6 +38,10 @@ struct SampleResult {
   int64_t step = 0;            // its step
   double seconds = 0;          // generation time, every prompt
   double tokens_per_s = 0;     // generated tokens / seconds
+  // The first token of every prompt (the prompt's window, and on a GPU each kernel's first
+  // launch), and the rate after it: the steady decoding speed, as a server reports it.
+  double first_token_seconds = 0;
+  double decode_tokens_per_s = 0;  // tokens after each prompt's first / seconds after the first token
 };
 
 // A language model's checkpoint loaded for inference (forge sample, forge eval): `checkpoint` is a
