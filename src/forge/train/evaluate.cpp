@@ -26,8 +26,7 @@ using nlohmann::json;
 
 namespace {
 
-// The model in eval mode without gradients, on kernels planned for no shape (Note [inference
-// kernels]), for a scope.
+// The model in eval mode without gradients for a scope.
 class Inference {
  public:
   explicit Inference(const LanguageModel& m) : m_(m), was_training_(m.module->is_training()) { m.module->eval(); }
@@ -37,7 +36,6 @@ class Inference {
 
  private:
   NoGradGuard no_grad_;
-  InferenceKernels kernels_;
   const LanguageModel& m_;
   bool was_training_;
 };
@@ -95,6 +93,7 @@ std::vector<double> continuation_logprobs(const LanguageModel& model, const std:
     for (size_t t = from[static_cast<size_t>(b)]; t < s.size(); ++t) ignore[static_cast<size_t>(b * (Li - 1)) + t - 1] = false;
   }
   Inference guard(model);
+  const InferenceKernels kernels;  // each group of answers its own length (Note [inference kernels])
   const std::vector<float> loss = token_losses(model, ids, B, Li, ignore);
   std::vector<double> out(seqs.size(), 0.0);
   for (int64_t b = 0; b < B; ++b)

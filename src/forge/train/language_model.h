@@ -28,7 +28,8 @@ LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& sp
 // (forge sample without the cache ran at 4.9 tokens/s on an H200, building one cuDNN graph per
 // token). For its lifetime this guard runs attention on forge's flash kernels (the composed ones
 // where those do not apply; a process set to "composed" keeps it) and GEMMs on cuBLASLt's
-// heuristic choice, then restores both. Training's fixed shapes keep the planned kernels.
+// heuristic choice, then restores both. Training's fixed shapes keep the planned kernels, and so
+// do validation and `forge eval --files` (windows of one length).
 class InferenceKernels {
  public:
   InferenceKernels();
