@@ -6,7 +6,8 @@
 // its config.json: train/hf_model.h, Note [init_from precedence]), builds the model, loads the
 // directory's weights through load_init_from (single file or shards, any float dtype, into
 // f32), and writes <out file> with "logits" (B, T, V) f32: the forward of <batch file>'s "idx"
-// (B, T) i64 on <device> in f32.
+// (B, T) i64 on <device> in f32; and "loss" (1) f32: the training loss of the first step on the
+// same batch (Model::training_loss: idx[:, :-1] predicting idx[:, 1:], the mean over every token).
 // Exit status 0 on success, 1 with "error: <message>" on stderr, 2 on usage.
 #include <cstdio>
 #include <exception>
@@ -37,7 +38,13 @@ int main(int argc, char** argv) {
     NoGradGuard no_grad;
     const Tensor idx = io::load_safetensors(argv[2]).tensors.at("idx");
     const Tensor logits = m.forward(idx.to(device)).to(Device::cpu(), DType::f32);
-    io::save_safetensors(argv[3], {{"logits", logits}});
+    const int64_t T = idx.size(1);
+    const Tensor on = idx.to(device);
+    const Tensor loss = m.training_loss(ops::contiguous(ops::narrow(on, 1, 0, T - 1)),
+                                        ops::contiguous(ops::narrow(on, 1, 1, T - 1)))
+                            .to(Device::cpu(), DType::f32)
+                            .reshape({1});
+    io::save_safetensors(argv[3], {{"logits", logits}, {"loss", loss}});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

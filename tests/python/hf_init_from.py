@@ -7,8 +7,10 @@ For each model below, transformers builds it (random init, seed 0), saves it wit
 save_pretrained(max_shard_size=...) so that it is sharded (model-0000i-of-0000n.safetensors and
 model.safetensors.index.json), and forge_hf_init_from resolves a config whose only model key is
 model.init_from = that directory (shape from config.json), loads the weights through
-train::load_init_from and writes the f32 logits of a fixed token batch. Checks: ||forge - hf|| /
-||hf|| <= 1e-4 for every model.
+train::load_init_from and writes the f32 logits of a fixed token batch and its first-step training
+loss (the batch predicting itself shifted by one). Checks, for every model: ||forge - hf|| /
+||hf|| <= 1e-4 for the logits, and |forge loss - hf loss| / hf loss <= 1e-5 against transformers'
+own loss (labels = the batch).
 
   gpt2          GPT2LMHeadModel, 2 layers, 4 heads, 64 wide, vocabulary 1000, context 256,
                 saved in bfloat16 (forge converts to f32; the reference runs the same bf16
@@ -86,12 +88,18 @@ def main():
                 ok = False
                 continue
             with torch.no_grad():
-                ref = hf.float().to(a.device)(tokens.to(a.device)).logits.float().cpu()
-            got = load_file(out)["logits"]
+                on = tokens.to(a.device)
+                res = hf.float().to(a.device)(on, labels=on)
+                ref = res.logits.float().cpu()
+                ref_loss = res.loss.float().item()
+            f = load_file(out)
+            got = f["logits"]
             rel = ((got - ref).norm() / ref.norm()).item()
+            loss_rel = abs(f["loss"].item() - ref_loss) / abs(ref_loss)
             print(f"{name}: logits (f32, {a.device}, {'sharded' if sharded else 'one file'}, saved as {dtype}): "
-                  f"relative error {rel:.2e} (limit 1e-4)")
-            ok &= rel <= 1e-4 and sharded
+                  f"relative error {rel:.2e} (limit 1e-4); first-step loss forge {f['loss'].item():.7f} "
+                  f"transformers {ref_loss:.7f}, relative {loss_rel:.1e} (limit 1e-5)")
+            ok &= rel <= 1e-4 and loss_rel <= 1e-5 and sharded
     print("OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
