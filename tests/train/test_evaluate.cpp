@@ -255,7 +255,7 @@ TEST(SampleControls, TopPDrawsOnlyFromTheNucleus) {
   EXPECT_GT(seen[2], 300);
 }
 
-// Note [inference kernels]: decoding and evaluation run attention on the kernels planned for no
+// Note [inference kernels]: decoding and multiple-choice scoring run attention on the kernels planned for no
 // shape and GEMMs without timing, then restore the process's choice ("composed" is kept).
 TEST(InferenceKernels, SwitchToUnplannedKernelsForTheirScopeAndRestore) {
   const std::string before = ops::attention_backend();
