@@ -66,6 +66,22 @@ void expect_cache_matches(const CausalLM& m, int64_t vocab) {
   for (int64_t t = 9; t < 15; ++t) run(t, 1);  // one at a time
   run(15, 5);                                  // several after a cache
   EXPECT_EQ(cache.length, n);
+  // The last position alone (what decoding reads): forward_last, and forward_cached(last_only),
+  // which still caches every position.
+  auto expect_last = [&](const Tensor& got, const Tensor& whole, const char* what) {
+    ASSERT_EQ(got.shape(), (Shape{whole.size(0), 1, whole.size(2)})) << what;
+    const auto g = got.to_vector<double>();
+    const auto w = ops::narrow(whole, 1, whole.size(1) - 1, 1).to_vector<double>();
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 2e-5) << what << " element " << i;
+  };
+  expect_last(m.forward_last(from_vector(ids, {1, n})), full, "forward_last");
+  KvCache last_cache;
+  const Tensor prompt = from_vector(std::vector<int64_t>(ids.begin(), ids.begin() + 9), {1, 9});
+  expect_last(m.forward_cached(prompt, last_cache, /*last_only=*/true), ops::narrow(full, 1, 0, 9),
+              "forward_cached(last_only)");
+  EXPECT_EQ(last_cache.length, 9);
+  expect_last(m.forward_cached(from_vector(std::vector<int64_t>{ids[9]}, {1, 1}), last_cache), ops::narrow(full, 1, 0, 10),
+              "the next token after a last-only prefill");
   int64_t at = 0;
   for (const Tensor& p : parts) {
     const auto got = p.to_vector<double>();

@@ -5,7 +5,9 @@
 
 #include "forge/core/memory_owner.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -58,6 +60,14 @@ Tensor CausalLM::forward(const Tensor& idx) const {
   const Stream s = blocks(embed_owned(*this, idx), 0, num_blocks());
   const MemoryOwner owner(head_label());
   return head(s);
+}
+
+Tensor CausalLM::forward_last(const Tensor& idx) const {
+  const Stream s = blocks(embed_owned(*this, idx), 0, num_blocks());
+  const int64_t T = s.x.size(1);
+  auto last = [T](const Tensor& t) { return t.defined() ? ops::contiguous(ops::narrow(t, 1, T - 1, 1)) : Tensor(); };
+  const MemoryOwner owner(head_label());
+  return head(Stream{last(s.x), last(s.pending)});
 }
 
 Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const {

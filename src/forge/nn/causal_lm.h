@@ -103,8 +103,13 @@ class CausalLM : public Module {
   // Mean cross-entropy against targets (B, T): head_loss(blocks(embed(idx), 0, n), targets).
   Tensor loss(const Tensor& idx, const Tensor& targets) const;
 
-  // idx (B, T) i64, the tokens after the cache's -> logits (B, T, vocab_size) (Note [KV cache]).
-  virtual Tensor forward_cached(const Tensor& idx, KvCache& cache) const = 0;
+  // idx (B, T) i64, the tokens after the cache's -> logits (B, T, vocab_size) (Note [KV cache]);
+  // last_only: the last position's alone, (B, 1, vocab_size): what decoding reads, without the
+  // head's work and the (B, T, vocab) logits of a long prompt.
+  virtual Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const = 0;
+  // The logits of the last position alone, (B, 1, vocab_size): forward(idx)[:, -1:] up to the
+  // head GEMM's rounding, with the head run on one position per row.
+  Tensor forward_last(const Tensor& idx) const;
 
   virtual int64_t num_blocks() const = 0;
   virtual int64_t vocab_size() const = 0;

@@ -14,6 +14,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/norm.h"
+#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -81,7 +82,7 @@ Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cach
   return ops::add(h, mlp->forward(ln_2->forward(h)));
 }
 
-Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) const {
+Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache, bool last_only) const {
   FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
   const int64_t T = idx.size(1);
   FORGE_CHECK(cache.length + T <= config.block_size, "GPT: a KV cache of ", cache.length, " positions and ", T,
@@ -100,6 +101,7 @@ Tensor GPT::forward_cached(const Tensor& idx, KvCache& cache) const {
   const Tensor mask = cache.key_mask(T, idx.device());
   for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache.k[i], cache.v[i], mask);
   cache.length += T;
+  if (last_only) x = ops::contiguous(ops::narrow(x, 1, T - 1, 1));
   return wte->attend(ln_f->forward(x));
 }
 

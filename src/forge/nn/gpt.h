@@ -58,7 +58,7 @@ class GPT : public CausalLM {
   Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   // ln_f (fused with the pending add) and the head tied to wte: logits (B, T, vocab_size).
   Tensor head(const Stream& in) const override;
-  Tensor forward_cached(const Tensor& idx, KvCache& cache) const override;
+  Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
   int64_t num_blocks() const override { return config.n_layer; }
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t block_size() const override { return config.block_size; }

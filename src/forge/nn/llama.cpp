@@ -9,7 +9,9 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/view.h"
 
 namespace forge::nn {
 
@@ -49,7 +51,7 @@ Tensor LlamaBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_ca
   return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
 
-Tensor Llama::forward_cached(const Tensor& idx, KvCache& cache) const {
+Tensor Llama::forward_cached(const Tensor& idx, KvCache& cache, bool last_only) const {
   FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
   FORGE_CHECK(cache.length + idx.size(1) <= config.block_size, "Llama: a KV cache of ", cache.length, " positions and ",
               idx.size(1), " more exceed model.block_size = ", config.block_size, "; start a new cache");
@@ -60,6 +62,7 @@ Tensor Llama::forward_cached(const Tensor& idx, KvCache& cache) const {
   const Tensor mask = cache.key_mask(idx.size(1), idx.device());  // (Note [padded prompts])
   for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache.k[i], cache.v[i], mask, cache.pad);
   cache.length += idx.size(1);
+  if (last_only) x = ops::contiguous(ops::narrow(x, 1, idx.size(1) - 1, 1));
   return lm_head->forward(norm->forward(x));
 }
 

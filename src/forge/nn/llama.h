@@ -57,7 +57,7 @@ class Llama : public CausalLM {
   Stream embed(const Tensor& idx) const override;  // embed_tokens(idx)
   Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   Tensor head(const Stream& in) const override;  // lm_head(norm(x)): (B, T, vocab_size)
-  Tensor forward_cached(const Tensor& idx, KvCache& cache) const override;
+  Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
   int64_t num_blocks() const override { return config.n_layer; }
   int64_t vocab_size() const override { return config.vocab_size; }
   int64_t block_size() const override { return config.block_size; }

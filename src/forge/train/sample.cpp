@@ -115,8 +115,16 @@ std::vector<std::vector<int32_t>> decode_rows(const LanguageModel& model, const 
       cache.clear();
       cache.pad = pad;
       FORGE_CHECK(lm || !cache.padded(), "generate: rows of different lengths need the KV cache path");
-      logits = lm ? lm->forward_cached(w, cache) : model.forward(w);
-      last = ctx - 1;
+      // Only the last position's logits are read: the head runs on it alone (a long prompt's
+      // (B, T, vocab) logits are never formed).
+      if (lm) {
+        logits = lm->forward_cached(w, cache, /*last_only=*/true);
+      } else if (const auto* whole = dynamic_cast<const nn::CausalLM*>(model.module.get())) {
+        logits = whole->forward_last(w);
+      } else {
+        logits = model.forward(w);
+        last = ctx - 1;
+      }
     }
     const Tensor at = logits.select(1, last).to(Device::cpu()).to(DType::f64);  // (B, V)
     const auto V = static_cast<size_t>(at.size(1));
