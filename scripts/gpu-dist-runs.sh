@@ -163,7 +163,7 @@ if want hf_checks; then
         > "$R/tokenizer_oracle.log" 2>&1; t "tokenizer oracle rc=$?"; tail -12 "$R/tokenizer_oracle.log"
     fi
     # forge sample tokens/s with and without the KV cache, 1 and 8 prompts, on the GPU (issue 18).
-    FORGE_FORTUNES_DIR="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}" FORGE="$FORGE" DEVICE=cuda TOKENS=256 \
+    FORGE_FORTUNES_DIR="${FORGE_FORTUNES_DIR:-/usr/share/games/fortunes}" FORGE="$FORGE" PY="$PY" DEVICE=cuda TOKENS=256 \
       RESULT="$R/sample_gpu.md" timeout 300 benchmarks/sample/run.sh > "$R/sample_speed.txt" 2>&1
     t "sample bench rc=$?"; cat "$R/sample_speed.txt" )
 fi
