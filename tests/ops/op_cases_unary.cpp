@@ -42,6 +42,8 @@ std::vector<OpCase> unary_cases() {
   }
   const OpFn glu = [](const TensorList& x) { return swiglu(x[0], x[1]); };
   cases.push_back({"swiglu", "[3,5] both need grad", {real({3, 5}, 11), real({3, 5}, 12)}, glu});
+  // Many vectors and a tail: the CUDA backward's one-pass kernel (Note [one-pass SwiGLU backward]).
+  cases.push_back({"swiglu", "[33,65] both need grad", {real({33, 65}, 17), real({33, 65}, 18)}, glu});
   cases.push_back(
       {"swiglu", "[4,3] transposed gate, strided up", {real({4, 3}, 13).transposed(), real({4, 3}, 14).strided()}, glu});
   cases.push_back({"swiglu", "only up needs grad", {real({2, 6}, 15).constant(), real({2, 6}, 16)}, glu});

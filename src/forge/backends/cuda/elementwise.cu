@@ -64,6 +64,35 @@ template <class T> struct SwiGluGradUpFn {
   }
 };
 
+// Note [one-pass SwiGLU backward]: dgate reads g, gate and up, dup reads g and gate; as two
+// elementwise launches g and gate are read twice (5 f-wide reads, 2 writes). One pass reads each
+// input once (3 reads, 2 writes): at LLaMA 0.85B's (8192, 5632) bf16, 461 MB a call instead of
+// 646 MB. The same shared functors as the CPU, so the same bits as the two launches.
+template <class T>
+__global__ void __launch_bounds__(kBlockSize)
+    swiglu_backward_kernel(const T* __restrict__ g, const T* __restrict__ a, const T* __restrict__ b,
+                           T* __restrict__ da, T* __restrict__ db, int64_t n) {
+  using A = acc_t<T>;
+  constexpr int V = 16 / sizeof(T) > 0 ? static_cast<int>(16 / sizeof(T)) : 1;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  auto one = [&](const T& gi, const T& ai, const T& bi, T& dai, T& dbi) {
+    dai = T(fn::SwiGluGradGate{}(static_cast<A>(gi), static_cast<A>(ai), static_cast<A>(bi)));
+    dbi = T(fn::SwiGluGradUp{}(static_cast<A>(gi), static_cast<A>(ai)));
+  };
+  const int64_t nvec = n / V;
+  for (int64_t i = tid; i < nvec; i += step) {
+    const Vec<T, V> gv = reinterpret_cast<const Vec<T, V>*>(g)[i], av = reinterpret_cast<const Vec<T, V>*>(a)[i],
+                    bv = reinterpret_cast<const Vec<T, V>*>(b)[i];
+    Vec<T, V> dav, dbv;
+#pragma unroll
+    for (int j = 0; j < V; ++j) one(gv.v[j], av.v[j], bv.v[j], dav.v[j], dbv.v[j]);
+    reinterpret_cast<Vec<T, V>*>(da)[i] = dav;
+    reinterpret_cast<Vec<T, V>*>(db)[i] = dbv;
+  }
+  for (int64_t i = nvec * V + tid; i < n; i += step) one(g[i], a[i], b[i], da[i], db[i]);
+}
+
 template <class T> struct WhereFn {
   __device__ T operator()(bool c, T a, T b) const { return c ? a : b; }
 };
@@ -134,6 +163,28 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 
 void swiglu_backward(const Tensor& g, const Tensor& gate, const Tensor& up, Tensor& dgate, Tensor& dup) {
   dispatch_float(gate.dtype(), "swiglu_backward", [&]<class T>() {
+    // Both gradients in one pass where every operand is contiguous, 16-byte aligned and of one
+    // shape and dtype (Note [one-pass SwiGLU backward]); else the two elementwise launches.
+    const std::array<const Tensor*, 5> all{&g, &gate, &up, &dgate, &dup};
+    bool fused = dgate.defined() && dup.defined();
+    for (const Tensor* t : all)
+      fused = fused && t->is_cuda() && t->device() == gate.device() && t->dtype() == gate.dtype() &&
+              t->shape() == gate.shape() && t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+    if (fused) {
+      const int64_t n = gate.numel();
+      if (n == 0) return;
+      const int device = gate.device().index;
+      DeviceGuard guard(device);
+      constexpr int64_t V = 16 / sizeof(T) > 0 ? static_cast<int64_t>(16 / sizeof(T)) : 1;
+      const int64_t work = std::max<int64_t>((n + V - 1) / V, 1);
+      const int64_t blocks = std::min<int64_t>((work + kBlockSize - 1) / kBlockSize,
+                                               static_cast<int64_t>(multiprocessor_count(device)) * kBlocksPerSm);
+      swiglu_backward_kernel<T><<<static_cast<unsigned>(blocks), kBlockSize, 0, current_stream(device)>>>(
+          static_cast<const T*>(g.data_ptr()), static_cast<const T*>(gate.data_ptr()),
+          static_cast<const T*>(up.data_ptr()), static_cast<T*>(dgate.data_ptr()), static_cast<T*>(dup.data_ptr()), n);
+      FORGE_CUDA_LAUNCH_CHECK("swiglu_backward");
+      return;
+    }
     if (dgate.defined()) launch_elementwise<3, T, T, T, T>("swiglu_backward", SwiGluGradGateFn<T>{}, dgate, {&g, &gate, &up});
     if (dup.defined()) launch_elementwise<2, T, T, T>("swiglu_backward", SwiGluGradUpFn<T>{}, dup, {&g, &gate});
   });
