@@ -152,7 +152,10 @@ template <class T> struct AdamWChunk {
   fn::AdamWScalars<S> c;
 
   template <int W> __device__ __forceinline__ void operator()(int64_t j) {
-    Pack<T, W> pw = load<W>(p + j);
+    // A 16-bit weight is only written: its f32 master holds the value. Not reading it saves 2 of
+    // the 30 bytes a bf16 parameter moves (LLaMA 0.85B: 1.7 GB a step, ~0.4 ms on an H200).
+    Pack<T, W> pw;
+    if constexpr (!is_half_v<T>) pw = load<W>(p + j);
     const Pack<T, W> gw = load<W>(g + j);
     Pack<S, W> mw = load<W>(m + j), vw = load<W>(v + j);
     [[maybe_unused]] Pack<float, W> xw;
