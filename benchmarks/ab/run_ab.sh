@@ -11,12 +11,17 @@
 #   ROUNDS=3 benchmarks/ab/run_ab.sh runs              # the rows below; table at the end
 # (carry .ab and .deps with the build call only: a carried path replaces what is there.)
 #
-# Rows (each its own process; figures from metrics.jsonl, the mean of the last two logging
-# intervals of 60 steps, i.e. steps 41-60):
+# Rows (ROWS, default "gpt2_1gpu gpt2_2gpu"; each its own process; figures from metrics.jsonl, the
+# mean of the last two logging intervals of 60 steps, i.e. steps 41-60):
 #   gpt2_1gpu   GPT-2 124M (configs/gpt2-124m.toml), bf16, batch 16 x 1024, one GPU
 #   gpt2_2gpu   the same with DDP on two GPUs (forge launch), batch 32 = 16 per GPU
+#   llama_1gpu  LLaMA 0.85B (configs/llama-0.85b.toml), bf16, batch 4 x 2048, one GPU
 #   lenet       LeNet on Fashion-MNIST (configs/fashion-mnist.toml) on one GPU: test accuracy and
 #               images/s (needs the dataset: .deps/dataset-fashion-mnist*.deb)
+# A switch instead of a commit: SAME=1 runs the working tree's binary on both sides (no base
+# build needed), with ENV_A / ENV_B added to A's / B's environment, e.g.
+#   SAME=1 ENV_B="FORGE_GELU_FUSION=0" ROWS=gpt2_1gpu benchmarks/ab/run_ab.sh runs
+# (ENV_A / ENV_B apply without SAME too.)
 # Output: build-ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,7 +58,8 @@ prepare)
 build)
   args=$(deps_args)
   mkdir -p "$OB"
-  for t in base head; do
+  sides="base head"; [ "${SAME:-0}" = 1 ] && sides=head
+  for t in $sides; do
     src=$([ $t = base ] && echo "$AB/base" || echo "$ROOT")
     targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_dist_tests forge_hf_parity"
     ( cmake -S "$src" -B "$OB/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
@@ -78,12 +84,18 @@ prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")][-2:]
 print(f'{sum(r["tokens_per_s"] for r in prog) / len(prog):.1f} {sum(r["ms_per_step"] for r in prog) / len(prog):.3f}')
 PY
   }
+  L=(configs/llama-0.85b.toml --run.overwrite=true --train.batch_size=4 --train.steps=40 --train.log_every=10
+     --eval.every=0 --checkpoint.at_end=false)
   one() {  # WHICH ROW ROUND
     local bin=$OB/$1/forge name="$2_$1_r$3" rc
+    [ "${SAME:-0}" = 1 ] && bin=$OB/head/forge
+    local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A:-}"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B:-}"
     case $2 in
-      gpt2_1gpu) "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
-      gpt2_2gpu) "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
-                   --train.batch_size=32 > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      gpt2_2gpu) env "${envs[@]}" "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" --run.dir="$OUTD/runs" \
+                   --run.name="$name" --train.batch_size=32 > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      llama_1gpu) env "${envs[@]}" "$bin" train "${L[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      *) echo "run_ab.sh: unknown row '$2' (gpt2_1gpu, gpt2_2gpu, llama_1gpu)"; rc=2 ;;
     esac
     if [ $rc -eq 0 ]; then echo "$2 $1 $3 $(fig "$OUTD/runs/$name")" | tee -a "$OUTD/figures.txt"
     else echo "$2 $1 $3 FAILED (exit $rc): $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')" | tee -a "$OUTD/figures.txt"; fi
@@ -91,9 +103,9 @@ PY
   for r in $(seq 1 "$R"); do
     # A then B in odd rounds, B then A in even ones.
     order="base head"; [ $((r % 2)) -eq 0 ] && order="head base"
-    for row in gpt2_1gpu gpt2_2gpu; do for w in $order; do one "$w" "$row" "$r"; done; done
+    for row in ${ROWS:-gpt2_1gpu gpt2_2gpu}; do for w in $order; do one "$w" "$row" "$r"; done; done
   done
-  if [ -d "$ROOT/.deps/root/usr/share/datasets/fashion-mnist" ] || [ -d /usr/share/datasets/fashion-mnist ]; then
+  if [ "${SAME:-0}" != 1 ] && { [ -d "$ROOT/.deps/root/usr/share/datasets/fashion-mnist" ] || [ -d /usr/share/datasets/fashion-mnist ]; }; then
     D=$([ -d /usr/share/datasets/fashion-mnist ] && echo /usr/share/datasets/fashion-mnist || echo "$ROOT/.deps/root/usr/share/datasets/fashion-mnist")
     for w in base head; do
       "$OB/$w/forge" train configs/fashion-mnist.toml --run.dir="$OUTD/runs" --run.name="lenet_$w" \
@@ -106,9 +118,9 @@ import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     p = line.split()
-    if len(p) >= 5 and p[0].startswith("gpt2") and p[3] != "FAILED":
+    if len(p) >= 5 and p[0] != "lenet" and p[3] != "FAILED":
         rows.setdefault(p[0], {}).setdefault(p[1], {})[int(p[2])] = (float(p[3]), float(p[4]))
-print(f"{'row':<11}{'A tokens/s':>12}{'B tokens/s':>12}{'B/A':>8}   per round B/A")
+print(f"{'row':<11}{'A tokens/s':>12}{'B tokens/s':>12}{'B/A':>8}   per round B/A")  # A: base (ENV_A), B: head (ENV_B)
 for row, d in rows.items():
     if "base" not in d or "head" not in d: continue
     a = statistics.median(v[0] for v in d["base"].values()); b = statistics.median(v[0] for v in d["head"].values())
