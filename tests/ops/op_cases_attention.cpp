@@ -104,6 +104,19 @@ void rope_cases(std::vector<OpCase>& c) {
                }});
 }
 
+// LLaMA's packed attention (Note [packed LLaMA attention]): qkv (B, T, (H + 2 Hkv) D).
+void qkv_rope_attention_cases(std::vector<OpCase>& c) {
+  const char* op = "qkv_rope_attention";
+  auto f = [](int64_t H, int64_t Hk, int64_t offset, double theta, RopeScaling s, bool causal) {
+    return OpFn([=](const TensorList& in) { return qkv_rope_attention(in[0], H, Hk, offset, theta, s, causal); });
+  };
+  c.push_back({op, "GQA H=4 Hkv=2 D=4, causal", {real({2, 5, 32}, 161)}, f(4, 2, 0, 10000.0, {}, true)});
+  c.push_back({op, "H=Hkv=2 D=6, offset 3, not causal", {real({1, 4, 36}, 162)}, f(2, 2, 3, 500.0, {}, false)});
+  c.push_back({op, "MQA H=4 Hkv=1 D=8, llama3 scaling, offset 3000", {real({1, 3, 48}, 163)},
+               f(4, 1, 3000, 500000.0,
+                 {.factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 8192.0}, true)});
+}
+
 void conv_cases(std::vector<OpCase>& c) {
   auto xwb = [](Shape x, Shape w, bool bias, uint64_t seed) {
     std::vector<Input> in{real(x, seed), real(w, seed + 1)};
@@ -157,6 +170,7 @@ std::vector<OpCase> attention_cases() {
   sdpa_cases(c);
   qkv_attention_cases(c);
   rope_cases(c);
+  qkv_rope_attention_cases(c);
   conv_cases(c);
   pool_cases(c);
   return c;

@@ -445,3 +445,44 @@ TEST(MaxPool2d, ErrorsNameTheOpAndShapes) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// Note [packed LLaMA attention]: qkv_rope_attention gives the values and the gradient of the
+// unfused path (head views of q, k, v; ops::rope on q and k; scaled_dot_product_attention;
+// heads merged), and its errors name the shapes.
+TEST(QkvRopeAttention, MatchesRopeAndAttentionOnHeadViews) {
+  struct Case {
+    int64_t B, T, H, Hk, D, offset;
+    bool causal;
+    ops::RopeScaling scaling;
+  };
+  const ops::RopeScaling llama3{.factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                                .original_context = 8192.0};
+  for (const Case& c : {Case{2, 7, 4, 2, 8, 0, true, {}}, Case{1, 5, 3, 3, 4, 2, false, {}},
+                        Case{2, 6, 4, 1, 8, 3000, true, llama3}}) {
+    const int64_t W = (c.H + 2 * c.Hk) * c.D;
+    const Tensor base = rnd({c.B, c.T, W}, 900 + static_cast<uint64_t>(c.H * 10 + c.Hk));
+    const Tensor g = rnd({c.B, c.T, c.H * c.D}, 950);
+    const double theta = 5000.0;
+    Tensor a = leaf(base), b = leaf(base);
+    const Tensor ya = ops::qkv_rope_attention(a, c.H, c.Hk, c.offset, theta, c.scaling, c.causal);
+    auto heads = [&](const Tensor& t, int64_t first, int64_t n) {
+      return transpose(reshape(narrow(t, 2, first * c.D, n * c.D), {c.B, c.T, n, c.D}), 1, 2);
+    };
+    const Tensor q = rope(heads(b, 0, c.H), c.offset, theta, c.scaling);
+    const Tensor k = rope(heads(b, c.H, c.Hk), c.offset, theta, c.scaling);
+    const Tensor yb = reshape(transpose(scaled_dot_product_attention(q, k, heads(b, c.H + c.Hk, c.Hk), c.causal), 1, 2),
+                              {c.B, c.T, c.H * c.D});
+    EXPECT_LT(rel_err(ya, yb), 1e-13) << "H " << c.H << " Hkv " << c.Hk;
+    ya.backward(g);
+    yb.backward(g);
+    EXPECT_LT(rel_err(a.grad(), b.grad()), 1e-13) << "H " << c.H << " Hkv " << c.Hk;
+  }
+  EXPECT_THAT(error_of([] { ops::qkv_rope_attention(rnd({1, 3, 30}, 1), 4, 2); }), HasSubstr("(n_head + 2 n_kv_head) x D"));
+  EXPECT_THAT(error_of([] { ops::qkv_rope_attention(rnd({1, 3, 32}, 1), 4, 3); }), HasSubstr("multiple of n_kv_head"));
+}
+
+}  // namespace
+}  // namespace forge

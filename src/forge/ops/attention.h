@@ -32,6 +32,7 @@
 #include <string>
 
 #include "forge/core/tensor.h"
+#include "forge/ops/rope_scaling.h"
 
 namespace forge::ops {
 
@@ -63,5 +64,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // gradient as it stands (split + views would give three zero-filled (B, T, 3 C) gradients and
 // two full-size additions: Note [packed QKV attention] in attention.cpp).
 Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool causal = true, double scale = 0.0);
+
+// LLaMA's attention straight from one packed projection (Note [packed LLaMA attention] in
+// qkv_rope_attention.cpp):
+//   qkv (B, T, (H + 2 Hkv) D) = [q | k | v], H = n_head query heads, Hkv = n_kv_head
+//   -> (B, T, H D): rope(q) and rope(k) at positions position_offset.. (ops::rope, theta and
+//   scaling), causal grouped-query attention (scale 1/sqrt(D)), heads merged.
+// The same values as splitting qkv into head views, ops::rope and scaled_dot_product_attention.
+// One autograd node: the backward writes dq, dk and dv side by side into one gradient of qkv's
+// shape, so q, k and v can come from one GEMM (three narrow views would each zero-fill it).
+Tensor qkv_rope_attention(const Tensor& qkv, int64_t n_head, int64_t n_kv_head, int64_t position_offset = 0,
+                          double theta = 10000.0, const RopeScaling& scaling = RopeScaling::none(),
+                          bool causal = true);
 
 }  // namespace forge::ops
