@@ -15,7 +15,9 @@
 #include "forge/forge.h"
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
+#include "forge/core/env.h"
 #include "testing/tensor_testing.h"
+#include "testing/tiny_models.h"
 
 namespace forge::nn {
 namespace {
@@ -438,6 +440,46 @@ TEST(BlockOfParameter, ParsesTheBlockIndexAfterThePrefix) {
   EXPECT_EQ(nn::Llama::block_of("model.layers.31.mlp.down_proj.weight"), 31);
   EXPECT_EQ(nn::Llama::block_of("lm_head.weight"), -1);
   EXPECT_EQ(nn::Llama::block_of("model.norm.weight"), -1);
+}
+
+}  // namespace
+}  // namespace forge
+
+namespace forge {
+namespace {
+
+// FORGE_PACKED_QKV (Note [packed LLaMA attention]): one GEMM over the concatenated q/k/v weights
+// and ops::qkv_rope_attention give the loss and every parameter's gradient of the three
+// projections, grouped-query and multi-head, in f64 (only the GEMMs' summation order differs).
+TEST(LlamaPackedQkv, GivesTheLossAndGradientsOfThreeProjections) {
+  for (int64_t kv : {2, 8}) {
+    nn::LlamaConfig c = testing::tiny_llama_config(kv);
+    auto run = [&](const char* packed) {
+      env::Override o("FORGE_PACKED_QKV", std::string(packed));
+      nn::Llama m(c, 11);
+      m.to(Device::cpu(), DType::f64);
+      Generator g(5);
+      const Tensor idx = randint(0, c.vocab_size, {2, 12}, {.dtype = DType::i64}, &g);
+      const Tensor tgt = randint(0, c.vocab_size, {2, 12}, {.dtype = DType::i64}, &g);
+      const Tensor loss = m.loss(idx, tgt);
+      loss.backward();
+      std::vector<std::pair<std::string, std::vector<double>>> out{{"loss", loss.to_vector<double>()}};
+      for (const auto& [name, p] : m.named_parameters()) out.emplace_back(name, p.grad().to_vector<double>());
+      EXPECT_EQ(m.layers[0]->self_attn->packed_qkv(), std::string(packed) == "1");
+      return out;
+    };
+    const auto packed = run("1"), plain = run("0");
+    ASSERT_EQ(packed.size(), plain.size());
+    for (size_t i = 0; i < packed.size(); ++i) {
+      ASSERT_EQ(packed[i].first, plain[i].first);
+      const auto& a = packed[i].second;
+      const auto& b = plain[i].second;
+      ASSERT_EQ(a.size(), b.size()) << a.size();
+      double num = 0, den = 0;
+      for (size_t j = 0; j < a.size(); ++j) num += (a[j] - b[j]) * (a[j] - b[j]), den += b[j] * b[j];
+      EXPECT_LE(std::sqrt(num / std::max(den, 1e-300)), 1e-12) << packed[i].first << " (kv heads " << kv << ")";
+    }
+  }
 }
 
 }  // namespace

@@ -134,6 +134,13 @@ const std::vector<Spec>& table() {
        .default_value = "0",
        .meaning = "1: backward computes every gradient into memory of its own and copies it into the gradient "
                   "buffer, as before the claimed buffers (what they save; docs/dist.md)"},
+      {.name = "FORGE_PACKED_QKV",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: LLaMA's q, k and v projections run as one GEMM over their concatenated weights, with rope "
+                  "and attention as one op (ops::qkv_rope_attention, docs/performance.md); off until a same-session "
+                  "A/B shows it faster"},
       {.name = "FORGE_TP_OVERLAP",
        .kind = Kind::flag,
        .category = Category::performance,

@@ -178,7 +178,25 @@ LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, d
   check_out_features(*o_proj, dim, layer, LinearRole::attention_out, "the model width");
 }
 
+// With FORGE_PACKED_QKV=1, three plain Linears without bias (not split by tensor parallelism)
+// run as one GEMM over their weights concatenated for the step, and rope + attention as
+// ops::qkv_rope_attention, which writes the packed gradient in place (Note [packed LLaMA
+// attention]): the narrow k and v GEMMs run at the rate of the wide one. The weights stay three
+// parameters (names, checkpoints, tensor-parallel splits). The concatenation is saved for the
+// backward: under ZeRO-3 that keeps the gathered q/k/v weights of every block until its
+// backward. Off by default until the step is measured with and without it in one session.
+bool LlamaAttention::packed_qkv() const {
+  auto plain = [](const std::shared_ptr<Linear>& l) { return typeid(*l) == typeid(Linear) && !l->bias.defined(); };
+  return env::flag("FORGE_PACKED_QKV") && plain(q_proj) && plain(k_proj) && plain(v_proj);
+}
+
 Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
+  if (packed_qkv()) {
+    const Tensor w = ops::cat({q_proj->weight, k_proj->weight, v_proj->weight}, 0);
+    const Tensor y = ops::qkv_rope_attention(ops::linear(x, w), local_heads, local_kv_heads, position_offset,
+                                             rope_theta, rope_scaling);
+    return o_proj->forward(y);
+  }
   // T from the projections, not x: a sequence-parallel projection gathers the sequence that x
   // holds a slice of (dist/tensor_parallel.h).
   const Tensor qp = q_proj->forward(x);

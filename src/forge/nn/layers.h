@@ -113,6 +113,9 @@ class LlamaAttention : public Module {
   double rope_theta;
   ops::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  // Whether forward runs q, k and v as one GEMM and ops::qkv_rope_attention (FORGE_PACKED_QKV,
+  // plain Linears without bias: Note [packed LLaMA attention]).
+  bool packed_qkv() const;
 };
 
 class Conv2d : public Module {

@@ -17,6 +17,7 @@
 
 #include "backends/cuda/cuda_testing.h"
 #include "forge/backends/cuda/matmul.h"
+#include "forge/core/env.h"
 #include "forge/forge.h"
 #include "forge/nn/llama.h"
 #include "forge/nn/layers.h"
@@ -459,7 +460,8 @@ TEST(CudaLinearModules, SharedInputLinearsAccumulateTheirInputGradient) {
 
 // A small LLaMA (GQA, head dim 64: cuDNN or flash attention, rope in the projections' memory
 // order, fused SwiGLU, RMSNorm with the residual gradient, shared-input linears) on the GPU in
-// f32 against the CPU: loss and every parameter's gradient.
+// f32 against the CPU: loss and every parameter's gradient. With FORGE_PACKED_QKV=1 too: q, k, v
+// as one GEMM and ops::qkv_rope_attention on the GPU (Note [packed LLaMA attention]).
 TEST(CudaLinearModules, TinyLlamaMatchesTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
   nn::LlamaConfig c;
@@ -470,7 +472,9 @@ TEST(CudaLinearModules, TinyLlamaMatchesTheCpu) {
   c.n_kv_head = 2;
   c.dim = 256;
   c.ffn_hidden = 320;
+  for (const char* packed : {"0", "1"})
   for (DType dt : {DType::f32, DType::bf16}) {
+    const env::Override packed_qkv("FORGE_PACKED_QKV", std::string(packed));
     nn::Llama cpu_model(c, 7), gpu_model(c, 7);
     gpu_model.to(kGpu);
     gpu_model.to(dt);
@@ -485,7 +489,7 @@ TEST(CudaLinearModules, TinyLlamaMatchesTheCpu) {
     ASSERT_EQ(gp.size(), cp.size());
     for (size_t i = 0; i < gp.size(); ++i)
       expect_close(gp[i].second.grad().to(DType::f32), cp[i].second.grad().to(kGpu), tol,
-                   gp[i].first + " grad [" + dtype_name(dt) + "]");
+                   gp[i].first + " grad [" + dtype_name(dt) + (packed[0] == '1' ? ", packed q/k/v]" : "]"));
   }
 }
 
