@@ -66,7 +66,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool causal = true, double scale = 0.0);
 
 // LLaMA's attention straight from one packed projection (Note [packed LLaMA attention] in
-// qkv_rope_attention.cpp):
+// attention.cpp):
 //   qkv (B, T, (H + 2 Hkv) D) = [q | k | v], H = n_head query heads, Hkv = n_kv_head
 //   -> (B, T, H D): rope(q) and rope(k) at positions position_offset.. (ops::rope, theta and
 //   scaling), causal grouped-query attention (scale 1/sqrt(D)), heads merged.
