@@ -128,6 +128,12 @@ const std::vector<Spec>& table() {
        .default_value = "0",
        .meaning = "1: NCCL's communication stream gets the device's highest priority (as PyTorch's "
                   "TORCH_NCCL_HIGH_PRIORITY; docs/dist.md)"},
+      {.name = "FORGE_NORM_BLOCK_ROWS",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: the CUDA layer/RMS norm backward of rows up to 1024 columns (GPT-2's 768) runs a warp per "
+                  "row, as before the block-per-row kernel took them (docs/performance.md)"},
       {.name = "FORGE_NO_GRAD_BUFFER_CLAIM",
        .kind = Kind::flag,
        .category = Category::diagnostic,

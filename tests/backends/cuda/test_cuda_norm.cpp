@@ -20,6 +20,7 @@
 #include "backends/cuda/cuda_testing.h"
 #include "forge/backends/cpu/norm.h"
 #include "forge/backends/cuda/norm.h"
+#include "forge/core/env.h"
 #include "forge/forge.h"
 
 namespace forge {
@@ -301,6 +302,39 @@ TEST_P(CudaNorm, WideRowsBackwardMatchesTheCpu) {
       }
       seed += 10;
     }
+}
+
+// Rows of 64 to 128 vectors (bf16/f16: 512 to 1024 columns, GPT-2's 768 among them; f32: 256
+// to 512) run the block-per-row backward in 128-thread blocks, wider ones up to 1024 columns in
+// 256-thread blocks; FORGE_NORM_BLOCK_ROWS=0 sends them all back to the warp-per-row kernel.
+// Both paths against the CPU: 520 and 1000 (threads of the block past the row's end), 512, 768,
+// 1024; 37 rows, and 2100 (more rows than the 1024 blocks: each walks several); every gradient,
+// the parameter gradients alone, and dx_add through a residual stream.
+TEST_P(CudaNorm, NarrowRowsBackwardOnBothKernels) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  const double tol = tolerance(dt);
+  for (const char* block_rows : {"1", "0"}) {
+    env::Override o("FORGE_NORM_BLOCK_ROWS", std::string(block_rows));
+    uint64_t seed = 2000;
+    for (int64_t C : {768, 512, 520, 1000, 1024})
+      for (int64_t R : {37, 2100}) {
+        const std::string w = std::string(" FORGE_NORM_BLOCK_ROWS=") + block_rows + " [" + std::to_string(R) + ", " +
+                              std::to_string(C) + "]";
+        const Tensor x = host_input({R, C}, Domain::real, dt, seed);
+        const Tensor wt = host_input({C}, Domain::positive, dt, seed + 1), b = host_input({C}, Domain::real, dt, seed + 2);
+        expect_same_on_gpu("layer_norm" + w, {x, wt, b}, {true, true, true}, kLayerNorm, dt, tol, seed + 3);
+        expect_same_on_gpu("rms_norm" + w, {x, wt}, {true, true}, kRmsNorm, dt, tol, seed + 4);
+        expect_same_on_gpu("layer_norm dweight and dbias only" + w, {x, wt, b}, {false, true, true}, kLayerNorm, dt,
+                           tol, seed + 5);
+        const Fn block = [](const TensorList& in) {
+          return ops::add(ops::mul(ops::tanh(ops::layer_norm(in[0], in[1], in[2])), 0.5), in[0]);
+        };
+        expect_same_on_gpu("residual stream through layer_norm" + w, {x, wt, b}, {true, true, true}, block, dt, tol,
+                           seed + 6);
+        seed += 10;
+      }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaNorm, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),

@@ -46,6 +46,10 @@
 // Backward (norm_backward_kernel): the same warp-per-row layout. Pass 1 loads x and dy into
 // registers and sums g and g * xhat; pass 2 writes dx. dweight/dbias are column sums over
 // rows, reduced deterministically (no atomics):
+//   Rows of 64 to 1024 whole aligned vectors (bf16/f16: 512 to 8192 columns, f32: 256 to
+//     4096) take the block-per-row kernel below; the warp kernel keeps narrower rows, unaligned
+//     or scalar ones and f64 (and, with FORGE_NORM_BLOCK_ROWS=0, every row of up to
+//     kRegisterWidth columns, its old domain: the switch is the A/B of that change).
 //   C <= kRegisterWidth (fused): while its warp walks rows w, w + W, w + 2W, ... (W warps in
 //     the grid, a number that depends on R only: P = min(ceil(R / 64), kMaxPartials) blocks),
 //     each lane adds dy * xhat and dy of the columns it owns into the warp's own slice of
@@ -54,14 +58,14 @@
 //     its 8 warps' slices column by column in warp order and writes one partial row (C) of the
 //     scratch. (Keeping the sums in registers instead needs ~170 registers a thread, one
 //     block per SM; shared memory keeps the kernel near 120 registers, two to three blocks.)
-//   C > kRegisterWidth in whole aligned vectors, up to 1024 of them (bf16/f16: 8192 columns,
-//     f32: 4096): a block per row instead (norm_backward_wide_kernel, norm_wide.cu), dx and the
-//     column sums in one pass. Thread t of a 256-, 512- or 1024-thread block (the smallest that
-//     covers the row) owns the row's vector t and keeps its weight and its column sums of
+//   Block per row (norm_backward_wide_kernel, norm_wide.cu), dx and the column sums in one
+//     pass. Thread t of a 128-, 256-, 512- or 1024-thread block (the smallest that covers the
+//     row) owns the row's vector t and keeps its weight and its column sums of
 //     dy * xhat and dy in registers; a row's sums of g and g * xhat go through warp butterflies,
 //     then every thread adds the warp sums from shared memory in warp order (the same bits
-//     everywhere). Block b walks rows b, b + P, ... (P = min(R, 512) for 256-thread blocks,
-//     min(R, 256) for wider ones: R and C alone) and writes one partial row.
+//     everywhere). Block b walks rows b, b + P, ... (P = min(R, 1024) for 128-thread blocks,
+//     min(R, 512) for 256-thread blocks, min(R, 256) for wider ones: R and C alone) and writes
+//     one partial row.
 //     Why: the warp-per-row kernel holds only 1024 columns in registers, re-reads the rest at
 //     low occupancy, and the gradients then cost a second pass over dy and x
 //     (norm_param_grad_kernel): ~1 TB/s. On an H200, R = 8192, with dx_add and dweight
@@ -73,6 +77,10 @@
 //     conversions], core/half.h; not profiled). Measured and dropped: 256 threads with 2 or 4
 //     vectors each (more registers, fewer warps: up to 1.6x slower at C = 8192), and loading
 //     the next row before the current row's reduction (likewise slower).
+//     GPT-2's rows (C = 768 bf16, R = 16384, with dx_add) were the warp kernel's: 95 us a call
+//     on an H100 (about 1 TB/s; 25 calls, 2.4 ms of a 33 ms step), its 256 blocks of 8 warps
+//     (P = R / 64) two per SM, each warp's rows one after another; as 128-thread blocks, P =
+//     1024, about 8 resident per SM, the 100 MB a call should move at the wide kernel's ~3 TB/s.
 //   Other rows wider than kRegisterWidth (scalar, f64, wider still): the dx kernel computes dx
 //     only; norm_param_grad_kernel then re-reads dy and x in (32 columns x a slice of rows) tiles,
 //     one partial row per slice.
@@ -101,6 +109,7 @@
 #include "forge/backends/cuda/norm_wide.cuh"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
+#include "forge/core/env.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 
@@ -599,7 +608,10 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
   const DType sd = cpu::norm_stat_dtype(x.dtype());
-  const bool fused = (want_w || want_b) && C <= kRegisterWidth;
+  // Rows of kBlockRowMinVecs vectors or more run a block per row (norm_wide.cu) unless
+  // FORGE_NORM_BLOCK_ROWS=0 keeps those of up to kRegisterWidth columns on the warp kernel.
+  const bool block_rows = env::flag("FORGE_NORM_BLOCK_ROWS");
+  const bool fused = (want_w || want_b) && C <= kRegisterWidth;  // the warp kernel's column sums (when !wide)
 
   dispatch_float(x.dtype(), op, [&]<class T>() {
     using A = acc_t<T>;
@@ -618,7 +630,8 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
     bool wide = false;
     if constexpr (!std::is_same_v<T, double>) {
       constexpr int V = 16 / static_cast<int>(sizeof(T));
-      wide = C > kRegisterWidth && C / V <= norm_detail::kWideMaxVecs && (grads.dx.defined() || want_w || want_b) &&
+      const bool long_row = C > kRegisterWidth || (block_rows && C / V >= norm_detail::kBlockRowMinVecs);
+      wide = long_row && C / V <= norm_detail::kWideMaxVecs && (grads.dx.defined() || want_w || want_b) &&
              use_vectors<T>(C, {&dy, &x, &weight, &grads.dx, &grads.dx_add});
       if (wide) {
         const int64_t p = norm_detail::wide_blocks(R, C / V, kMaxPartials);

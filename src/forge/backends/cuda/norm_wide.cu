@@ -127,6 +127,7 @@ void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, cons
   };
   auto pick = [&]<bool kRms>() {
     switch (wide_threads(C / V)) {
+      case 128: launch.template operator()<128, kRms>(); break;
       case 256: launch.template operator()<256, kRms>(); break;
       case 512: launch.template operator()<512, kRms>(); break;
       default: launch.template operator()<1024, kRms>(); break;

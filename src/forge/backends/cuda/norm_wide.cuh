@@ -32,20 +32,26 @@ template <class T, int V> __device__ __forceinline__ void store_vec(T* base, int
 // of up to kWideMaxVecs vectors (bf16/f16: 8192 columns, f32: 4096).
 inline constexpr int64_t kWideMaxVecs = 1024;
 
-// Threads of a block for rows of nvec vectors: the smallest of 256, 512 and 1024 that covers
-// the row.
-inline int wide_threads(int64_t nvec) { return nvec <= 256 ? 256 : nvec <= 512 ? 512 : 1024; }
+// Threads of a block for rows of nvec vectors: the smallest of 128, 256, 512 and 1024 that
+// covers the row (128: GPT-2's 768 bf16 columns, 96 vectors).
+inline int wide_threads(int64_t nvec) { return nvec <= 128 ? 128 : nvec <= 256 ? 256 : nvec <= 512 ? 512 : 1024; }
 
-// Blocks of the grid, each writing one partial row of column sums: P = min(R, 512) for
-// 256-thread blocks, min(R, 256) for wider ones, at most max_parts. A function of R and C
-// alone, so the sums are the same bits on every run and GPU. At 4, 2 and 1 resident blocks an
-// SM (256, 512, 1024 threads, <= 64 registers) that is about one wave of blocks on a 132-SM
-// H100 / H200 (two for 1024 threads), which measured best on an H200 at R = 8192 and 16384:
-// fewer blocks than that leave the GPU underused (small R: one row each), more cost a
-// part-empty last wave plus scratch traffic and column_sum_kernel time (P x C x 4 bytes each
-// way per gradient).
+// Rows of at least this many vectors (and at most kWideMaxVecs) take the block-per-row backward;
+// narrower ones stay with norm.cu's warp-per-row kernel (a block of 128 threads would idle most
+// of its lanes). FORGE_NORM_BLOCK_ROWS=0 keeps every row of up to 1024 columns on the warp kernel.
+inline constexpr int64_t kBlockRowMinVecs = 64;
+
+// Blocks of the grid, each writing one partial row of column sums: P = min(R, 1024) for
+// 128-thread blocks, min(R, 512) for 256-thread blocks, min(R, 256) for wider ones, at most
+// max_parts. A function of R and C alone, so the sums are the same bits on every run and GPU.
+// At 8, 4, 2 and 1 resident blocks an SM (128, 256, 512, 1024 threads, <= 64 registers) that is
+// about one wave of blocks on a 132-SM H100 / H200 (two for 1024 threads), which measured best
+// on an H200 at R = 8192 and 16384 for the 256-thread and wider blocks: fewer blocks than that
+// leave the GPU underused (small R: one row each), more cost a part-empty last wave plus
+// scratch traffic and column_sum_kernel time (P x C x 4 bytes each way per gradient).
 inline int64_t wide_blocks(int64_t R, int64_t nvec, int64_t max_parts) {
-  int64_t p = wide_threads(nvec) == 256 ? 512 : 256;
+  const int threads = wide_threads(nvec);
+  int64_t p = threads == 128 ? 1024 : threads == 256 ? 512 : 256;
   if (R < p) p = R < 1 ? 1 : R;
   return p < max_parts ? p : max_parts;
 }
