@@ -118,6 +118,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_BIND", env::Category::performance},
       {"FORGE_CPU_MEMORY_LIMIT", env::Category::debugging},
       {"FORGE_CUDA_ALLOC", env::Category::debugging},
+      {"FORGE_CUDNN_PLAN_TUNING", env::Category::performance},
       {"FORGE_DIST_TIMEOUT", env::Category::debugging},
       {"FORGE_FLASH_ATTENTION", env::Category::performance},
       {"FORGE_GELU_FUSION", env::Category::performance},

@@ -64,6 +64,13 @@ const std::vector<Spec>& table() {
        .meaning = "plain: a cudaMalloc/cudaFree per storage instead of the caching allocator, so "
                   "compute-sanitizer pins a fault on its tensor (docs/cuda.md)",
        .choices = {"caching", "plain"}},
+      {.name = "FORGE_CUDNN_PLAN_TUNING",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: cuDNN's fused attention runs its heuristic's first plan instead of timing the heuristics' "
+                  "candidates once per shape and running the fastest (never timed in deterministic mode; Note "
+                  "[cuDNN attention], docs/cuda-kernels.md)"},
       {.name = "FORGE_DIST_TIMEOUT",
        .kind = Kind::real,
        .category = Category::debugging,

@@ -553,6 +553,125 @@ TEST(CudaCudnnAttentionPath, DecodingStepsBuildNoGraphs) {
   EXPECT_TRUE(cuda::cudnn_attention_applies(q.gpu, k.gpu, k.gpu, Tensor(), true));
 }
 
+// The plan entries of one problem (cuda::cudnn_attention_plans) built with tuning on or off.
+std::vector<cuda::CudnnAttentionPlan> plans_of(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D, bool tuning) {
+  std::vector<cuda::CudnnAttentionPlan> out;
+  for (const cuda::CudnnAttentionPlan& p : cuda::cudnn_attention_plans())
+    if (p.B == B && p.H == H && p.Hkv == Hkv && p.T == T && p.S == T && p.D == D && p.causal && !p.deterministic &&
+        p.tuning == tuning)
+      out.push_back(p);
+  return out;
+}
+
+// FORGE_CUDNN_PLAN_TUNING (Note [cuDNN attention], "Which plan runs"): with 1 the heuristics'
+// candidates are timed on the first call of a shape and the fastest runs, with 0 the heuristic's
+// first choice; both match the CPU on LLaMA-like causal GQA shapes, in one process (the switch is
+// read per call and is part of the plan cache's key).
+TEST(CudaCudnnAttentionPath, PlanTuningOnAndOffMatchCpu) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  BackendGuard automatic(cuda::AttentionBackend::automatic);
+  uint64_t seed = 7900;
+  for (const char* tuning : {"1", "0"}) {
+    env::Override o("FORGE_CUDNN_PLAN_TUNING", std::string(tuning));
+    const bool on = std::string(tuning) == "1";
+    for (int64_t D : {64, 128}) {
+      const int64_t B = 2, H = 8, Hkv = 2, T = 256;
+      const AttnCase c{"cudnn plan tuning", B, H, Hkv, T, T, D, D, true, MaskKind::none, Layout::contiguous};
+      const std::string what = describe(c) + " FORGE_CUDNN_PLAN_TUNING=" + tuning;
+      const int64_t before = cuda::cudnn_attention_calls();
+      AttnCase named = c;
+      named.what = what.c_str();
+      check_attention(DType::bf16, named, seed += 20);
+      ASSERT_EQ(cuda::cudnn_attention_calls() - before, 2) << what << ": forward and backward should run on cuDNN";
+      const auto plans = plans_of(B, H, Hkv, T, D, on);
+      int64_t forwards = 0;
+      for (const cuda::CudnnAttentionPlan& p : plans) forwards += p.backward ? 0 : 1;
+      EXPECT_GE(forwards, 1) << what << ": no forward plan\n" << cuda::cudnn_attention_plan_report();
+      EXPECT_GE(static_cast<int64_t>(plans.size()) - forwards, 1)
+          << what << ": no backward plan\n" << cuda::cudnn_attention_plan_report();
+      for (const cuda::CudnnAttentionPlan& p : plans) {
+        EXPECT_FALSE(p.chosen.empty()) << p.problem;
+        EXPECT_FALSE(p.heuristic.empty()) << p.problem;
+        if (on) {
+          EXPECT_TRUE(p.tuned) << p.problem;
+          EXPECT_GE(p.timed, 1) << p.problem << ": no candidate was timed";
+          EXPECT_LE(p.timed, p.candidates) << p.problem;
+          EXPECT_GT(p.chosen_ms, 0.0) << p.problem;
+          EXPECT_EQ(p.capture_skips, 0) << p.problem;
+        } else {
+          EXPECT_FALSE(p.tuned) << p.problem;
+          EXPECT_EQ(p.candidates, 1) << p.problem;
+          EXPECT_EQ(p.timed, 0) << p.problem;
+          EXPECT_EQ(p.chosen, p.heuristic) << p.problem;
+        }
+      }
+      const std::string report = cuda::cudnn_attention_plan_report();
+      EXPECT_NE(report.find("forward bf16 B=2 H=8 Hkv=2 T=256 S=256 D=" + std::to_string(D) + " causal"),
+                std::string::npos)
+          << report;
+    }
+  }
+}
+
+// The first call of a tuned shape times the candidates on its own outputs, then runs the chosen
+// plan: its results are that plan's, the same bits as the next call's (which builds nothing).
+TEST(CudaCudnnAttentionPath, TunedPlanGivesTheSameForwardBitsFromTheFirstCall) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  env::Override o("FORGE_CUDNN_PLAN_TUNING", std::string("1"));
+  const int64_t B = 1, H = 6, Hkv = 2, T = 192, D = 64;
+  const Pair q = on_both(host_input({B, H, T, D}, Domain::real, DType::bf16, 7950));
+  const Pair k = on_both(host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 7951));
+  const Pair v = on_both(host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 7952));
+  auto forward = [&]() {
+    Tensor out = empty({B, H, T, D}, {.dtype = DType::bf16, .device = kGpu});
+    Tensor lse = empty({B, H, T}, {.dtype = DType::f32, .device = kGpu});
+    EXPECT_TRUE(cuda::cudnn_attention_forward(q.gpu, k.gpu, v.gpu, true, 0.125, out, lse));
+    return TensorList{out.to(DType::f32), lse};
+  };
+  const TensorList first = forward();
+  const int64_t graphs = cuda::cudnn_attention_graphs_built();
+  const TensorList second = forward();
+  EXPECT_EQ(cuda::cudnn_attention_graphs_built(), graphs) << "the second call should hit the plan cache";
+  EXPECT_EQ(first[0].to_vector<float>(), second[0].to_vector<float>()) << "out";
+  EXPECT_EQ(first[1].to_vector<float>(), second[1].to_vector<float>()) << "lse";
+  Tensor oc = empty({B, H, T, D}, {.dtype = DType::f32});
+  Tensor lc = empty({B, H, T}, {.dtype = DType::f32});
+  cpu::attention_forward(q.cpu.to(DType::f32), k.cpu.to(DType::f32), v.cpu.to(DType::f32), Tensor(), true, 0.125, oc,
+                         lc);
+  expect_matches(first[0], oc, tolerance(DType::bf16), "tuned cudnn out");
+  bool found = false;
+  for (const cuda::CudnnAttentionPlan& p : cuda::cudnn_attention_plans())
+    if (!p.backward && p.B == B && p.H == H && p.Hkv == Hkv && p.T == T && p.D == D && p.tuning) {
+      found = true;
+      EXPECT_TRUE(p.tuned);
+      EXPECT_GE(p.timed, 1);
+    }
+  EXPECT_TRUE(found) << cuda::cudnn_attention_plan_report();
+}
+
+// Deterministic mode never times (another process could time another winner): the heuristic's
+// choice runs, as with FORGE_CUDNN_PLAN_TUNING=0.
+TEST(CudaCudnnAttentionPath, DeterministicModeTakesTheHeuristicsChoice) {
+  FORGE_SKIP_WITHOUT_CUDNN();
+  env::Override o("FORGE_CUDNN_PLAN_TUNING", std::string("1"));
+  struct DetGuard {
+    DetGuard() { cuda::set_deterministic_attention(true); }
+    ~DetGuard() { cuda::set_deterministic_attention(false); }
+  } det;
+  BackendGuard automatic(cuda::AttentionBackend::automatic);
+  const int64_t B = 1, H = 4, Hkv = 2, T = 160, D = 64;
+  const AttnCase c{"cudnn deterministic, tuning on", B, H, Hkv, T, T, D, D, true, MaskKind::none, Layout::contiguous};
+  check_attention(DType::bf16, c, 7960);
+  bool forward = false;
+  for (const cuda::CudnnAttentionPlan& p : cuda::cudnn_attention_plans()) {
+    if (p.B != B || p.H != H || p.Hkv != Hkv || p.T != T || p.D != D) continue;
+    EXPECT_FALSE(p.tuning) << p.problem;
+    EXPECT_EQ(p.timed, 0) << p.problem;
+    forward = forward || !p.backward;
+  }
+  EXPECT_TRUE(forward) << "the forward should run on cuDNN\n" << cuda::cudnn_attention_plan_report();
+}
+
 // run.deterministic: two backward passes over the same inputs give the same bits (cuDNN's
 // deterministic algorithm, or the composed path where cuDNN has none); the flash kernels'
 // atomics are not used.

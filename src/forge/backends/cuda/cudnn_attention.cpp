@@ -12,9 +12,10 @@
 // serialisation, CUDNN_FRONTEND_SKIP_JSON_LIB) and links libcudnn.
 //
 // Graphs are cached per device, keyed by everything a plan depends on: direction, dtype,
-// B, H, Hkv, T, S, D, the strides of every tensor, causal, scale, deterministic. In training
-// the keys repeat every step, so a call is one hash lookup, cudnnSetStream and one execute
-// (no host synchronisation; the workspace comes from the caching allocator on the current
+// B, H, Hkv, T, S, D, the strides of every tensor, causal, scale, deterministic, and whether
+// the plan is tuned (below). In training the keys repeat every step, so a call is one hash
+// lookup, cudnnSetStream and one execute of the key's chosen plan (no host synchronisation
+// after the key's first call; the workspace comes from the caching allocator on the current
 // stream). A key cuDNN refuses is remembered as refused, and the call returns false so the
 // caller runs forge's own kernels: the refusal is said once on stderr.
 //
@@ -24,19 +25,67 @@
 // supports). Stats is the per-row logsumexp of the scaled scores in natural-log units, f32
 // (B, H, T, 1) with strides (H T, T, 1, 1): forge's lse, byte for byte. I/O bf16 or f16,
 // intermediates and compute f32.
+//
+// Which plan runs. cuDNN's heuristics (mode A, then FALLBACK) rank the engine configurations
+// that can run a graph, and their first choice is not always the fastest: on an H200 it picked
+// a 64x256 tile for LLaMA's causal GQA forward (3.33 ms a step) where PyTorch's cuDNN SDPA ran a
+// 64x128 one (3.22 ms), and the backward differed by ~5%. So with FORGE_CUDNN_PLAN_TUNING=1 (the
+// default) a new key builds every configuration the heuristics offer (build_plan_at_index in
+// their order, at most kMaxCandidates, one per engine name; those that fail to build are
+// skipped; the first that builds is the heuristic's choice), and the first call of the key
+// times them on that call's own tensors: per candidate a workspace of its size from the caching
+// allocator, one untimed run (lazy module loading), then kTimedRuns runs between CUDA events on
+// the current stream, the best run counting. The fastest runs from then on, unless it is less
+// than kTuneMargin faster than the heuristic's choice, which then stays; a candidate that fails
+// to run, or would need more workspace than the heuristic's choice and kWorkspaceAllowance
+// (it would be allocated at every call), is skipped, and if all fail the heuristic's choice
+// runs. The chosen index is kept in
+// the cache entry, and that call's real execution follows with it, so every result comes from
+// the chosen plan. Timing costs a host synchronisation and a few runs per candidate, once per
+// key and process. cudnn_attention_plan_report() lists what was timed and chosen.
+//   - The timing runs write the call's outputs (O and Stats; dQ, dK, dV) from unchanged inputs:
+//     SDPA plans overwrite their outputs rather than accumulate into them (every later call
+//     relies on that too), and the backward's dQ accumulator lives in the frontend's part of the
+//     workspace, which the frontend clears itself before each execution for cuDNN < 9.6
+//     (run_auxiliary_kernels, a memset; cudnn_frontend/node/scaled_dot_product_flash_attention.h)
+//     and cuDNN's own kernels clear from 9.6 on. Each execution gets a fresh copy of the variant
+//     pack: execute_plan_at_index adds the workspace's pointers to the map it is handed, and an
+//     entry left from another candidate's workspace would win.
+//   - No timing during a CUDA graph capture (cudaStreamIsCapturing on the current stream; a
+//     synchronisation there is refused, and a replay would re-run every candidate): an untuned
+//     key runs the heuristic's choice and stays untuned, so its first call outside a capture
+//     tunes it; a captured graph keeps the plan it captured. forge train captures at step 2,
+//     after step 1 tuned every key.
+//   - Plans may differ in the last bits. The choice is fixed per key for the life of the process
+//     (the cache), so a run is consistent with itself, but another process may time another
+//     winner. Hence deterministic mode (run.deterministic: deterministic_attention(), or a
+//     deterministic backward) never times: like its GEMMs (Note [GEMM algorithm tuning]) it runs
+//     the heuristic's choice, which depends on the shapes alone, and reruns give the same bits.
+//   - FORGE_CUDNN_PLAN_TUNING is read at every call and is part of the key, so both settings
+//     can run in one process (the tests do); 0 builds the heuristic's first plan only, as
+//     before.
 #include "forge/backends/cuda/cudnn_attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <iomanip>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/blaslt.h"
 #include "forge/backends/cuda/flash_attention.h"
 #include "forge/backends/cuda/runtime.h"
+#include "forge/backends/cuda/stream.h"
+#include "forge/core/env.h"
 
 #ifdef FORGE_WITH_CUDNN
 #include <cudnn.h>
@@ -88,6 +137,8 @@ bool cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const
                               bool, double, bool, Tensor&, Tensor&, Tensor&) {
   return false;
 }
+std::vector<CudnnAttentionPlan> cudnn_attention_plans() { return {}; }
+std::string cudnn_attention_plan_report() { return ""; }
 
 #else
 
@@ -127,15 +178,56 @@ struct KeyHash {
   }
 };
 
+// Plan tuning (Note [cuDNN attention], "Which plan runs"): the most candidates built per key,
+// the timed runs per candidate, how much faster than the heuristic's choice another must be to
+// replace it, and how much more workspace than the heuristic's choice (or this much, whichever
+// is larger) a candidate may take (a plan's workspace is allocated at every call).
+constexpr size_t kMaxCandidates = 16;
+constexpr int kTimedRuns = 3;
+constexpr double kTuneMargin = 0.01;
+constexpr int64_t kWorkspaceAllowance = int64_t{256} << 20;
+
+// A cache entry: the graph and its built plans. Shared by the cache and the calls using it.
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN refused this key
-  int64_t workspace = 0;
+  std::vector<int64_t> candidates;          // indices of the built plans, heuristic order: [0] its choice
+  std::vector<int64_t> workspaces;          // their workspace bytes
+  std::vector<std::string> names;           // their engine names
+  CudnnAttentionPlan info;                  // the problem, for the report
+  std::mutex mu;                            // guards what follows (tuning happens under it)
+  size_t chosen = 0;                        // the position in `candidates` that runs
+  bool tuned = false;
+  int64_t timed = 0, capture_skips = 0;
+  std::vector<double> ms;                   // per candidate; < 0: not timed (failed, skipped)
 };
+using PlanPtr = std::shared_ptr<Plan>;
 
 std::mutex g_cache_mu;
-std::unordered_map<Key, Plan, KeyHash>& cache() {
-  static auto* c = new std::unordered_map<Key, Plan, KeyHash>();  // never destroyed (exit order)
+std::unordered_map<Key, PlanPtr, KeyHash>& cache() {
+  static auto* c = new std::unordered_map<Key, PlanPtr, KeyHash>();  // never destroyed (exit order)
   return *c;
+}
+std::vector<PlanPtr>& built_in_order() {  // the accepted plans, for the report (under g_cache_mu)
+  static auto* v = new std::vector<PlanPtr>();
+  return *v;
+}
+
+// Whether a new key of this call is built for timing (Note [cuDNN attention]): the switch, read
+// at every call, and never in deterministic mode.
+bool tuning_wanted(bool deterministic) {
+  return env::flag("FORGE_CUDNN_PLAN_TUNING") && !deterministic && !deterministic_attention();
+}
+
+// Whether work queued on `stream` now would be captured into a CUDA graph. A query that fails
+// (the legacy stream while another stream captures: cudaErrorStreamCaptureImplicit) counts as
+// capturing; its error is not sticky and is cleared.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
 }
 
 void push_tensor(std::vector<int64_t>& v, const Tensor& t) {
@@ -166,57 +258,154 @@ void set_mask(Attr& a, bool causal, int64_t T, int64_t S) {
       .set_diagonal_band_right_bound(0);
 }
 
-// Validates, lowers and builds `g`; the plan, or a refused one with the reason in `why`.
-Plan build(const std::shared_ptr<fe::graph::Graph>& g, cudnnHandle_t h, std::string& why) {
-  Plan p;
+// Validates and lowers `g`, then builds its plans in the heuristics' order: the first that
+// builds (the heuristic's choice, as BuildPlanPolicy_t::HEURISTICS_CHOICE), or with `all` every
+// one that builds (as BuildPlanPolicy_t::ALL, which also leaves the graph's own candidate at the
+// last plan built: forge executes by index). A refused key: no candidates, the reason in `why`.
+void build(Plan& p, const std::shared_ptr<fe::graph::Graph>& g, cudnnHandle_t h, bool all, std::string& why) {
   auto step = [&](fe::error_t e, const char* what) {
     if (e.is_good()) return true;
     why = std::string(what) + ": " + e.get_message();
     return false;
   };
-  if (!step(g->validate(), "validate")) return p;
-  if (!step(g->build_operation_graph(h), "build_operation_graph")) return p;
+  if (!step(g->validate(), "validate")) return;
+  if (!step(g->build_operation_graph(h), "build_operation_graph")) return;
   if (!step(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans"))
-    return p;
-  if (!step(g->check_support(h), "check_support")) return p;
-  if (!step(g->build_plans(h, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans")) return p;
-  int64_t ws = 0;
-  if (!step(g->get_workspace_size(ws), "get_workspace_size")) return p;
+    return;
+  if (!step(g->check_support(h), "check_support")) return;
+  std::unordered_set<std::string> seen;
+  const int64_t n = g->get_execution_plan_count();
+  for (int64_t i = 0; i < n && p.candidates.size() < (all ? kMaxCandidates : 1); ++i) {
+    std::string name;
+    if (!g->get_plan_name_at_index(i, name).is_good()) name = "plan " + std::to_string(i);
+    if (all && !seen.insert(name).second) continue;  // modes A and FALLBACK may offer a config twice
+    int64_t ws = 0;
+    if (!step(g->build_plan_at_index(i), "build_plan_at_index")) continue;
+    if (!step(g->get_workspace_size_plan_at_index(i, ws), "get_workspace_size_plan_at_index")) continue;
+    p.candidates.push_back(i);
+    p.workspaces.push_back(ws);
+    p.names.push_back(name);
+  }
+  if (p.candidates.empty()) {
+    if (why.empty()) why = "no execution plan built";
+    return;
+  }
   p.graph = g;
-  p.workspace = ws;
-  return p;
 }
 
 // The cached plan for `key`, built by `make` on first use; null graph when refused.
 template <class Make>
-Plan plan_for(const Key& key, int device, const char* direction, const Make& make) {
+PlanPtr plan_for(const Key& key, int device, const CudnnAttentionPlan& info, const Make& make) {
   {
     std::lock_guard<std::mutex> lock(g_cache_mu);
     auto it = cache().find(key);
     if (it != cache().end()) return it->second;
   }
   std::string why;
-  Plan p = build(make(), handle_for(device), why);
+  auto p = std::make_shared<Plan>();
+  p->info = info;
+  build(*p, make(), handle_for(device), info.tuning, why);
   ++g_graphs;
-  if (!p.graph)
+  if (!p->graph)
     std::fprintf(stderr, "forge: cuDNN attention %s declined a problem (%s); forge's own kernels run it instead\n",
-                 direction, why.c_str());
+                 info.backward ? "backward" : "forward", why.c_str());
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  cache().emplace(key, p);
-  return p;
+  auto [it, fresh] = cache().emplace(key, p);  // another thread may have built it meanwhile
+  if (fresh && it->second->graph) built_in_order().push_back(it->second);
+  return it->second;
 }
 
-void execute(const Plan& p, int device, std::unordered_map<int64_t, void*>& pack, const char* what) {
-  cudnnHandle_t h = handle_for(device);
-  check_cudnn(cudnnSetStream(h, current_stream(device)), "cudnnSetStream");
-  Tensor ws;
-  void* wp = nullptr;
-  if (p.workspace > 0) {
-    ws = blas::device_empty(device, {p.workspace}, DType::u8);
-    wp = ws.data_ptr();
+// A workspace of `bytes` from the caching allocator on the current stream (undefined for 0).
+Tensor workspace(int device, int64_t bytes) {
+  return bytes > 0 ? blas::device_empty(device, {bytes}, DType::u8) : Tensor();
+}
+
+// Runs candidate `i` of `p` once on `pack`'s tensors; false when cuDNN refuses (its error
+// cleared, when the launch's was not sticky).
+bool run_candidate(const Plan& p, size_t i, cudnnHandle_t h, const std::unordered_map<int64_t, void*>& pack,
+                   void* ws) {
+  auto vp = pack;  // execute_plan_at_index adds the workspace's tensors to the map it is given
+  if (p.graph->execute_plan_at_index(h, vp, ws, p.candidates[i]).is_good()) return true;
+  (void)cudaGetLastError();
+  return false;
+}
+
+// Times every candidate of `p` on the call's tensors and sets p.chosen (Note [cuDNN attention],
+// "Which plan runs"). Under p.mu, outside a capture; the handle is on the current stream.
+void tune(Plan& p, int device, cudnnHandle_t h, const std::unordered_map<int64_t, void*>& pack) {
+  const Stream stream = Stream::current(device);
+  const size_t n = p.candidates.size();
+  const int64_t ws_limit = std::max(p.workspaces[0], kWorkspaceAllowance);
+  p.ms.assign(n, -1.0);
+  for (size_t i = 0; i < n; ++i) {
+    if (p.workspaces[i] > ws_limit) continue;
+    try {
+      const Tensor ws = workspace(device, p.workspaces[i]);
+      void* wp = ws.defined() ? ws.data_ptr() : nullptr;
+      if (!run_candidate(p, i, h, pack, wp)) continue;  // warm-up (lazy module loading)
+      std::vector<Event> ev;
+      ev.reserve(kTimedRuns + 1);
+      for (int r = 0; r <= kTimedRuns; ++r) ev.emplace_back(true);
+      ev[0].record(stream);
+      bool ok = true;
+      for (int r = 0; r < kTimedRuns; ++r) {
+        ok = ok && run_candidate(p, i, h, pack, wp);
+        ev[r + 1].record(stream);
+      }
+      ev[kTimedRuns].synchronize();
+      if (!ok) continue;
+      double best = ev[0].elapsed_ms(ev[1]);
+      for (int r = 1; r < kTimedRuns; ++r) best = std::min(best, static_cast<double>(ev[r].elapsed_ms(ev[r + 1])));
+      p.ms[i] = best;
+      ++p.timed;
+    } catch (const std::exception&) {  // a workspace that does not fit: not a candidate
+      (void)cudaGetLastError();
+    }
   }
-  fe::error_t e = p.graph->execute(h, pack, wp);
+  size_t best = n;
+  for (size_t i = 0; i < n; ++i)
+    if (p.ms[i] >= 0 && (best == n || p.ms[i] < p.ms[best])) best = i;
+  if (best == n || (p.ms[0] >= 0 && p.ms[best] > (1.0 - kTuneMargin) * p.ms[0])) best = 0;
+  p.chosen = best;
+  p.tuned = true;
+}
+
+// Executes `p`'s chosen plan on the current stream, tuning the key first where that is due.
+void execute(Plan& p, int device, std::unordered_map<int64_t, void*> pack, const char* what) {
+  cudnnHandle_t h = handle_for(device);
+  const cudaStream_t stream = current_stream(device);
+  check_cudnn(cudnnSetStream(h, stream), "cudnnSetStream");
+  size_t c = 0;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.info.tuning && !p.tuned) {
+      if (capturing(stream))
+        ++p.capture_skips;  // the heuristic's choice, untuned: a later uncaptured call tunes
+      else
+        tune(p, device, h, pack);
+    }
+    c = p.chosen;
+  }
+  const Tensor ws = workspace(device, p.workspaces[c]);
+  fe::error_t e = p.graph->execute_plan_at_index(h, pack, ws.defined() ? ws.data_ptr() : nullptr, p.candidates[c]);
   FORGE_CHECK(e.is_good(), "cuDNN attention ", what, ": execute failed: ", e.get_message());
+}
+
+// The report's description of a problem.
+CudnnAttentionPlan describe(bool backward, const Tensor& q, const Tensor& k, bool causal, bool deterministic,
+                            bool tuning) {
+  CudnnAttentionPlan i;
+  i.backward = backward;
+  i.B = q.size(0), i.H = q.size(1), i.Hkv = k.size(1), i.T = q.size(2), i.S = k.size(2), i.D = q.size(3);
+  i.causal = causal;
+  i.deterministic = deterministic;
+  i.tuning = tuning;
+  std::ostringstream o;
+  o << (backward ? "backward " : "forward ") << dtype_name(q.dtype()) << " B=" << i.B << " H=" << i.H
+    << " Hkv=" << i.Hkv << " T=" << i.T << " S=" << i.S << " D=" << i.D << (causal ? " causal" : "")
+    << (deterministic ? " deterministic" : "");
+  i.problem = o.str();
+  return i;
 }
 
 void* ptr(const Tensor& t) { return const_cast<void*>(t.data_ptr()); }
@@ -248,7 +437,9 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   std::memcpy(&scale_bits, &fscale, sizeof scale_bits);
   key.v.push_back(scale_bits);
   for (const Tensor* t : {&q, &k, &v, static_cast<const Tensor*>(&out)}) push_tensor(key.v, *t);
-  const Plan p = plan_for(key, device, "forward", [&] {
+  const bool tuning = tuning_wanted(false);
+  key.v.push_back(tuning);
+  const PlanPtr p = plan_for(key, device, describe(false, q, k, causal, false, tuning), [&] {
     auto g = new_graph(q.dtype());
     auto Q = io_tensor(*g, "Q", kQ, q), K = io_tensor(*g, "K", kK, k), V = io_tensor(*g, "V", kV, v);
     auto attr = fe::graph::SDPA_attributes().set_name("forge_sdpa").set_generate_stats(true).set_attn_scale(fscale);
@@ -259,10 +450,10 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
         {H * T, T, 1, 1});
     return g;
   });
-  if (!p.graph) return false;
+  if (!p->graph) return false;
   std::unordered_map<int64_t, void*> pack = {
       {kQ, ptr(q)}, {kK, ptr(k)}, {kV, ptr(v)}, {kO, ptr(out)}, {kStats, ptr(lse)}};
-  execute(p, device, pack, "forward");
+  execute(*p, device, std::move(pack), "forward");
   ++g_calls;
   return true;
 }
@@ -289,7 +480,9 @@ bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
   std::memcpy(&scale_bits, &fscale, sizeof scale_bits);
   key.v.push_back(scale_bits);
   for (const Tensor* t : {&q, &k, &v, &out, &dout, &gq, &gk, &gv}) push_tensor(key.v, *t);
-  const Plan p = plan_for(key, device, "backward", [&] {
+  const bool tuning = tuning_wanted(deterministic);
+  key.v.push_back(tuning);
+  const PlanPtr p = plan_for(key, device, describe(true, q, k, causal, deterministic, tuning), [&] {
     auto g = new_graph(q.dtype());
     auto Q = io_tensor(*g, "Q", kQ, q), K = io_tensor(*g, "K", kK, k), V = io_tensor(*g, "V", kV, v);
     auto O = io_tensor(*g, "O", kO, out), dO = io_tensor(*g, "dO", kDO, dout);
@@ -308,13 +501,66 @@ bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
     dV->set_output(true).set_uid(kDV).set_dim(dims_of(gv)).set_stride(strides_of(gv));
     return g;
   });
-  if (!p.graph) return false;
+  if (!p->graph) return false;
   std::unordered_map<int64_t, void*> pack = {{kQ, ptr(q)},       {kK, ptr(k)},   {kV, ptr(v)},
                                              {kO, ptr(out)},     {kDO, ptr(dout)}, {kStats, ptr(lse)},
                                              {kDQ, ptr(gq)},     {kDK, ptr(gk)}, {kDV, ptr(gv)}};
-  execute(p, device, pack, "backward");
+  execute(*p, device, std::move(pack), "backward");
   ++g_calls;
   return true;
+}
+
+std::vector<CudnnAttentionPlan> cudnn_attention_plans() {
+  std::vector<PlanPtr> plans;
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    plans = built_in_order();
+  }
+  std::vector<CudnnAttentionPlan> out;
+  for (const PlanPtr& p : plans) {
+    std::lock_guard<std::mutex> lock(p->mu);
+    CudnnAttentionPlan i = p->info;
+    i.tuned = p->tuned;
+    i.candidates = static_cast<int64_t>(p->candidates.size());
+    i.timed = p->timed;
+    i.capture_skips = p->capture_skips;
+    i.chosen = p->names[p->chosen];
+    i.heuristic = p->names[0];
+    if (p->tuned) {
+      i.chosen_ms = std::max(p->ms[p->chosen], 0.0);
+      i.heuristic_ms = std::max(p->ms[0], 0.0);
+    }
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::string cudnn_attention_plan_report() {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(4);
+  for (const CudnnAttentionPlan& i : cudnn_attention_plans()) {
+    o << "cudnn plan: " << i.problem << ": ";
+    if (!i.tuning) {
+      o << i.chosen << ", the heuristic's choice (not timed: FORGE_CUDNN_PLAN_TUNING=0 or deterministic)";
+    } else if (!i.tuned) {
+      o << i.chosen << ", the heuristic's choice (not timed yet: " << i.capture_skips
+        << " call(s) during a CUDA graph capture)";
+    } else {
+      o << i.chosen << " " << i.chosen_ms << " ms, chosen of " << i.timed << " timed (" << i.candidates
+        << " built)";
+      if (i.chosen != i.heuristic) {
+        o << "; the heuristic's choice " << i.heuristic << " ";
+        if (i.heuristic_ms > 0)
+          o << i.heuristic_ms << " ms";
+        else
+          o << "failed";
+      } else {
+        o << "; the heuristic's choice";
+      }
+    }
+    o << "\n";
+  }
+  return o.str();
 }
 
 #endif  // FORGE_WITH_CUDNN

@@ -11,6 +11,7 @@
 // Internal to backends/cuda/ (and its tests); plain C++, no cuDNN headers.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "forge/core/tensor.h"
 
@@ -50,5 +51,29 @@ bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
 // (or refused), in this process (tests check the path is taken and the cache hit).
 int64_t cudnn_attention_calls();
 int64_t cudnn_attention_graphs_built();
+
+// The execution plan of each cached graph (Note [cuDNN attention], "Which plan runs"): with
+// FORGE_CUDNN_PLAN_TUNING=1 (the default) every plan cuDNN's heuristics offer is built, timed
+// once on the first call's tensors outside a CUDA graph capture, and the fastest runs from then
+// on; with 0, or in deterministic mode, the heuristic's first choice runs untimed. One entry per
+// graph cuDNN accepted, in the order they were built.
+struct CudnnAttentionPlan {
+  std::string problem;  // "forward bf16 B=2 H=8 Hkv=2 T=256 S=256 D=64 causal" (" deterministic")
+  bool backward = false;
+  int64_t B = 0, H = 0, Hkv = 0, T = 0, S = 0, D = 0;
+  bool causal = false, deterministic = false;
+  bool tuning = false;         // built with tuning on: all the heuristics' candidates
+  bool tuned = false;          // the candidates were timed
+  int64_t candidates = 0;      // plans built (1 without tuning)
+  int64_t timed = 0;           // candidates that ran and were timed
+  int64_t capture_skips = 0;   // untuned calls during a CUDA graph capture (the heuristic's plan ran)
+  std::string chosen;          // cuDNN's engine name of the plan that runs ("eng8_k2=..."), and of
+  std::string heuristic;       //   the heuristics' first choice
+  double chosen_ms = 0;        // their times on the first call (the best of a few runs); 0 when
+  double heuristic_ms = 0;     //   not timed
+};
+std::vector<CudnnAttentionPlan> cudnn_attention_plans();
+// The same as text, a line per graph, for benchmarks ("" when no graph was built).
+std::string cudnn_attention_plan_report();
 
 }  // namespace forge::cuda
