@@ -113,6 +113,8 @@ class DataParallel {
   // flag is the same on every rank (ZeRO-2/3 all-reduce it with the norm). Not with offload.
   Tensor unscale_grads(optim::LossScaler& scaler);
   // Scales the gradients the optimizer will read by max_norm / (norm + 1e-6) when norm > max_norm.
+  // DDP hands this to the next step() (Optimizer::clip_next_step, Note [clipping inside the
+  // update]): AdamW on a GPU scales them as it loads them, leaving the gradients unclipped.
   void clip_grads(double max_norm, const Tensor& norm);
   // The optimizer step (skipped where the one-element skip_if is non-zero), then, for ZeRO,
   // the all-gather of the updated weights.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
@@ -48,6 +49,14 @@ ShardedOptimizer::ShardedOptimizer(DpState& st, GradientBuckets& grads, const st
       piece_groups.push_back(std::move(pg));
     }
     optimizer_ = make_optimizer(std::move(piece_groups));
+    // Note [clipping inside the update] (optim/optimizer.h): clip_grads may hand the clip to the
+    // optimizer only if it updates exactly the tensors whose gradients clipping must scale
+    // (norm_tensors(): every parameter). Each optimizer parameter is one of st_.params (checked
+    // above) and appears once (Optimizer checks), so the sets agree when their sizes do.
+    std::unordered_set<const TensorImpl*> all, mine;
+    for (const DpParam& p : st_.params) all.insert(p.t.impl());
+    for (const Tensor& t : piece_params_) mine.insert(t.impl());
+    clip_in_update_ = all.size() == mine.size();
     return;
   }
   // ZeRO: the owned slice [r*s, (r+1)*s) of every bucket, cut at parameter boundaries.
@@ -261,7 +270,12 @@ void ShardedOptimizer::clip_grads(double max_norm, const Tensor& norm) {
     offload_clip_ = {max_norm, norm};
     return;
   }
-  if (st_.zero_stage == 0) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
+  // DDP: the optimizer spans every parameter, so it can clip inside its update (Note [clipping
+  // inside the update]: AdamW on a GPU scales each gradient as it loads it; no clip pass). A
+  // DataParallel given optimizer groups that leave out some parameters clips them all first, as
+  // before. ZeRO-1/2/3 clip the gradients (views of the buckets) first; offload clips in step().
+  if (st_.zero_stage == 0 && optimizer_ && clip_in_update_) optimizer_->clip_next_step(max_norm, norm);
+  else if (st_.zero_stage == 0) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
   else if (!piece_views_.empty()) optim::clip_grads_with_norm_(piece_views_, max_norm, norm);
 }
 

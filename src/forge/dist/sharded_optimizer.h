@@ -19,7 +19,10 @@
 // itself cannot overlap backward: clipping needs the global norm of every gradient first.
 //
 // The gradient norm is global: stages 0 and 1 compute it from the (identical, reduced) full
-// gradients; stages 2 and 3 all-reduce the owned slices' sums of squares.
+// gradients; stages 2 and 3 all-reduce the owned slices' sums of squares. Clipping at stage 0
+// is handed to the optimizer (Optimizer::clip_next_step, Note [clipping inside the update]):
+// AdamW on a GPU applies it inside its update and leaves the gradients unclipped; the other
+// stages clip the gradients themselves before the update.
 #include <functional>
 #include <map>
 #include <memory>
@@ -93,6 +96,7 @@ class ShardedOptimizer {
   std::vector<Tensor> piece_grad_views_;  // views of the reduced gradients
   std::vector<OffloadSlice> offload_;     // by bucket (offload only)
   std::pair<double, Tensor> offload_clip_;  // clip_grads' (max_norm, norm), applied by step() when offloaded
+  bool clip_in_update_ = false;  // stage 0: the optimizer spans every parameter, so clip_grads uses clip_next_step
   std::unique_ptr<OffloadStream> offload_stream_;
 };
 

@@ -116,7 +116,8 @@ void AdamW::update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, c
     params.push_back({p_c, g_c, m, v, master, u.state->step, u.slot});
   }
   cuda::adamw_step(params, {.lr = *g.lr, .beta1 = *g.beta1, .beta2 = *g.beta2, .eps = *g.eps, .weight_decay = *g.weight_decay},
-                   skip.flag, skip.skipped, {skip.graph_inputs, skip.graph_lr_index, skip.graph_steps_offset});
+                   skip.flag, skip.skipped, {skip.graph_inputs, skip.graph_lr_index, skip.graph_steps_offset},
+                   {skip.clip_norm, skip.clip_max_norm});
   for (size_t i = 0; i < items.size(); ++i) {
     Tensor p = items[i].param;
     if (params[i].p.is_same(p)) p.storage()->bump_version();

@@ -21,7 +21,9 @@
 // per-step copy to the device. Both backends run the same element code
 // (backends/optim_functors.h), so a CUDA step equals the CPU step bit for bit. With a
 // skip flag on the GPU (Optimizer::step(skip_if)) the kernel itself skips, and the
-// parameter's step count t does not advance (Note [skipped steps on the device]).
+// parameter's step count t does not advance (Note [skipped steps on the device]). A clip
+// requested by clip_next_step is applied by the kernel to each gradient value it loads
+// (Note [clipping inside the update], optimizer.h): no separate clip pass, .grad unwritten.
 //
 // Note [bf16 master weights]
 // A bf16 weight w cannot take an update smaller than half the spacing of bf16 numbers
@@ -70,6 +72,7 @@ class AdamW final : public Optimizer {
   DType state_dtype(const Tensor& p, const std::string& name) const override;
   void update(const ParamGroup& g, Tensor& p, const Tensor& grad, ParamState& s) override;
   void update_cuda(const ParamGroup& g, std::vector<DeviceUpdate>& items, const DeviceSkip& skip) override;
+  bool fuses_clip() const override { return true; }
   std::tuple<Tensor, Tensor, Tensor> state_of(const Tensor& p, ParamState& s) const;
 
   AdamWOptions options_;

@@ -20,7 +20,10 @@
 //                                             and the norm is read when it is logged
 // The tensor form is total_grad_norm (one multi-tensor pass, deterministic: fixed
 // per-block partial sums reduced in a fixed order) followed by clip_grads_with_norm_
-// (one multi-tensor pass that does nothing unless the norm on the device says so). The
+// (one multi-tensor pass that does nothing unless the norm on the device says so).
+// Optimizer::clip_next_step(max_norm, norm) (optimizer.h) replaces that second pass: the
+// next step() updates with the clipped gradients, bit for bit, and AdamW on a GPU computes
+// them in its update kernel without writing .grad (Note [clipping inside the update]). The
 // double form keeps the norm in double on the CPU; the tensor form rounds it to f32 on
 // every device, and clips with that f32 value.
 //

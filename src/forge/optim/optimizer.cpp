@@ -14,6 +14,7 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/optim/clip.h"
 
 namespace forge::optim {
 namespace {
@@ -94,13 +95,24 @@ void Optimizer::check_groups(const std::vector<ParamGroup>& groups) const {
 
 void Optimizer::step() { step(Tensor()); }
 
+void Optimizer::clip_next_step(double max_norm, const Tensor& norm) {
+  FORGE_CHECK(max_norm >= 0, name_, ": clip_next_step: max_norm must be >= 0, got ", max_norm);
+  FORGE_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()), name_,
+              ": clip_next_step: the norm must be a one-element floating-point tensor, got ",
+              norm.defined() ? shape_str(norm.shape()) + " " + dtype_name(norm.dtype()) : std::string("an undefined tensor"));
+  pending_clip_ = {max_norm, norm.detach()};  // a later call before step() replaces it
+}
+
 void Optimizer::step(const Tensor& skip_if) {
   static const char* label = intern_memory_owner("optimizer");  // Note [memory owners]
   const MemoryOwner owner(label);
   const trace::Range traced(label);
+  // Note [clipping inside the update]: the pending clip belongs to this call, whatever happens below.
+  const std::pair<double, Tensor> clip = std::exchange(pending_clip_, {});
   check_groups(groups_);
   // Every check before the first parameter changes, so a bad step leaves all of them as they were.
   bool cpu_grads = false;
+  bool on_clip_device = clip.second.defined() && clip.second.is_cuda();  // every parameter with a gradient
   for (size_t i = 0; i < groups_.size(); ++i) {
     for (const Tensor& p : groups_[i].params) {
       const Tensor& g = p.grad();
@@ -111,8 +123,12 @@ void Optimizer::step(const Tensor& skip_if) {
                   p.device().str());
       check_param(p);
       cpu_grads = cpu_grads || p.is_cpu();
+      on_clip_device = on_clip_device && p.device() == clip.second.device();
     }
   }
+  // The update kernels apply the clip where the optimizer fuses it and every parameter is on the
+  // norm's GPU; otherwise the gradients are clipped first (below, once the step is known to run).
+  const bool fuse_clip = clip.second.defined() && fuses_clip() && on_clip_device;
   if (skip_if.defined())
     FORGE_CHECK(skip_if.numel() == 1, name_, ": skip_if must be a one-element tensor, got shape ", skip_if.shape());
   NoGradGuard no_grad;
@@ -134,6 +150,13 @@ void Optimizer::step(const Tensor& skip_if) {
   if (skip) {
     ++step_count_;
     return;
+  }
+  if (clip.second.defined() && !fuse_clip) {
+    std::vector<Tensor> params;
+    for (const ParamGroup& group : groups_)
+      for (const Tensor& p : group.params)
+        if (p.grad().defined()) params.push_back(p);
+    clip_grads_with_norm_(params, clip.first, clip.second);
   }
   const size_t n_params = num_params();
   if (maybe_skipped_.size() != n_params) maybe_skipped_.resize(n_params, 0);
@@ -176,6 +199,10 @@ void Optimizer::step(const Tensor& skip_if) {
         ds.graph_inputs = graph_inputs_;
         ds.graph_lr_index = static_cast<int64_t>(&group - groups_.data());
         ds.graph_steps_offset = static_cast<int64_t>(groups_.size());
+      }
+      if (fuse_clip) {
+        ds.clip_norm = clip.second.to(DType::f32).contiguous().reshape({});  // no copy when it is already so
+        ds.clip_max_norm = clip.first;
       }
       update_cuda(group, items, ds);
       if (flag_on_device) {

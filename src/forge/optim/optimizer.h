@@ -48,6 +48,10 @@
 // the counts are asked for: state(), state_dict(). Parameters on the CPU with a flag on a
 // GPU make step() read the flag on the host (one synchronisation).
 //
+// Clipping. clip_next_step(max_norm, norm) makes the next step() update as if
+// clip_grads_with_norm_(params, max_norm, norm) (clip.h) had run just before it, without
+// writing the gradients where the optimizer can (Note [clipping inside the update]).
+//
 // Devices. CPU parameters are updated one at a time by update(); CUDA parameters are
 // updated by update_cuda(), once per param group and device, which launches multi-tensor
 // kernels (AdamW: one launch per ~48 tensors of a dtype; SGD likewise).
@@ -125,6 +129,24 @@ class Optimizer {
   // Drops every parameter's .grad (sets it to undefined, like set_to_none=True).
   void zero_grad();
 
+  // Note [clipping inside the update]: the next step() updates as if
+  //   clip_grads_with_norm_(<every parameter of every group>, max_norm, norm)   (clip.h)
+  // had run just before it: with c = max_norm / (norm + 1e-6) in double, every gradient
+  // element g is read as T(double(g) * c) (T its dtype) when `norm` (a one-element floating
+  // tensor; read as f32) is finite and > max_norm, and as g otherwise: the same bits. Where
+  // the optimizer can, the gradients are scaled as they are loaded, not written: AdamW on
+  // CUDA applies c inside its update kernel to the value in registers, so the separate clip
+  // pass (one read and one write of every gradient) disappears and the .grad tensors are
+  // left unclipped. Everywhere else (SGD, CPU parameters, a norm on another device than the
+  // parameters) step() runs clip_grads_with_norm_ itself before the first update, which
+  // does rewrite .grad. Nothing waits for the device either way: the clip decision is read
+  // by the kernels. The pending clip is consumed by the next step() call, whether or not
+  // that step is skipped (a step skipped on the host clips nothing); one clip_next_step
+  // per step. Throws for max_norm < 0 (or NaN) or a `norm` that is not a one-element
+  // floating-point tensor. A step captured in a CUDA graph keeps reading `norm` from the
+  // same address at every replay, like the skip flag.
+  void clip_next_step(double max_norm, const Tensor& norm);
+
   StateDict state_dict() const;
   void load_state_dict(const StateDict& sd);
 
@@ -169,6 +191,9 @@ class Optimizer {
   virtual void validate(const ParamGroup& g, size_t index) const = 0;
   // Throws if this optimizer cannot update `p` (e.g. no kernel for its device yet).
   virtual void check_param(const Tensor& p) const { (void)p; }
+  // Whether update_cuda applies a pending clip itself (DeviceSkip::clip_norm) instead of the
+  // base running clip_grads_with_norm_ first (Note [clipping inside the update]).
+  virtual bool fuses_clip() const { return false; }
   // The optimizer's own hyper-parameters by name (lr and weight_decay excluded), for state_dict.
   virtual std::vector<std::pair<std::string, double>> hyper_params(const ParamGroup& g) const = 0;
   virtual void set_hyper_param(ParamGroup& g, const std::string& name, double value) const = 0;
@@ -196,12 +221,16 @@ class Optimizer {
   // device). Note [skipped steps on the device] in backends/cuda/optim.h.
   // Also the device-held lr and step counts of a step being captured in a CUDA graph (undefined
   // otherwise): lr = graph_inputs[graph_lr_index], the step of slot k = graph_inputs[graph_steps_offset + k].
+  // And the clip of this step (only for an optimizer that fuses_clip(); undefined clip_norm:
+  // none): the norm as a contiguous 0-d f32 tensor on the parameters' GPU, and max_norm.
   struct DeviceSkip {
     Tensor flag;
     Tensor skipped;
     Tensor graph_inputs;
     int64_t graph_lr_index = 0;
     int64_t graph_steps_offset = 0;
+    Tensor clip_norm;
+    double clip_max_norm = 0;
   };
   // Updates every parameter of `items` (all of group g, all on one GPU, each with a
   // gradient) in as few kernel launches as possible, under NoGradGuard. The default throws.
@@ -234,6 +263,8 @@ class Optimizer {
   mutable std::vector<char> maybe_skipped_;      // by slot: was in a step with a device flag since the last fold
   mutable bool skips_pending_ = false;           // any maybe_skipped_
   int64_t step_count_ = 0;
+  // clip_next_step's (max_norm, norm), consumed by the next step(); undefined norm: none.
+  std::pair<double, Tensor> pending_clip_;
   // CUDA graphs: [lr of each group, step of each slot] in f64 on the GPU; whether a capture is
   // under way; what the captured step() did (Note [optimizer steps in a CUDA graph]).
   Tensor graph_inputs_;

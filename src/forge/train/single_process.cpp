@@ -51,7 +51,9 @@ class SingleProcess final : public Strategy {
     // Note [one sync per step]: the gradient norm, the clip, the skip decision and the update
     // all run on the device.
     const Tensor norm = scaler_ ? scaler_->unscale_(params_) : optim::total_grad_norm(params_);
-    if (cfg_.optim.grad_clip > 0) optim::clip_grads_with_norm_(params_, cfg_.optim.grad_clip, norm);
+    // Note [clipping inside the update]: the next step() clips (AdamW on a GPU: in its kernel,
+    // without rewriting the gradients); the scaler's step below is that step.
+    if (cfg_.optim.grad_clip > 0) optimizer_->clip_next_step(cfg_.optim.grad_clip, norm);
     // A non-finite loss or norm skips the update (loss * 0 is NaN for an inf/NaN loss).
     const Tensor bad = optim::found_non_finite(norm.to(DType::f32) + mean_loss * 0.0);
     phases.mark(4);

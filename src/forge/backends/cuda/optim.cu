@@ -10,10 +10,13 @@
 //           p -= lr d      (rounded to T after each op, as optim/sgd.cpp's ops round)
 //   norm    sum_i x_i^2 in double per block, blocks summed in a fixed order; norm = sqrt
 //   clip    x = T(double(x) * max_norm / (norm + 1e-6))   when norm is finite and > max_norm
-// Memory contract: adamw overwrites p, m, v (and master) and reads g; sgd overwrites p and
-// the momentum buffer and reads g; norm reads every tensor (and overwrites it with the
-// unscaled values when given a loss scale); clip overwrites the tensors when it clips; no
-// kernel writes anything else except the per-parameter skip counters (optim.h).
+//   adamw with a clip (Note [clipping inside the update], optim.h): g is first replaced, in
+//           registers, by clip's value of it; everything else as adamw
+// Memory contract: adamw overwrites p, m, v (and master) and reads g (with a clip too: it
+// never writes g); sgd overwrites p and the momentum buffer and reads g; norm reads every
+// tensor (and overwrites it with the unscaled values when given a loss scale); clip
+// overwrites the tensors when it clips; no kernel writes anything else except the
+// per-parameter skip counters (optim.h).
 //
 // Note [multi-tensor launches]: a launch covers a list of tensors. Each tensor is cut into
 // chunks of kChunk elements (at least one chunk, even when empty, so that every tensor of
@@ -135,6 +138,8 @@ struct AdamWArgs {
   int64_t* skipped;   // null: no skip counters on this device
   const double* graph_lr;     // null, or the lr to use instead of hp.lr (Note [optimizer steps in a CUDA graph])
   const double* graph_steps;  // null, or each slot's step, instead of the entries' step
+  const float* clip_norm;     // null, or the norm to clip the gradients by (Note [clipping inside the update])
+  double clip_max;
   fn::AdamWHyper hp;
   int32_t count;
   int32_t chunk_begin[kMaxAdamW + 1];
@@ -150,6 +155,8 @@ template <class T> struct AdamWChunk {
   S* v;
   float* master;
   fn::AdamWScalars<S> c;
+  bool clip;    // the same in every thread of the block
+  double coef;  // max_norm / (norm + 1e-6), when clip
 
   template <int W> __device__ __forceinline__ void operator()(int64_t j) {
     // A 16-bit weight is only written: its f32 master holds the value. Not reading it saves 2 of
@@ -165,7 +172,9 @@ template <class T> struct AdamWChunk {
       S x;
       if constexpr (is_half_v<T>) x = xw.v[k];
       else x = pw.v[k];
-      fn::adamw_update<S>(x, mw.v[k], vw.v[k], convert<S>(gw.v[k]), c);
+      T g_k = gw.v[k];
+      if (clip) g_k = convert<T>(fn::rn_mul(convert<double>(g_k), coef));  // as ScaleChunk would have written it
+      fn::adamw_update<S>(x, mw.v[k], vw.v[k], convert<S>(g_k), c);
       if constexpr (is_half_v<T>) xw.v[k] = x;
       pw.v[k] = convert<T>(x);
     }
@@ -186,16 +195,22 @@ template <class T> __global__ void __launch_bounds__(kThreads) adamw_kernel(cons
     return;
   }
   __shared__ fn::AdamWScalars<S> scalars;
+  __shared__ bool clip;
+  __shared__ double coef;
   if (threadIdx.x == 0) {
     const int64_t step = a.graph_steps != nullptr ? static_cast<int64_t>(a.graph_steps[e.slot]) : e.step;
     const int64_t t = step - (a.skipped != nullptr ? a.skipped[e.slot] : 0);
     fn::AdamWHyper hp = a.hp;
     if (a.graph_lr != nullptr) hp.lr = *a.graph_lr;
     scalars = fn::adamw_scalars<S>(hp, t);
+    // Note [clipping inside the update]: clip_kernel's decision and coefficient, bit for bit.
+    const double norm = a.clip_norm != nullptr ? static_cast<double>(*a.clip_norm) : 0.0;
+    clip = a.clip_norm != nullptr && isfinite(norm) && norm > a.clip_max;
+    coef = clip ? fn::rn_div(a.clip_max, fn::rn_add(norm, 1e-6)) : 1.0;
   }
   __syncthreads();
   AdamWChunk<T> f{static_cast<T*>(e.p), static_cast<const T*>(e.g), static_cast<S*>(e.m), static_cast<S*>(e.v),
-                  e.master, scalars};
+                  e.master, scalars, clip, coef};
   const int64_t begin = chunk * kChunk, end = std::min(e.n, begin + kChunk);
   const bool vectorized = aligned16(e.p) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v) &&
                           (e.master == nullptr || aligned16(e.master));
@@ -474,11 +489,15 @@ Tensor device_buffer(int device, int64_t n, DType dtype) {
 }  // namespace
 
 void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp, const Tensor& skip_if,
-                const Tensor& skipped, const GraphInputs& graph) {
+                const Tensor& skipped, const GraphInputs& graph, const FusedClip& clip) {
   if (params.empty()) return;
   const int device = params[0].p.device().index;
   const int64_t slots = skipped.defined() ? skipped.numel() : 0;
   check_skip(skip_if, skipped, device, "AdamW step");
+  if (clip.norm.defined()) {
+    check_scalar(clip.norm, device, DType::f32, "AdamW step", "the clip norm");
+    FORGE_CHECK(clip.max_norm >= 0, "AdamW step: the clip's max_norm must be >= 0, got ", clip.max_norm);
+  }
   check_graph_inputs(graph, params.size(), [&](size_t k) { return params[k].slot; }, device, "AdamW step");
   for (const AdamWParam& q : params) {
     check_on(q.p, device, "AdamW step", "the parameter");
@@ -511,6 +530,8 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
   args.hp = hp;
   args.graph_lr = graph.lr_ptr();
   args.graph_steps = graph.steps_ptr();
+  args.clip_norm = clip.norm_ptr();
+  args.clip_max = clip.max_norm;
   for (const auto& group : by_dtype(params.size(), [&](size_t k) { return params[k].p.dtype(); })) {
     const DType dtype = group.first;
     const std::vector<size_t>& idx = group.second;

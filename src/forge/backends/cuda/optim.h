@@ -50,12 +50,26 @@ struct GraphInputs {
   }
 };
 
+// ---- clipping inside the update -----------------------------------------------------------
+//
+// Note [clipping inside the update] (optim/optimizer.h, Optimizer::clip_next_step): the AdamW
+// kernel can apply clip_with_norm_ (below) itself, to each gradient value it loads: when the
+// 0-d f32 `norm` is finite and > max_norm, every block computes c = max_norm / (norm + 1e-6)
+// in double once and reads g as T(double(g) * c), exactly the value clip_with_norm_ would
+// have written, so the update is the same bits as clip-then-step. g itself is never written:
+// the clip pass (one read and one write of every gradient) is gone. Undefined `norm`: no clip.
+struct FusedClip {
+  Tensor norm;  // 0-d f32 on the parameters' GPU, contiguous
+  double max_norm = 0;
+  const float* norm_ptr() const { return norm.defined() ? static_cast<const float*>(norm.data_ptr()) : nullptr; }
+};
+
 // ---- AdamW ---------------------------------------------------------------------------
 
 // One parameter of a multi-tensor AdamW step; all of one call on one GPU.
 struct AdamWParam {
   Tensor p;        // (n) f32 | bf16 | f16 | f64: read and overwritten
-  Tensor g;        // (n) p's dtype: read only
+  Tensor g;        // (n) p's dtype: read only (with a clip too: scaled as it is loaded)
   Tensor m, v;     // (n) f32 (f64 for an f64 p): read and overwritten
   Tensor master;   // (n) f32 for a bf16/f16 p (read and overwritten; p = round(master)), else undefined
   int64_t step;    // attempted updates of this parameter, this one included (>= 1)
@@ -64,9 +78,10 @@ struct AdamWParam {
 
 // The rule of optim/adamw.h for every parameter, in as few launches as the kernel
 // parameter space allows (Note [multi-tensor launches]: one per ~48 tensors of a dtype).
-// hp.lr may change from call to call (a schedule): it is a kernel argument.
+// hp.lr may change from call to call (a schedule): it is a kernel argument. With clip.norm
+// defined, the gradients are read clipped (Note [clipping inside the update]).
 void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp, const Tensor& skip_if,
-                const Tensor& skipped, const GraphInputs& graph = {});
+                const Tensor& skipped, const GraphInputs& graph = {}, const FusedClip& clip = {});
 
 // ---- SGD -----------------------------------------------------------------------------
 
@@ -103,7 +118,8 @@ void sgd_step(const std::vector<SGDParam>& params, const SGDHyper& hp, const Ten
 void total_norm(const std::vector<Tensor>& ts, const Tensor& loss_scale, Tensor& norm, Tensor& found);
 
 // t_i <- t_i * max_norm / (norm + 1e-6) for every tensor, in double, when the 0-d f32
-// `norm` is finite and > max_norm; otherwise nothing changes. Read on the device.
+// `norm` is finite and > max_norm; otherwise nothing changes. Read on the device. (AdamW
+// does the same inside its update instead: FusedClip above.)
 void clip_with_norm_(const std::vector<Tensor>& ts, const Tensor& norm, double max_norm);
 
 // flag <- (x is inf or NaN) ? 1 : 0; x and flag 0-d f32.
