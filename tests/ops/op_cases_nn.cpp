@@ -1,5 +1,5 @@
 // Op-table cases for the neural-network ops: embedding (repeated ids, i32/i64, any ids
-// shape, non-contiguous weights), layer_norm / add_layer_norm / rms_norm (2-D and 3-D, with and
+// shape, non-contiguous weights), layer_norm / add_layer_norm / rms_norm / add_rms_norm (2-D and 3-D, with and
 // without weight/bias, non-contiguous inputs, one feature), dropout (a fixed Generator seeded inside
 // the function, so every evaluation draws the same mask, on either device: Note [RNG streams]) and cross_entropy
 // (mean/sum/none, ignore_index present or custom, (N, V) and (B, T, V), non-contiguous and shifted logits).
@@ -115,6 +115,31 @@ void norm_cases(std::vector<OpCase>& c) {
                [](const TensorList& in) { return rms_norm(in[0], in[1], 0.5); }});
   c.push_back(
       {"rms_norm", "[4,5] eps 0.5", xw({4, 5}, 80), [](const TensorList& in) { return rms_norm(in[0], in[1], 0.5); }});
+
+  // add_rms_norm: inputs (x, residual, weight); h and y checked at once, as add_layer_norm.
+  auto arn = [](const TensorList& in) {
+    const ops::AddRmsNorm r = ops::add_rms_norm(in[0], in[1], in[2], 0.5);
+    return ops::stack({r.h, r.y});
+  };
+  auto xrw = [](Shape x, uint64_t seed) {
+    return std::vector<Input>{real(x, seed), real(x, seed + 1), real({x.back()}, seed + 2)};
+  };
+  c.push_back({"add_rms_norm", "[4,6] h and y, with weight, eps 0.5", xrw({4, 6}, 110), arn});
+  c.push_back({"add_rms_norm", "[2,3,5] (B, T, C) h and y", xrw({2, 3, 5}, 113), arn});
+  c.push_back({"add_rms_norm",
+               "transposed [5,4] x, strided residual",
+               {real({5, 4}, 116).transposed(), real({5, 4}, 117).strided(), real({4}, 118)},
+               arn});
+  c.push_back({"add_rms_norm",
+               "[3,4] y only, no weight",
+               {real({3, 4}, 119), real({3, 4}, 120)},
+               [](const TensorList& in) { return ops::add_rms_norm(in[0], in[1], Tensor(), 0.5).y; }});
+  c.push_back({"add_rms_norm", "[3,5] h used again: y + h * h (gradients into h summed)", xrw({3, 5}, 121),
+               [](const TensorList& in) {
+                 const ops::AddRmsNorm r = ops::add_rms_norm(in[0], in[1], in[2], 0.5);
+                 return ops::add(r.y, ops::mul(r.h, r.h));
+               }});
+  c.back().tolerance16(2e-2, "as add_layer_norm's case: the gradient into h sums the norm's dx and 2 h g");
 }
 
 void dropout_cases(std::vector<OpCase>& c) {

@@ -126,10 +126,10 @@ TEST(PlanMemory, ForgeModelCountsWhatForgeKeeps) {
   EXPECT_EQ(wide(m), 17 * m.d_model);
   m.bias = false;
   EXPECT_EQ(wide(m), 17 * m.d_model);
-  // A LLaMA block: 9h + 2 kv*d + 3f (unfused residual adds keep their sums; the fused SwiGLU
-  // keeps gate and up, down_proj its output).
+  // A LLaMA block: 7h + 2 kv*d + 3f (the fused add + RMSNorm keeps the stream, not the addends;
+  // the fused SwiGLU keeps gate and up).
   const ModelSpec l = find_preset("llama2-7b").spec;
-  EXPECT_EQ(wide(l), 9 * 4096 + 2 * 4096 + 3 * 11008);
+  EXPECT_EQ(wide(l), 7 * 4096 + 2 * 4096 + 3 * 11008);
 }
 
 // ---- time -----------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #include "forge/core/trace_range.h"
 
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
@@ -11,6 +13,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/norm.h"
 #include "forge/ops/view.h"
 
 namespace forge::nn {
@@ -40,9 +43,42 @@ LlamaBlock::LlamaBlock(const LlamaConfig& c, const LayerSpec& spec) {
   post_attention_layernorm = register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.dim, c.norm_eps));
 }
 
+// Note [fused residual + RMS norm in LLaMA]: as GPT's (Note [fused residual + layer norm in
+// GPT]), every residual add of the stream is followed by an RMSNorm (post_attention_layernorm
+// after the attention's add; the next block's input_layernorm, or the final norm, after the
+// MLP's add), so each pair runs as one ops::add_rms_norm: one pass over memory instead of two,
+// the values and gradients of add + rms_norm bit for bit (tests/ops/test_add_rms_norm.cpp).
+// Llama::blocks carries each block's MLP output as a pending residual into the next block (or
+// Llama::head) through the Stream, except under activation checkpointing, whose regions take
+// and return the stream itself. On an H200 the 32 separate residual adds of the 0.85B LLaMA's
+// step were 0.85 ms (26.6 us each, 100 MB a call): the fused kernel reads and writes 67 MB less
+// per pair.
+namespace {
+
+ops::AddRmsNorm add_norm(const RMSNorm& n, const Tensor& x, const Tensor& residual) {
+  return ops::add_rms_norm(x, residual, n.weight, n.eps);
+}
+
+// The block on the stream x + pending (pending undefined: x alone); returns the new stream as
+// {h, mlp output}, whose sum the caller fuses with the next RMSNorm.
+std::pair<Tensor, Tensor> block_pending(const LlamaBlock& b, const Tensor& x, const Tensor& pending) {
+  Tensor stream = x, a;
+  if (pending.defined()) {
+    ops::AddRmsNorm r = add_norm(*b.input_layernorm, x, pending);
+    stream = r.h;
+    a = r.y;
+  } else {
+    a = b.input_layernorm->forward(x);
+  }
+  ops::AddRmsNorm r = add_norm(*b.post_attention_layernorm, stream, b.self_attn->forward(a));
+  return {r.h, b.mlp->forward(r.y)};
+}
+
+}  // namespace
+
 Tensor LlamaBlock::forward(const Tensor& x) const {
-  Tensor h = ops::add(x, self_attn->forward(input_layernorm->forward(x)));
-  return ops::add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  auto [h, m] = block_pending(*this, x, Tensor());
+  return ops::add(h, m);
 }
 
 Tensor LlamaBlock::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask,
@@ -100,23 +136,37 @@ Stream Llama::embed(const Tensor& idx) const {
 Stream Llama::blocks(const Stream& in, int64_t begin, int64_t end) const {
   check_block_range("Llama", begin, end);
   if (begin == end) return in;
-  Tensor x = in.materialize();  // nothing pending unless a caller built the stream so
   BlockHooks* hooks = block_hooks.get();
+  if (config.checkpoint_activations && is_training()) {
+    Tensor x = in.materialize();
+    for (int64_t i = begin; i < end; ++i) {
+      const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+      const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
+      const LlamaBlock* b = layers[static_cast<size_t>(i)].get();
+      if (hooks) hooks->before_block(static_cast<int>(i));
+      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
+      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
+    }
+    return {x, Tensor()};
+  }
+  Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [fused residual + RMS norm in LLaMA])
   for (int64_t i = begin; i < end; ++i) {
     const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
     const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
-    const LlamaBlock* b = layers[static_cast<size_t>(i)].get();
     if (hooks) hooks->before_block(static_cast<int>(i));
-    if (config.checkpoint_activations && is_training()) {
-      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
-    } else {
-      x = b->forward(x);
+    std::tie(x, pending) = block_pending(*layers[static_cast<size_t>(i)], x, pending);
+    if (hooks) {
+      const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
+      x = out[0];
+      pending = out[1];
     }
-    if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
   }
-  return {x, Tensor()};
+  return {x, pending};
 }
 
-Tensor Llama::head(const Stream& in) const { return lm_head->forward(norm->forward(in.materialize())); }
+Tensor Llama::head(const Stream& in) const {
+  const Tensor y = in.pending.defined() ? add_norm(*norm, in.x, in.pending).y : norm->forward(in.x);
+  return lm_head->forward(y);
+}
 
 }  // namespace forge::nn

@@ -24,7 +24,7 @@ using autograd::GradMask;
 using autograd::record;
 
 // The differentiable ops this file defines (Note [op registry] in ops/registry.h).
-[[maybe_unused]] const bool kRegisteredOps = register_ops({"layer_norm", "add_layer_norm", "rms_norm"});
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm"});
 
 namespace {
 
@@ -152,18 +152,16 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   return out;
 }
 
+namespace {
+
+// Records y as the RMS norm of `x` (the autograd input) with the forward's saved state: xs
+// (x's values, contiguous), ws (the weight, contiguous or undefined) and rstd.
 // Backward (fused, {cpu,cuda}::rms_norm_backward): with xhat = x * rstd and g = dy * w,
 //   dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  check_norm_args("rms_norm", x, weight, Tensor(), eps);
-  const int64_t R = rows_of(x);
-  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-  Tensor rstd = empty({R}, {.dtype = cpu::norm_stat_dtype(x.dtype()), .device = x.device()});
-  const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight);
-  if (xs.is_cpu()) cpu::rms_norm_forward(xs, ws, eps, y, rstd);
-  else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_forward(xs, ws, eps, y, rstd));
+void record_rms_norm(const char* name, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& xs,
+                     const Tensor& ws, const Tensor& rstd) {
   const Tensor w_leaf = detail::grad_buffer_owner(weight);
-  record("rms_norm", y, {x, weight}, [xs, ws, rstd, w_leaf](const Tensor& g, const GradMask& need) {
+  record(name, y, {x, weight}, [xs, ws, rstd, w_leaf](const Tensor& g, const GradMask& need) {
     const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
     cpu::NormGrads grads;
     if (need[0]) grads.dx = empty(xs.shape(), opt);
@@ -176,7 +174,45 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     return TensorList{with_rest(grads.dx, rest), grads.dweight};
   }, {xs, ws, rstd});
   if (y.grad_fn() && xs.is_cuda()) y.grad_fn()->fuse_input_grad = 0;  // Note [residual gradient in the norm backward]
+}
+
+}  // namespace
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_norm_args("rms_norm", x, weight, Tensor(), eps);
+  const int64_t R = rows_of(x);
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor rstd = empty({R}, {.dtype = cpu::norm_stat_dtype(x.dtype()), .device = x.device()});
+  const Tensor xs = contiguous(x.detach()), ws = detached_contiguous(weight);
+  if (xs.is_cpu()) cpu::rms_norm_forward(xs, ws, eps, y, rstd);
+  else FORGE_ON_CUDA("rms_norm", cuda::rms_norm_forward(xs, ws, eps, y, rstd));
+  record_rms_norm("rms_norm", y, x, weight, xs, ws, rstd);
   return y;
+}
+
+// As add_layer_norm: one fused forward kernel; backward as the add node and the RMS norm node
+// the unfused pair would record.
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
+  constexpr const char* op = "add_rms_norm";
+  check_norm_args(op, x, weight, Tensor(), eps);
+  FORGE_CHECK(residual.defined(), op, ": residual must be a defined tensor");
+  detail::check_same_device(op, {x, residual});
+  FORGE_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op,
+              ": x and residual must have one shape and dtype, got x ", x.shape(), " ", dtype_name(x.dtype()),
+              " and residual ", residual.shape(), " ", dtype_name(residual.dtype()));
+  const int64_t R = rows_of(x);
+  const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
+  AddRmsNorm out{empty(x.shape(), opt), empty(x.shape(), opt)};
+  Tensor rstd = empty({R}, {.dtype = cpu::norm_stat_dtype(x.dtype()), .device = x.device()});
+  const Tensor xs = contiguous(x.detach()), rs = contiguous(residual.detach()), ws = detached_contiguous(weight);
+  if (xs.is_cpu()) cpu::add_rms_norm_forward(xs, rs, ws, eps, out.h, out.y, rstd);
+  else FORGE_ON_CUDA(op, cuda::add_rms_norm_forward(xs, rs, ws, eps, out.h, out.y, rstd));
+  const Tensor hs = out.h.detach();  // saved by the norm node (before out.h gets its grad_fn)
+  record(op, out.h, {x, residual}, [](const Tensor& g, const GradMask& need) {
+    return TensorList{need[0] ? g : Tensor(), need[1] ? g : Tensor()};
+  });
+  record_rms_norm(op, out.y, out.h, weight, hs, ws, rstd);
+  return out;
 }
 
 }  // namespace forge::ops

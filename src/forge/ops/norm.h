@@ -31,4 +31,14 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
 // x (..., C) floating; weight (C) of x's dtype, optional. Differentiable in x and weight.
 Tensor rms_norm(const Tensor& x, const Tensor& weight = Tensor(), double eps = 1e-6);
 
+// The residual stream's add fused with the RMS norm that follows it (LLaMA: h = x + attn(...);
+// y = post_attention_layernorm(h)), as add_layer_norm: h = x + residual (rounded as ops::add),
+// y = rms_norm(h, weight, eps), one kernel reading x and residual once and writing h and y, the
+// values and gradients of add followed by rms_norm bit for bit.
+struct AddRmsNorm {
+  Tensor h;  // x + residual
+  Tensor y;  // rms_norm(h)
+};
+AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight = Tensor(), double eps = 1e-6);
+
 }  // namespace forge::ops

@@ -102,8 +102,11 @@ SavedTensors forge_lists(const ModelSpec& m, const ActivationOptions& o, int64_t
     t.head.push_back({"ln_f.mean_rstd", 2, kStat, true, false});
     t.checkpoint = {"block.input (the checkpoint's saved input)", h, e, true, false};
   } else {
-    // nn::Llama: unfused residual adds (ops::add keeps both inputs and its sum), no biases.
-    t.convention = "each block counts its output (the next block's input)";
+    // nn::Llama runs each residual add fused with the RMSNorm after it (ops::add_rms_norm, Note
+    // [fused residual + RMS norm in LLaMA]): the norm keeps the new stream, the add keeps
+    // nothing, so o_proj's and down_proj's outputs die once added; no biases.
+    t.convention = "each block counts its input stream (kept by its input_layernorm)";
+    L.push_back({"stream (input_layernorm input)", h, e, true, false});
     L.push_back({"input_layernorm.out", h, e, true, false});
     L.push_back({"input_layernorm.rstd", 1, kStat, true, false});
     L.push_back({"self_attn.q (after rope)", heads * d, e, false, false});
@@ -112,20 +115,17 @@ SavedTensors forge_lists(const ModelSpec& m, const ActivationOptions& o, int64_t
     L.push_back({"self_attn.sdpa.out", heads * d, e, false, false});
     L.push_back({"self_attn.sdpa.logsumexp", heads, kStat, false, false});
     L.push_back({"self_attn.merged_heads (o_proj input)", heads * d, e, false, false});
-    L.push_back({"self_attn.o_proj.out", h, e, true, false});
-    L.push_back({"residual_1", h, e, true, false});
+    L.push_back({"stream + attn (post_attention_layernorm input)", h, e, true, false});
     L.push_back({"post_attention_layernorm.out", h, e, true, false});
     L.push_back({"post_attention_layernorm.rstd", 1, kStat, true, false});
     L.push_back({"mlp.gate_proj.out (swiglu input)", f, e, false, false});
     L.push_back({"mlp.up_proj.out (swiglu input)", f, e, false, false});
     L.push_back({"mlp.swiglu.out (down_proj input)", f, e, false, false});
-    L.push_back({"mlp.down_proj.out", h, e, true, false});
-    L.push_back({"residual_2 (block output)", h, e, true, false});
     t.embedding.push_back({"tokens (inputs, targets: i64)", 2, 8, true, false});
-    t.embedding.push_back({"embed_tokens.out (block 0 input)", h, e, true, false});
+    t.head.push_back({"final stream (norm input)", h, e, true, false});
     t.head.push_back({"norm.out (head input)", h, e, true, false});
     t.head.push_back({"norm.rstd", 1, kStat, true, false});
-    t.checkpoint = {"block.output (the next checkpoint's saved input)", h, e, true, false};
+    t.checkpoint = {"block.input (the checkpoint's saved input)", h, e, true, false};
   }
   t.head.push_back({"logits (kept by cross_entropy)", V, e, false, false});
   t.head.push_back({"cross_entropy.logsumexp", 1, kStat, true, false});

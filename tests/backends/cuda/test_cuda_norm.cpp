@@ -195,6 +195,34 @@ TEST_P(CudaNorm, AddLayerNormMatchesTheCpu) {
     }
 }
 
+// add_rms_norm (LLaMA's residual add + RMSNorm, Note [fused residual + RMS norm in LLaMA]): both
+// outputs and every gradient against the CPU, at LLaMA's 2048 (wider than the warp kernel's
+// register columns: pass 3 re-reads h), 768 and 999 (scalar path); and on the GPU the bits of
+// add followed by rms_norm.
+TEST_P(CudaNorm, AddRmsNormMatchesTheCpuAndTheUnfusedPair) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 3000;
+  for (int64_t C : {2048, 768, 999}) {
+    const std::string w = " [2, 37, " + std::to_string(C) + "]";
+    const Tensor x = host_input({2, 37, C}, Domain::real, dt, seed), r = host_input({2, 37, C}, Domain::real, dt, seed + 1);
+    const Tensor wt = host_input({C}, Domain::positive, dt, seed + 2);
+    expect_same_on_gpu("add_rms_norm h and y" + w, {x, r, wt}, {true, true, true},
+                       [](const TensorList& in) {
+                         const ops::AddRmsNorm o = ops::add_rms_norm(in[0], in[1], in[2]);
+                         return ops::stack({o.h, o.y});
+                       },
+                       dt, tolerance(dt), seed + 3);
+    NoGradGuard no_grad;
+    const Tensor xg = x.to(kGpu), rg = r.to(kGpu), wg = wt.to(kGpu);
+    const ops::AddRmsNorm o = ops::add_rms_norm(xg, rg, wg);
+    const Tensor h = ops::add(xg, rg);
+    expect_equal(o.h, h, "add_rms_norm h = add" + w);
+    expect_equal(o.y, ops::rms_norm(h, wg), "add_rms_norm y = rms_norm(add)" + w);
+    seed += 4;
+  }
+}
+
 TEST_P(CudaNorm, AddLayerNormIsAddThenLayerNormOnTheGpu) {
   FORGE_SKIP_WITHOUT_GPU();
   const DType dt = GetParam();

@@ -275,6 +275,19 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor&
   });
 }
 
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, Tensor& h,
+                          Tensor& y, Tensor& rstd) {
+  const Rows rc = rows_of("add_rms_norm", x, rstd);
+  check_param("add_rms_norm", "weight", weight, x, rc.C);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&residual, &h, &y})
+    FORGE_CHECK(t->is_contiguous() && t->numel() == x.numel() && t->dtype() == x.dtype(),
+                "add_rms_norm: residual, h and y must be contiguous with x's size and dtype (x ", x.shape(), " ",
+                dtype_name(x.dtype()), "), got ", t->shape(), " ", dtype_name(t->dtype()));
+  dispatch_float(x.dtype(), "add_rms_norm", [&]<class T>() {
+    forward_rows<T, true>(x, residual, &h, weight, Tensor(), eps, y, nullptr, rstd, rc);
+  });
+}
+
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                        NormGrads& grads) {
   const Rows rc = rows_of("rms_norm_backward", x, rstd);

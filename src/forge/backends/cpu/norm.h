@@ -48,6 +48,12 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight
 // y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps) per row. Shapes as layer norm.
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
 
+// Fused residual add + RMS norm (ops::add_rms_norm): h = x + residual rounded to x's dtype as
+// ops::add rounds it, then rms_norm_forward(h) into y and rstd (the bits of add then rms_norm).
+// Shapes and contiguity as add_layer_norm_forward.
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, Tensor& h,
+                          Tensor& y, Tensor& rstd);
+
 // dx, dweight from dy (grads.dbias must be undefined).
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                        NormGrads& grads);

@@ -562,7 +562,7 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, Tensor* h,
       A* pm = mean ? mut_ptr<A>(*mean) : nullptr;
       A* pr = mut_ptr<A>(rstd);
       if (add)
-        norm_forward_kernel<T, V, false, true><<<blocks, kRowThreads, 0, current_stream(device)>>>(
+        norm_forward_kernel<T, V, kRms, true><<<blocks, kRowThreads, 0, current_stream(device)>>>(
             px, ptr<T>(residual), mut_ptr<T>(*h), ptr<T>(weight), ptr<T>(bias), mut_ptr<T>(y), pm, pr, rc.R, rc.C,
             static_cast<A>(eps));
       else
@@ -720,6 +720,12 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd) {
   forward<true>("rms_norm", x, Tensor(), nullptr, weight, Tensor(), eps, y, nullptr, rstd);
+}
+
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, Tensor& h,
+                          Tensor& y, Tensor& rstd) {
+  FORGE_CHECK(residual.defined() && h.defined(), "add_rms_norm: residual and h must be defined");
+  forward<true>("add_rms_norm", x, residual, &h, weight, Tensor(), eps, y, nullptr, rstd);
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,

@@ -24,6 +24,10 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd);
 
+// h = x + residual, then RMS norm of h, in one pass (as add_layer_norm_forward).
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, Tensor& h,
+                          Tensor& y, Tensor& rstd);
+
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                        NormGrads& grads);
 
