@@ -21,7 +21,8 @@
 # A switch instead of a commit: SAME=1 runs the working tree's binary on both sides (no base
 # build needed), with ENV_A / ENV_B added to A's / B's environment, e.g.
 #   SAME=1 ENV_B="FORGE_GELU_FUSION=0" ROWS=gpt2_1gpu benchmarks/ab/run_ab.sh runs
-# (ENV_A / ENV_B apply without SAME too.)
+# (ENV_A / ENV_B apply without SAME too.) AB_BIN=build-gpu/forge with SAME=1 runs a binary that
+# scripts/gpu-check.sh already built, so no `build` phase is needed.
 # Output: build-ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -72,6 +73,9 @@ build)
   ;;
 runs)
   R=${ROUNDS:-3}
+  deps_args > /dev/null  # .deps/root again (a device call that carries .deps replaces it): its libraries
+  [ -d "$ROOT/.deps/root/usr/lib/x86_64-linux-gnu" ] &&
+    export LD_LIBRARY_PATH="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   OUTD=$OB/results
   rm -rf "$OUTD" && mkdir -p "$OUTD"
   nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUTD/gpus.txt"
@@ -88,7 +92,7 @@ PY
      --eval.every=0 --checkpoint.at_end=false)
   one() {  # WHICH ROW ROUND
     local bin=$OB/$1/forge name="$2_$1_r$3" rc
-    [ "${SAME:-0}" = 1 ] && bin=$OB/head/forge
+    [ "${SAME:-0}" = 1 ] && bin=${AB_BIN:-$OB/head/forge}
     local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A:-}"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B:-}"
     case $2 in
       gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;

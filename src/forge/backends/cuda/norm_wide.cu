@@ -6,6 +6,8 @@
 
 #include "forge/core/convert.h"
 
+#include <type_traits>
+
 namespace forge::cuda::norm_detail {
 namespace {
 
@@ -114,7 +116,125 @@ __global__ void __launch_bounds__(kThreads)
   if (!kRms && part_b) store_vec<A, V>(part_b + blockIdx.x * C, vi, ob);
 }
 
+// The forward: thread t holds the row's vector t; the row's sums go through warp butterflies,
+// then every thread adds the warps' sums in warp order (the same bits everywhere). Two-pass
+// variance for layer norm (sum, then squared deviations from the mean), as norm.cu's warp
+// kernel and the CPU; one sum of squares for RMS norm. Block b walks rows b, b + gridDim.x, ...
+template <class T, int V, int kThreads, bool kRms>
+__global__ void __launch_bounds__(kThreads)
+    norm_forward_wide_kernel(const T* __restrict__ x,          // (R, C)
+                             const T* __restrict__ residual,   // (R, C) or null
+                             T* __restrict__ h,                // (R, C) x + residual, with residual
+                             const T* __restrict__ weight,     // (C) or null
+                             const T* __restrict__ bias,       // (C) or null (layer norm only)
+                             T* __restrict__ y,                // (R, C)
+                             acc_t<T>* __restrict__ mean,      // (R), layer norm only
+                             acc_t<T>* __restrict__ rstd,      // (R)
+                             int64_t R, int64_t C, acc_t<T> eps) {
+  using A = acc_t<T>;
+  using P = Vec<T, V>;
+  constexpr int kWarps = kThreads / kWarpSize;
+  // Per-warp partial sums, by row parity and pass (Note in norm_backward_wide_kernel).
+  __shared__ A red[2][2][kWarps];
+  const int vi = static_cast<int>(threadIdx.x);
+  const int lane = vi % kWarpSize, warp = vi / kWarpSize;
+  const bool mine = vi < C / V;
+  P w, b;
+  if (weight && mine) w = load_vec<T, V>(weight, vi);
+  if (bias && mine) b = load_vec<T, V>(bias, vi);
+  // The sum over the block of one value per thread, in warp order (a barrier inside).
+  auto block_sum = [&](A v, int par, int pass) {
+    v = warp_sum(v);
+    if (lane == 0) red[par][pass][warp] = v;
+    __syncthreads();
+    A t = 0;
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) t += red[par][pass][i];
+    return t;
+  };
+  int par = 0;
+  for (int64_t row = blockIdx.x; row < R; row += gridDim.x) {
+    P v;
+    A s1 = 0;
+    if (mine) {
+      v = load_vec<T, V>(x + row * C, vi);
+      if (residual) {
+        const P r = load_vec<T, V>(residual + row * C, vi);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v.v[j] = convert<T>(static_cast<A>(v.v[j]) + static_cast<A>(r.v[j]));
+        store_vec<T, V>(h + row * C, vi, v);
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A a = static_cast<A>(v.v[j]);
+        s1 += kRms ? a * a : a;
+      }
+    }
+    const A t1 = block_sum(s1, par, 0);
+    A mu = 0, ss = t1;
+    if constexpr (!kRms) {
+      mu = t1 / static_cast<A>(C);
+      A s2 = 0;
+      if (mine) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const A d = static_cast<A>(v.v[j]) - mu;
+          s2 += d * d;
+        }
+      }
+      ss = block_sum(s2, par, 1);
+    }
+    A rs;
+    if constexpr (std::is_same_v<A, float>) rs = 1.0f / sqrtf(ss / static_cast<A>(C) + eps);
+    else rs = 1.0 / sqrt(ss / static_cast<A>(C) + eps);
+    if (threadIdx.x == 0) {
+      if constexpr (!kRms) mean[row] = mu;
+      rstd[row] = rs;
+    }
+    par ^= 1;
+    if (!mine) continue;
+    P o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A t = (static_cast<A>(v.v[j]) - mu) * rs;
+      if (weight) t *= static_cast<A>(w.v[j]);
+      if (bias) t += static_cast<A>(b.v[j]);
+      o.v[j] = convert<T>(t);
+    }
+    store_vec<T, V>(y + row * C, vi, o);
+  }
+}
+
 }  // namespace
+
+template <class T>
+void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* weight, const T* bias, T* y,
+                       acc_t<T>* mean, acc_t<T>* rstd, int64_t R, int64_t C, double eps, int64_t blocks,
+                       cudaStream_t stream) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  using A = acc_t<T>;
+  auto launch = [&]<int kThreads, bool kRms>() {
+    norm_forward_wide_kernel<T, V, kThreads, kRms><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        x, residual, h, weight, bias, y, mean, rstd, R, C, static_cast<A>(eps));
+  };
+  auto pick = [&]<bool kRms>() {
+    switch (wide_threads(C / V)) {
+      case 128: launch.template operator()<128, kRms>(); break;
+      case 256: launch.template operator()<256, kRms>(); break;
+      case 512: launch.template operator()<512, kRms>(); break;
+      default: launch.template operator()<1024, kRms>(); break;
+    }
+  };
+  if (rms) pick.template operator()<true>();
+  else pick.template operator()<false>();
+}
+
+template void norm_forward_wide<float>(bool, const float*, const float*, float*, const float*, const float*, float*,
+                                       float*, float*, int64_t, int64_t, double, int64_t, cudaStream_t);
+template void norm_forward_wide<bf16>(bool, const bf16*, const bf16*, bf16*, const bf16*, const bf16*, bf16*, float*,
+                                      float*, int64_t, int64_t, double, int64_t, cudaStream_t);
+template void norm_forward_wide<f16>(bool, const f16*, const f16*, f16*, const f16*, const f16*, f16*, float*, float*,
+                                     int64_t, int64_t, double, int64_t, cudaStream_t);
 
 template <class T>
 void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, const acc_t<T>* mean,

@@ -66,4 +66,13 @@ void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, cons
                         const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
                         int64_t R, int64_t C, int64_t parts, cudaStream_t stream);
 
+// The wide-row forward (layer norm or RMS norm; with residual, h = x + residual is formed,
+// stored and normalised): a block of wide_threads(C / V) threads per row, thread t owning the
+// row's vector t, the row read from DRAM once; `blocks` blocks walk the rows (any count: no
+// cross-block state). Same preconditions as norm_backward_wide; mean null for RMS norm.
+template <class T>
+void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* weight, const T* bias, T* y,
+                       acc_t<T>* mean, acc_t<T>* rstd, int64_t R, int64_t C, double eps, int64_t blocks,
+                       cudaStream_t stream);
+
 }  // namespace forge::cuda::norm_detail
