@@ -43,13 +43,15 @@
 // multiple of V, or whose pointers are not 16-byte aligned, run the same kernel with V = 1
 // (scalar loads, still coalesced); f64 always does.
 //
-// Forward, block per row (norm_forward_wide_kernel, norm_wide.cu): rows of the same domain as
-// the block-per-row backward below (wider than kRegisterWidth; with FORGE_NORM_BLOCK_ROWS on,
-// also 64 vectors and up) run a 128- to 1024-thread block per row, thread t holding the row's
-// vector t, so the row is read once and the sums cross warps through shared memory (in warp
-// order). Why: at LLaMA's C = 2048 the warp kernel re-read half of each row from L2 at low
-// occupancy, 26.5 us per call on an H200 (2.5 TB/s), and the fused add + RMS norm (Note [fused
-// residual + RMS norm in LLaMA]) moves twice the bytes through the same path.
+// Forward, block per row (norm_forward_wide_kernel, norm_wide.cu): rows wider than
+// kRegisterWidth in whole aligned vectors run a 256- to 1024-thread block per row, thread t
+// holding the row's vector t, so the row is read once and the sums cross warps through shared
+// memory (in warp order). Why: at LLaMA's C = 2048 the warp kernel re-read half of each row from
+// L2 at low occupancy, 26.5 us per call on an H200 (2.5 TB/s), and the fused add + RMS norm
+// (Note [fused residual + RMS norm in LLaMA]) moves twice the bytes through the same path.
+// Narrower rows keep the warp kernel: GPT-2's add + LayerNorm (C = 768) in 128-thread blocks
+// took 41 us a call on an H200 (2.4 TB/s, two loads in flight a thread), where the warp kernel,
+// each lane holding three vectors of the row, took 38 us on an H100.
 //
 // Backward (norm_backward_kernel): the same warp-per-row layout. Pass 1 loads x and dy into
 // registers and sums g and g * xhat; pass 2 writes dx. dweight/dbias are column sums over
@@ -563,16 +565,15 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, Tensor* h,
   DeviceGuard guard(device);
   const bool add = residual.defined();
   const unsigned blocks = blocks_for(op, rc.R, kRowWarps);
-  const bool block_rows = env::flag("FORGE_NORM_BLOCK_ROWS");
   dispatch_float(x.dtype(), op, [&]<class T>() {
     using A = acc_t<T>;
     if constexpr (!std::is_same_v<T, double>) {
-      // Rows in the block-per-row domain (Note [CUDA norm kernels]): one block per row at a time.
+      // Rows wider than the warp kernel's register columns (Note [CUDA norm kernels]): a block
+      // per row at a time.
       constexpr int V = 16 / static_cast<int>(sizeof(T));
       const int64_t nvec = rc.C / V;
       const Tensor none;
-      if ((rc.C > kRegisterWidth || (block_rows && nvec >= norm_detail::kBlockRowMinVecs)) &&
-          nvec <= norm_detail::kWideMaxVecs && use_vectors<T>(rc.C, {&x, &residual, h ? h : &none, &weight, &bias, &y})) {
+      if (rc.C > kRegisterWidth && nvec <= norm_detail::kWideMaxVecs && use_vectors<T>(rc.C, {&x, &residual, h ? h : &none, &weight, &bias, &y})) {
         const int64_t per_sm = 2048 / norm_detail::wide_threads(nvec);
         const int64_t grid = std::min<int64_t>(rc.R, static_cast<int64_t>(multiprocessor_count(device)) * per_sm);
         norm_detail::norm_forward_wide<T>(kRms, ptr<T>(x), ptr<T>(residual), h ? mut_ptr<T>(*h) : nullptr,
