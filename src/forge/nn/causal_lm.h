@@ -23,9 +23,9 @@
 // therefore sends both tensors across (x and, when defined, pending), or calls
 // Stream::materialize() and sends their sum: one tensor less to send, at the cost of the
 // fusion at that boundary (one more pass over the activation; on the CPU the values stay
-// bit-identical, since add_layer_norm equals add + layer_norm there). LLaMA adds its
-// residuals unfused, so its streams never carry pending; with activation checkpointing GPT's
-// checkpointed regions take and return the plain stream too.
+// bit-identical, since add_layer_norm equals add + layer_norm there). LLaMA does the same with
+// ops::add_rms_norm (Note [fused residual + RMS norm in LLaMA], nn/llama.cpp); with activation
+// checkpointing both models' checkpointed regions take and return the plain stream.
 //
 // Hooks: blocks() calls block_hooks (nn/block_hooks.h; ZeRO-3) around each block it runs, with
 // the block's index in the whole model, exactly as forward() does.
