@@ -51,7 +51,7 @@
 // (Note [fused residual + RMS norm in LLaMA]) moves twice the bytes through the same path.
 // Narrower rows keep the warp kernel: GPT-2's add + LayerNorm (C = 768) in 128-thread blocks
 // took 41 us a call on an H200 (2.4 TB/s, two loads in flight a thread), where the warp kernel,
-// each lane holding three vectors of the row, took 38 us on an H100.
+// each lane holding three vectors of the row, took 32 us (H200 traces of b5a4cbe and c2c3f5c).
 //
 // Backward (norm_backward_kernel): the same warp-per-row layout. Pass 1 loads x and dy into
 // registers and sums g and g * xhat; pass 2 writes dx. dweight/dbias are column sums over
@@ -573,7 +573,8 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, Tensor* h,
       constexpr int V = 16 / static_cast<int>(sizeof(T));
       const int64_t nvec = rc.C / V;
       const Tensor none;
-      if (rc.C > kRegisterWidth && nvec <= norm_detail::kWideMaxVecs && use_vectors<T>(rc.C, {&x, &residual, h ? h : &none, &weight, &bias, &y})) {
+      if (rc.C > kRegisterWidth && nvec <= norm_detail::kWideMaxVecs &&
+          use_vectors<T>(rc.C, {&x, &residual, h ? h : &none, &weight, &bias, &y})) {
         const int64_t per_sm = 2048 / norm_detail::wide_threads(nvec);
         const int64_t grid = std::min<int64_t>(rc.R, static_cast<int64_t>(multiprocessor_count(device)) * per_sm);
         norm_detail::norm_forward_wide<T>(kRms, ptr<T>(x), ptr<T>(residual), h ? mut_ptr<T>(*h) : nullptr,
