@@ -11,21 +11,13 @@
 #include <vector>
 
 #include "forge/forge.h"
+#include "ops/add_norm_testing.h"
 #include "forge/nn/gpt.h"
 
 namespace forge {
 namespace {
 
-Tensor input(const Shape& s, DType dtype, uint64_t seed, bool grad = true) {
-  Generator g(seed);
-  return randn(s, {}, &g).to(dtype).requires_grad_(grad);
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
-}
+using namespace add_norm_testing;
 
 class AddLayerNormDtypes : public ::testing::TestWithParam<DType> {};
 
@@ -136,14 +128,6 @@ TEST(AddLayerNorm, GptEqualsTheUnfusedComposition) {
 }
 
 TEST(AddLayerNorm, Errors) {
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   const Tensor x = zeros({2, 4}), w = ones({4});
   std::string m = message([&] { ops::add_layer_norm(x, zeros({2, 3}), w); });
   EXPECT_NE(m.find("add_layer_norm"), std::string::npos) << m;

@@ -49,6 +49,15 @@ void check_norm_args(const char* op, const Tensor& x, const Tensor& weight, cons
               ")");
 }
 
+// The residual of a fused add + norm: defined, on x's device, of x's shape and dtype.
+void check_residual(const char* op, const Tensor& x, const Tensor& residual) {
+  FORGE_CHECK(residual.defined(), op, ": residual must be a defined tensor");
+  detail::check_same_device(op, {x, residual});
+  FORGE_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op,
+              ": x and residual must have one shape and dtype, got x ", x.shape(), " ", dtype_name(x.dtype()),
+              " and residual ", residual.shape(), " ", dtype_name(residual.dtype()));
+}
+
 Tensor detached_contiguous(const Tensor& t) { return t.defined() ? contiguous(t.detach()) : Tensor(); }
 
 int64_t rows_of(const Tensor& x) {
@@ -129,11 +138,7 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
                             double eps) {
   constexpr const char* op = "add_layer_norm";
   check_norm_args(op, x, weight, bias, eps);
-  FORGE_CHECK(residual.defined(), op, ": residual must be a defined tensor");
-  detail::check_same_device(op, {x, residual});
-  FORGE_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op,
-              ": x and residual must have one shape and dtype, got x ", x.shape(), " ", dtype_name(x.dtype()),
-              " and residual ", residual.shape(), " ", dtype_name(residual.dtype()));
+  check_residual(op, x, residual);
   const int64_t R = rows_of(x);
   const DType sd = cpu::norm_stat_dtype(x.dtype());
   const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
@@ -195,11 +200,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 AddRmsNorm add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
   constexpr const char* op = "add_rms_norm";
   check_norm_args(op, x, weight, Tensor(), eps);
-  FORGE_CHECK(residual.defined(), op, ": residual must be a defined tensor");
-  detail::check_same_device(op, {x, residual});
-  FORGE_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(), op,
-              ": x and residual must have one shape and dtype, got x ", x.shape(), " ", dtype_name(x.dtype()),
-              " and residual ", residual.shape(), " ", dtype_name(residual.dtype()));
+  check_residual(op, x, residual);
   const int64_t R = rows_of(x);
   const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
   AddRmsNorm out{empty(x.shape(), opt), empty(x.shape(), opt)};
