@@ -25,6 +25,7 @@
 #include "forge/backends/cuda/cublas_check.h"
 #include "forge/backends/cuda/device_info.h"
 #include "forge/backends/cuda/matmul.h"
+#include "forge/backends/cuda/graph.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/stream.h"
 #include "forge/backends/cuda/tensor_kernels.h"
@@ -415,18 +416,6 @@ void check_args(const Gemm& g) {
 
 void warn(const std::string& message) { std::fprintf(stderr, "forge: %s\n", message.c_str()); }
 
-// Whether work queued on `stream` now would be captured into a CUDA graph. A query that fails
-// (the legacy stream while another stream captures: cudaErrorStreamCaptureImplicit) counts as
-// capturing; its error is not sticky and is cleared.
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
 gemm_tuning::AlgoData algo_data(const cublasLtMatmulAlgo_t& a) {
   static_assert(sizeof(a.data) == sizeof(gemm_tuning::AlgoData), "cublasLtMatmulAlgo_t is 8 uint64");
   gemm_tuning::AlgoData d;
@@ -585,7 +574,7 @@ void choose_algorithm(DeviceState& s, Plan& plan, const PlanKey& key, const Gemm
     s.entries.erase(it);  // stale: timed again below and overwritten in the file
     counters().stale.fetch_add(1);
   }
-  if (capturing(current_stream(device))) {
+  if (stream_is_capturing(current_stream(device))) {
     if (!plan.capture_noted) {
       plan.capture_noted = true;
       counters().capture_skips.fetch_add(1);

@@ -83,6 +83,7 @@
 #include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/blaslt.h"
 #include "forge/backends/cuda/flash_attention.h"
+#include "forge/backends/cuda/graph.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/stream.h"
 #include "forge/core/env.h"
@@ -216,18 +217,6 @@ std::vector<PlanPtr>& built_in_order() {  // the accepted plans, for the report 
 // at every call, and never in deterministic mode.
 bool tuning_wanted(bool deterministic) {
   return env::flag("FORGE_CUDNN_PLAN_TUNING") && !deterministic && !deterministic_attention();
-}
-
-// Whether work queued on `stream` now would be captured into a CUDA graph. A query that fails
-// (the legacy stream while another stream captures: cudaErrorStreamCaptureImplicit) counts as
-// capturing; its error is not sticky and is cleared.
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
 }
 
 void push_tensor(std::vector<int64_t>& v, const Tensor& t) {
@@ -379,7 +368,7 @@ void execute(Plan& p, int device, std::unordered_map<int64_t, void*> pack, const
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (p.info.tuning && !p.tuned) {
-      if (capturing(stream))
+      if (stream_is_capturing(stream))
         ++p.capture_skips;  // the heuristic's choice, untuned: a later uncaptured call tunes
       else
         tune(p, device, h, pack);

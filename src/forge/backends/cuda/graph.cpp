@@ -108,6 +108,15 @@ bool is_capturing(int device) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void check_not_capturing(int device, const char* what, const char* why) {
   FORGE_CHECK(!is_capturing(device), what, " cannot run inside a CUDA graph capture: ", why);
 }

@@ -70,6 +70,12 @@ class CudaGraph {
 // Whether this thread's current stream of `device` is capturing a graph now.
 bool is_capturing(int device);
 
+// Whether work queued on `stream` now would be captured into a CUDA graph. A query that fails
+// (the legacy stream while another stream captures: cudaErrorStreamCaptureImplicit) counts as
+// capturing; its error is not sticky and is cleared. Never throws (the GEMM tuner and cuDNN's
+// plan timing ask it before timing anything).
+bool stream_is_capturing(cudaStream_t stream);
+
 // Throws forge::Error("<what> cannot run inside a CUDA graph capture: <why>") when this
 // thread's current stream of `device` is capturing: for work that depends on host state that a
 // replay would not see (a random seed drawn on the host).
