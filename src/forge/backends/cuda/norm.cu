@@ -128,6 +128,7 @@ namespace {
 
 using norm_detail::kWarpSize;
 using norm_detail::load_vec;
+using norm_detail::read_input;
 using norm_detail::store_vec;
 using norm_detail::warp_sum;
 
@@ -153,38 +154,14 @@ template <class A> __device__ __forceinline__ A inv_sqrt(A v) {
 
 // ---- forward ---------------------------------------------------------------------------
 
-// Pass 1 read of vector vi of the row: x, or (kResidual) h = x + residual, which is also stored.
-template <class T, int V, bool kResidual>
-__device__ __forceinline__ Vec<T, V> read_input(const T* xr, const T* rr, T* hr, int64_t vi) {
-  if constexpr (kResidual) {
-    using A = acc_t<T>;
-    const Vec<T, V> a = load_vec<T, V>(xr, vi), b = load_vec<T, V>(rr, vi);
-    Vec<T, V> s;
-#pragma unroll
-    for (int j = 0; j < V; ++j) s.v[j] = convert<T>(static_cast<A>(a.v[j]) + static_cast<A>(b.v[j]));
-    store_vec<T, V>(hr, vi, s);
-    return s;
-  } else {
-    return load_vec<T, V>(xr, vi);
-  }
-}
-
-// y[vi] = (v - mu) * rs * w + b, in the CPU kernel's order of operations.
+// y[vi] = (v - mu) * rs * w + b (norm_detail::normalized).
 template <class T, int V>
 __device__ __forceinline__ void write_normalized(const Vec<T, V>& v, int64_t vi, acc_t<T> mu, acc_t<T> rs,
                                                  const T* weight, const T* bias, T* yr) {
-  using A = acc_t<T>;
-  Vec<T, V> w, b, o;
+  Vec<T, V> w, b;
   if (weight) w = load_vec<T, V>(weight, vi);
   if (bias) b = load_vec<T, V>(bias, vi);
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    A t = (static_cast<A>(v.v[j]) - mu) * rs;
-    if (weight) t *= static_cast<A>(w.v[j]);
-    if (bias) t += static_cast<A>(b.v[j]);
-    o.v[j] = convert<T>(t);
-  }
-  store_vec<T, V>(yr, vi, o);
+  store_vec<T, V>(yr, vi, norm_detail::normalized<T, V>(v, mu, rs, w, weight != nullptr, b, bias != nullptr));
 }
 
 // One warp per row (Note [CUDA norm kernels]). V elements per vector; C % V == 0.

@@ -157,13 +157,8 @@ __global__ void __launch_bounds__(kThreads)
     P v;
     A s1 = 0;
     if (mine) {
-      v = load_vec<T, V>(x + row * C, vi);
-      if (residual) {
-        const P r = load_vec<T, V>(residual + row * C, vi);
-#pragma unroll
-        for (int j = 0; j < V; ++j) v.v[j] = convert<T>(static_cast<A>(v.v[j]) + static_cast<A>(r.v[j]));
-        store_vec<T, V>(h + row * C, vi, v);
-      }
+      v = residual ? read_input<T, V, true>(x + row * C, residual + row * C, h + row * C, vi)
+                   : read_input<T, V, false>(x + row * C, nullptr, nullptr, vi);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const A a = static_cast<A>(v.v[j]);
@@ -193,15 +188,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     par ^= 1;
     if (!mine) continue;
-    P o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      A t = (static_cast<A>(v.v[j]) - mu) * rs;
-      if (weight) t *= static_cast<A>(w.v[j]);
-      if (bias) t += static_cast<A>(b.v[j]);
-      o.v[j] = convert<T>(t);
-    }
-    store_vec<T, V>(y + row * C, vi, o);
+    store_vec<T, V>(y + row * C, vi, normalized<T, V>(v, mu, rs, w, weight != nullptr, b, bias != nullptr));
   }
 }
 
@@ -213,20 +200,10 @@ void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* w
                        cudaStream_t stream) {
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   using A = acc_t<T>;
-  auto launch = [&]<int kThreads, bool kRms>() {
+  dispatch_wide<256>(rms, C / V, [&]<int kThreads, bool kRms>() {
     norm_forward_wide_kernel<T, V, kThreads, kRms><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         x, residual, h, weight, bias, y, mean, rstd, R, C, static_cast<A>(eps));
-  };
-  auto pick = [&]<bool kRms>() {
-    switch (wide_threads(C / V)) {
-      case 128: launch.template operator()<128, kRms>(); break;
-      case 256: launch.template operator()<256, kRms>(); break;
-      case 512: launch.template operator()<512, kRms>(); break;
-      default: launch.template operator()<1024, kRms>(); break;
-    }
-  };
-  if (rms) pick.template operator()<true>();
-  else pick.template operator()<false>();
+  });
 }
 
 template void norm_forward_wide<float>(bool, const float*, const float*, float*, const float*, const float*, float*,
@@ -241,20 +218,10 @@ void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, cons
                         const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
                         int64_t R, int64_t C, int64_t parts, cudaStream_t stream) {
   constexpr int V = 16 / static_cast<int>(sizeof(T));
-  auto launch = [&]<int kThreads, bool kRms>() {
+  dispatch_wide(rms, C / V, [&]<int kThreads, bool kRms>() {
     norm_backward_wide_kernel<T, V, kThreads, kRms><<<static_cast<unsigned>(parts), kThreads, 0, stream>>>(
         dy, x, weight, mean, rstd, dx, dx_add, part_w, part_b, R, C);
-  };
-  auto pick = [&]<bool kRms>() {
-    switch (wide_threads(C / V)) {
-      case 128: launch.template operator()<128, kRms>(); break;
-      case 256: launch.template operator()<256, kRms>(); break;
-      case 512: launch.template operator()<512, kRms>(); break;
-      default: launch.template operator()<1024, kRms>(); break;
-    }
-  };
-  if (rms) pick.template operator()<true>();
-  else pick.template operator()<false>();
+  });
 }
 
 template void norm_backward_wide<float>(bool, const float*, const float*, const float*, const float*, const float*,

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "forge/backends/cuda/loops.cuh"
+#include "forge/core/convert.h"
 #include "forge/core/dtype.h"
 
 namespace forge::cuda::norm_detail {
@@ -28,6 +29,40 @@ template <class T, int V> __device__ __forceinline__ void store_vec(T* base, int
   reinterpret_cast<Vec<T, V>*>(base)[vi] = v;
 }
 
+// Forward read of vector vi of a row: x, or (kResidual) h = x + residual, rounded as ops::add
+// rounds it and stored.
+template <class T, int V, bool kResidual>
+__device__ __forceinline__ Vec<T, V> read_input(const T* xr, const T* rr, T* hr, int64_t vi) {
+  if constexpr (kResidual) {
+    using A = acc_t<T>;
+    const Vec<T, V> a = load_vec<T, V>(xr, vi), b = load_vec<T, V>(rr, vi);
+    Vec<T, V> s;
+#pragma unroll
+    for (int j = 0; j < V; ++j) s.v[j] = convert<T>(static_cast<A>(a.v[j]) + static_cast<A>(b.v[j]));
+    store_vec<T, V>(hr, vi, s);
+    return s;
+  } else {
+    return load_vec<T, V>(xr, vi);
+  }
+}
+
+// (v - mu) * rs * w + b in the CPU kernel's order of operations, rounded to T once (w, b: the
+// weight's and bias's vectors, used when has_w / has_b).
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> normalized(const Vec<T, V>& v, acc_t<T> mu, acc_t<T> rs, const Vec<T, V>& w,
+                                                bool has_w, const Vec<T, V>& b, bool has_b) {
+  using A = acc_t<T>;
+  Vec<T, V> o;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    A t = (static_cast<A>(v.v[j]) - mu) * rs;
+    if (has_w) t *= static_cast<A>(w.v[j]);
+    if (has_b) t += static_cast<A>(b.v[j]);
+    o.v[j] = convert<T>(t);
+  }
+  return o;
+}
+
 // The wide-row backward: a block per row, one 16-byte vector of the row per thread, so rows
 // of up to kWideMaxVecs vectors (bf16/f16: 8192 columns, f32: 4096).
 inline constexpr int64_t kWideMaxVecs = 1024;
@@ -35,6 +70,25 @@ inline constexpr int64_t kWideMaxVecs = 1024;
 // Threads of a block for rows of nvec vectors: the smallest of 128, 256, 512 and 1024 that
 // covers the row (128: GPT-2's 768 bf16 columns, 96 vectors).
 inline int wide_threads(int64_t nvec) { return nvec <= 128 ? 128 : nvec <= 256 ? 256 : nvec <= 512 ? 512 : 1024; }
+
+// The block sizes of the wide-row kernels: calls launch.template operator()<kThreads, kRms>()
+// with kThreads = wide_threads(nvec) (kMinThreads and up: the forward, for rows wider than the
+// warp kernel's 1024 columns, never needs 128) and kRms = rms.
+template <int kMinThreads = 128, class Launch>
+void dispatch_wide(bool rms, int64_t nvec, const Launch& launch) {
+  auto pick = [&]<bool kRms>() {
+    switch (wide_threads(nvec)) {
+      case 128:
+        if constexpr (kMinThreads <= 128) launch.template operator()<128, kRms>();
+        break;
+      case 256: launch.template operator()<256, kRms>(); break;
+      case 512: launch.template operator()<512, kRms>(); break;
+      default: launch.template operator()<1024, kRms>(); break;
+    }
+  };
+  if (rms) pick.template operator()<true>();
+  else pick.template operator()<false>();
+}
 
 // Rows of at least this many vectors (and at most kWideMaxVecs) take the block-per-row backward;
 // narrower ones stay with norm.cu's warp-per-row kernel (a block of 128 threads would idle most
