@@ -66,6 +66,22 @@ template <class T> using Lse = acc_t<T>;  // f32 for bf16/f16/f32, f64 for f64
 // Vectors of a row each thread loads before using any (Note [batched row loads]).
 constexpr int kBatch = 4;
 
+// fn(v, w) for this thread's vectors w = threadIdx.x, + kReduceThreads, ... of a row of nv, in
+// that order, kBatch of them loaded before the first of them is passed on (so fn may write them
+// back in place).
+template <class T, int W, class Fn>
+__device__ __forceinline__ void for_row_vectors(const Vec<T, W>* xv, int64_t nv, const Fn& fn) {
+  int64_t w = threadIdx.x;
+  for (; w + (kBatch - 1) * kReduceThreads < nv; w += kBatch * kReduceThreads) {
+    Vec<T, W> b[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) b[i] = xv[w + i * kReduceThreads];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) fn(b[i], w + i * kReduceThreads);
+  }
+  for (; w < nv; w += kReduceThreads) fn(xv[w], w);
+}
+
 // One row per block iteration (all kReduceThreads threads of the block on one row).
 template <class T, class I>
 __global__ void __launch_bounds__(kReduceThreads)
@@ -95,31 +111,13 @@ __global__ void __launch_bounds__(kReduceThreads)
     const T* xr = logits + row * V;
     MaxSum<M> st = maxsum_identity<M>();
     if (vec) {
-      // Note [batched row loads]: kBatch vectors loaded before any is used, so a thread keeps
-      // kBatch 16-byte loads in flight instead of one behind each dependent update; the updates
-      // run in the same order as one at a time (the same bits).
-      const Vec<T, W>* xv = reinterpret_cast<const Vec<T, W>*>(xr);
-      const int64_t nv = V / W;
-      int64_t w = threadIdx.x;
-      for (; w + (kBatch - 1) * kReduceThreads < nv; w += kBatch * kReduceThreads) {
-        Vec<T, W> b[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) b[i] = xv[w + i * kReduceThreads];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          M f[W];
-#pragma unroll
-          for (int k = 0; k < W; ++k) f[k] = convert<M>(b[i].v[k]);
-          maxsum_update<kFast>(st, f);
-        }
-      }
-      for (; w < nv; w += kReduceThreads) {
-        const Vec<T, W> v = xv[w];
+      // Note [batched row loads]: the same updates in the same order, kBatch loads in flight.
+      for_row_vectors<T, W>(reinterpret_cast<const Vec<T, W>*>(xr), V / W, [&](const Vec<T, W>& v, int64_t) {
         M f[W];
 #pragma unroll
         for (int k = 0; k < W; ++k) f[k] = convert<M>(v.v[k]);
         maxsum_update<kFast>(st, f);
-      }
+      });
     } else {
       for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
         const M f[1] = {convert<M>(xr[j])};
@@ -219,31 +217,16 @@ __global__ void __launch_bounds__(kReduceThreads)
     const M gs = static_cast<M>(grad[row * gstep]) * sc;
     const M l = static_cast<M>(lse[row]);
     if (vec) {
-      const Vec<T, W>* xv = reinterpret_cast<const Vec<T, W>*>(xr);
-      auto grad_of = [&](const Vec<T, W>& v, int64_t w) {
+      // In place too: each thread has loaded its batch of vectors before it writes any of them.
+      for_row_vectors<T, W>(reinterpret_cast<const Vec<T, W>*>(xr), V / W, [&](const Vec<T, W>& v, int64_t w) {
         Vec<T, W> o;
 #pragma unroll
         for (int k = 0; k < W; ++k) {
           const M p = exp_of<kFast>(convert<M>(v.v[k]) - l);
           o.v[k] = convert<T>((w * W + k == c ? p - M(1) : p) * gs);
         }
-        return o;
-      };
-      // Note [batched row loads]; in place too: each thread reads its kBatch vectors before it
-      // writes any of them.
-      const int64_t nv = V / W;
-      int64_t w = threadIdx.x;
-      for (; w + (kBatch - 1) * kReduceThreads < nv; w += kBatch * kReduceThreads) {
-        Vec<T, W> b[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) b[i] = xv[w + i * kReduceThreads];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int64_t wi = w + i * kReduceThreads;
-          reinterpret_cast<Vec<T, W>*>(dr)[wi] = grad_of(b[i], wi);
-        }
-      }
-      for (; w < nv; w += kReduceThreads) reinterpret_cast<Vec<T, W>*>(dr)[w] = grad_of(xv[w], w);
+        reinterpret_cast<Vec<T, W>*>(dr)[w] = o;
+      });
     } else {
       for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
         const M p = exp_of<kFast>(convert<M>(xr[j]) - l);
