@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "forge/forge.h"
 
@@ -28,6 +29,21 @@ inline std::string message(const std::function<void()>& fn) {
     return std::string(e.what());
   }
   return std::string("no error");
+}
+
+// The logits forward() gives, then every parameter's gradient of sum(logits * w) in
+// named_parameters() order (each zeroed after it is read, so the next call starts clean).
+template <class Model>
+std::vector<Tensor> logits_and_grads(const Model& model, const std::function<Tensor()>& forward, const Tensor& w) {
+  Tensor logits = forward();
+  ops::sum(ops::mul(logits, w)).backward();
+  std::vector<Tensor> out{logits.detach()};
+  for (const auto& [name, p] : model.named_parameters()) {
+    out.push_back(p.grad());
+    Tensor q = p;
+    q.zero_grad();
+  }
+  return out;
 }
 
 }  // namespace forge::add_norm_testing

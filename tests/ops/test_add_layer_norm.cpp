@@ -110,17 +110,7 @@ TEST(AddLayerNorm, GptEqualsTheUnfusedComposition) {
     }
     return ops::matmul(model.ln_f->forward(x), ops::transpose(model.wte->weight, 0, 1));
   };
-  auto run = [&](const std::function<Tensor()>& forward) {
-    Tensor logits = forward();
-    ops::sum(ops::mul(logits, w)).backward();
-    std::vector<Tensor> out{logits.detach()};
-    for (const auto& [name, p] : model.named_parameters()) {
-      out.push_back(p.grad());
-      Tensor q = p;
-      q.zero_grad();
-    }
-    return out;
-  };
+  auto run = [&](const std::function<Tensor()>& forward) { return logits_and_grads(model, forward, w); };
   const std::vector<Tensor> fused = run([&] { return model.forward(idx); }), plain = run(unfused);
   ASSERT_EQ(fused.size(), plain.size());
   EXPECT_TRUE(bitwise_equal(fused[0], plain[0])) << "logits";
