@@ -35,7 +35,7 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 on_gpus() { local g=$1; shift; if [[ -n "$g" ]]; then CUDA_VISIBLE_DEVICES="$g" "$@"; else "$@"; fi; }
 BG=""
 wait_bg() { if [[ -n "$BG" ]]; then wait "$BG" || true; BG=""; t "background ctest done"; grep -E "tests passed|\(Failed\)|Timeout|Not Run" "$R/ctest.log" | head -20; fi; }
-C=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+C=${FORGE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}  # the device copy's .git can be stale: pass FORGE_COMMIT
 t() { echo "[$(date +%H:%M:%S)] $*"; }
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 t "start, commit $C, steps:$STEPS"; nvidia-smi --query-gpu=name --format=csv,noheader
