@@ -21,6 +21,15 @@ bench_setup() {
       fi
     done
   fi
+  # The libraries the GPU machine lacks (utf8proc, PCRE2, sentencepiece: scripts/fetch-gpu-deps.sh)
+  # live in .deps/root, which a device call that carries .deps replaces: unpack them again.
+  local root; root="$(pwd)/.deps/root"
+  if compgen -G ".deps/*.deb" >/dev/null && [[ ! -d "$root/usr/lib/x86_64-linux-gnu" ]]; then
+    mkdir -p "$root"; for deb in .deps/*.deb; do dpkg -x "$deb" "$root"; done
+  fi
+  if [[ -d "$root/usr/lib/x86_64-linux-gnu" && ":${LD_LIBRARY_PATH:-}:" != *":$root/usr/lib/x86_64-linux-gnu:"* ]]; then
+    export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   [[ -x "$FORGE" ]] || { echo "$who: $FORGE not found; build first (scripts/gpu-check.sh)"; exit 2; }
   [[ -n "$PY" ]] || { echo "$who: no Python with CUDA-enabled torch found; set PYTHON=..."; exit 2; }
   GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
