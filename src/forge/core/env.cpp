@@ -86,6 +86,13 @@ const std::vector<Spec>& table() {
        .default_value = "1",
        .meaning = "0: CUDA attention always takes the GEMM path instead of the flash kernels "
                   "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GELU_BIAS_GRAD",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "1",
+       .meaning = "0: linear_gelu's backward on CUDA runs the GELU gradient as an elementwise kernel and leaves the "
+                  "bias gradient to the weight-gradient GEMM, instead of one pass that writes the GELU gradient and "
+                  "its column sums (docs/cuda-kernels.md)"},
       {.name = "FORGE_GELU_FUSION",
        .kind = Kind::flag,
        .category = Category::performance,

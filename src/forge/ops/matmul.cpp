@@ -4,6 +4,7 @@
 
 #include "forge/autograd/deferred.h"
 #include "forge/autograd/node.h"
+#include "forge/core/env.h"
 #include "forge/backends/cpu/binary.h"
 #include "forge/backends/cpu/matmul.h"
 #include "forge/backends/cpu/unary.h"
@@ -213,6 +214,29 @@ Tensor gelu_tanh_backward(const Tensor& g, const Tensor& pre) {
   return out;
 }
 
+// linear_gelu's dL/d(pre) from g (M, N) and, when want_bias, the bias gradient with it in one pass
+// on CUDA (Note [GELU and bias gradients in one pass]; FORGE_GELU_BIAS_GRAD=0: not): then db is set
+// (b_leaf's claimed buffer or a new tensor). Otherwise db stays undefined, for the weight
+// gradient's GEMM to compute.
+Tensor gelu_backward(const Tensor& g, const Tensor& pre, const Tensor& b_leaf, bool want_bias, Tensor& db) {
+#ifdef FORGE_WITH_CUDA
+  static const bool one_pass = env::flag("FORGE_GELU_BIAS_GRAD");
+  if (want_bias && one_pass && pre.is_cuda() && cuda::gelu_backward_column_sums_fit(g, pre)) {
+    const TensorOptions o{.dtype = pre.dtype(), .device = pre.device()};
+    Tensor dpre = empty(pre.shape(), o), dbias = detail::grad_output(b_leaf, {pre.size(1)}, o);
+    FORGE_CHECK(cuda::gelu_backward_column_sums(g, pre, dpre, dbias), "linear_gelu backward: the one-pass GELU and "
+                "bias gradient did not run for ", g.shape(), " (an internal error: please report it)");
+    db = dbias;
+    return dpre;
+  }
+#else
+  (void)b_leaf;
+  (void)want_bias;
+  (void)db;
+#endif
+  return gelu_tanh_backward(g, pre);
+}
+
 // Note [input gradient accumulated in the GEMM]: when one activation feeds several linears
 // (LLaMA's normed stream into q_proj, k_proj and v_proj, and into gate_proj and up_proj), its
 // gradient is the sum of theirs. On CUDA each linear node asks the engine for what the others
@@ -293,23 +317,27 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
   auto backward = [w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf, param_grads, defer](const Tensor& g,
                                                                                               const GradMask& need) {
     Tensor dy = reshape(g, {M, out_features});
-    if (pre.defined()) dy = gelu_tanh_backward(dy, pre);
+    // The GELU's gradient; on CUDA with the bias gradient in the same pass (Note [GELU and bias
+    // gradients in one pass], backends/cuda/matmul.cu), so that the GEMM below computes dW only.
+    Tensor db_done;
+    if (pre.defined()) dy = gelu_backward(dy, pre, need[2] ? b_leaf : Tensor(), need[2], db_done);
     Tensor dx;
     if (need[0]) dx = input_gradient(dy, w_saved, x_shape);
+    const bool want_b = need[2] && !db_done.defined();
     // Note [weight gradients behind the collective] (autograd/deferred.h): dW and db queued, to
     // be computed while a collective on dx runs; handed to the leaves when computed.
     const bool deferred = defer && (need[1] || need[2]) && (!need[1] || w_leaf.defined()) &&
                           (!need[2] || b_leaf.defined());
     if (deferred) {
-      defer->push([dy, w_leaf, b_leaf, param_grads, want_w = need[1], want_b = need[2]] {
+      defer->push([dy, w_leaf, b_leaf, param_grads, want_w = need[1], want_b, db_done] {
         const auto [dw, db] = param_grads(dy, want_w, want_b);
         autograd::accumulate_leaf_grad(w_leaf, dw);
-        autograd::accumulate_leaf_grad(b_leaf, db);
+        autograd::accumulate_leaf_grad(b_leaf, db_done.defined() ? db_done : db);
       });
       return TensorList{dx, Tensor(), Tensor()};
     }
-    auto [dw, db] = need[1] || need[2] ? param_grads(dy, need[1], need[2]) : std::make_pair(Tensor(), Tensor());
-    return TensorList{dx, dw, db};
+    auto [dw, db] = need[1] || want_b ? param_grads(dy, need[1], want_b) : std::make_pair(Tensor(), Tensor());
+    return TensorList{dx, dw, db_done.defined() ? db_done : db};
   };
   record(name, y, {x, weight, bias}, backward, {x_saved, w_saved, pre});
   // Note [input gradient accumulated in the GEMM]

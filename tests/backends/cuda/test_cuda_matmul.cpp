@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
+#include "forge/backends/cpu/unary.h"
+#include "forge/backends/cuda/elementwise.h"
 #include "forge/backends/cuda/matmul.h"
 #include "forge/core/env.h"
 #include "forge/forge.h"
@@ -528,6 +530,43 @@ TEST(CudaColumnSums, MatchTheCpuOnEveryPath) {
     expect_close(out.to(DType::f64), want, tol,
                  "column sums of " + shape_str({c.M, c.N}) + " " + dtype_name(c.dtype));
   }
+}
+
+// Note [GELU and bias gradients in one pass]: cuda::gelu_backward_column_sums writes the same bits
+// as the two steps it replaces (the elementwise GELU backward, then cuda::column_sums of its
+// result), on fresh random inputs of GPT-2's MLP width and of a narrow f32 one; and both against
+// the CPU. Where rows do not allow 16-byte loads it declines, having written nothing.
+TEST(CudaGeluBiasGrad, OnePassIsTheTwoStepsBitForBit) {
+  FORGE_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t M, N;
+    DType dtype;
+  };
+  uint64_t seed = 8200;
+  for (const Case& c : {Case{4096, 3072, DType::bf16}, Case{300, 256, DType::f16}, Case{77, 12, DType::f32}}) {
+    const std::string what = "GELU backward of " + shape_str({c.M, c.N}) + " " + dtype_name(c.dtype);
+    const Pair g = on_both(host_input({c.M, c.N}, Domain::real, c.dtype, ++seed));
+    const Pair pre = on_both(ops::mul(host_input({c.M, c.N}, Domain::real, DType::f32, ++seed), 3.0).to(c.dtype));
+    const TensorOptions o{.dtype = c.dtype, .device = kGpu};
+    ASSERT_TRUE(cuda::gelu_backward_column_sums_fit(g.gpu, pre.gpu)) << what;
+    Tensor dpre = empty({c.M, c.N}, o), db = empty({c.N}, o);
+    ASSERT_TRUE(cuda::gelu_backward_column_sums(g.gpu, pre.gpu, dpre, db)) << what;
+    Tensor dpre2 = empty({c.M, c.N}, o), db2 = empty({c.N}, o);
+    cuda::unary_backward(UnaryOp::gelu_tanh, g.gpu, pre.gpu, pre.gpu, dpre2);
+    cuda::column_sums(dpre2, db2);
+    expect_equal(dpre, dpre2, what + ": dpre against the elementwise kernel");
+    expect_equal(db, db2, what + ": dbias against column_sums");
+    Tensor want = empty({c.M, c.N}, {.dtype = c.dtype});
+    cpu::unary_backward(UnaryOp::gelu_tanh, g.cpu, pre.cpu, pre.cpu, want);
+    expect_matches(dpre, want, tolerance(c.dtype), what + ": dpre against the CPU");
+    expect_close(db.to(DType::f64), dpre.to(Device::cpu()).to(DType::f64).sum({0}), c.dtype == DType::f32 ? 1e-5 : 1e-2,
+                 what + ": dbias against the CPU's sums of dpre");
+  }
+  // 12 bf16 columns are not whole 16-byte vectors; a column slice is not contiguous.
+  const Tensor odd = host_input({9, 12}, Domain::real, DType::bf16, 8210).to(kGpu);
+  EXPECT_FALSE(cuda::gelu_backward_column_sums_fit(odd, odd));
+  const Tensor wide = host_input({9, 32}, Domain::real, DType::bf16, 8211).to(kGpu);
+  EXPECT_FALSE(cuda::gelu_backward_column_sums_fit(wide.slice(1, 0, 16), wide.slice(1, 0, 16)));
 }
 
 }  // namespace

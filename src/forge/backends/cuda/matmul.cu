@@ -32,6 +32,7 @@
 #include "forge/backends/cuda/matmul.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
+#include "forge/backends/unary_functors.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
 #include "forge/core/env.h"
@@ -83,11 +84,15 @@ __global__ void __launch_bounds__(kBlockSize)
 // spans 32 * kVec columns of one row (512 contiguous bytes), 8 row lanes per block; the lanes' sums
 // meet in shared memory and one partial per column and block-row is written. Needs N % kVec == 0,
 // unit column stride, a row stride of whole 16-byte units and a 16-byte aligned start.
-template <class T, class A>
+// kGelu (Note [GELU and bias gradients in one pass]): dy is the gradient of gelu_tanh(pre); each
+// vector becomes dpre = dy * gelu_tanh'(pre), rounded to T and stored (pre and dpre have dy's row
+// stride), and the rounded values are what is summed.
+template <class T, class A, bool kGelu = false>
 __global__ void __launch_bounds__(kSumCols* kSumRows)
     column_sums_vec_kernel(const T* __restrict__ dy,  // (M, N), strides (sr, 1)
                            int64_t M, int64_t N, int64_t sr, int64_t rows_per_block,
-                           A* __restrict__ partial) {  // (gridDim.y, N)
+                           A* __restrict__ partial,  // (gridDim.y, N)
+                           const T* __restrict__ pre = nullptr, T* __restrict__ dpre = nullptr) {
   constexpr int kVec = 16 / sizeof(T);
   __shared__ A acc[kSumRows][kSumCols * kVec];
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x) * kVec;
@@ -99,7 +104,17 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
   if (c0 < N) {
 #pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumRows) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(dy + r * sr + c0);
+      uint4 raw = *reinterpret_cast<const uint4*>(dy + r * sr + c0);
+      if constexpr (kGelu) {
+        const uint4 xraw = *reinterpret_cast<const uint4*>(pre + r * sr + c0);
+        T* gv = reinterpret_cast<T*>(&raw);
+        const T* xv = reinterpret_cast<const T*>(&xraw);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k)
+          gv[k] = static_cast<T>(
+              fn::UnaryGrad<UnaryOp::gelu_tanh>{}(static_cast<A>(gv[k]), static_cast<A>(xv[k]), static_cast<A>(0)));
+        *reinterpret_cast<uint4*>(dpre + r * sr + c0) = raw;
+      }
       const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) s[k] += static_cast<A>(v[k]);
@@ -120,6 +135,38 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
   }
 }
 
+// Whether t's rows allow column_sums_vec_kernel: unit column stride, whole 16-byte vectors per
+// row and row stride, a 16-byte aligned start.
+bool vector_rows(const Tensor& t) {
+  const int64_t vec = 16 / static_cast<int64_t>(element_size(t.dtype()));
+  return t.stride(1) == 1 && t.size(1) % vec == 0 && t.stride(0) % vec == 0 &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// The column sums' launch: kSumCols x kSumRows threads, a block per (kSumCols * vec columns,
+// block-row). Vectorized (vec > 1): enough block-rows to fill the GPU about four times over, at
+// least 8 rows each; scalar: 256 rows each, at most 128 of them.
+struct SumGrid {
+  dim3 grid, block;
+  int64_t parts, rows_per_block;
+};
+SumGrid sum_grid(int device, int64_t M, int64_t N, int64_t vec) {
+  const int64_t col_blocks = (N + kSumCols * vec - 1) / (kSumCols * vec);
+  const int64_t parts =
+      vec > 1 ? std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks),
+                                                       (M + 7) / 8))
+              : std::min<int64_t>((M + 255) / 256, 128);
+  return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), dim3(kSumCols, kSumRows), parts,
+          (M + parts - 1) / parts};
+}
+
+template <class T, class A>
+void finish_column_sums(const A* part, int64_t parts, int64_t N, Tensor& out, cudaStream_t stream) {
+  column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0, stream>>>(
+      part, parts, N, static_cast<T*>(out.data_ptr()));
+  FORGE_CUDA_LAUNCH_CHECK("column sums (final pass) of width ", N);
+}
+
 }  // namespace
 
 // out (N) = column sums of dy (M, N); out contiguous. Deterministic: fixed partials, fixed order.
@@ -136,33 +183,60 @@ void column_sums(const Tensor& dy, Tensor& out) {
     fill(out, 0.0);
     return;
   }
-  const int64_t vec = 16 / static_cast<int64_t>(element_size(dy.dtype()));
-  const bool vectorized = dy.stride(1) == 1 && N % vec == 0 && dy.stride(0) % vec == 0 &&
-                          reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16 == 0;
-  // Block-rows of partial sums. Vectorized: enough blocks to fill the GPU about four times over,
-  // at least 8 rows each; scalar: 256 rows each, at most 128 of them.
-  const int64_t col_blocks = vectorized ? (N + kSumCols * vec - 1) / (kSumCols * vec) : (N + kSumCols - 1) / kSumCols;
-  const int64_t parts =
-      vectorized ? std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks),
-                                                          (M + 7) / 8))
-                 : std::min<int64_t>((M + 255) / 256, 128);
-  const int64_t rows_per_block = (M + parts - 1) / parts;
+  const bool vectorized = vector_rows(dy);
+  const SumGrid s = sum_grid(device, M, N, vectorized ? 16 / static_cast<int64_t>(element_size(dy.dtype())) : 1);
   dispatch_float(dy.dtype(), "linear bias gradient", [&]<class T>() {
     using A = acc_t<T>;
-    Tensor partial = blas::device_empty(device, {parts, N}, dtype_v<A>);
-    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), block(kSumCols, kSumRows);
+    Tensor partial = blas::device_empty(device, {s.parts, N}, dtype_v<A>);
     const cudaStream_t stream = current_stream(device);
     const T* src = static_cast<const T*>(dy.data_ptr());
     A* part = static_cast<A*>(partial.data_ptr());
     if (vectorized)
-      column_sums_vec_kernel<T, A><<<grid, block, 0, stream>>>(src, M, N, dy.stride(0), rows_per_block, part);
+      column_sums_vec_kernel<T, A><<<s.grid, s.block, 0, stream>>>(src, M, N, dy.stride(0), s.rows_per_block, part);
     else
-      column_sums_kernel<T, A><<<grid, block, 0, stream>>>(src, M, N, dy.stride(0), dy.stride(1), rows_per_block, part);
+      column_sums_kernel<T, A><<<s.grid, s.block, 0, stream>>>(src, M, N, dy.stride(0), dy.stride(1), s.rows_per_block,
+                                                               part);
     FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (column sums) of ", dy.shape());
-    column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0, stream>>>(
-        part, parts, N, static_cast<T*>(out.data_ptr()));
-    FORGE_CUDA_LAUNCH_CHECK("linear bias gradient (final sums) of ", dy.shape());
+    finish_column_sums<T, A>(part, s.parts, N, out, stream);
   });
+}
+
+// Note [GELU and bias gradients in one pass]: linear_gelu's backward needs dpre = g * gelu'(pre)
+// (an elementwise pass: reads g and pre, writes dpre) and the bias gradient, the column sums of
+// dpre, which cuBLASLt's BGRADB epilogue runs as a kernel of its own after the weight-gradient
+// GEMM: a second read of the (M, N) dpre (GPT-2 124M: 100 MB a layer, 40 us of an H200 step's 12
+// such kernels). Here the column-sum kernel computes dpre as it loads, stores it and sums the
+// stored values: one pass, the same bits as the two steps (the same derivative in the same
+// precision, the same partial sums in the same order).
+bool gelu_backward_column_sums_fit(const Tensor& g, const Tensor& pre) {
+  return g.dim() == 2 && pre.shape() == g.shape() && pre.dtype() == g.dtype() && g.numel() > 0 && g.is_contiguous() &&
+         pre.is_contiguous() && vector_rows(g) && vector_rows(pre);
+}
+
+bool gelu_backward_column_sums(const Tensor& g, const Tensor& pre, Tensor& dpre, Tensor& dbias) {
+  const int64_t M = g.dim() == 2 ? g.size(0) : -1, N = g.dim() == 2 ? g.size(1) : -1;
+  FORGE_CHECK(M >= 0 && pre.shape() == g.shape() && dpre.shape() == g.shape() && dbias.shape() == Shape{N} &&
+                  pre.dtype() == g.dtype() && dpre.dtype() == g.dtype() && dbias.dtype() == g.dtype() &&
+                  g.is_cuda() && pre.device() == g.device() && dpre.device() == g.device() &&
+                  dbias.device() == g.device() && dbias.is_contiguous(),
+              "cuda::gelu_backward_column_sums: expected g, pre and dpre (M, N) and dbias (N), one dtype, on one "
+              "GPU; got ", g.shape(), ", ", pre.shape(), ", ", dpre.shape(), " and ", dbias.shape());
+  if (!gelu_backward_column_sums_fit(g, pre) || !dpre.is_contiguous() || !vector_rows(dpre)) return false;
+  const int device = g.device().index;
+  DeviceGuard guard(device);
+  const SumGrid s = sum_grid(device, M, N, 16 / static_cast<int64_t>(element_size(g.dtype())));
+  dispatch_float(g.dtype(), "linear_gelu backward", [&]<class T>() {
+    using A = acc_t<T>;
+    Tensor partial = blas::device_empty(device, {s.parts, N}, dtype_v<A>);
+    const cudaStream_t stream = current_stream(device);
+    A* part = static_cast<A*>(partial.data_ptr());
+    column_sums_vec_kernel<T, A, true><<<s.grid, s.block, 0, stream>>>(
+        static_cast<const T*>(g.data_ptr()), M, N, N, s.rows_per_block, part, static_cast<const T*>(pre.data_ptr()),
+        static_cast<T*>(dpre.data_ptr()));
+    FORGE_CUDA_LAUNCH_CHECK("linear_gelu backward (GELU gradient and its column sums) of ", g.shape());
+    finish_column_sums<T, A>(part, s.parts, N, dbias, stream);
+  });
+  return true;
 }
 
 namespace {

@@ -43,6 +43,18 @@ void linear_backward_params(const Tensor& dy, const Tensor& x, Tensor& dw, Tenso
 // out (N) = the column sums of dy (M, N), accumulated in f32 (f64 for f64) in a fixed order (the
 // bias gradient where no GEMM epilogue computes it). 16-byte loads where dy's rows allow them.
 void column_sums(const Tensor& dy, Tensor& out);
+// linear_gelu's backward in one pass over g and pre (Note [GELU and bias gradients in one pass]):
+//   g     (M, N)  contiguous: the gradient of gelu_tanh(pre)
+//   pre   (M, N)  contiguous: the GELU's input, saved by linear_gelu_forward
+//   dpre  (M, N)  contiguous, overwritten with g * gelu_tanh'(pre), rounded to the dtype
+//   dbias (N)     contiguous, overwritten with the column sums of dpre as stored
+// The same bits as unary_backward(gelu_tanh) followed by column_sums(dpre). Returns false, having
+// done nothing, where the rows do not allow 16-byte loads (N not a multiple of 16 bytes, an
+// unaligned start); then the caller runs those two steps.
+bool gelu_backward_column_sums(const Tensor& g, const Tensor& pre, Tensor& dpre, Tensor& dbias);
+// Whether gelu_backward_column_sums runs for g and pre (and a fresh dpre): both contiguous (M, N),
+// M and N > 0, 16-byte vectors per row, 16-byte aligned.
+bool gelu_backward_column_sums_fit(const Tensor& g, const Tensor& pre);
 // The MLP's backward through a GELU (Note [GELU gradient in the GEMM] in ops/matmul.cpp), one
 // cuBLASLt GEMM with the DGELU_BGRAD epilogue:
 //   dy    (M, K)  any strides: the gradient of the down projection's output
