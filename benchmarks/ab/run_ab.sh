@@ -22,7 +22,9 @@
 # build needed), with ENV_A / ENV_B added to A's / B's environment, e.g.
 #   SAME=1 ENV_B="FORGE_GELU_FUSION=0" ROWS=gpt2_1gpu benchmarks/ab/run_ab.sh runs
 # (ENV_A / ENV_B apply without SAME too.) AB_BIN=build-gpu/forge with SAME=1 runs a binary that
-# scripts/gpu-check.sh already built, so no `build` phase is needed.
+# scripts/gpu-check.sh already built, so no `build` phase is needed. ARGS_A / ARGS_B add forge train
+# arguments to one side (a config key: ARGS_A="--telemetry.gpm=true"). FIG_LAST (default 2) is how
+# many of the last progress records each figure averages (each covers 10 steps).
 # Output: build-ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,15 +78,15 @@ runs)
   deps_args > /dev/null  # .deps/root again (a device call that carries .deps replaces it): its libraries
   [ -d "$ROOT/.deps/root/usr/lib/x86_64-linux-gnu" ] &&
     export LD_LIBRARY_PATH="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  OUTD=$OB/results
+  OUTD=${AB_OUT:-$OB/results}  # AB_OUT: another folder, to keep an earlier A/B's results
   rm -rf "$OUTD" && mkdir -p "$OUTD"
   nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader | tee "$OUTD/gpus.txt"
   G=(configs/gpt2-124m.toml --run.overwrite=true --train.steps=60 --train.log_every=10 --checkpoint.at_end=false)
   fig() {  # RUN_DIR -> "tokens_per_s ms_per_step" of the last two progress records
-    python3 - "$1/metrics.jsonl" <<'PY'
+    python3 - "$1/metrics.jsonl" "${FIG_LAST:-2}" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")][-2:]
+prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")][-int(sys.argv[2]):]
 print(f'{sum(r["tokens_per_s"] for r in prog) / len(prog):.1f} {sum(r["ms_per_step"] for r in prog) / len(prog):.3f}')
 PY
   }
@@ -94,11 +96,14 @@ PY
     local bin=$OB/$1/forge name="$2_$1_r$3" rc
     [ "${SAME:-0}" = 1 ] && bin=${AB_BIN:-$OB/head/forge}
     local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A:-}"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B:-}"
+    local args=(); [ "$1" = base ] && read -r -a args <<< "${ARGS_A:-}"; [ "$1" = head ] && read -r -a args <<< "${ARGS_B:-}"
     case $2 in
-      gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
-      gpt2_2gpu) env "${envs[@]}" "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" --run.dir="$OUTD/runs" \
-                   --run.name="$name" --train.batch_size=32 > "$OUTD/$name.log" 2>&1; rc=$? ;;
-      llama_1gpu) env "${envs[@]}" "$bin" train "${L[@]}" --run.dir="$OUTD/runs" --run.name="$name" > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" "${args[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
+                   > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      gpt2_2gpu) env "${envs[@]}" "$bin" launch --nproc-per-node 2 -- "$bin" train "${G[@]}" "${args[@]}" \
+                   --run.dir="$OUTD/runs" --run.name="$name" --train.batch_size=32 > "$OUTD/$name.log" 2>&1; rc=$? ;;
+      llama_1gpu) env "${envs[@]}" "$bin" train "${L[@]}" "${args[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
+                    > "$OUTD/$name.log" 2>&1; rc=$? ;;
       *) echo "run_ab.sh: unknown row '$2' (gpt2_1gpu, gpt2_2gpu, llama_1gpu)"; rc=2 ;;
     esac
     if [ $rc -eq 0 ]; then echo "$2 $1 $3 $(fig "$OUTD/runs/$name")" | tee -a "$OUTD/figures.txt"
