@@ -138,7 +138,6 @@ if want tp_perf; then
   t "tp perf rc=$?"
   grep -h '"who"' "$R/tp/perf.jsonl" | cut -c1-300
   # NVLink traffic under tensor parallelism (issue 19): the GPM figures of each run's last interval.
-  # (Only where the runs read GPM: telemetry.gpm, off by default and in run_tp.sh, Note [GPM costs the step].)
   for f in "$R"/tp/perf_*.metrics.jsonl; do
     python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'gpu_nvlink_tx_gbps' in l]; print(sys.argv[1].split('/')[-1], {k: r[-1][k] for k in ('gpu_nvlink_tx_gbps','gpu_nvlink_rx_gbps','gpu_sm_active_pct','gpu_tensor_active_pct','gpu_util_pct')} if r else 'no GPM keys')" "$f"
   done
@@ -213,7 +212,7 @@ if want tb_check; then
     # (3000 steps: still training when sampled, ~25 s in; stopped right after.)
     part top || exit 0
     timeout 90 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/forge_tb_runs --run.name=top --train.steps=3000 \
-      --train.log_every=100 --eval.every=0 --checkpoint.at_end=false --telemetry.gpm=true > "$R/top_train.log" 2>&1 &
+      --train.log_every=100 --eval.every=0 --checkpoint.at_end=false > "$R/top_train.log" 2>&1 &
     TOPRUN=$!
     sleep 25
     "$FORGE" top --once --json > "$R/top.json" 2>&1; t "forge top rc=$?"

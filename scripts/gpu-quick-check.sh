@@ -48,7 +48,7 @@ if [[ $NGPU -ge 2 ]]; then
 fi
 # GPT-2: the progress line's GPU activity (GPM), a step trace of two steps, then an oversized batch.
 CUDA_VISIBLE_DEVICES=0 timeout 60 "$FORGE" train configs/gpt2-124m.toml --run.dir=/tmp/q --run.name=gpt --train.steps=40 \
-  --train.log_every=10 --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=20:21 --telemetry.gpm=true > "$R/gpt.log" 2>&1
+  --train.log_every=10 --eval.every=0 --checkpoint.at_end=false --telemetry.profile_steps=20:21 > "$R/gpt.log" 2>&1
 t "gpt2 rc=$?"; grep -E "^step|cuda graph|trace" "$R/gpt.log" | tail -6 | tee -a "$LOG"
 cp /tmp/q/gpt/trace.rank0.json "$R/" 2>/dev/null
 python3 -c "import json,collections; j=json.load(open('$R/trace.rank0.json')); print('trace events', collections.Counter((e.get('tid'), 'kernel' if e.get('tid') == 3 else e['name'].split(':')[0]) for e in j['traceEvents'] if e['ph']=='X'), j['otherData'].get('kernels'))" 2>&1 | tee -a "$LOG"

@@ -52,10 +52,6 @@ TEST_F(ConfigTest, ParsesEverySectionAndKeepsDefaults) {
   EXPECT_EQ(c.optim.beta2, d.optim.beta2);
   EXPECT_EQ(c.train.grad_accum, 1);
   EXPECT_EQ(c.checkpoint.keep_last, 10);
-  // GPM reads cost training steps (Note [GPM costs the step]): off unless asked for.
-  EXPECT_TRUE(c.telemetry.gpu_sampling);
-  EXPECT_FALSE(c.telemetry.gpm);
-  EXPECT_TRUE(parse("", {"--telemetry.gpm=true"}).telemetry.gpm);
   EXPECT_EQ(c.run_dir(), (scratch.path() / "runs" / "tiny").string());
   EXPECT_EQ(c.source, "test.toml");
 }

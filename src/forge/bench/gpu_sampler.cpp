@@ -25,7 +25,7 @@ GpuSampler::GpuSampler(const std::string& pci_bus_id, int index, double period_s
   device_ = nvml_->device(pci_bus_id, index);
   ok_ = device_ != nullptr && nvml_->utilization != nullptr;
   if (!ok_) return;
-  if (gpm_period_s > 0) gpm_ = std::make_unique<GpmReader>(*nvml_, static_cast<nvmlDevice_t>(device_));
+  gpm_ = std::make_unique<GpmReader>(*nvml_, static_cast<nvmlDevice_t>(device_));
   thread_ = std::thread([this, period_s, gpm_period_s] { loop(period_s, gpm_period_s); });
 }
 
@@ -52,7 +52,7 @@ void GpuSampler::loop(double period_s, double gpm_period_s) {
   using clock = std::chrono::steady_clock;
   auto gpm_due = clock::now();
   while (!stop_) {
-    if (gpm_ && gpm_->ok() && clock::now() >= gpm_due) {
+    if (gpm_->ok() && clock::now() >= gpm_due) {
       if (const auto f = gpm_->next()) add_gpm(*f);
       gpm_due = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(gpm_period_s));
     }

@@ -12,13 +12,6 @@
 // warns when that share exceeds its threshold. How busy the SMs were while kernels ran is what
 // GPM says (Hopper and later; GpmReader in nvml.h), read about once a second: the share of SMs
 // busy, their warp occupancy, the tensor cores' and DRAM's activity, and PCIe and NVLink traffic.
-//
-// Note [GPM costs the step]: on an H200 under its power cap, each GPM read was followed by two or
-// three training steps 8-15% slower, their lowest SM clock 150-250 MHz below the other steps'
-// (metrics.jsonl of benchmarks/step rows 1 and 3, 2026-11-27: the slow steps are exactly those
-// whose record holds a GPM interval). At one read a second that is 2-3% of the throughput, so
-// `forge train` reads GPM only with telemetry.gpm = true; `forge top` (a monitor, not a
-// training run) reads it always. The plain NVML queries every 100 ms showed no such pattern.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -56,10 +49,9 @@ nlohmann::json activity_record(const GpuActivity& a);
 
 class GpuSampler {
  public:
-  // Samples the device every period_s seconds on a thread of its own, and its GPM counters every
-  // gpm_period_s seconds (<= 0: never; Note [GPM costs the step]); without NVML or the device,
-  // ok() is false and take() returns no samples.
-  GpuSampler(const std::string& pci_bus_id, int index, double period_s = 0.1, double gpm_period_s = 0.0);
+  // Samples the device every period_s seconds on a thread of its own; without NVML or the
+  // device, ok() is false and take() returns no samples.
+  GpuSampler(const std::string& pci_bus_id, int index, double period_s = 0.1, double gpm_period_s = 1.0);
   ~GpuSampler();
   GpuSampler(const GpuSampler&) = delete;
   GpuSampler& operator=(const GpuSampler&) = delete;

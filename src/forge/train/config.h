@@ -146,7 +146,6 @@ struct DistSection {
 struct TelemetrySection {
   bool tensorboard = true;         // <run dir>/tb: TensorBoard event files of the metrics (rank 0)
   bool gpu_sampling = true;        // NVML samples of the GPU in every progress record (bench/gpu_sampler.h)
-  bool gpm = false;                // with gpu_sampling: Hopper's GPM counters too, once a second (Note [GPM costs the step])
   double idle_warn_pct = 10.0;     // warn when the GPU ran no kernel for more than this % of an interval
   std::string profile_steps;       // "A:B": a Chrome/Perfetto trace of steps A..B per rank (train/step_trace.h)
 };

@@ -166,11 +166,6 @@ const std::vector<Field>& fields() {
                   "on a GPU: NVML read every 100 ms off the training thread; each progress record gets the mean "
                   "utilisation, memory-controller utilisation and power, the lowest SM clock, the highest temperature, "
                   "the memory used and the clock-event reasons (gpu_* keys)"),
-      FORGE_FIELD(telemetry, gpm,
-                  "with gpu_sampling, on Hopper and later: also read the GPM counters once a second (SM, tensor-core "
-                  "and DRAM activity, PCIe and NVLink traffic: gpu_sm_active_pct and the other GPM keys). Off by "
-                  "default: each read slowed the next steps (2-3% of a run's throughput on an H200, "
-                  "docs/performance.md)"),
       FORGE_FIELD(telemetry, idle_warn_pct,
                   "warn when the GPU ran no kernel for more than this percentage of a logging interval (the input "
                   "pipeline or the host kept it waiting)"),

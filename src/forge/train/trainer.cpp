@@ -326,9 +326,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   std::unique_ptr<bench::GpuSampler> gpu_sampler;
 #ifdef FORGE_WITH_CUDA
   if (device.is_cuda() && cfg.telemetry.gpu_sampling) {
-    // GPM only when asked for (telemetry.gpm): Note [GPM costs the step] in bench/gpu_sampler.h.
-    gpu_sampler = std::make_unique<bench::GpuSampler>(cuda::device_properties(device.index).pci_bus_id, device.index,
-                                                      0.1, cfg.telemetry.gpm ? 1.0 : 0.0);
+    gpu_sampler = std::make_unique<bench::GpuSampler>(cuda::device_properties(device.index).pci_bus_id, device.index);
     if (!gpu_sampler->ok()) {
       rank_log << "telemetry: no NVML sample of the GPU (NVML or the device not found): device activity not recorded"
                << std::endl;
