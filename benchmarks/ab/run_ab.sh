@@ -23,7 +23,7 @@
 #   SAME=1 ENV_B="FORGE_GELU_FUSION=0" ROWS=gpt2_1gpu benchmarks/ab/run_ab.sh runs
 # (ENV_A / ENV_B apply without SAME too.) AB_BIN=build-gpu/forge with SAME=1 runs a binary that
 # scripts/gpu-check.sh already built, so no `build` phase is needed. ARGS_A / ARGS_B add forge train
-# arguments to one side (a config key: ARGS_A="--telemetry.gpm=true"). FIG_LAST (default 2) is how
+# arguments to one side (a config key: ARGS_A="--run.cuda_graph=false"). FIG_LAST (default 2) is how
 # many of the last progress records each figure averages (each covers 10 steps).
 # Output: build-ab/results/ (runs, logs, ab_summary.txt) and, on the device tool's machine, $OUT.
 set -uo pipefail
