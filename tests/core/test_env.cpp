@@ -129,6 +129,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_GEMM_TUNING", env::Category::performance},
       {"FORGE_MPI_MAX_COUNT", env::Category::debugging},
       {"FORGE_NCCL_HIGH_PRIORITY", env::Category::performance},
+      {"FORGE_NORM_BIAS_GRAD", env::Category::performance},
       {"FORGE_NORM_BLOCK_ROWS", env::Category::performance},
       {"FORGE_NO_GRAD_BUFFER_CLAIM", env::Category::diagnostic},
       {"FORGE_PACKED_QKV", env::Category::performance},

@@ -14,6 +14,12 @@ std::atomic<uint64_t> g_next_sequence_nr{0};
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
+namespace {
+std::atomic<int64_t> g_column_sums_handed_over{0};
+}  // namespace
+int64_t column_sums_handed_over() { return g_column_sums_handed_over.load(); }
+void count_column_sums_handed_over() { g_column_sums_handed_over.fetch_add(1); }
+
 TensorList FunctionNode::apply(const Tensor& grad_output) {
   FORGE_CHECK(fn_ != nullptr, "backward: tried to run ", name_,
               " a second time, but its saved tensors were freed after the first backward. "

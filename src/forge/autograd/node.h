@@ -18,6 +18,38 @@ namespace forge::autograd {
 
 class Node;
 
+// Note [column sums handed to the producer]: a linear's bias gradient is the column sums of the
+// gradient of its output. When the op consuming that output (GPT's add_layer_norm, whose
+// backward writes the residual stream's gradient, which is the projection's output gradient)
+// computes those sums in a kernel it runs anyway, it leaves them here, on the producing node,
+// with the gradient tensor they belong to; the producer uses them only when the gradient it
+// receives is that very tensor, its storage at the same version (nothing written into it in
+// place since), else computes its own.
+// How many times a slot's sums were used, process-wide (for tests: that the hand-over happens).
+int64_t column_sums_handed_over();
+void count_column_sums_handed_over();
+struct ColumnSumsSlot {
+  std::weak_ptr<TensorImpl> of;  // the gradient tensor the sums are of (weak: no extra owner)
+  uint64_t version = 0;          // its storage's version then
+  Tensor sums;                   // (C), the gradient's dtype
+  void leave(const Tensor& grad, Tensor column_sums) {
+    of = grad.impl_ptr();
+    version = grad.storage()->version();
+    sums = std::move(column_sums);
+  }
+  // The sums if they are of `g` itself (and clears the slot), else undefined.
+  Tensor take_for(const Tensor& g) {
+    Tensor s;
+    if (sums.defined() && of.lock() == g.impl_ptr() && g.storage()->version() == version) {
+      s = sums;
+      count_column_sums_handed_over();
+    }
+    sums = Tensor();
+    of.reset();
+    return s;
+  }
+};
+
 struct Edge {
   std::shared_ptr<Node> node;  // null: the input needs no gradient
 };
@@ -58,6 +90,9 @@ class Node {
   // What this node's backward allocates is labelled so (Note [memory owners]): "backward: <op>",
   // interned when the node is recorded; null for nodes of no op (the engine labels them by name).
   const char* memory_label = nullptr;
+  // Note [column sums handed to the producer]: set by a node that can use the column sums of its
+  // output's gradient (a CUDA linear with a bias); null otherwise.
+  std::shared_ptr<ColumnSumsSlot> output_column_sums;
 };
 
 // The mask handed to backward functions: need[i] is false when input i needs no gradient,

@@ -142,6 +142,13 @@ const std::vector<Spec>& table() {
        .default_value = "0",
        .meaning = "1: NCCL's communication stream gets the device's highest priority (as PyTorch's "
                   "TORCH_NCCL_HIGH_PRIORITY; docs/dist.md)"},
+      {.name = "FORGE_NORM_BIAS_GRAD",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: the CUDA add_layer_norm backward also sums dx's columns, and the linear whose output was the "
+                  "residual (GPT's c_proj) takes its bias gradient from there instead of its weight-gradient GEMM "
+                  "(docs/performance.md item 23); off until a same-session A/B shows it faster"},
       {.name = "FORGE_NORM_BLOCK_ROWS",
        .kind = Kind::flag,
        .category = Category::performance,

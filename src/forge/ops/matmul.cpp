@@ -314,13 +314,20 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
     }
     return std::make_pair(dw, db);
   };
-  auto backward = [w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf, param_grads, defer](const Tensor& g,
-                                                                                              const GradMask& need) {
+  // Note [column sums handed to the producer] (autograd/node.h): where the output's consumer can
+  // compute the bias gradient with a kernel of its own (GPT's add_layer_norm), it leaves it here.
+  auto sums = !gelu && bias.defined() && bias.requires_grad() && x.is_cuda()
+                  ? std::make_shared<autograd::ColumnSumsSlot>()
+                  : nullptr;
+  auto backward = [w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf, param_grads, defer, sums](
+                      const Tensor& g, const GradMask& need) {
     Tensor dy = reshape(g, {M, out_features});
     // The GELU's gradient; on CUDA with the bias gradient in the same pass (Note [GELU and bias
     // gradients in one pass], backends/cuda/matmul.cu), so that the GEMM below computes dW only.
+    // Or the bias gradient from the consumer (above), when it is of this very gradient.
     Tensor db_done;
     if (pre.defined()) dy = gelu_backward(dy, pre, need[2] ? b_leaf : Tensor(), need[2], db_done);
+    else if (sums && need[2]) db_done = sums->take_for(g);
     Tensor dx;
     if (need[0]) dx = input_gradient(dy, w_saved, x_shape);
     const bool want_b = need[2] && !db_done.defined();
@@ -342,6 +349,7 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
   record(name, y, {x, weight, bias}, backward, {x_saved, w_saved, pre});
   // Note [input gradient accumulated in the GEMM]
   if (y.grad_fn() && !x.is_cpu() && x.requires_grad()) y.grad_fn()->fuse_input_grad = 0;
+  if (y.grad_fn()) y.grad_fn()->output_column_sums = std::move(sums);
   return y;
 }
 

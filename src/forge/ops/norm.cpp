@@ -7,6 +7,7 @@
 
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/norm.h"
+#include "forge/core/env.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -94,22 +95,28 @@ Tensor with_rest(const Tensor& dx, const Tensor& rest) { return rest.defined() ?
 // (x's values, contiguous), ws (the weight, contiguous or undefined), mean and rstd.
 // Backward (fused, {cpu,cuda}::layer_norm_backward): with xhat = (x - mean) * rstd, g = dy * w,
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum_rows dy * xhat,  db = sum_rows dy.
+// `sums` (Note [column sums handed to the producer], autograd/node.h): the slot of the node that
+// produced the fused add's residual (a linear with a bias), or null; the backward then computes
+// the column sums of dx with it where the CUDA kernel can, and leaves them there.
 void record_layer_norm(const char* name, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Tensor& xs, const Tensor& ws, const Tensor& mean, const Tensor& rstd) {
+                       const Tensor& xs, const Tensor& ws, const Tensor& mean, const Tensor& rstd,
+                       std::shared_ptr<autograd::ColumnSumsSlot> sums = nullptr) {
   // The kernels overwrite dweight and dbias whole, so they may be the parameters' pre-allocated
   // gradient buffers (Note [claimed grad buffer], autograd/node.cpp).
   const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
-  record(name, y, {x, weight, bias}, [xs, ws, mean, rstd, w_leaf, b_leaf](const Tensor& g, const GradMask& need) {
+  record(name, y, {x, weight, bias}, [xs, ws, mean, rstd, w_leaf, b_leaf, sums](const Tensor& g, const GradMask& need) {
     const TensorOptions opt{.dtype = xs.dtype(), .device = xs.device()};
     const int64_t C = xs.shape().back();
     cpu::NormGrads grads;
     if (need[0]) grads.dx = empty(xs.shape(), opt);
     if (need[1]) grads.dweight = detail::grad_output(w_leaf, {C}, opt);
     if (need[2]) grads.dbias = detail::grad_output(b_leaf, {C}, opt);
+    if (sums && need[0] && xs.is_cuda()) grads.dx_sums = empty({C}, opt);
     const Tensor gc = contiguous(g);
     const Tensor rest = fuse_pending_into(grads, xs);
     if (xs.is_cpu()) cpu::layer_norm_backward(gc, xs, ws, mean, rstd, grads);
     else FORGE_ON_CUDA("layer_norm", cuda::layer_norm_backward(gc, xs, ws, mean, rstd, grads));
+    if (sums && grads.dx_sums_done && !rest.defined()) sums->leave(grads.dx, grads.dx_sums);  // of the dx returned
     return TensorList{with_rest(grads.dx, rest), grads.dweight, grads.dbias};
   }, {xs, ws, mean, rstd});
   if (y.grad_fn() && xs.is_cuda()) y.grad_fn()->fuse_input_grad = 0;  // Note [residual gradient in the norm backward]
@@ -150,10 +157,15 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   if (xs.is_cpu()) cpu::add_layer_norm_forward(xs, rs, ws, bs, eps, out.h, out.y, mean, rstd);
   else FORGE_ON_CUDA(op, cuda::add_layer_norm_forward(xs, rs, ws, bs, eps, out.h, out.y, mean, rstd));
   const Tensor hs = out.h.detach();  // saved by the norm node (before out.h gets its grad_fn)
+  // The residual's producer may take the column sums of its gradient from the norm's backward
+  // (Note [column sums handed to the producer]; FORGE_NORM_BIAS_GRAD).
+  std::shared_ptr<autograd::ColumnSumsSlot> sums;
+  if (residual.grad_fn() && xs.is_cuda() && env::flag("FORGE_NORM_BIAS_GRAD"))
+    sums = residual.grad_fn()->output_column_sums;
   record(op, out.h, {x, residual}, [](const Tensor& g, const GradMask& need) {
     return TensorList{need[0] ? g : Tensor(), need[1] ? g : Tensor()};
   });
-  record_layer_norm(op, out.y, out.h, weight, bias, hs, ws, mean, rstd);
+  record_layer_norm(op, out.y, out.h, weight, bias, hs, ws, mean, rstd, std::move(sums));
   return out;
 }
 

@@ -20,6 +20,11 @@ struct NormGrads {
   Tensor dx_add;   // (R, C) x's dtype or undefined: added into dx (CUDA only; may be dx itself)
   Tensor dweight;  // (C)    x's dtype
   Tensor dbias;    // (C)    x's dtype (layer norm only)
+  // (C) x's dtype or undefined: the column sums of dx as written (dx_add included), where the
+  // backend computes them with dx (CUDA's block-per-row kernel: Note [column sums handed to the
+  // producer], autograd/node.h); dx_sums_done says whether it did. The CPU never does.
+  Tensor dx_sums;
+  bool dx_sums_done = false;
 };
 
 // y = (x - mean) * rstd * weight + bias, mean/rstd per row.

@@ -430,20 +430,22 @@ __global__ void __launch_bounds__(kTileCols * kTileRows)
   }
 }
 
-// out[c] = T(sum_p part[p, c]) for up to two (partials, out) pairs (blockIdx.y picks one), in
+// out[c] = T(sum_p part[p, c]) for up to three (partials, out) pairs (blockIdx.y picks one), in
 // f64. A block takes kTileCols columns; its kSumRows row lanes each add a fixed, contiguous range
 // of partials in order, then lane 0 adds the kSumRows lane sums in lane order: the same bits on
 // every run and GPU, and parts / kSumRows serial adds instead of parts (the reduction is
 // latency-bound: a few hundred partials of 768 columns).
 constexpr int kSumRows = 8;
+template <class T> struct SumPairs {
+  const acc_t<T>* part[3];  // (P, C) each; the first blockIdx.y-extent of them are used
+  T* out[3];                // (C) each
+};
 template <class T>
 __global__ void __launch_bounds__(kTileCols * kSumRows)
-    column_sum_kernel(const acc_t<T>* __restrict__ part0, T* __restrict__ out0,  // (P, C), (C)
-                      const acc_t<T>* __restrict__ part1, T* __restrict__ out1,  // the same, or null
-                      int64_t parts, int64_t C) {
+    column_sum_kernel(const SumPairs<T> pairs, int64_t parts, int64_t C) {
   __shared__ double lane_sums[kSumRows][kTileCols];
-  const acc_t<T>* part = blockIdx.y == 0 ? part0 : part1;
-  T* out = blockIdx.y == 0 ? out0 : out1;
+  const acc_t<T>* part = pairs.part[blockIdx.y];
+  T* out = pairs.out[blockIdx.y];
   const int tc = static_cast<int>(threadIdx.x) % kTileCols, tr = static_cast<int>(threadIdx.x) / kTileCols;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols + tc;
   const int64_t per = (parts + kSumRows - 1) / kSumRows;
@@ -603,6 +605,9 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
   FORGE_CHECK(dy.defined(), op, ": dy must be defined");
   FORGE_CHECK(!kRms || !grads.dbias.defined(), op, ": RMS norm has no bias");
   const bool want_w = grads.dweight.defined(), want_b = grads.dbias.defined();
+  grads.dx_sums_done = false;
+  const bool want_x_sums = grads.dx_sums.defined() && grads.dx.defined();
+  if (want_x_sums) check_like(op, "dx_sums", grads.dx_sums, x, C);
   if (R == 0 || C == 0) {  // no row: the column sums are zero
     if (want_w) fill(grads.dweight, 0.0);
     if (want_b) fill(grads.dbias, 0.0);
@@ -622,7 +627,7 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
     const A* pm = mean ? ptr<A>(*mean) : nullptr;
     const A* pr = ptr<A>(rstd);
     int64_t parts = 0;
-    Tensor part_w, part_b;
+    Tensor part_w, part_b, part_x;
     auto make_parts = [&](int64_t p) {
       parts = p;
       if (want_w) part_w = scratch(device, {p, C}, sd);
@@ -639,10 +644,13 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
              use_vectors<T>(C, {&dy, &x, &weight, &grads.dx, &grads.dx_add});
       if (wide) {
         const int64_t p = norm_detail::wide_blocks(R, C / V, kMaxPartials);
+        parts = p;
         if (want_w || want_b) make_parts(p);
+        // dx's column sums with it (Note [column sums handed to the producer]): only here.
+        if (want_x_sums) part_x = scratch(device, {p, C}, sd);
         norm_detail::norm_backward_wide<T>(kRms, ptr<T>(dy), ptr<T>(x), ptr<T>(weight), pm, pr, mut_ptr<T>(grads.dx),
-                                           ptr<T>(grads.dx_add), mut_ptr<A>(part_w), mut_ptr<A>(part_b), R, C, p,
-                                           stream);
+                                           ptr<T>(grads.dx_add), mut_ptr<A>(part_w), mut_ptr<A>(part_b),
+                                           mut_ptr<A>(part_x), R, C, p, stream);
         FORGE_CUDA_LAUNCH_CHECK(op, " on ", x.device().str(), ": x ", x.shape(), " ", dtype_name(x.dtype()), " (", R,
                                 " rows of ", C, ")");
       }
@@ -691,15 +699,21 @@ void backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& w
                               dtype_name(x.dtype()));
     }
 
-    if (want_w || want_b) {
-      const A* p0 = want_w ? ptr<A>(part_w) : ptr<A>(part_b);
-      T* o0 = want_w ? mut_ptr<T>(grads.dweight) : mut_ptr<T>(grads.dbias);
-      const A* p1 = want_w && want_b ? ptr<A>(part_b) : nullptr;
-      T* o1 = want_w && want_b ? mut_ptr<T>(grads.dbias) : nullptr;
-      const dim3 grid(blocks_for(op, C, kTileCols), p1 ? 2u : 1u);
-      column_sum_kernel<T><<<grid, kTileCols * kSumRows, 0, stream>>>(p0, o0, p1, o1, parts, C);
-      FORGE_CUDA_LAUNCH_CHECK(op, " (dweight/dbias) on ", x.device().str(), ": ", C, " columns of ", parts,
-                              " partials");
+    if (want_w || want_b || part_x.defined()) {
+      SumPairs<T> pairs{};
+      unsigned n = 0;
+      auto pair = [&](const Tensor& part, Tensor& out) {
+        pairs.part[n] = ptr<A>(part);
+        pairs.out[n++] = mut_ptr<T>(out);
+      };
+      if (want_w) pair(part_w, grads.dweight);
+      if (want_b) pair(part_b, grads.dbias);
+      if (part_x.defined()) pair(part_x, grads.dx_sums);
+      const dim3 grid(blocks_for(op, C, kTileCols), n);
+      column_sum_kernel<T><<<grid, kTileCols * kSumRows, 0, stream>>>(pairs, parts, C);
+      FORGE_CUDA_LAUNCH_CHECK(op, " (column sums of the gradients) on ", x.device().str(), ": ", C, " columns of ",
+                              parts, " partials");
+      grads.dx_sums_done = part_x.defined();
     }
   });
 }

@@ -26,6 +26,7 @@ __global__ void __launch_bounds__(kThreads)
                               const T* dx_add,                     // (R, C) or null: added into dx; may be dx
                               acc_t<T>* __restrict__ part_w,       // (gridDim.x, C) or null: sums of dy * xhat
                               acc_t<T>* __restrict__ part_b,       // (gridDim.x, C) or null: sums of dy
+                              acc_t<T>* __restrict__ part_x,       // (gridDim.x, C) or null: sums of dx as stored
                               int64_t R, int64_t C) {
   using A = acc_t<T>;
   using P = Vec<T, V>;
@@ -43,9 +44,9 @@ __global__ void __launch_bounds__(kThreads)
   const T* add = dx ? dx_add : nullptr;
   P w;
   if (weight && mine) w = load_vec<T, V>(weight, vi);
-  A sw[V], sb[V];
+  A sw[V], sb[V], sx[V];
 #pragma unroll
-  for (int j = 0; j < V; ++j) sw[j] = sb[j] = 0;
+  for (int j = 0; j < V; ++j) sw[j] = sb[j] = sx[j] = 0;
 
   int par = 0;
   for (int64_t row = blockIdx.x; row < R; row += gridDim.x) {  // the same rows for the whole block
@@ -100,20 +101,23 @@ __global__ void __launch_bounds__(kThreads)
       const A g = weight ? d * static_cast<A>(w.v[j]) : d;
       const A dxv = rs * (g - m1 - xh * m2);
       o.v[j] = convert<T>(add ? dxv + static_cast<A>(av.v[j]) : dxv);
+      if (part_x) sx[j] += static_cast<A>(o.v[j]);  // the value as stored
     }
     store_vec<T, V>(dx + row * C, vi, o);
   }
 
   // This block's partial rows (the scratch is 256-byte aligned and C % V == 0: whole vectors).
   if (!mine) return;
-  Vec<A, V> ow, ob;
+  Vec<A, V> ow, ob, ox;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     ow.v[j] = sw[j];
     ob.v[j] = sb[j];
+    ox.v[j] = sx[j];
   }
   if (part_w) store_vec<A, V>(part_w + blockIdx.x * C, vi, ow);
   if (!kRms && part_b) store_vec<A, V>(part_b + blockIdx.x * C, vi, ob);
+  if (part_x) store_vec<A, V>(part_x + blockIdx.x * C, vi, ox);
 }
 
 // The forward: thread t holds the row's vector t; the row's sums go through warp butterflies,
@@ -216,20 +220,20 @@ template void norm_forward_wide<f16>(bool, const f16*, const f16*, f16*, const f
 template <class T>
 void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, const acc_t<T>* mean,
                         const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
-                        int64_t R, int64_t C, int64_t parts, cudaStream_t stream) {
+                        acc_t<T>* part_x, int64_t R, int64_t C, int64_t parts, cudaStream_t stream) {
   constexpr int V = 16 / static_cast<int>(sizeof(T));
   dispatch_wide(rms, C / V, [&]<int kThreads, bool kRms>() {
     norm_backward_wide_kernel<T, V, kThreads, kRms><<<static_cast<unsigned>(parts), kThreads, 0, stream>>>(
-        dy, x, weight, mean, rstd, dx, dx_add, part_w, part_b, R, C);
+        dy, x, weight, mean, rstd, dx, dx_add, part_w, part_b, part_x, R, C);
   });
 }
 
 template void norm_backward_wide<float>(bool, const float*, const float*, const float*, const float*, const float*,
-                                        float*, const float*, float*, float*, int64_t, int64_t, int64_t,
+                                        float*, const float*, float*, float*, float*, int64_t, int64_t, int64_t,
                                         cudaStream_t);
 template void norm_backward_wide<bf16>(bool, const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*,
-                                       const bf16*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
+                                       const bf16*, float*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
 template void norm_backward_wide<f16>(bool, const f16*, const f16*, const f16*, const float*, const float*, f16*,
-                                      const f16*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
+                                      const f16*, float*, float*, float*, int64_t, int64_t, int64_t, cudaStream_t);
 
 }  // namespace forge::cuda::norm_detail

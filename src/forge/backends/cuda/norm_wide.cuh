@@ -112,13 +112,14 @@ inline int64_t wide_blocks(int64_t R, int64_t nvec, int64_t max_parts) {
 
 // Launches norm_backward_wide_kernel on `stream` with `parts` blocks of wide_threads(C / V):
 // dx (when non-null; plus dx_add, which may be dx) and, when non-null, each block's partial
-// column sums part_w[b, :] of dy * xhat and part_b[b, :] of dy (layer norm only). T is float,
+// column sums part_w[b, :] of dy * xhat, part_b[b, :] of dy (layer norm only) and part_x[b, :] of
+// dx as stored (needs dx). T is float,
 // bf16 or f16; with V = 16 / sizeof(T): C % V == 0, C / V <= kWideMaxVecs, every pointer
 // 16-byte aligned (the partials 32-byte aligned: the allocator gives 256).
 template <class T>
 void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, const acc_t<T>* mean,
                         const acc_t<T>* rstd, T* dx, const T* dx_add, acc_t<T>* part_w, acc_t<T>* part_b,
-                        int64_t R, int64_t C, int64_t parts, cudaStream_t stream);
+                        acc_t<T>* part_x, int64_t R, int64_t C, int64_t parts, cudaStream_t stream);
 
 // The wide-row forward (layer norm or RMS norm; with residual, h = x + residual is formed,
 // stored and normalised): a block of wide_threads(C / V) threads per row, thread t owning the
