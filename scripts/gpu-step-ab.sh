@@ -3,8 +3,9 @@
 # lanes at once, one per GPU, so that neither waits for the other:
 #   GPU 0  benchmarks/step/run.sh: forge beside PyTorch eager and torch.compile (STEP_ROWS,
 #          default "1 2 3"; STEP_PROFILE_ROWS, default none: a kernel trace costs a minute a row)
-#   GPU 1  the CUDA tests matching CTEST_REGEX, then each A/B of AB_LIST with
-#          benchmarks/ab/run_ab.sh on the binary just built (SAME=1)
+#   GPU 1  the CUDA tests matching CTEST_REGEX (tests that need two GPUs skip here: run those
+#          with scripts/gpu-dist-runs.sh), then each A/B of AB_LIST with benchmarks/ab/run_ab.sh
+#          on the binary just built (SAME=1)
 # AB_LIST holds entries separated by ';', each "name|VAR=value VAR=value": run_ab.sh's variables
 # for that A/B (ENV_A/ENV_B, ARGS_A/ARGS_B, ROWS, ROUNDS, FIG_LAST), e.g.
 #   AB_LIST='graph|ARGS_A=--run.cuda_graph=false ROWS=llama_1gpu ROUNDS=2;gelu|ENV_A=FORGE_GELU_BIAS_GRAD=0 ROWS=gpt2_1gpu'

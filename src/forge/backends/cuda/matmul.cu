@@ -144,8 +144,10 @@ bool vector_rows(const Tensor& t) {
 }
 
 // The column sums' launch: kSumCols x kSumRows threads, a block per (kSumCols * vec columns,
-// block-row). Vectorized (vec > 1): enough block-rows to fill the GPU about four times over, at
-// least 8 rows each; scalar: 256 rows each, at most 128 of them.
+// block-row). Vectorized (vec > 1): about eight 256-thread blocks an SM (a full SM's threads),
+// at least 8 rows each; scalar: 256 rows each, at most 128 of them. (Four blocks an SM left the
+// GELU variant, whose tanh makes it compute-heavy, short of its memory bound: item 21 of
+// docs/performance.md.)
 struct SumGrid {
   dim3 grid, block;
   int64_t parts, rows_per_block;
@@ -153,7 +155,7 @@ struct SumGrid {
 SumGrid sum_grid(int device, int64_t M, int64_t N, int64_t vec) {
   const int64_t col_blocks = (N + kSumCols * vec - 1) / (kSumCols * vec);
   const int64_t parts =
-      vec > 1 ? std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 4 * multiprocessor_count(device) / col_blocks),
+      vec > 1 ? std::max<int64_t>(1, std::min<int64_t>(std::max<int64_t>(1, 8 * multiprocessor_count(device) / col_blocks),
                                                        (M + 7) / 8))
               : std::min<int64_t>((M + 255) / 256, 128);
   return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)), dim3(kSumCols, kSumRows), parts,
