@@ -2,7 +2,7 @@
 # The training-step benchmark of DESIGN.md (Performance): forge beside PyTorch eager and
 # torch.compile on the four reference workloads, in one command on the GPU machine.
 #
-#   benchmarks/step/run.sh                               # all four rows, STEPS=30 WARMUP=10
+#   benchmarks/step/run.sh                               # all four rows, STEPS=90 WARMUP=10
 #   ROWS="1 3" PROFILE_ROWS=3 benchmarks/step/run.sh     # some rows
 #
 # Rows (bf16, AdamW, random tokens, clipping at 1.0; method: benchmarks/step/README.md):
@@ -22,7 +22,7 @@
 # short still leaves the rows it finished.
 #
 # Variables (defaults):
-#   ROWS="1 2 3 4"   STEPS=30   WARMUP=10
+#   ROWS="1 2 3 4"   STEPS=90   WARMUP=10   (90: several of the power cap's ~1 s clock swings a run)
 #   PROFILE_ROWS="1 3"       rows whose forge step is broken down by kernel (single-GPU rows)
 #   PROFILER=auto            auto | nsys | ktrace | ncu | none (auto: nsys if on the PATH, else ktrace,
 #                            a CUPTI tracer built here from benchmarks/step/ktrace.cpp, else ncu)
@@ -43,7 +43,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 ROWS="${ROWS:-1 2 3 4}"
-STEPS="${STEPS:-30}"
+STEPS="${STEPS:-90}"
 WARMUP="${WARMUP:-10}"
 PROFILE_ROWS="${PROFILE_ROWS-1 3}"
 PROFILER="${PROFILER:-auto}"
