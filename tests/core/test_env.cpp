@@ -121,6 +121,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_CUDNN_PLAN_TUNING", env::Category::performance},
       {"FORGE_DIST_TIMEOUT", env::Category::debugging},
       {"FORGE_FLASH_ATTENTION", env::Category::performance},
+      {"FORGE_FUSED_CLASSIFIER", env::Category::performance},
       {"FORGE_GELU_BIAS_GRAD", env::Category::performance},
       {"FORGE_GELU_FUSION", env::Category::performance},
       {"FORGE_GELU_MLP", env::Category::performance},

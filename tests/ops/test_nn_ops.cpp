@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/env.h"
 #include "forge/forge.h"
 #include "testing/tensor_testing.h"
 
@@ -486,6 +487,25 @@ TEST(NNCrossEntropy, DlogitsInPlaceOnlyWhenTheLogitsAreDropped) {
     // The kept logits still hold x w^T.
     const Tensor ref = ops::matmul(x, w.t());
     EXPECT_EQ(kept.to(DType::f64).to_vector<double>(), ref.to(DType::f64).to_vector<double>()) << dtype_name(dt);
+  }
+}
+
+// cross_entropy_consuming on the CPU (and wherever the fused classifier does not apply) is exactly
+// cross_entropy: the same loss and gradient, nothing fused, the switch on or off.
+TEST(NNCrossEntropy, ConsumingIsCrossEntropyOnTheCpu) {
+  for (const char* on : {"0", "1"}) {
+    env::Override o("FORGE_FUSED_CLASSIFIER", on);
+    const Tensor x = f64({0.5, -1, 2, 0.25, 3, -0.5, 1, 1.5}, {2, 4});
+    const Tensor targets = i64({3, 1}, {2});
+    Tensor a = x.clone().requires_grad_(), b = x.clone().requires_grad_();
+    const int64_t before = ops::cross_entropy_fused_forwards();
+    const Tensor la = ops::cross_entropy_consuming(ops::mul(a, 2.0), targets);
+    const Tensor lb = ops::cross_entropy(ops::mul(b, 2.0), targets);
+    EXPECT_EQ(vals(la), vals(lb)) << on;
+    la.backward();
+    lb.backward();
+    EXPECT_EQ(vals(a.grad()), vals(b.grad())) << on;
+    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before) << on;
   }
 }
 

@@ -86,6 +86,13 @@ const std::vector<Spec>& table() {
        .default_value = "1",
        .meaning = "0: CUDA attention always takes the GEMM path instead of the flash kernels "
                   "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_FUSED_CLASSIFIER",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: a language model's loss on CUDA computes dlogits inside the forward and writes them over the "
+                  "logits (one read of the logits less; docs/performance.md item 24); off until a same-session A/B "
+                  "shows it faster"},
       {.name = "FORGE_GELU_BIAS_GRAD",
        .kind = Kind::flag,
        .category = Category::performance,

@@ -7,6 +7,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/loss.h"
 #include "forge/ops/view.h"
 
 namespace forge::nn {
@@ -53,6 +54,9 @@ const char* head_label() {
 
 Tensor CausalLM::head_loss(const Stream& in, const Tensor& targets) const {
   const MemoryOwner owner(head_label());
+  // The logits live only inside this call: the default loss may write dlogits over them in its
+  // forward (ops::cross_entropy_consuming, Note [dlogits in the forward]).
+  if (!layer_spec.loss) return ops::cross_entropy_consuming(head(in), targets);
   return layer_spec.cross_entropy(head(in), targets);
 }
 

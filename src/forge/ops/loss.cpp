@@ -7,7 +7,9 @@
 
 #include "forge/autograd/engine.h"
 #include "forge/autograd/node.h"
+#include "forge/autograd/grad_mode.h"
 #include "forge/backends/cpu/loss.h"
+#include "forge/core/env.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
@@ -43,11 +45,44 @@ const char* reduction_name(Reduction r) {
 // device] in backends/cuda/loss.cu).
 namespace {
 std::atomic<int64_t> g_dlogits_in_place{0};
+std::atomic<int64_t> g_fused_forwards{0};
+
+void check_cross_entropy_args(const Tensor& logits, const Tensor& targets);
 }  // namespace
 
 int64_t cross_entropy_backwards_in_place() { return g_dlogits_in_place.load(); }
+int64_t cross_entropy_fused_forwards() { return g_fused_forwards.load(); }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                               Reduction reduction) {
+#ifdef FORGE_WITH_CUDA
+  check_cross_entropy_args(logits, targets);
+  if (logits.is_cuda() && reduction != Reduction::none && grad_enabled() && logits.requires_grad() &&
+      logits.is_contiguous() && env::flag("FORGE_FUSED_CLASSIFIER")) {
+    const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
+    const TensorOptions opt{.dtype = lse_dtype, .device = logits.device()};
+    Tensor ls = logits.detach();  // the logits' own memory: dlogits is written there
+    const Tensor ts = contiguous(targets.detach());
+    Tensor lse = empty({targets.numel()}, opt), total = empty({}, opt), scale_t = empty({}, opt);
+    if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t)) {
+      ++g_fused_forwards;
+      ls.storage()->bump_version();  // the logits are gone: a saved copy of them must not be used
+      record("cross_entropy", total, {logits}, [ls](const Tensor& g, const GradMask&) {
+        // ls holds dlogits for an upstream gradient of 1: times g, in place unless the graph is
+        // kept for another backward (then ls must stay as it is).
+        Tensor out = autograd::retaining_graph() ? empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()}) : ls;
+        cuda::scale_dlogits(ls, contiguous(g), out);
+        return TensorList{out};
+      }, {ls});
+      return total;
+    }
+  }
+#endif
+  return cross_entropy(logits, targets, ignore_index, reduction);
+}
+
+namespace {
+void check_cross_entropy_args(const Tensor& logits, const Tensor& targets) {
   FORGE_CHECK(logits.defined() && targets.defined(), "cross_entropy: logits and targets must be defined tensors");
   detail::check_same_device("cross_entropy", {logits, targets});
   FORGE_CHECK(is_floating(logits.dtype()), "cross_entropy: logits must be floating-point (f32, f64, bf16, f16), got ",
@@ -60,6 +95,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   FORGE_CHECK(targets.shape() == lead, "cross_entropy: targets of shape ", targets.shape(),
               " do not match logits of shape ", logits.shape(), ": expected targets of shape ", lead,
               " (the logits' shape without the class dim, which is last)");
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+  check_cross_entropy_args(logits, targets);
   // Note [loss dtype]: the loss is f32 for bf16/f16 logits (the dtype of the log-sum-exp it
   // accumulates in), as under torch.autocast: a 16-bit loss of ~10 would be rounded to steps of
   // 0.06. f32 and f64 logits give a loss of their own dtype.

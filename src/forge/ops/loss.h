@@ -31,6 +31,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 const char* reduction_name(Reduction r);
 
+// cross_entropy for a caller that never reads `logits` again (CausalLM::head_loss, whose logits
+// live only inside it). On CUDA with FORGE_FUSED_CLASSIFIER=1, a reduction of mean or sum and a
+// gradient wanted, the forward also computes dlogits and writes them over the logits (Note
+// [dlogits in the forward], backends/cuda/loss.cu): the same loss and, for an upstream gradient
+// of 1, the same gradient bits, with one read of the logits less. Everywhere else exactly
+// cross_entropy. The logits' storage version is bumped when they are overwritten, so a node that
+// saved them fails its backward loudly instead of reading dlogits.
+Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                               Reduction reduction = Reduction::mean);
+// How many cross_entropy_consuming forwards wrote dlogits over the logits; for tests.
+int64_t cross_entropy_fused_forwards();
+
 // cross_entropy's fused backward on its own, for a loss whose forward is assembled elsewhere
 // (tp::vocab_parallel_cross_entropy: the log-sum-exp reduced over the ranks of a vocabulary-
 // parallel head). Without history:
