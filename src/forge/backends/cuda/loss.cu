@@ -53,6 +53,7 @@
 // Instantiations: forward and backward 4 dtypes x 2 target types; total 4 x 2.
 #include "forge/backends/cuda/loss.h"
 
+#include <array>
 #include <limits>
 #include <type_traits>
 
@@ -242,6 +243,8 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
   }
 }
+
+constexpr int kMaxDevices = 64;
 
 // Note [dlogits in the forward]: one row per block iteration, the row's vectors kept in dynamic
 // shared memory (V / W of them) between the two passes. Vectorized rows only (V % W == 0, aligned).
@@ -446,12 +449,19 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
         T* px = static_cast<T*>(logits.data_ptr());
         if (V % kVec<T> != 0 || !aligned16(px)) return;
         const size_t bytes = static_cast<size_t>(V) * sizeof(T);
-        int optin = 0;
-        FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (bytes + 1024 > static_cast<size_t>(optin)) return;  // (1 KB for the kernel's own and the system's)
+        // The kernel may take the device's whole opt-in shared memory (less 1 KB for its own and
+        // the system's): set once per device and instantiation, on the first call (a warm-up step,
+        // before any CUDA graph capture).
         auto kernel = cross_entropy_fused_kernel<T, I>;
-        FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(bytes)));
+        static std::array<int, kMaxDevices> optin{};  // 0: not set yet on that device
+        FORGE_CHECK(device < kMaxDevices, op, ": device index ", device, " beyond ", kMaxDevices);
+        if (optin[device] == 0) {
+          int v = 0;
+          FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+          FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v - 1024));
+          optin[device] = v - 1024;
+        }
+        if (bytes > static_cast<size_t>(optin[device])) return;
         int per_sm = 0;
         FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kReduceThreads, bytes));
         if (per_sm < 1) return;
