@@ -75,17 +75,17 @@ template <class T> using Lse = acc_t<T>;  // f32 for bf16/f16/f32, f64 for f64
 constexpr int kBatch = 4;
 
 // fn(v, w) for this thread's vectors w = threadIdx.x, + kReduceThreads, ... of a row of nv, in
-// that order, kBatch of them loaded before the first of them is passed on (so fn may write them
-// back in place).
-template <class T, int W, class Fn>
+// that order, B of them loaded before the first of them is passed on (so fn may write them back
+// in place). B changes when loads are issued, never the order of fn's calls.
+template <class T, int W, int B = kBatch, class Fn>
 __device__ __forceinline__ void for_row_vectors(const Vec<T, W>* xv, int64_t nv, const Fn& fn) {
   int64_t w = threadIdx.x;
-  for (; w + (kBatch - 1) * kReduceThreads < nv; w += kBatch * kReduceThreads) {
-    Vec<T, W> b[kBatch];
+  for (; w + (B - 1) * kReduceThreads < nv; w += B * kReduceThreads) {
+    Vec<T, W> b[B];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) b[i] = xv[w + i * kReduceThreads];
+    for (int i = 0; i < B; ++i) b[i] = xv[w + i * kReduceThreads];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) fn(b[i], w + i * kReduceThreads);
+    for (int i = 0; i < B; ++i) fn(b[i], w + i * kReduceThreads);
   }
   for (; w < nv; w += kReduceThreads) fn(xv[w], w);
 }
@@ -281,9 +281,11 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
     FORGE_KERNEL_CHECK(t >= 0 && t < V, "cross_entropy: target %lld at row %lld is out of range for %lld classes",
                        static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
-    // Pass 1: the forward's fold, in its order, each vector also kept in shared memory.
+    // Pass 1: the forward's fold, in its order, each vector also kept in shared memory. Eight
+    // loads in flight a thread (the forward's four, twice): two blocks an SM fit beside 100 KB
+    // rows, a quarter of the forward's threads.
     MaxSum<M> st = maxsum_identity<M>();
-    for_row_vectors<T, W>(xr, nv, [&](const Vec<T, W>& v, int64_t w) {
+    for_row_vectors<T, W, 2 * kBatch>(xr, nv, [&](const Vec<T, W>& v, int64_t w) {
       copy[w] = v;
       M f[W];
 #pragma unroll
