@@ -56,9 +56,10 @@ int64_t cross_entropy_fused_forwards() { return g_fused_forwards.load(); }
 Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                Reduction reduction) {
 #ifdef FORGE_WITH_CUDA
-  check_cross_entropy_args(logits, targets);
-  if (logits.is_cuda() && reduction != Reduction::none && grad_enabled() && logits.requires_grad() &&
-      logits.is_contiguous() && env::flag("FORGE_FUSED_CLASSIFIER")) {
+  // (Undefined or mismatched arguments fall through to cross_entropy, whose checks name them.)
+  if (logits.defined() && targets.defined() && logits.is_cuda() && reduction != Reduction::none && grad_enabled() &&
+      logits.requires_grad() && logits.is_contiguous() && env::flag("FORGE_FUSED_CLASSIFIER")) {
+    check_cross_entropy_args(logits, targets);
     const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
     const TensorOptions opt{.dtype = lse_dtype, .device = logits.device()};
     Tensor ls = logits.detach();  // the logits' own memory: dlogits is written there

@@ -12,6 +12,7 @@
 #include "forge/core/env.h"
 #include "forge/forge.h"
 #include "forge/nn/gpt.h"
+#include "testing/tiny_models.h"
 
 namespace forge {
 namespace {
@@ -113,18 +114,14 @@ TEST(CudaFusedClassifier, TheTwoKernelsWhereItDoesNotApply) {
 // bit for bit with the switch on and off.
 TEST(CudaFusedClassifier, GptLossAndGradientsBitForBit) {
   FORGE_SKIP_WITHOUT_GPU();
-  nn::GPTConfig c;
-  c.vocab_size = 512;
-  c.block_size = 64;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 128;
-  std::vector<int64_t> iv(4 * 64), tv(4 * 64);
-  for (int64_t i = 0; i < 4 * 64; ++i) {
-    iv[static_cast<size_t>(i)] = (i * 101 + 7) % 512;
-    tv[static_cast<size_t>(i)] = (i * 37 + 11) % 512;
+  const nn::GPTConfig c = testing::tiny_gpt_config();  // 64 classes: whole 16-byte vectors
+  const int64_t B = 4, T = c.block_size, V = c.vocab_size;
+  std::vector<int64_t> iv(static_cast<size_t>(B * T)), tv(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) {
+    iv[static_cast<size_t>(i)] = (i * 101 + 7) % V;
+    tv[static_cast<size_t>(i)] = (i * 37 + 11) % V;
   }
-  const Tensor idx = from_vector(iv, {4, 64}), tgt = from_vector(tv, {4, 64});
+  const Tensor idx = from_vector(iv, {B, T}), tgt = from_vector(tv, {B, T});
   auto run = [&](bool fused) {
     env::Override o("FORGE_FUSED_CLASSIFIER", fused ? "1" : "0");
     nn::GPT model(c, 1234);
