@@ -315,8 +315,9 @@ Tensor linear_impl(const char* name, const Tensor& x, const Tensor& weight, cons
     return std::make_pair(dw, db);
   };
   // Note [column sums handed to the producer] (autograd/node.h): where the output's consumer can
-  // compute the bias gradient with a kernel of its own (GPT's add_layer_norm), it leaves it here.
-  auto sums = !gelu && bias.defined() && bias.requires_grad() && x.is_cuda()
+  // compute the bias gradient with a kernel of its own (GPT's add_layer_norm), it leaves it here
+  // (FORGE_NORM_BIAS_GRAD=1; otherwise no slot, nothing allocated).
+  auto sums = !gelu && bias.defined() && bias.requires_grad() && x.is_cuda() && env::flag("FORGE_NORM_BIAS_GRAD")
                   ? std::make_shared<autograd::ColumnSumsSlot>()
                   : nullptr;
   auto backward = [w_saved, pre, x_shape, M, out_features, w_leaf, b_leaf, param_grads, defer, sums](

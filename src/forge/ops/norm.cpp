@@ -7,7 +7,6 @@
 
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/norm.h"
-#include "forge/core/env.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -158,10 +157,9 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   else FORGE_ON_CUDA(op, cuda::add_layer_norm_forward(xs, rs, ws, bs, eps, out.h, out.y, mean, rstd));
   const Tensor hs = out.h.detach();  // saved by the norm node (before out.h gets its grad_fn)
   // The residual's producer may take the column sums of its gradient from the norm's backward
-  // (Note [column sums handed to the producer]; FORGE_NORM_BIAS_GRAD).
+  // (Note [column sums handed to the producer]: a slot only where FORGE_NORM_BIAS_GRAD=1).
   std::shared_ptr<autograd::ColumnSumsSlot> sums;
-  if (residual.grad_fn() && xs.is_cuda() && env::flag("FORGE_NORM_BIAS_GRAD"))
-    sums = residual.grad_fn()->output_column_sums;
+  if (residual.grad_fn() && xs.is_cuda()) sums = residual.grad_fn()->output_column_sums;
   record(op, out.h, {x, residual}, [](const Tensor& g, const GradMask& need) {
     return TensorList{need[0] ? g : Tensor(), need[1] ? g : Tensor()};
   });
