@@ -3,7 +3,7 @@
 # lanes at once, one per GPU, so that neither waits for the other:
 #   GPU 0  benchmarks/step/run.sh: forge beside PyTorch eager and torch.compile (STEP_ROWS,
 #          default "1 2 3"; STEP_PROFILE_ROWS, default none: a kernel trace costs a minute a row)
-#   GPU 1  the CUDA tests matching CTEST_REGEX (tests that need two GPUs skip here: run those
+#   GPU 1  PROBE_CMD if set (a command of its own, output in probe.log), the CUDA tests matching CTEST_REGEX (tests that need two GPUs skip here: run those
 #          with scripts/gpu-dist-runs.sh), then each A/B of AB_LIST with benchmarks/ab/run_ab.sh
 #          on the binary just built (SAME=1)
 # AB_LIST holds entries separated by ';', each "name|VAR=value VAR=value": run_ab.sh's variables
@@ -39,6 +39,10 @@ lane_step() {
 }
 
 lane_checks() {
+  if [[ -n "${PROBE_CMD:-}" ]]; then   # a probe of its own (e.g. benchmarks/overlap/probe.py) on GPU 1, first
+    CUDA_VISIBLE_DEVICES=1 timeout "${PROBE_TIMEOUT:-120}" bash -c "$PROBE_CMD" > "$R/probe.log" 2>&1
+    t "probe rc=$?"; tail -8 "$R/probe.log"
+  fi
   if [[ -n "${CTEST_REGEX:-}" ]]; then
     (cd build-gpu && CUDA_VISIBLE_DEVICES=1 timeout "${CTEST_TIMEOUT:-150}" ctest -L cuda -R "$CTEST_REGEX" \
        --output-on-failure -j8 > "$R/ctest.log" 2>&1)
