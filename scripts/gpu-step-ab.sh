@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device call for a performance change (issue 15) on a two-GPU machine: build, then two
 # lanes at once, one per GPU, so that neither waits for the other:
-#   GPU 0  benchmarks/step/run.sh: forge beside PyTorch eager and torch.compile (STEP_ROWS,
-#          default "1 2 3"; STEP_PROFILE_ROWS, default none: a kernel trace costs a minute a row)
-#   GPU 1  PROBE_CMD if set (a command of its own, output in probe.log), the CUDA tests matching CTEST_REGEX (tests that need two GPUs skip here: run those
-#          with scripts/gpu-dist-runs.sh), then each A/B of AB_LIST with benchmarks/ab/run_ab.sh
-#          on the binary just built (SAME=1)
+#   GPU 0  NCU_LIST's kernels under Nsight Compute if set (scripts/gpu-ncu.sh), then
+#          benchmarks/step/run.sh: forge beside PyTorch eager and torch.compile (STEP_ROWS,
+#          default "1 2 3", none: not run; STEP_PROFILE_ROWS, default none: a kernel trace
+#          costs a minute a row)
+#   GPU 1  PROBE_CMD if set (a command of its own, output in probe.log), the CUDA tests matching
+#          CTEST_REGEX (tests that need two GPUs skip here: run those with
+#          scripts/gpu-dist-runs.sh), then each A/B of AB_LIST with benchmarks/ab/run_ab.sh on
+#          the binary just built (SAME=1)
 # AB_LIST holds entries separated by ';', each "name|VAR=value VAR=value": run_ab.sh's variables
 # for that A/B (ENV_A/ENV_B, ARGS_A/ARGS_B, ROWS, ROUNDS, FIG_LAST), e.g.
 #   AB_LIST='graph|ARGS_A=--run.cuda_graph=false ROWS=llama_1gpu ROUNDS=2;gelu|ENV_A=FORGE_GELU_BIAS_GRAD=0 ROWS=gpt2_1gpu'
@@ -32,6 +35,11 @@ fi
   export LD_LIBRARY_PATH="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 lane_step() {
+  if [[ -n "${NCU_LIST:-}" ]]; then   # Nsight Compute on chosen kernels first (scripts/gpu-ncu.sh)
+    CUDA_VISIBLE_DEVICES=0 RESULTS=$R/ncu scripts/gpu-ncu.sh > "$R/ncu.log" 2>&1
+    t "ncu rc=$?"; cat "$R/ncu/digest.txt" 2>/dev/null
+  fi
+  [[ "${STEP_ROWS:-}" == none ]] && return
   CUDA_VISIBLE_DEVICES=0 FORGE_COMMIT=$C BUILD=0 ROWS="${STEP_ROWS:-1 2 3}" PROFILE_ROWS="${STEP_PROFILE_ROWS:-}" \
     RAW_DIR=$R/step/raw RESULT_FILE=$R/step/step.md OUT= timeout "${STEP_TIMEOUT:-400}" benchmarks/step/run.sh \
     > "$R/step_bench.log" 2>&1

@@ -152,10 +152,10 @@ const std::vector<Spec>& table() {
       {.name = "FORGE_NORM_BIAS_GRAD",
        .kind = Kind::flag,
        .category = Category::performance,
-       .default_value = "0",
-       .meaning = "1: the CUDA add_layer_norm backward also sums dx's columns, and the linear whose output was the "
-                  "residual (GPT's c_proj) takes its bias gradient from there instead of its weight-gradient GEMM "
-                  "(docs/performance.md item 23); off until a same-session A/B shows it faster"},
+       .default_value = "1",
+       .meaning = "0: GPT's c_proj takes its bias gradient from its weight-gradient GEMM again, instead of from the "
+                  "column sums of dx that the CUDA add_layer_norm backward writes beside dx (docs/performance.md "
+                  "item 23)"},
       {.name = "FORGE_NORM_BLOCK_ROWS",
        .kind = Kind::flag,
        .category = Category::performance,
