@@ -35,8 +35,9 @@
 //   flight, below what an H200's bandwidth needs at DRAM latency: the forward read GPT-2's bf16
 //   (16384, 50304) logits at 2.2 TB/s (0.75 ms), the backward at 3.5 (0.94 ms; H200 trace of
 //   b5a4cbe). The updates and the per-element math run in the order they did (the same bits).
-// - exp is __expf for bf16/f16 logits (its error is far below their rounding) and expf for
-//   f32: each is a handful of instructions against 2 bytes of memory traffic per element.
+// - exp is ex2.approx.ftz of one fused multiply-add for bf16/f16 logits (Note [fast softmax
+//   statistics] in reduce.cuh: the forward was issue-bound at ~20 instructions an element) and
+//   expf for f32; the backward and the fused kernel's second pass form p = exp(x - lse) the same way.
 // - Note [dlogits in the forward]: cross_entropy_fused computes dlogits inside the forward
 //   (llm.c's fused classifier) for a caller that never reads the logits again: a block copies
 //   its row into shared memory while it folds the online max/sum (the forward's order: the same
@@ -223,21 +224,21 @@ __global__ void __launch_bounds__(kReduceThreads)
     // The target's column in these logits; outside [0, V): another rank's class (softmax only).
     const int64_t c = class_start < 0 ? t : t - class_start;
     const M gs = static_cast<M>(grad[row * gstep]) * sc;
-    const M l = static_cast<M>(lse[row]);
+    const M l = static_cast<M>(lse[row]), lb = exp_shift_of<kFast>(l);
     if (vec) {
       // In place too: each thread has loaded its batch of vectors before it writes any of them.
       for_row_vectors<T, W>(reinterpret_cast<const Vec<T, W>*>(xr), V / W, [&](const Vec<T, W>& v, int64_t w) {
         Vec<T, W> o;
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-          const M p = exp_of<kFast>(convert<M>(v.v[k]) - l);
+          const M p = exp_shifted<kFast>(convert<M>(v.v[k]), l, lb);
           o.v[k] = convert<T>((w * W + k == c ? p - M(1) : p) * gs);
         }
         reinterpret_cast<Vec<T, W>*>(dr)[w] = o;
       });
     } else {
       for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
-        const M p = exp_of<kFast>(convert<M>(xr[j]) - l);
+        const M p = exp_shifted<kFast>(convert<M>(xr[j]), l, lb);
         dr[j] = convert<T>((j == c ? p - M(1) : p) * gs);
       }
     }
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(kReduceThreads)
       maxsum_update<kFast>(st, f);
     });
     st = group_reduce(st, kReduceThreads, merge, smem);  // every thread gets it; the copy is complete
-    const M l = st.m + log(st.s);
+    const M l = st.m + log(st.s), lb = exp_shift_of<kFast>(l);
     if (threadIdx.x == 0) {
       lse[row] = l;
       row_loss[row] = l - convert<M>(reinterpret_cast<const T*>(copy)[t]);
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(kReduceThreads)
       Vec<T, W> o;
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const M p = exp_of<kFast>(convert<M>(v.v[k]) - l);
+        const M p = exp_shifted<kFast>(convert<M>(v.v[k]), l, lb);
         o.v[k] = convert<T>((w * W + k == t ? p - M(1) : p) * gs);
       }
       xr[w] = o;
