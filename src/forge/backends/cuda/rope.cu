@@ -79,13 +79,6 @@ __global__ void __launch_bounds__(kBlockSize)
 
 // I: the index type of the item arithmetic (uint32_t where everything fits: 64-bit division
 // costs a GPU tens of instructions more, and this kernel does four per item).
-// Note [rope loads in flight]: a thread takes kUnroll items of its grid-stride sequence at once,
-// all their loads issued before any is used. An H200 profile (ncu) of the one-item loop had the
-// q rotation of the 0.85B LLaMA (67 MB moved) at 27.7 us, DRAM 35% busy and 30 cycles between a
-// warp's instructions: each item's loads waited out a full memory latency on their own. The
-// items, their arithmetic and their stores are those of the one-item loop (the same bits).
-constexpr int kUnroll = 4;
-
 template <class T, int V, class I>
 __global__ void __launch_bounds__(kBlockSize)
     rope_kernel(const T* __restrict__ x,                // (B, H, T, D), strides (sb, sh, st, sd)
@@ -98,47 +91,33 @@ __global__ void __launch_bounds__(kBlockSize)
   using P = Vec<T, V>;
   const I groups = half / V;  // items per row
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
-  for (I first = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; first < items; first += kUnroll * step) {
-    P x1[kUnroll], x2[kUnroll];
-    I tt[kUnroll], ii[kUnroll];
-    int64_t orow[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const I it = first + static_cast<I>(u) * step;
-      if (it >= items) break;
-      const I r = it / groups;  // row (b, h, t)
-      const I i0 = (it - r * groups) * V;
-      const I bh = r / len, t = r - bh * len;
-      const I b = bh / H, h = bh - b * H;
-      const T* xr = x + static_cast<int64_t>(b) * sb + static_cast<int64_t>(h) * sh + static_cast<int64_t>(t) * st;
-      orow[u] = static_cast<int64_t>(b) * ob + static_cast<int64_t>(h) * oh + static_cast<int64_t>(t) * ot;
-      tt[u] = t;
-      ii[u] = i0;
-      if constexpr (V > 1) {  // sd == 1
-        x1[u] = *reinterpret_cast<const P*>(xr + i0);
-        x2[u] = *reinterpret_cast<const P*>(xr + half + i0);
-      } else {
-        x1[u].v[0] = xr[static_cast<int64_t>(i0) * sd];
-        x2[u].v[0] = xr[static_cast<int64_t>(i0 + half) * sd];
-      }
+  for (I it = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; it < items; it += step) {
+    const I r = it / groups;  // row (b, h, t)
+    const I i0 = (it - r * groups) * V;
+    const I bh = r / len, t = r - bh * len;
+    const I b = bh / H, h = bh - b * H;
+    const T* xr = x + static_cast<int64_t>(b) * sb + static_cast<int64_t>(h) * sh + static_cast<int64_t>(t) * st;
+    T* orow = out + static_cast<int64_t>(b) * ob + static_cast<int64_t>(h) * oh + static_cast<int64_t>(t) * ot;
+    P x1, x2;
+    if constexpr (V > 1) {  // sd == 1
+      x1 = *reinterpret_cast<const P*>(xr + i0);
+      x2 = *reinterpret_cast<const P*>(xr + half + i0);
+    } else {
+      x1.v[0] = xr[static_cast<int64_t>(i0) * sd];
+      x2.v[0] = xr[static_cast<int64_t>(i0 + half) * sd];
     }
+    const A* cr = cos_t + static_cast<int64_t>(t) * half + i0;
+    const A* sr = sin_t + static_cast<int64_t>(t) * half + i0;
+    P o1, o2;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (first + static_cast<I>(u) * step >= items) break;
-      const A* cr = cos_t + static_cast<int64_t>(tt[u]) * half + ii[u];
-      const A* sr = sin_t + static_cast<int64_t>(tt[u]) * half + ii[u];
-      P o1, o2;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A c = cr[j], s = inverse ? -sr[j] : sr[j];
-        const A a1 = static_cast<A>(x1[u].v[j]), a2 = static_cast<A>(x2[u].v[j]);
-        o1.v[j] = convert<T>(a1 * c - a2 * s);
-        o2.v[j] = convert<T>(a2 * c + a1 * s);
-      }
-      T* op = out + orow[u];
-      *reinterpret_cast<P*>(op + ii[u]) = o1;
-      *reinterpret_cast<P*>(op + half + ii[u]) = o2;
+    for (int j = 0; j < V; ++j) {
+      const A c = cr[j], s = inverse ? -sr[j] : sr[j];
+      const A a1 = static_cast<A>(x1.v[j]), a2 = static_cast<A>(x2.v[j]);
+      o1.v[j] = convert<T>(a1 * c - a2 * s);
+      o2.v[j] = convert<T>(a2 * c + a1 * s);
     }
+    *reinterpret_cast<P*>(orow + i0) = o1;
+    *reinterpret_cast<P*>(orow + half + i0) = o2;
   }
 }
 
@@ -232,8 +211,8 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
       const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + kBlockSize - 1) / kBlockSize, max_blocks));
       const auto* ct = static_cast<const A*>(cos_t.data_ptr());
       const auto* st = static_cast<const A*>(sin_t.data_ptr());
-      // 32-bit item arithmetic when every index fits (the grid-stride sums too).
-      if (items + int64_t{kUnroll} * blocks * kBlockSize < (int64_t{1} << 32))
+      // 32-bit item arithmetic when every index fits (the grid-stride sum too).
+      if (items + static_cast<int64_t>(blocks) * kBlockSize < (int64_t{1} << 32))
         rope_kernel<T, V, uint32_t><<<blocks, kBlockSize, 0, stream>>>(
             static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), ct, st, static_cast<uint32_t>(H),
             static_cast<uint32_t>(len), static_cast<uint32_t>(half), s[0], s[1], s[2], s[3], o[0], o[1], o[2],
