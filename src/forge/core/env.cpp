@@ -175,6 +175,13 @@ const std::vector<Spec>& table() {
        .meaning = "1: LLaMA's q, k and v projections run as one GEMM over their concatenated weights, with rope "
                   "and attention as one op (ops::qkv_rope_attention, docs/performance.md); off until a same-session "
                   "A/B shows it faster"},
+      {.name = "FORGE_SWIGLU_FAST",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: CUDA SwiGLU and its backward on bf16/f16 compute the sigmoid with __expf and one "
+                  "reciprocal instead of expf and IEEE divisions (docs/performance.md item 29); off until a "
+                  "same-session A/B shows it faster"},
       {.name = "FORGE_TP_OVERLAP",
        .kind = Kind::flag,
        .category = Category::performance,
