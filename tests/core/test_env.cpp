@@ -134,6 +134,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_NORM_BLOCK_ROWS", env::Category::performance},
       {"FORGE_NO_GRAD_BUFFER_CLAIM", env::Category::diagnostic},
       {"FORGE_PACKED_QKV", env::Category::performance},
+      {"FORGE_ROPE_PLANES", env::Category::performance},
       {"FORGE_SWIGLU_FAST", env::Category::performance},
       {"FORGE_TP_OVERLAP", env::Category::performance},
       {"FORGE_TRAIN_PHASES", env::Category::diagnostic},

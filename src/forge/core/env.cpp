@@ -175,6 +175,13 @@ const std::vector<Spec>& table() {
        .meaning = "1: LLaMA's q, k and v projections run as one GEMM over their concatenated weights, with rope "
                   "and attention as one op (ops::qkv_rope_attention, docs/performance.md); off until a same-session "
                   "A/B shows it faster"},
+      {.name = "FORGE_ROPE_PLANES",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: CUDA rope on 16-byte rows runs a 2-D grid, a (batch, head) plane per grid row and one "
+                  "item a thread, instead of a capped grid-stride loop with three divisions an item (the same "
+                  "bits; docs/performance.md item 26); off until a same-session A/B shows it faster"},
       {.name = "FORGE_SWIGLU_FAST",
        .kind = Kind::flag,
        .category = Category::performance,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_testing.h"
+#include "forge/core/env.h"
 #include "forge/forge.h"
 
 namespace forge {
@@ -104,6 +105,41 @@ TEST(CudaRope, InverseUndoesTheRotation) {
   Tensor y = ops::rope(leaf, 123, 10000.0);
   y.backward(y.detach());
   expect_close(leaf.grad(), x, 1e-6, "rope^-1(rope(x)) = x");
+}
+
+// Note [rope planes] (FORGE_ROPE_PLANES=1): the 2-D grid writes the bits of the grid-stride kernel,
+// forward and backward, wherever it runs (16-byte rows in f32, bf16 and f16; LLaMA's attention
+// layout, contiguous heads, D = 64 and 128, a plane whose items are not a multiple of the block, a
+// position offset), and the paths it leaves alone (a strided last dim, D = 12) are unchanged.
+TEST(CudaRope, PlanesAreTheGridStrideKernelsBits) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const Layout layouts[] = {
+      {"LLaMA's (B, T, H, D) as (B, H, T, D): (2, 300, 8, 64)", {2, 300, 8, 64},
+       [](const Tensor& t) { return t.transpose(1, 2); }},
+      {"contiguous (3, 5, 33, 128)", {3, 5, 33, 128}, [](const Tensor& t) { return t; }},
+      {"every other element of D: (1, 2, 9, 16) from (1, 2, 9, 32)", {1, 2, 9, 32},
+       [](const Tensor& t) { return t.slice(3, 0, 32, 2); }},
+      {"D = 12", {2, 2, 5, 12}, [](const Tensor& t) { return t; }},
+  };
+  uint64_t seed = 9500;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (const Layout& l : layouts)
+      for (int64_t offset : {0, 11}) {
+        const std::string what = std::string(dtype_name(dt)) + " " + l.name + ", offset " + std::to_string(offset);
+        SCOPED_TRACE(what);
+        const Tensor x = host_input(l.host, Domain::real, dt, seed++);
+        const Tensor g = host_input(l.view(x).shape(), Domain::real, dt, seed++);
+        auto run = [&](const char* planes) {
+          env::Override o("FORGE_ROPE_PLANES", planes);
+          return run_rope(kGpu, x, l.view, offset, g);
+        };
+        const auto [y_stride, dx_stride] = run("0");
+        const auto [y_planes, dx_planes] = run("1");
+        expect_equal(y_planes, y_stride, what + ": y");
+        expect_equal(dx_planes, dx_stride, what + ": dx");
+        const auto [y_cpu, dx_cpu] = run_rope(Device::cpu(), x, l.view, offset, g);
+        expect_close(y_planes, y_cpu, tolerance(dt), what + ": y against the CPU");
+      }
 }
 
 }  // namespace

@@ -47,6 +47,7 @@
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
+#include "forge/core/env.h"
 
 namespace forge::cuda {
 namespace {
@@ -75,6 +76,21 @@ __global__ void __launch_bounds__(kBlockSize)
   const int64_t t = k / half, i = k - t * half;
   const double angle = static_cast<double>(position_offset + t) * ops::rope_frequency(i, D, theta, scaling);
   cos_sin<A>(angle, cos_t[k], sin_t[k]);
+}
+
+// The rotation of one item's V pairs (x1[j], x2[j]) by the angles whose cos and sin are c and sn:
+// rope_plane_kernel's; rope_kernel writes the same arithmetic out inline (the same bits).
+template <class T, int V>
+__device__ __forceinline__ void rotate(const Vec<T, V>& x1, const Vec<T, V>& x2, const acc_t<T> (&c)[V],
+                                       const acc_t<T> (&sn)[V], bool inverse, Vec<T, V>& o1, Vec<T, V>& o2) {
+  using A = acc_t<T>;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const A s = inverse ? -sn[j] : sn[j];
+    const A a1 = static_cast<A>(x1.v[j]), a2 = static_cast<A>(x2.v[j]);
+    o1.v[j] = convert<T>(a1 * c[j] - a2 * s);
+    o2.v[j] = convert<T>(a2 * c[j] + a1 * s);
+  }
 }
 
 // I: the index type of the item arithmetic (uint32_t where everything fits: 64-bit division
@@ -110,7 +126,7 @@ __global__ void __launch_bounds__(kBlockSize)
     const A* sr = sin_t + static_cast<int64_t>(t) * half + i0;
     P o1, o2;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
+    for (int j = 0; j < V; ++j) {  // rotate()'s arithmetic, written out: this kernel keeps its registers
       const A c = cr[j], s = inverse ? -sr[j] : sr[j];
       const A a1 = static_cast<A>(x1.v[j]), a2 = static_cast<A>(x2.v[j]);
       o1.v[j] = convert<T>(a1 * c - a2 * s);
@@ -119,6 +135,47 @@ __global__ void __launch_bounds__(kBlockSize)
     *reinterpret_cast<P*>(orow + i0) = o1;
     *reinterpret_cast<P*>(orow + half + i0) = o2;
   }
+}
+
+// Note [rope planes] (FORGE_ROPE_PLANES=1): a 2-D grid, blockIdx.y the (b, h) plane and x the
+// (t, group) items of that plane, one item a thread and no grid-stride loop. An H200 profile (ncu,
+// docs/performance.md item 26) had rope_kernel's q rotation at 27.7 us for 67 MB, DRAM 35% busy,
+// 30 cycles between a warp's instructions: each item did three runtime divisions before its
+// loads, and a capped grid walked four items a thread one after another. Here the plane's b and
+// h come from blockIdx.y once, an item costs one 32-bit division (by the groups of a row), and
+// the table rows are read as 16-byte vectors (a row of V values starts at a multiple of V). The
+// item math is rotate(): the same bits as rope_kernel. 40 registers (ptxas, sm_90a; 75% occupancy:
+// held to 32 for a full SM it spills). Vector rows only (V > 1, f32/bf16/f16); planes up to
+// gridDim.y's 65535.
+template <class T, int V>
+__global__ void __launch_bounds__(kBlockSize)
+    rope_plane_kernel(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ cos_t,
+                      const float* __restrict__ sin_t, uint32_t H, uint32_t len, uint32_t half, int64_t sb,
+                      int64_t sh, int64_t st, int64_t ob, int64_t oh, int64_t ot, bool inverse) {
+  static_assert(V % 4 == 0 && std::is_same_v<acc_t<T>, float>);
+  using P = Vec<T, V>;
+  const uint32_t groups = half / V;
+  const uint32_t it = blockIdx.x * blockDim.x + threadIdx.x;
+  if (it >= len * groups) return;
+  const uint32_t t = it / groups, i0 = (it - t * groups) * V;
+  const uint32_t b = blockIdx.y / H, h = blockIdx.y - b * H;
+  const T* xr = x + static_cast<int64_t>(b) * sb + static_cast<int64_t>(h) * sh + static_cast<int64_t>(t) * st;
+  T* orow = out + static_cast<int64_t>(b) * ob + static_cast<int64_t>(h) * oh + static_cast<int64_t>(t) * ot;
+  const P x1 = *reinterpret_cast<const P*>(xr + i0);
+  const P x2 = *reinterpret_cast<const P*>(xr + half + i0);
+  const int64_t tab = static_cast<int64_t>(t) * half + i0;
+  float c[V], sn[V];
+#pragma unroll
+  for (int j = 0; j < V; j += 4) {
+    const float4 cv = *reinterpret_cast<const float4*>(cos_t + tab + j);
+    const float4 sv = *reinterpret_cast<const float4*>(sin_t + tab + j);
+    c[j] = cv.x, c[j + 1] = cv.y, c[j + 2] = cv.z, c[j + 3] = cv.w;
+    sn[j] = sv.x, sn[j + 1] = sv.y, sn[j + 2] = sv.z, sn[j + 3] = sv.w;
+  }
+  P o1, o2;
+  rotate<T, V>(x1, x2, c, sn, inverse, o1, o2);
+  *reinterpret_cast<P*>(orow + i0) = o1;
+  *reinterpret_cast<P*>(orow + half + i0) = o2;
 }
 
 Tensor scratch(int device, const Shape& shape, DType dtype) {
@@ -230,8 +287,20 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
                        s[2] % V == 0 && o[0] % V == 0 && o[1] % V == 0 && o[2] % V == 0 &&
                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
-      if (vec) launch.template operator()<V>();
-      else launch.template operator()<1>();
+      const int64_t planes = x.size(0) * H, plane_items = len * (half / V);
+      if (vec && env::flag("FORGE_ROPE_PLANES") && planes <= 65535 && plane_items < (int64_t{1} << 31) &&
+          x.size(0) < (int64_t{1} << 31)) {
+        const dim3 grid(static_cast<unsigned>((plane_items + kBlockSize - 1) / kBlockSize), static_cast<unsigned>(planes));
+        rope_plane_kernel<T, V><<<grid, kBlockSize, 0, stream>>>(
+            static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()),
+            static_cast<const float*>(cos_t.data_ptr()), static_cast<const float*>(sin_t.data_ptr()),
+            static_cast<uint32_t>(H), static_cast<uint32_t>(len), static_cast<uint32_t>(half), s[0], s[1], s[2], o[0],
+            o[1], o[2], inverse);
+      } else if (vec) {
+        launch.template operator()<V>();
+      } else {
+        launch.template operator()<1>();
+      }
     }
   });
   FORGE_CUDA_LAUNCH_CHECK("rope on ", x.device().str(), ": x ", x.shape(), " strides ", x.strides(), " ",
