@@ -123,6 +123,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_FLASH_ATTENTION", env::Category::performance},
       {"FORGE_FUSED_CLASSIFIER", env::Category::performance},
       {"FORGE_GELU_BIAS_GRAD", env::Category::performance},
+      {"FORGE_GELU_FAST", env::Category::performance},
       {"FORGE_GELU_FUSION", env::Category::performance},
       {"FORGE_GELU_MLP", env::Category::performance},
       {"FORGE_GEMM_SM_TARGET", env::Category::performance},

@@ -100,6 +100,13 @@ const std::vector<Spec>& table() {
        .meaning = "0: linear_gelu's backward on CUDA runs the GELU gradient as an elementwise kernel and leaves the "
                   "bias gradient to the weight-gradient GEMM, instead of one pass that writes the GELU gradient and "
                   "its column sums (docs/cuda-kernels.md)"},
+      {.name = "FORGE_GELU_FAST",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: linear_gelu's one-pass CUDA backward on bf16/f16 forms the GELU gradient from one __expf "
+                  "and one reciprocal instead of tanhf (docs/performance.md item 29); off until a same-session "
+                  "A/B shows it faster"},
       {.name = "FORGE_GELU_FUSION",
        .kind = Kind::flag,
        .category = Category::performance,
