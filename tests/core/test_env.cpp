@@ -116,6 +116,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_ALLOW_TF32", env::Category::numerics},
       {"FORGE_BGRAD_EPILOGUE", env::Category::performance},
       {"FORGE_BIND", env::Category::performance},
+      {"FORGE_CE_WIDE_ROWS", env::Category::performance},
       {"FORGE_CPU_MEMORY_LIMIT", env::Category::debugging},
       {"FORGE_CUDA_ALLOC", env::Category::debugging},
       {"FORGE_CUDNN_PLAN_TUNING", env::Category::performance},

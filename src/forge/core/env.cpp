@@ -51,6 +51,13 @@ const std::vector<Spec>& table() {
        .meaning = "NUMA binding of a rank's threads and host memory: auto (with 2+ nodes, unless mpirun/srun "
                   "bound it), numa, none; forge launch --bind sets it (docs/dist.md)",
        .choices = {"auto", "numa", "none"}},
+      {.name = "FORGE_CE_WIDE_ROWS",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: the CUDA cross-entropy forward and the fused classifier give rows of 2048 16-byte vectors "
+                  "and more (GPT-2's and LLaMA's vocabularies) a 1024-thread block each instead of 256 threads "
+                  "(docs/performance.md item 30); off until a same-session A/B shows it faster"},
       {.name = "FORGE_CPU_MEMORY_LIMIT",
        .kind = Kind::string,
        .category = Category::debugging,

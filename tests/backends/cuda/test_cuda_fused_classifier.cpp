@@ -54,10 +54,14 @@ TEST(CudaFusedClassifier, SameLossAndGradientBitsAsTheTwoKernels) {
   };
   uint64_t seed = 9500;
   // GPT-2's vocabulary (a 100 KB bf16 row in shared memory), LLaMA's, and a small f32 one.
+  // FORGE_CE_WIDE_ROWS=1 (Note [wide cross-entropy rows]): 1024-thread rows in both paths for the
+  // two vocabularies, the small one unchanged.
+  for (const char* wide : {"0", "1"})
   for (const Case& c : {Case{300, 64, 50304, DType::bf16}, Case{130, 64, 32000, DType::f16}, Case{257, 32, 1000, DType::f32}})
     for (ops::Reduction red : {ops::Reduction::mean, ops::Reduction::sum}) {
+      env::Override wide_rows("FORGE_CE_WIDE_ROWS", wide);
       const std::string what = std::string(dtype_name(c.dtype)) + " V=" + std::to_string(c.V) + " " +
-                               ops::reduction_name(red);
+                               ops::reduction_name(red) + " FORGE_CE_WIDE_ROWS=" + wide;
       const Tensor x = host_input({c.N, c.K}, Domain::real, c.dtype, ++seed);
       const Tensor w = ops::mul(host_input({c.V, c.K}, Domain::real, DType::f32, ++seed), 0.5).to(c.dtype);
       const Tensor t = targets_for(c.N, c.V, ++seed);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/core/env.h"
 #include "forge/forge.h"
 #include "backends/cuda/cuda_testing.h"
 
@@ -75,6 +76,16 @@ TEST_P(CudaCrossEntropy, VocabularyRowsWithIgnoredTargets) {
     const Tensor targets = targets_with_ignored({64}, 50304, 7, td, 43);
     for (ops::Reduction r : {ops::Reduction::mean, ops::Reduction::sum, ops::Reduction::none})
       check_cross_entropy(logits, targets, r, std::string("V=50304 targets ") + dtype_name(td));
+  }
+  // Note [wide cross-entropy rows]: a 1024-thread block a row for GPT-2's and LLaMA's
+  // vocabularies, in every dtype (their rows are 4000 16-byte vectors and more).
+  env::Override wide("FORGE_CE_WIDE_ROWS", "1");
+  const Tensor llama = (host_input({40, 32000}, Domain::real, DType::f32, 48) * 3.0).to(dt);
+  const Tensor llama_targets = targets_with_ignored({40}, 32000, 9, DType::i64, 49);
+  for (ops::Reduction r : {ops::Reduction::mean, ops::Reduction::none}) {
+    check_cross_entropy(logits, targets_with_ignored({64}, 50304, 7, DType::i64, 43), r,
+                        "V=50304 FORGE_CE_WIDE_ROWS=1");
+    check_cross_entropy(llama, llama_targets, r, "V=32000 FORGE_CE_WIDE_ROWS=1");
   }
 }
 

@@ -62,6 +62,7 @@
 #include "forge/backends/cuda/reduce.cuh"
 #include "forge/core/convert.h"
 #include "forge/core/dispatch.h"
+#include "forge/core/env.h"
 
 namespace forge::cuda {
 namespace {
@@ -78,22 +79,60 @@ constexpr int kBatch = 4;
 // fn(v, w) for this thread's vectors w = threadIdx.x, + kReduceThreads, ... of a row of nv, in
 // that order, B of them loaded before the first of them is passed on (so fn may write them back
 // in place). B changes when loads are issued, never the order of fn's calls.
-template <class T, int W, int B = kBatch, class Fn>
+template <class T, int W, int B = kBatch, int kT = kReduceThreads, class Fn>
 __device__ __forceinline__ void for_row_vectors(const Vec<T, W>* xv, int64_t nv, const Fn& fn) {
   int64_t w = threadIdx.x;
-  for (; w + (B - 1) * kReduceThreads < nv; w += B * kReduceThreads) {
+  for (; w + (B - 1) * kT < nv; w += B * kT) {
     Vec<T, W> b[B];
 #pragma unroll
-    for (int i = 0; i < B; ++i) b[i] = xv[w + i * kReduceThreads];
+    for (int i = 0; i < B; ++i) b[i] = xv[w + i * kT];
 #pragma unroll
-    for (int i = 0; i < B; ++i) fn(b[i], w + i * kReduceThreads);
+    for (int i = 0; i < B; ++i) fn(b[i], w + i * kT);
   }
-  for (; w < nv; w += kReduceThreads) fn(xv[w], w);
+  for (; w < nv; w += kT) fn(xv[w], w);
 }
 
-// One row per block iteration (all kReduceThreads threads of the block on one row).
-template <class T, class I>
-__global__ void __launch_bounds__(kReduceThreads)
+// Note [wide cross-entropy rows] (FORGE_CE_WIDE_ROWS=1): rows of 2048 vectors and more (GPT-2's
+// and LLaMA's vocabularies) get a 1024-thread block each instead of 256 threads, in the forward
+// and in the fused classifier alike (the same fold order in both, so the fused kernel still writes
+// the two kernels' bits). The fused kernel keeps its row in shared memory, so at most two rows fit
+// an SM: with 256 threads a row that was a quarter of the SM's threads (an H200 profile: 23%
+// occupancy, DRAM 37% busy, 1.82 ms against 0.69 + 0.90 for the two kernels; docs/performance.md
+// item 24); with 1024 it is all of them. kWideThreads threads fold their vectors (a few each), then
+// wide_reduce combines the 32 warps' states: a shuffle tree in each warp, then warp 0's tree over
+// the 32 (a fixed order: deterministic).
+constexpr int kWideThreads = 1024;
+constexpr int64_t kWideFrom = 2048;  // vectors a row from which FORGE_CE_WIDE_ROWS takes effect
+
+template <class A, class Combine>
+__device__ __forceinline__ A wide_reduce(A v, const Combine& combine, A* smem /* [kWideThreads / 32] */) {
+  for (int off = 16; off > 0; off /= 2) v = combine(v, shfl_xor_any(v, off));
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    A r = smem[lane];
+    for (int off = 16; off > 0; off /= 2) r = combine(r, shfl_xor_any(r, off));
+    if (lane == 0) smem[0] = r;
+  }
+  __syncthreads();
+  const A r = smem[0];
+  __syncthreads();  // smem is reused by the next row
+  return r;
+}
+
+// The block's reduction of st over its kT threads: group_reduce for 256, wide_reduce for 1024.
+template <int kT, class M, class Merge>
+__device__ __forceinline__ MaxSum<M> row_reduce(const MaxSum<M>& st, const Merge& merge,
+                                                GroupScratch<MaxSum<M>>& group, MaxSum<M>* wide) {
+  if constexpr (kT == kWideThreads) return wide_reduce(st, merge, wide);
+  else return group_reduce(st, kReduceThreads, merge, group);
+}
+
+// One row per block iteration (all kT threads of the block on one row: kReduceThreads, or
+// kWideThreads for wide rows, Note [wide cross-entropy rows]).
+template <class T, class I, int kT = kReduceThreads>
+__global__ void __launch_bounds__(kT)
     cross_entropy_forward_kernel(const T* __restrict__ logits,  // (N, V)
                                  const I* __restrict__ targets,  // (N)
                                  int64_t N, int64_t V, int64_t ignore_index, bool vec,
@@ -104,6 +143,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   constexpr int W = kVec<T>;
   constexpr bool kFast = is_half_v<T>;
   __shared__ GroupScratch<MaxSum<M>> smem;
+  __shared__ MaxSum<M> wide[kT == kWideThreads ? kWideThreads / 32 : 1];
   auto merge = [](const MaxSum<M>& a, const MaxSum<M>& b) { return maxsum_merge<kFast>(a, b); };
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int64_t t = static_cast<int64_t>(targets[row]);
@@ -121,19 +161,20 @@ __global__ void __launch_bounds__(kReduceThreads)
     MaxSum<M> st = maxsum_identity<M>();
     if (vec) {
       // Note [batched row loads]: the same updates in the same order, kBatch loads in flight.
-      for_row_vectors<T, W>(reinterpret_cast<const Vec<T, W>*>(xr), V / W, [&](const Vec<T, W>& v, int64_t) {
-        M f[W];
+      for_row_vectors<T, W, kBatch, kT>(reinterpret_cast<const Vec<T, W>*>(xr), V / W,
+                                        [&](const Vec<T, W>& v, int64_t) {
+                                          M f[W];
 #pragma unroll
-        for (int k = 0; k < W; ++k) f[k] = convert<M>(v.v[k]);
-        maxsum_update<kFast>(st, f);
-      });
+                                          for (int k = 0; k < W; ++k) f[k] = convert<M>(v.v[k]);
+                                          maxsum_update<kFast>(st, f);
+                                        });
     } else {
-      for (int64_t j = threadIdx.x; j < V; j += kReduceThreads) {
+      for (int64_t j = threadIdx.x; j < V; j += kT) {
         const M f[1] = {convert<M>(xr[j])};
         maxsum_update<kFast>(st, f);
       }
     }
-    st = group_reduce(st, kReduceThreads, merge, smem);
+    st = row_reduce<kT>(st, merge, smem, wide);
     if (threadIdx.x == 0) {
       const M row_lse = st.m + log(st.s);
       const M l = row_lse - convert<M>(xr[t]);
@@ -247,10 +288,15 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 constexpr int kMaxDevices = 64;
 
+// Note [wide cross-entropy rows]: whether a row of V classes gets a kWideThreads block.
+template <class T> bool wide_rows(int64_t V, bool vec) {
+  return vec && V / kVec<T> >= kWideFrom && env::flag("FORGE_CE_WIDE_ROWS");
+}
+
 // Note [dlogits in the forward]: one row per block iteration, the row's vectors kept in dynamic
 // shared memory (V / W of them) between the two passes. Vectorized rows only (V % W == 0, aligned).
-template <class T, class I>
-__global__ void __launch_bounds__(kReduceThreads)
+template <class T, class I, int kT = kReduceThreads>
+__global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
     cross_entropy_fused_kernel(T* logits,                        // (N, V): read, then dlogits written
                                const I* __restrict__ targets,    // (N)
                                int64_t N, int64_t V, int64_t ignore_index,
@@ -263,6 +309,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   extern __shared__ uint4 row_shared[];  // (V / W) vectors of 16 bytes
   Vec<T, W>* copy = reinterpret_cast<Vec<T, W>*>(row_shared);
   __shared__ GroupScratch<MaxSum<M>> smem;
+  __shared__ MaxSum<M> wide[kT == kWideThreads ? kWideThreads / 32 : 1];
   auto merge = [](const MaxSum<M>& a, const MaxSum<M>& b) { return maxsum_merge<kFast>(a, b); };
   const M gs = M(1) * static_cast<M>(scale[0]);  // the backward's grad * scale, for grad = 1
   const int64_t nv = V / W;
@@ -273,7 +320,7 @@ __global__ void __launch_bounds__(kReduceThreads)
       Vec<T, W> z;
 #pragma unroll
       for (int k = 0; k < W; ++k) z.v[k] = convert<T>(0.0f);
-      for (int64_t w = threadIdx.x; w < nv; w += kReduceThreads) xr[w] = z;
+      for (int64_t w = threadIdx.x; w < nv; w += kT) xr[w] = z;
       if (threadIdx.x == 0) {
         lse[row] = Lse<T>(0);
         row_loss[row] = Lse<T>(0);
@@ -282,25 +329,26 @@ __global__ void __launch_bounds__(kReduceThreads)
     }
     FORGE_KERNEL_CHECK(t >= 0 && t < V, "cross_entropy: target %lld at row %lld is out of range for %lld classes",
                        static_cast<long long>(t), static_cast<long long>(row), static_cast<long long>(V));
-    // Pass 1: the forward's fold, in its order, each vector also kept in shared memory. Eight
-    // loads in flight a thread (the forward's four, twice): two blocks an SM fit beside 100 KB
-    // rows, a quarter of the forward's threads.
+    // Pass 1: the forward's fold, in its order, each vector also kept in shared memory. With 256
+    // threads, eight loads in flight a thread (the forward's four, twice): two blocks an SM fit
+    // beside 100 KB rows, a quarter of the forward's threads; with kWideThreads, four.
     MaxSum<M> st = maxsum_identity<M>();
-    for_row_vectors<T, W, 2 * kBatch>(xr, nv, [&](const Vec<T, W>& v, int64_t w) {
+    constexpr int kLoads = kT == kWideThreads ? kBatch : 2 * kBatch;
+    for_row_vectors<T, W, kLoads, kT>(xr, nv, [&](const Vec<T, W>& v, int64_t w) {
       copy[w] = v;
       M f[W];
 #pragma unroll
       for (int k = 0; k < W; ++k) f[k] = convert<M>(v.v[k]);
       maxsum_update<kFast>(st, f);
     });
-    st = group_reduce(st, kReduceThreads, merge, smem);  // every thread gets it; the copy is complete
+    st = row_reduce<kT>(st, merge, smem, wide);  // every thread gets it; the copy is complete
     const M l = st.m + log(st.s), lb = exp_shift_of<kFast>(l);
     if (threadIdx.x == 0) {
       lse[row] = l;
       row_loss[row] = l - convert<M>(reinterpret_cast<const T*>(copy)[t]);
     }
     // Pass 2: the backward's arithmetic from the copy, written over the row.
-    for (int64_t w = threadIdx.x; w < nv; w += kReduceThreads) {
+    for (int64_t w = threadIdx.x; w < nv; w += kT) {
       const Vec<T, W> v = copy[w];
       Vec<T, W> o;
 #pragma unroll
@@ -384,9 +432,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       const Tensor row_loss = device_buffer(device, {N}, sd);
       if (N > 0) {
         const bool vec = V % kVec<T> == 0 && aligned16(px);
-        cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, stream>>>(
-            px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
-            loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
+        if (wide_rows<T>(V, vec))  // Note [wide cross-entropy rows]
+          cross_entropy_forward_kernel<T, I, kWideThreads><<<grid_blocks(device, N, 2), kWideThreads, 0, stream>>>(
+              px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
+              loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
+        else
+          cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, stream>>>(
+              px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
+              loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
         FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
                                 targets.shape(), " ", dtype_name(targets.dtype()));
       }
@@ -455,18 +508,23 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
         // The kernel may take the device's whole opt-in shared memory (less 1 KB for its own and
         // the system's): set once per device and instantiation, on the first call (a warm-up step,
         // before any CUDA graph capture).
-        auto kernel = cross_entropy_fused_kernel<T, I>;
-        static std::array<int, kMaxDevices> optin{};  // 0: not set yet on that device
+        // Note [wide cross-entropy rows]: the forward kernel's block size for these rows, so that
+        // the fold runs in the same order.
+        const bool wide = wide_rows<T>(V, true);
+        const int threads = wide ? kWideThreads : kReduceThreads;
+        auto kernel = wide ? cross_entropy_fused_kernel<T, I, kWideThreads> : cross_entropy_fused_kernel<T, I>;
+        static std::array<std::array<int, 2>, kMaxDevices> optin{};  // 0: not set yet on that device
         FORGE_CHECK(device < kMaxDevices, op, ": device index ", device, " beyond ", kMaxDevices);
-        if (optin[device] == 0) {
+        int& limit = optin[device][wide ? 1 : 0];
+        if (limit == 0) {
           int v = 0;
           FORGE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
           FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v - 1024));
-          optin[device] = v - 1024;
+          limit = v - 1024;
         }
-        if (bytes > static_cast<size_t>(optin[device])) return;
+        if (bytes > static_cast<size_t>(limit)) return;
         int per_sm = 0;
-        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kReduceThreads, bytes));
+        FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes));
         if (per_sm < 1) return;
         const cudaStream_t stream = current_stream(device);
         const I* pt = static_cast<const I*>(targets.data_ptr());
@@ -476,7 +534,7 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
                                                                           ps);
         FORGE_CUDA_LAUNCH_CHECK(op, " (count): ", N, " rows");
         const Tensor row_loss = device_buffer(device, {N}, sd);
-        kernel<<<grid_blocks(device, N, per_sm), kReduceThreads, bytes, stream>>>(
+        kernel<<<grid_blocks(device, N, per_sm), threads, bytes, stream>>>(
             px, pt, N, V, ignore_index, ps, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()));
         FORGE_CUDA_LAUNCH_CHECK(op, " (fused with its backward): logits ", logits.shape(), " ",
                                 dtype_name(logits.dtype()), ", targets ", targets.shape(), " ",
