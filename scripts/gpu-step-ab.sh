@@ -12,7 +12,7 @@
 # AB_LIST holds entries separated by ';', each "name|VAR=value VAR=value": run_ab.sh's variables
 # for that A/B (ENV_A/ENV_B, ARGS_A/ARGS_B, ROWS, ROUNDS, FIG_LAST), e.g.
 #   AB_LIST='graph|ARGS_A=--run.cuda_graph=false ROWS=llama_1gpu ROUNDS=2;gelu|ENV_A=FORGE_GELU_BIAS_GRAD=0 ROWS=gpt2_1gpu'
-# (a value cannot hold spaces). The device copy's .git can be stale: pass FORGE_COMMIT.
+# (a value cannot hold spaces: separate several words with commas, ENV_B=A=1,B=1). The device copy's .git can be stale: pass FORGE_COMMIT.
 # Results go to RESULTS (default /tmp/forge_step_ab): log (a line per stage, the key figures),
 # build.log, step/ (step.md and raw/), ctest.log, ab_<name>/ (figures.txt, ab_summary.txt, logs).
 #

@@ -21,7 +21,8 @@
 # A switch instead of a commit: SAME=1 runs the working tree's binary on both sides (no base
 # build needed), with ENV_A / ENV_B added to A's / B's environment, e.g.
 #   SAME=1 ENV_B="FORGE_GELU_FUSION=0" ROWS=gpt2_1gpu benchmarks/ab/run_ab.sh runs
-# (ENV_A / ENV_B apply without SAME too.) AB_BIN=build-gpu/forge with SAME=1 runs a binary that
+# (ENV_A / ENV_B apply without SAME too; words are separated by spaces or commas:
+# ENV_B="FORGE_FUSED_CLASSIFIER=1,FORGE_CE_WIDE_ROWS=1".) AB_BIN=build-gpu/forge with SAME=1 runs a binary that
 # scripts/gpu-check.sh already built, so no `build` phase is needed. ARGS_A / ARGS_B add forge train
 # arguments to one side (a config key: ARGS_A="--run.cuda_graph=false"). FIG_LAST (default 2) is how
 # many of the last progress records each figure averages (each covers 10 steps).
@@ -95,8 +96,9 @@ PY
   one() {  # WHICH ROW ROUND
     local bin=$OB/$1/forge name="$2_$1_r$3" rc
     [ "${SAME:-0}" = 1 ] && bin=${AB_BIN:-$OB/head/forge}
-    local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A:-}"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B:-}"
-    local args=(); [ "$1" = base ] && read -r -a args <<< "${ARGS_A:-}"; [ "$1" = head ] && read -r -a args <<< "${ARGS_B:-}"
+    # Words separated by spaces or commas (a comma lets scripts/gpu-step-ab.sh's AB_LIST carry several).
+    local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A//,/ }"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B//,/ }"
+    local args=(); [ "$1" = base ] && read -r -a args <<< "${ARGS_A//,/ }"; [ "$1" = head ] && read -r -a args <<< "${ARGS_B//,/ }"
     case $2 in
       gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" "${args[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
                    > "$OUTD/$name.log" 2>&1; rc=$? ;;
