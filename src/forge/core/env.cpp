@@ -31,6 +31,13 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // static destructor.
 const std::vector<Spec>& table() {
   static const auto* rows = new std::vector<Spec>{
+      {.name = "FORGE_ADAMW_REGISTER_CAP",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: the CUDA AdamW kernel is compiled to 45 registers so that five 256-thread blocks fit an SM "
+                  "instead of four (the same bits; docs/performance.md item 31); off until a same-session A/B "
+                  "shows it faster"},
       {.name = "FORGE_ALLOW_TF32",
        .kind = Kind::flag,
        .category = Category::numerics,

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "forge/core/env.h"
 #include "forge/forge.h"
 #include "forge/optim/loss_scale.h"
 #include "backends/cuda/cuda_testing.h"
@@ -184,6 +185,35 @@ TEST(CudaAdamW, ManyTensorsTakeSeveralLaunchesAndF64Works) {
     og.step();
   }
   expect_same_state(og, oc, t, "AdamW, 133 tensors");
+}
+
+// Note [AdamW register cap] (FORGE_ADAMW_REGISTER_CAP=1): the capped kernel writes the same bits
+// as the default one: bf16 parameters with their f32 masters (the mixed-precision path), f32 and
+// f16, several launches' worth, five steps with a clip.
+TEST(CudaAdamW, RegisterCapChangesNoBit) {
+  FORGE_SKIP_WITHOUT_GPU();
+  auto run = [](const char* cap) {
+    env::Override o("FORGE_ADAMW_REGISTER_CAP", cap);
+    std::vector<Tensor> ps;
+    for (int i = 0; i < 60; ++i) {
+      const DType dt = i % 3 == 0 ? DType::f32 : (i % 3 == 1 ? DType::bf16 : DType::f16);
+      Tensor p = host_input({(i * 53) % 4099 + 17}, Domain::real, dt, 900 + static_cast<uint64_t>(i)).to(kGpu);
+      p.requires_grad_(true);
+      ps.push_back(p);
+    }
+    AdamW opt(ps, {.lr = 1e-3, .weight_decay = 0.1});
+    for (int s = 0; s < 5; ++s) {
+      for (size_t i = 0; i < ps.size(); ++i)
+        ps[i].set_grad(host_input(ps[i].shape(), Domain::real, ps[i].dtype(), 5000 + 100 * static_cast<uint64_t>(s) + i)
+                           .to(kGpu));
+      optim::clip_grad_norm_(ps, 1.0);
+      opt.step();
+    }
+    return ps;
+  };
+  const std::vector<Tensor> plain = run("0"), capped = run("1");
+  for (size_t i = 0; i < plain.size(); ++i)
+    expect_equal(capped[i], plain[i], "parameter " + std::to_string(i) + " " + dtype_name(plain[i].dtype()));
 }
 
 // ---- SGD -----------------------------------------------------------------------------------
