@@ -68,16 +68,27 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
   }
 }
 
-// out[n] = sum_y partial[y, n], rounded once to T.
+// out[n] = sum_y partial[y, n], rounded once to T. A block takes kSumCols columns; its kSumRows
+// row lanes each add every kSumRows-th partial row (lane r: rows r, r + kSumRows, ...), then lane
+// 0 adds the lanes in order: a fixed order, deterministic. (A thread a column, each adding all
+// the partial rows, ran GPT-2's 2304 and 3072 columns in 9 and 12 blocks: 12-15 us on an H200
+// for ~1 MB, docs/performance.md item 28.)
 template <class T, class A>
-__global__ void __launch_bounds__(kBlockSize)
+__global__ void __launch_bounds__(kSumCols* kSumRows)
     column_sums_finish_kernel(const A* __restrict__ partial,  // (parts, N)
                               int64_t parts, int64_t N, T* __restrict__ out) {  // (N)
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
+  __shared__ A lanes[kSumRows][kSumCols];
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
   A s = 0;
-  for (int64_t y = 0; y < parts; ++y) s += partial[y * N + n];
-  out[n] = static_cast<T>(s);
+  if (n < N)
+    for (int64_t y = threadIdx.y; y < parts; y += kSumRows) s += partial[y * N + n];
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || n >= N) return;
+  A total = 0;
+#pragma unroll
+  for (int r = 0; r < kSumRows; ++r) total += lanes[r][threadIdx.x];
+  out[n] = static_cast<T>(total);
 }
 
 // The same sums with 16-byte loads: each thread adds kVec consecutive columns of its rows, a warp
@@ -189,8 +200,8 @@ SumGrid sum_grid(int device, int64_t M, int64_t N, int64_t vec) {
 
 template <class T, class A>
 void finish_column_sums(const A* part, int64_t parts, int64_t N, Tensor& out, cudaStream_t stream) {
-  column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kBlockSize - 1) / kBlockSize), kBlockSize, 0, stream>>>(
-      part, parts, N, static_cast<T*>(out.data_ptr()));
+  column_sums_finish_kernel<T, A><<<static_cast<unsigned>((N + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumRows), 0,
+                                    stream>>>(part, parts, N, static_cast<T*>(out.data_ptr()));
   FORGE_CUDA_LAUNCH_CHECK("column sums (final pass) of width ", N);
 }
 
