@@ -554,12 +554,10 @@ void forward(const char* op, const Tensor& x, const Tensor& residual, Tensor* h,
       const Tensor none;
       if (rc.C > kRegisterWidth && nvec <= norm_detail::kWideMaxVecs &&
           use_vectors<T>(rc.C, {&x, &residual, h ? h : &none, &weight, &bias, &y})) {
-        const int64_t per_sm = 2048 / norm_detail::wide_threads(nvec);
-        const int64_t grid = std::min<int64_t>(rc.R, static_cast<int64_t>(multiprocessor_count(device)) * per_sm);
         norm_detail::norm_forward_wide<T>(kRms, ptr<T>(x), ptr<T>(residual), h ? mut_ptr<T>(*h) : nullptr,
                                           ptr<T>(weight), ptr<T>(bias), mut_ptr<T>(y),
-                                          mean ? mut_ptr<A>(*mean) : nullptr, mut_ptr<A>(rstd), rc.R, rc.C, eps, grid,
-                                          current_stream(device));
+                                          mean ? mut_ptr<A>(*mean) : nullptr, mut_ptr<A>(rstd), rc.R, rc.C, eps,
+                                          multiprocessor_count(device), current_stream(device));
         return;
       }
     }

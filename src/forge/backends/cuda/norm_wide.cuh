@@ -123,11 +123,13 @@ void norm_backward_wide(bool rms, const T* dy, const T* x, const T* weight, cons
 
 // The wide-row forward (layer norm or RMS norm; with residual, h = x + residual is formed,
 // stored and normalised): a block of wide_threads(C / V) threads per row, thread t owning the
-// row's vector t, the row read from DRAM once; `blocks` blocks walk the rows (any count: no
-// cross-block state). Same preconditions as norm_backward_wide; mean null for RMS norm.
+// row's vector t, the row read from DRAM once; the blocks walk the rows (no cross-block state:
+// any grid gives the same bits). The grid is what fits the device's `sms` multiprocessors at
+// once, at the kernel's real occupancy (Note [one wave of norm rows], norm_wide.cu), at most R.
+// Same preconditions as norm_backward_wide; mean null for RMS norm.
 template <class T>
 void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* weight, const T* bias, T* y,
-                       acc_t<T>* mean, acc_t<T>* rstd, int64_t R, int64_t C, double eps, int64_t blocks,
+                       acc_t<T>* mean, acc_t<T>* rstd, int64_t R, int64_t C, double eps, int sms,
                        cudaStream_t stream);
 
 }  // namespace forge::cuda::norm_detail
