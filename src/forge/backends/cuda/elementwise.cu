@@ -210,12 +210,19 @@ void swiglu_backward(const Tensor& g, const Tensor& gate, const Tensor& up, Tens
       DeviceGuard guard(device);
       constexpr int64_t V = 16 / sizeof(T) > 0 ? static_cast<int64_t>(16 / sizeof(T)) : 1;
       const int64_t work = std::max<int64_t>((n + V - 1) / V, 1);
-      const int64_t blocks = std::min<int64_t>((work + kBlockSize - 1) / kBlockSize,
-                                               static_cast<int64_t>(multiprocessor_count(device)) * kBlocksPerSm);
       auto kernel = swiglu_backward_kernel<T, false>;
+      // Note [one wave of grid-stride blocks] (loops.cuh): the resident blocks, once per kernel.
+      static const int per_sm = resident_blocks_per_sm(swiglu_backward_kernel<T, false>, kBlockSize);
+      int resident = per_sm;
       if constexpr (is_half_v<T>) {
-        if (swiglu_fast_math()) kernel = swiglu_backward_kernel<T, true>;
+        static const int fast_per_sm = resident_blocks_per_sm(swiglu_backward_kernel<T, true>, kBlockSize);
+        if (swiglu_fast_math()) {
+          kernel = swiglu_backward_kernel<T, true>;
+          resident = fast_per_sm;
+        }
       }
+      const int64_t blocks = std::min<int64_t>((work + kBlockSize - 1) / kBlockSize,
+                                               static_cast<int64_t>(multiprocessor_count(device)) * resident);
       kernel<<<static_cast<unsigned>(blocks), kBlockSize, 0, current_stream(device)>>>(
           static_cast<const T*>(g.data_ptr()), static_cast<const T*>(gate.data_ptr()),
           static_cast<const T*>(up.data_ptr()), static_cast<T*>(dgate.data_ptr()), static_cast<T*>(dup.data_ptr()), n);

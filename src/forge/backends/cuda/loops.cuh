@@ -39,6 +39,20 @@ inline constexpr int kMaxDims = 8;
 inline constexpr int kBlockSize = 256;
 inline constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads: a full SM
 
+// Note [one wave of grid-stride blocks]: a grid-stride kernel whose grid is capped at
+// kBlocksPerSm blocks an SM runs in more than one wave when its registers let fewer blocks an SM
+// be resident: H200 profiles (ncu) had the one-pass SwiGLU backward (40 registers, six blocks an
+// SM) at 1.33 waves and the cross-entropy kernels (40-48 registers) at 2.7-3.2, each later wave a
+// fraction of the GPU working alone. Every block of such a grid does the same work, so a grid of
+// exactly the resident blocks (one wave) ends when its blocks do. This is that count an SM, for
+// `threads`-thread blocks of `kernel` with `smem` bytes of dynamic shared memory, at least 1;
+// callers cache it per kernel (it is a host query, the same for every device of one model).
+template <class Kernel> int resident_blocks_per_sm(Kernel kernel, int threads, size_t smem = 0) {
+  int n = 0;
+  FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return std::max(n, 1);
+}
+
 // Element offsets of N operands (out first) for a linear index over the coalesced shape.
 template <int N> struct OffsetCalc {
   int ndim;

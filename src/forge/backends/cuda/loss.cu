@@ -432,12 +432,17 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       const Tensor row_loss = device_buffer(device, {N}, sd);
       if (N > 0) {
         const bool vec = V % kVec<T> == 0 && aligned16(px);
+        // Note [one wave of grid-stride blocks] (loops.cuh): as many blocks as fit at once.
+        static const int per_sm = resident_blocks_per_sm(cross_entropy_forward_kernel<T, I>, kReduceThreads);
+        static const int wide_per_sm =
+            resident_blocks_per_sm(cross_entropy_forward_kernel<T, I, kWideThreads>, kWideThreads);
         if (wide_rows<T>(V, vec))  // Note [wide cross-entropy rows]
-          cross_entropy_forward_kernel<T, I, kWideThreads><<<grid_blocks(device, N, 2), kWideThreads, 0, stream>>>(
+          cross_entropy_forward_kernel<T, I, kWideThreads><<<grid_blocks(device, N, wide_per_sm), kWideThreads, 0,
+                                                             stream>>>(
               px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
               loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
         else
-          cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, stream>>>(
+          cross_entropy_forward_kernel<T, I><<<grid_blocks(device, N, per_sm), kReduceThreads, 0, stream>>>(
               px, pt, N, V, ignore_index, vec, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
               loss.defined() ? static_cast<S*>(loss.data_ptr()) : nullptr);
         FORGE_CUDA_LAUNCH_CHECK(op, ": logits ", logits.shape(), " ", dtype_name(logits.dtype()), ", targets ",
@@ -475,7 +480,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       const T* px = static_cast<const T*>(logits.data_ptr());
       T* pd = static_cast<T*>(dlogits.data_ptr());
       const bool vec = V % kVec<T> == 0 && aligned16(px) && aligned16(pd);
-      cross_entropy_backward_kernel<T, I><<<grid_blocks(device, N, 16), kReduceThreads, 0, current_stream(device)>>>(
+      // Note [one wave of grid-stride blocks] (loops.cuh): as many blocks as fit at once.
+      static const int per_sm = resident_blocks_per_sm(cross_entropy_backward_kernel<T, I>, kReduceThreads);
+      cross_entropy_backward_kernel<T, I><<<grid_blocks(device, N, per_sm), kReduceThreads, 0, current_stream(device)>>>(
           px, static_cast<const I*>(targets.data_ptr()), static_cast<const S*>(lse.data_ptr()),
           static_cast<const S*>(grad.data_ptr()), grad.dim() == 0 ? 0 : 1,
           scale.defined() ? static_cast<const S*>(scale.data_ptr()) : nullptr, N, V, ignore_index, vec, class_start,
