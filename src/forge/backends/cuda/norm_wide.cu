@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "forge/backends/cuda/runtime.h"
+#include "forge/backends/cuda/loops.cuh"
 #include "forge/core/convert.h"
 
 namespace forge::cuda::norm_detail {
@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kThreads)
 // the second with 60% of the rows in flight (39 us a call, DRAM 60% busy). A block's rows go one
 // after another, each a memory round trip, so the kernel's time is about the longest chain of
 // rows a block slot runs: 8 + 8 rows then, 12-13 with one wave of 660 blocks. Now the grid is the
-// blocks that fit at once, by cudaOccupancyMaxActiveBlocksPerMultiprocessor (asked once per
-// kernel). Expected: ~32 us a call, -0.2 ms a LLaMA step. The same bits (rows are independent).
+// blocks that fit at once (resident_blocks_per_sm, loops.cuh; asked once per kernel).
+// Expected: ~32 us a call, -0.2 ms a LLaMA step. The same bits (rows are independent).
 template <class T>
 void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* weight, const T* bias, T* y,
                        acc_t<T>* mean, acc_t<T>* rstd, int64_t R, int64_t C, double eps, int sms,
@@ -216,11 +216,7 @@ void norm_forward_wide(bool rms, const T* x, const T* residual, T* h, const T* w
   using A = acc_t<T>;
   dispatch_wide<256>(rms, C / V, [&]<int kThreads, bool kRms>() {
     const auto kernel = norm_forward_wide_kernel<T, V, kThreads, kRms>;
-    static const int per_sm = [&] {
-      int n = 0;
-      FORGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-      return std::max(n, 1);
-    }();
+    static const int per_sm = resident_blocks_per_sm(kernel, kThreads);  // Note [one wave of grid-stride blocks]
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(R, static_cast<int64_t>(sms) * per_sm));
     kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, residual, h, weight, bias, y, mean, rstd, R, C,
                                                                    static_cast<A>(eps));
