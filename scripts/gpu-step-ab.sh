@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call for a performance change (issue 15) on a two-GPU machine: build, then two
 # lanes at once, one per GPU, so that neither waits for the other:
-#   GPU 0  NCU_LIST's kernels under Nsight Compute if set (scripts/gpu-ncu.sh), then
-#          benchmarks/step/run.sh: forge beside PyTorch eager and torch.compile (STEP_ROWS,
-#          default "1 2 3", none: not run; STEP_PROFILE_ROWS, default none: a kernel trace
-#          costs a minute a row)
+#   GPU 0  NCU_LIST's kernels under Nsight Compute if set (scripts/gpu-ncu.sh), AB_LIST0's A/Bs
+#          (AB_LIST's format, below), then benchmarks/step/run.sh: forge beside PyTorch eager and
+#          torch.compile (STEP_ROWS, default "1 2 3", none: not run; STEP_PROFILE_ROWS, default
+#          none: a kernel trace costs a minute a row)
 #   GPU 1  PROBE_CMD if set (a command of its own, output in probe.log), the CUDA tests matching
 #          CTEST_REGEX (tests that need two GPUs skip here: run those with
 #          scripts/gpu-dist-runs.sh), then each A/B of AB_LIST with benchmarks/ab/run_ab.sh on
@@ -34,11 +34,26 @@ fi
 [[ -d .deps/root/usr/lib/x86_64-linux-gnu ]] &&
   export LD_LIBRARY_PATH="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# ab_list GPU LIST: each A/B of LIST (AB_LIST's format) with benchmarks/ab/run_ab.sh on that GPU.
+ab_list() {
+  local gpu=$1 entry name vars entries kv
+  IFS=';' read -r -a entries <<< "$2"
+  for entry in "${entries[@]}"; do
+    [[ -z "$entry" ]] && continue
+    name=${entry%%|*}; vars=${entry#*|}
+    read -r -a kv <<< "$vars"
+    CUDA_VISIBLE_DEVICES=$gpu env "${kv[@]}" SAME=1 AB_BIN="$ROOT/build-gpu/forge" AB_OUT="$R/ab_$name" OUT= \
+      timeout "${AB_TIMEOUT:-200}" benchmarks/ab/run_ab.sh runs > "$R/ab_$name.log" 2>&1
+    t "A/B $name on GPU $gpu ($vars) rc=$?"; cat "$R/ab_$name/ab_summary.txt" 2>/dev/null
+  done
+}
+
 lane_step() {
   if [[ -n "${NCU_LIST:-}" ]]; then   # Nsight Compute on chosen kernels first (scripts/gpu-ncu.sh)
     CUDA_VISIBLE_DEVICES=0 RESULTS=$R/ncu scripts/gpu-ncu.sh > "$R/ncu.log" 2>&1
     t "ncu rc=$?"; cat "$R/ncu/digest.txt" 2>/dev/null
   fi
+  ab_list 0 "${AB_LIST0:-}"
   [[ "${STEP_ROWS:-}" == none ]] && return
   CUDA_VISIBLE_DEVICES=0 FORGE_COMMIT=$C BUILD=0 ROWS="${STEP_ROWS:-1 2 3}" PROFILE_ROWS="${STEP_PROFILE_ROWS:-}" \
     RAW_DIR=$R/step/raw RESULT_FILE=$R/step/step.md OUT= timeout "${STEP_TIMEOUT:-400}" benchmarks/step/run.sh \
@@ -56,16 +71,7 @@ lane_checks() {
        --output-on-failure -j8 > "$R/ctest.log" 2>&1)
     t "ctest rc=$?"; grep -E "tests passed|\(Failed\)|Timeout|Not Run" "$R/ctest.log" | head -20
   fi
-  local entry name vars
-  IFS=';' read -r -a entries <<< "${AB_LIST:-}"
-  for entry in "${entries[@]}"; do
-    [[ -z "$entry" ]] && continue
-    name=${entry%%|*}; vars=${entry#*|}
-    read -r -a kv <<< "$vars"
-    CUDA_VISIBLE_DEVICES=1 env "${kv[@]}" SAME=1 AB_BIN="$ROOT/build-gpu/forge" AB_OUT="$R/ab_$name" OUT= \
-      timeout "${AB_TIMEOUT:-200}" benchmarks/ab/run_ab.sh runs > "$R/ab_$name.log" 2>&1
-    t "A/B $name ($vars) rc=$?"; cat "$R/ab_$name/ab_summary.txt" 2>/dev/null
-  done
+  ab_list 1 "${AB_LIST:-}"
 }
 
 lane_step & S=$!

@@ -97,8 +97,9 @@ PY
     local bin=$OB/$1/forge name="$2_$1_r$3" rc
     [ "${SAME:-0}" = 1 ] && bin=${AB_BIN:-$OB/head/forge}
     # Words separated by spaces or commas (a comma lets scripts/gpu-step-ab.sh's AB_LIST carry several).
-    local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ENV_A//,/ }"; [ "$1" = head ] && read -r -a envs <<< "${ENV_B//,/ }"
-    local args=(); [ "$1" = base ] && read -r -a args <<< "${ARGS_A//,/ }"; [ "$1" = head ] && read -r -a args <<< "${ARGS_B//,/ }"
+    local ea=${ENV_A:-} eb=${ENV_B:-} aa=${ARGS_A:-} ab=${ARGS_B:-}
+    local envs=(); [ "$1" = base ] && read -r -a envs <<< "${ea//,/ }"; [ "$1" = head ] && read -r -a envs <<< "${eb//,/ }"
+    local args=(); [ "$1" = base ] && read -r -a args <<< "${aa//,/ }"; [ "$1" = head ] && read -r -a args <<< "${ab//,/ }"
     case $2 in
       gpt2_1gpu) env "${envs[@]}" "$bin" train "${G[@]}" "${args[@]}" --run.dir="$OUTD/runs" --run.name="$name" \
                    > "$OUTD/$name.log" 2>&1; rc=$? ;;
