@@ -61,10 +61,10 @@ const std::vector<Spec>& table() {
       {.name = "FORGE_CE_WIDE_ROWS",
        .kind = Kind::flag,
        .category = Category::performance,
-       .default_value = "0",
-       .meaning = "1: the CUDA cross-entropy forward and the fused classifier give rows of 2048 16-byte vectors "
-                  "and more (GPT-2's and LLaMA's vocabularies) a 1024-thread block each instead of 256 threads "
-                  "(docs/performance.md item 30); off until a same-session A/B shows it faster"},
+       .default_value = "1",
+       .meaning = "0: the CUDA cross-entropy forward and the fused classifier give every row a 256-thread block "
+                  "instead of 1024 threads for rows of 2048 16-byte vectors and more (GPT-2's and LLaMA's "
+                  "vocabularies; docs/performance.md item 30)"},
       {.name = "FORGE_CPU_MEMORY_LIMIT",
        .kind = Kind::string,
        .category = Category::debugging,
@@ -103,10 +103,10 @@ const std::vector<Spec>& table() {
       {.name = "FORGE_FUSED_CLASSIFIER",
        .kind = Kind::flag,
        .category = Category::performance,
-       .default_value = "0",
-       .meaning = "1: a language model's loss on CUDA computes dlogits inside the forward and writes them over the "
-                  "logits (one read of the logits less; docs/performance.md item 24); off until a same-session A/B "
-                  "shows it faster"},
+       .default_value = "1",
+       .meaning = "0: a language model's loss on CUDA runs the cross-entropy forward and backward as two kernels "
+                  "instead of computing dlogits inside the forward and writing them over the logits (one read of "
+                  "the logits less; docs/performance.md item 24)"},
       {.name = "FORGE_GELU_BIAS_GRAD",
        .kind = Kind::flag,
        .category = Category::performance,
@@ -199,10 +199,10 @@ const std::vector<Spec>& table() {
       {.name = "FORGE_ROPE_PLANES",
        .kind = Kind::flag,
        .category = Category::performance,
-       .default_value = "0",
-       .meaning = "1: CUDA rope on 16-byte rows runs a 2-D grid, a (batch, head) plane per grid row and one "
-                  "item a thread, instead of a capped grid-stride loop with three divisions an item (the same "
-                  "bits; docs/performance.md item 26); off until a same-session A/B shows it faster"},
+       .default_value = "1",
+       .meaning = "0: CUDA rope on 16-byte rows runs a capped grid-stride loop with three divisions an item instead "
+                  "of a 2-D grid, a (batch, head) plane per grid row and one item a thread (the same bits; "
+                  "docs/performance.md item 26)"},
       {.name = "FORGE_SWIGLU_FAST",
        .kind = Kind::flag,
        .category = Category::performance,
