@@ -32,7 +32,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 const char* reduction_name(Reduction r);
 
 // cross_entropy for a caller that never reads `logits` again (CausalLM::head_loss, whose logits
-// live only inside it). On CUDA with FORGE_FUSED_CLASSIFIER=1, a reduction of mean or sum and a
+// live only inside it). On CUDA with FORGE_FUSED_CLASSIFIER=1 (the default), a reduction of mean or sum and a
 // gradient wanted, the forward also computes dlogits and writes them over the logits (Note
 // [dlogits in the forward], backends/cuda/loss.cu): the same loss and, for an upstream gradient
 // of 1, the same gradient bits, with one read of the logits less. Everywhere else exactly

@@ -92,7 +92,7 @@ __device__ __forceinline__ void for_row_vectors(const Vec<T, W>* xv, int64_t nv,
   for (; w < nv; w += kT) fn(xv[w], w);
 }
 
-// Note [wide cross-entropy rows] (FORGE_CE_WIDE_ROWS=1): rows of 2048 vectors and more (GPT-2's
+// Note [wide cross-entropy rows] (FORGE_CE_WIDE_ROWS=1, the default): rows of 2048 vectors and more (GPT-2's
 // and LLaMA's vocabularies) get a 1024-thread block each instead of 256 threads, in the forward
 // and in the fused classifier alike (the same fold order in both, so the fused kernel still writes
 // the two kernels' bits). The fused kernel keeps its row in shared memory, so at most two rows fit

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kBlockSize)
   }
 }
 
-// Note [rope planes] (FORGE_ROPE_PLANES=1): a 2-D grid, blockIdx.y the (b, h) plane and x the
+// Note [rope planes] (FORGE_ROPE_PLANES=1, the default): a 2-D grid, blockIdx.y the (b, h) plane and x the
 // (t, group) items of that plane, one item a thread and no grid-stride loop. An H200 profile (ncu,
 // docs/performance.md item 26) had rope_kernel's q rotation at 27.7 us for 67 MB, DRAM 35% busy,
 // 30 cycles between a warp's instructions: each item did three runtime divisions before its
