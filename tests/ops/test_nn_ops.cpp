@@ -509,6 +509,40 @@ TEST(NNCrossEntropy, ConsumingIsCrossEntropyOnTheCpu) {
   }
 }
 
+// Note [expected loss gradient]: LossGradDivisor's scopes nest and restore; a divisor below 1 is
+// refused; inside a scope the CPU loss is still exactly cross_entropy's; and the expectation is the
+// very f32 gradient autograd hands a loss divided by K (the fused classifier's backward skips only on
+// equality, so this must hold bit for bit).
+TEST(NNCrossEntropy, LossGradDivisorIsTheGradientOfTheDividedLoss) {
+  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  {
+    const ops::LossGradDivisor three(3);
+    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
+    {
+      const ops::LossGradDivisor seven(7);
+      EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 7.0f);
+    }
+    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
+  }
+  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  expect_error([] { const ops::LossGradDivisor none(0); }, {"LossGradDivisor", ">= 1", "got 0"});
+  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  for (const int64_t K : {1, 2, 3, 5, 6, 7, 10, 12, 24, 100, 1000}) {
+    const ops::LossGradDivisor expect(K);
+    // What autograd hands a 0-d f32 loss's producer for (loss / K).backward().
+    Tensor l = ops::full({}, 2.5, {.dtype = DType::f32}).requires_grad_();
+    (ops::mul(l, 1.0) / static_cast<double>(K)).backward();
+    EXPECT_EQ(l.grad().item(), static_cast<double>(ops::expected_loss_grad())) << "K " << K;
+    // The CPU loss under the scope: cross_entropy's, bit for bit.
+    const Tensor x = f64({0.5, -1, 2, 0.25, 3, -0.5, 1, 1.5}, {2, 4});
+    const Tensor targets = i64({3, 1}, {2});
+    Tensor a = x.clone().requires_grad_(), b = x.clone().requires_grad_();
+    (ops::cross_entropy_consuming(a, targets) / static_cast<double>(K)).backward();
+    (ops::cross_entropy(b, targets) / static_cast<double>(K)).backward();
+    EXPECT_EQ(vals(a.grad()), vals(b.grad())) << "K " << K;
+  }
+}
+
 TEST(NNCrossEntropy, HandComputedRows) {
   Tensor logits = f64({1, 2, 3, 0, 0, 10}, {2, 3});
   Tensor targets = i64({2, 0}, {2});

@@ -53,6 +53,24 @@ void check_cross_entropy_args(const Tensor& logits, const Tensor& targets);
 int64_t cross_entropy_backwards_in_place() { return g_dlogits_in_place.load(); }
 int64_t cross_entropy_fused_forwards() { return g_fused_forwards.load(); }
 
+// Note [expected loss gradient]: the fused classifier writes dlogits in the forward, before the
+// backward's gradient g exists, so it writes them for a gradient it expects, and the backward
+// compares (on the device: no synchronisation) and multiplies only when g is another. A training
+// loop with K micro-batches backpropagates loss / K: autograd's div backward forms 1.0f / K in f32
+// (IEEE division on both backends), so the expectation is that value, and with it the fused
+// forward's dlogits are the two kernels' bits for g = 1 / K, as with K = 1. Thread-local like the
+// grad mode: the scope covers this thread's forward only.
+namespace {
+thread_local double t_expected_loss_grad = 1.0;
+}
+
+LossGradDivisor::LossGradDivisor(int64_t divisor) : previous_(t_expected_loss_grad) {
+  FORGE_CHECK(divisor >= 1, "LossGradDivisor: the loss's divisor must be >= 1 (train.grad_accum), got ", divisor);
+  t_expected_loss_grad = static_cast<double>(1.0f / static_cast<float>(divisor));
+}
+LossGradDivisor::~LossGradDivisor() { t_expected_loss_grad = previous_; }
+float expected_loss_grad() { return static_cast<float>(t_expected_loss_grad); }
+
 Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                Reduction reduction) {
 #ifdef FORGE_WITH_CUDA
@@ -65,14 +83,17 @@ Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int6
     Tensor ls = logits.detach();  // the logits' own memory: dlogits is written there
     const Tensor ts = contiguous(targets.detach());
     Tensor lse = empty({targets.numel()}, opt), total = empty({}, opt), scale_t = empty({}, opt);
-    if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t)) {
+    const float expected = expected_loss_grad();  // Note [expected loss gradient]
+    if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t,
+                                  expected)) {
       ++g_fused_forwards;
       ls.storage()->bump_version();  // the logits are gone: a saved copy of them must not be used
-      record("cross_entropy", total, {logits}, [ls](const Tensor& g, const GradMask&) {
-        // ls holds dlogits for an upstream gradient of 1: times g, in place unless the graph is
-        // kept for another backward (then ls must stay as it is).
+      record("cross_entropy", total, {logits}, [ls, expected](const Tensor& g, const GradMask&) {
+        // ls holds dlogits for an upstream gradient of `expected`: times g / expected, in place
+        // (nothing when they are equal) unless the graph is kept for another backward (then ls
+        // must stay as it is).
         Tensor out = autograd::retaining_graph() ? empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()}) : ls;
-        cuda::scale_dlogits(ls, contiguous(g), out);
+        cuda::scale_dlogits(ls, contiguous(g), out, expected);
         return TensorList{out};
       }, {ls});
       return total;

@@ -43,6 +43,27 @@ Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int6
 // How many cross_entropy_consuming forwards wrote dlogits over the logits; for tests.
 int64_t cross_entropy_fused_forwards();
 
+// The gradient a training loop will hand the loss's backward, said before the forward: within the
+// scope (this thread), the loss will be divided by `divisor` (train.grad_accum micro-batches) and
+// its backward given 1 / divisor, the f32 value autograd forms for `loss / divisor`. The fused
+// classifier then writes dlogits for that gradient in its forward, and its backward has nothing
+// left to do when it comes (Note [expected loss gradient]). Any other gradient stays right: the
+// backward then multiplies dlogits by g / (1 / divisor) in one pass. Scopes nest; outside every
+// scope the expected gradient is 1.
+//   { ops::LossGradDivisor k(grad_accum); Tensor loss = model.head_loss(s, y); (loss / grad_accum).backward(); }
+class LossGradDivisor {
+ public:
+  explicit LossGradDivisor(int64_t divisor);  // divisor >= 1
+  ~LossGradDivisor();
+  LossGradDivisor(const LossGradDivisor&) = delete;
+  LossGradDivisor& operator=(const LossGradDivisor&) = delete;
+
+ private:
+  double previous_;
+};
+// The expected gradient of the innermost LossGradDivisor scope, as f32 (1 outside any scope).
+float expected_loss_grad();
+
 // cross_entropy's fused backward on its own, for a loss whose forward is assembled elsewhere
 // (tp::vocab_parallel_cross_entropy: the log-sum-exp reduced over the ranks of a vocabulary-
 // parallel head). Without history:

@@ -34,6 +34,7 @@
 #include "forge/optim/loss_scale.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
@@ -175,6 +176,7 @@ class PipelineStrategy final : public Strategy {
         const auto [begin, end] = stage_->chunks[static_cast<size_t>(a.chunk)];
         s = lm_->blocks(s, begin, end);
         if (j == V - 1) {
+          const ops::LossGradDivisor expect(K);  // backward gets 1 / K (Note [expected loss gradient])
           const Tensor loss = lm_->head_loss(s, mb.targets);
           const Tensor l = loss.detach().to(DType::f32);
           loss_sum = loss_sum.defined() ? loss_sum + l : l;

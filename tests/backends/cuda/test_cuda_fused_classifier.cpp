@@ -1,7 +1,8 @@
 // Note [dlogits in the forward] (backends/cuda/loss.cu): ops::cross_entropy_consuming with
 // FORGE_FUSED_CLASSIFIER=1 against the two kernels it replaces (the switch off), on fresh random
-// inputs: the same loss and, for an upstream gradient of 1, the same gradient bits through a head
-// GEMM; close for another upstream gradient and for a retained graph's second backward; the two
+// inputs: the same loss and, for an upstream gradient of 1 (or the 1 / K a LossGradDivisor scope
+// announced), the same gradient bits through a head GEMM; close for another upstream gradient and
+// for a retained graph's second backward; the two
 // kernels wherever it does not apply; and a GPT's training loss and gradients, bit for bit.
 #include <gtest/gtest.h>
 
@@ -24,13 +25,21 @@ struct HeadRun {
 };
 
 // loss(linear(x, w), targets) on the GPU with the switch `fused`, then backward(upstream) (twice
-// with retain_graph when `twice`); targets with every 7th row ignored.
+// with retain_graph when `twice`); targets with every 7th row ignored. divisor > 0: the forward
+// under ops::LossGradDivisor(divisor) (Note [expected loss gradient]); `divide`: the backward of
+// loss / divisor instead (upstream unused), as a training loop runs it.
 HeadRun run_head(const Tensor& x_host, const Tensor& w_host, const Tensor& t_host, ops::Reduction red, bool fused,
-                 double upstream, bool twice) {
+                 double upstream, bool twice, int64_t divisor = 0, bool divide = false) {
   env::Override o("FORGE_FUSED_CLASSIFIER", fused ? "1" : "0");
   Tensor x = x_host.to(kGpu).detach().requires_grad_(), w = w_host.to(kGpu).detach().requires_grad_();
-  const Tensor loss = ops::cross_entropy_consuming(ops::linear(x, w), t_host.to(kGpu), -100, red);
-  const Tensor scaled = upstream == 1.0 ? loss : ops::mul(loss, upstream);
+  Tensor loss;
+  {
+    const ops::LossGradDivisor expect(divisor > 0 ? divisor : 1);
+    loss = ops::cross_entropy_consuming(ops::linear(x, w), t_host.to(kGpu), -100, red);
+  }
+  const Tensor scaled = divide           ? loss / static_cast<double>(divisor)
+                        : upstream == 1.0 ? loss
+                                          : ops::mul(loss, upstream);
   scaled.backward(Tensor(), twice);
   if (twice) scaled.backward();
   return {loss, x.grad(), w.grad()};
@@ -91,6 +100,34 @@ TEST(CudaFusedClassifier, OtherUpstreamGradientsAndARetainedGraph) {
     expect_close(one.dx, two.dx, tolerance(DType::bf16), what + ": dx");
     expect_close(one.dw, two.dw, tolerance(DType::bf16), what + ": dw");
   }
+}
+
+// Gradient accumulation: under LossGradDivisor(K) the forward writes dlogits for 1 / K, and the
+// backward of loss / K (what a training loop with K micro-batches runs) has nothing left to do:
+// the two kernels' bits (a multiplying pass would round twice and differ). A divisor that does not
+// match the gradient that comes is still right, within bf16's rounding.
+TEST(CudaFusedClassifier, GradientAccumulationGetsTheTwoKernelsBits) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const int64_t N = 300, K = 64, V = 50304;
+  const Tensor x = host_input({N, K}, Domain::real, DType::bf16, 9650);
+  const Tensor w = ops::mul(host_input({V, K}, Domain::real, DType::f32, 9651), 0.5).to(DType::bf16);
+  const Tensor t = targets_for(N, V, 9652);
+  for (const int64_t divisor : {2, 3, 7}) {
+    const std::string what = "divisor " + std::to_string(divisor);
+    const HeadRun two = run_head(x, w, t, ops::Reduction::mean, false, 0.0, false, divisor, true);
+    const int64_t before = ops::cross_entropy_fused_forwards();
+    const HeadRun one = run_head(x, w, t, ops::Reduction::mean, true, 0.0, false, divisor, true);
+    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before + 1) << what;
+    expect_equal(one.loss, two.loss, what + ": loss");
+    expect_equal(one.dx, two.dx, what + ": dx");
+    expect_equal(one.dw, two.dw, what + ": dw");
+  }
+  // Expected 1 / 3, given 0.25 (e.g. a loss scale on top).
+  const HeadRun two = run_head(x, w, t, ops::Reduction::mean, false, 0.25, false);
+  const HeadRun one = run_head(x, w, t, ops::Reduction::mean, true, 0.25, false, 3);
+  expect_equal(one.loss, two.loss, "divisor 3, upstream 0.25: loss");
+  expect_close(one.dx, two.dx, tolerance(DType::bf16), "divisor 3, upstream 0.25: dx");
+  expect_close(one.dw, two.dw, tolerance(DType::bf16), "divisor 3, upstream 0.25: dw");
 }
 
 TEST(CudaFusedClassifier, TheTwoKernelsWhereItDoesNotApply) {

@@ -41,10 +41,12 @@
 // - Note [dlogits in the forward]: cross_entropy_fused computes dlogits inside the forward
 //   (llm.c's fused classifier) for a caller that never reads the logits again: a block copies
 //   its row into shared memory while it folds the online max/sum (the forward's order: the same
-//   lse and loss bits), then writes (softmax - onehot) x scale over the row from that copy. The
-//   logits are read once instead of twice (GPT-2, batch 16: 1.65 GB less). The result is the
-//   backward's for an upstream gradient of 1, the same bits; scale_dlogits multiplies by another
-//   one (or skips, on the device, when it is 1). A pre-pass over the targets gives the mean's
+//   lse and loss bits), then writes (softmax - onehot) x expected x scale over the row from that
+//   copy. The logits are read once instead of twice (GPT-2, batch 16: 1.65 GB less). The result
+//   is the backward's for the upstream gradient the caller expects (1, or a training loop's
+//   1 / grad_accum: Note [expected loss gradient] in ops/loss.cpp), the same bits;
+//   scale_dlogits multiplies by g / expected for another g (or skips, on the device, when g is
+//   the expected one). A pre-pass over the targets gives the mean's
 //   1 / count first. Rows wider than the block's shared memory (f32 past ~56k classes) and f64
 //   keep the two kernels.
 // - Targets are checked on the device (Note [device-side index checks] in reduce.cuh):
@@ -55,6 +57,7 @@
 #include "forge/backends/cuda/loss.h"
 
 #include <array>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 
@@ -302,7 +305,8 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
                                int64_t N, int64_t V, int64_t ignore_index,
                                const Lse<T>* __restrict__ scale,  // (): 1 / count (mean) or 1 (sum)
                                Lse<T>* __restrict__ lse,          // (N)
-                               Lse<T>* __restrict__ row_loss) {   // (N)
+                               Lse<T>* __restrict__ row_loss,     // (N)
+                               Lse<T> expected) {                 // the upstream gradient expected
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
   constexpr bool kFast = is_half_v<T>;
@@ -311,7 +315,7 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
   __shared__ GroupScratch<MaxSum<M>> smem;
   __shared__ MaxSum<M> wide[kT == kWideThreads ? kWideThreads / 32 : 1];
   auto merge = [](const MaxSum<M>& a, const MaxSum<M>& b) { return maxsum_merge<kFast>(a, b); };
-  const M gs = M(1) * static_cast<M>(scale[0]);  // the backward's grad * scale, for grad = 1
+  const M gs = static_cast<M>(expected) * static_cast<M>(scale[0]);  // the backward's grad * scale
   const int64_t nv = V / W;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     Vec<T, W>* xr = reinterpret_cast<Vec<T, W>*>(logits + row * V);
@@ -362,15 +366,19 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
   }
 }
 
-// out[i] = T(M(x[i]) * grad) over n elements; in place (out == x), nothing when grad == 1 (the
-// device's value: no host synchronisation). Vectors of W where `vec`.
+// out[i] = T(M(x[i]) * (grad / expected)) over n elements, x written for an upstream gradient of
+// `expected` (Note [expected loss gradient] in ops/loss.cpp); in place (out == x), nothing when
+// grad == expected (the device's value: no host synchronisation). With expected = 1 the factor is
+// grad itself. Vectors of W where `vec`.
 template <class T>
 __global__ void __launch_bounds__(kReduceThreads)
-    scale_dlogits_kernel(const T* x, const Lse<T>* __restrict__ grad, int64_t n, bool in_place, bool vec, T* out) {
+    scale_dlogits_kernel(const T* x, const Lse<T>* __restrict__ grad, int64_t n, bool in_place, bool vec, T* out,
+                         Lse<T> expected) {
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
-  const M g = static_cast<M>(grad[0]);
-  if (in_place && g == M(1)) return;
+  const M e = static_cast<M>(expected);
+  if (in_place && static_cast<M>(grad[0]) == e) return;
+  const M g = static_cast<M>(grad[0]) / e;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kReduceThreads;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
   if (vec) {
@@ -494,8 +502,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 }
 
 bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean, Tensor& lse,
-                         Tensor& total, Tensor& scale) {
+                         Tensor& total, Tensor& scale, float expected) {
   const char* op = "cross_entropy";
+  FORGE_CHECK(std::isfinite(expected) && expected > 0.0f, op,
+              ": the expected upstream gradient must be finite and > 0, got ", expected);
   const auto [N, V] = rows_of(op, logits, targets);
   const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
   check_buffer(op, "lse", lse, logits, N, sd);
@@ -542,7 +552,8 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
         FORGE_CUDA_LAUNCH_CHECK(op, " (count): ", N, " rows");
         const Tensor row_loss = device_buffer(device, {N}, sd);
         kernel<<<grid_blocks(device, N, per_sm), threads, bytes, stream>>>(
-            px, pt, N, V, ignore_index, ps, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()));
+            px, pt, N, V, ignore_index, ps, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
+            static_cast<S>(expected));
         FORGE_CUDA_LAUNCH_CHECK(op, " (fused with its backward): logits ", logits.shape(), " ",
                                 dtype_name(logits.dtype()), ", targets ", targets.shape(), " ",
                                 dtype_name(targets.dtype()));
@@ -557,8 +568,10 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
   return ran;
 }
 
-void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out) {
+void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, float expected) {
   const char* op = "cross_entropy backward";
+  FORGE_CHECK(std::isfinite(expected) && expected > 0.0f, op,
+              ": the expected upstream gradient must be finite and > 0, got ", expected);
   const DType sd = cpu::cross_entropy_lse_dtype(dlogits.dtype());
   FORGE_CHECK(dlogits.is_cuda() && dlogits.is_contiguous() && out.is_contiguous() && out.device() == dlogits.device() &&
                   out.dtype() == dlogits.dtype() && out.numel() == dlogits.numel() && grad.dim() == 0 &&
@@ -575,7 +588,7 @@ void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out) {
     const bool vec = n % kVec<T> == 0 && aligned16(px) && aligned16(po);
     scale_dlogits_kernel<T><<<grid_blocks(device, (n + kReduceThreads - 1) / kReduceThreads, 8), kReduceThreads, 0,
                               current_stream(device)>>>(px, static_cast<const Lse<T>*>(grad.data_ptr()), n,
-                                                        px == po, vec, po);
+                                                        px == po, vec, po, static_cast<Lse<T>>(expected));
     FORGE_CUDA_LAUNCH_CHECK(op, " (times the upstream gradient): ", dlogits.shape(), " ", dtype_name(dlogits.dtype()));
   });
 }

@@ -36,17 +36,19 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             const Tensor& scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start = -1);
 
-// The forward and, for an upstream gradient of 1, the backward in one pass (Note [dlogits in the
+// The forward and, for an upstream gradient of `expected` (1; a training loop's 1 / grad_accum,
+// Note [expected loss gradient] in ops/loss.cpp), the backward in one pass (Note [dlogits in the
 // forward] in loss.cu): lse, total and scale as cross_entropy_forward's (all three defined), and
-// the logits overwritten with dlogits = (softmax - onehot) * scale, the bits of
-// cross_entropy_backward with grad 1. Returns false, having written nothing, where it does not
-// apply (f64; V not whole 16-byte vectors or the logits unaligned; a row larger than a block's
-// shared memory); the caller then runs the two kernels.
+// the logits overwritten with dlogits = (softmax - onehot) * expected * scale, the bits of
+// cross_entropy_backward with grad `expected`. Returns false, having written nothing, where it
+// does not apply (f64; V not whole 16-byte vectors or the logits unaligned; a row larger than a
+// block's shared memory); the caller then runs the two kernels.
 bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean, Tensor& lse,
-                         Tensor& total, Tensor& scale);
+                         Tensor& total, Tensor& scale, float expected = 1.0f);
 
-// out = dlogits * grad (grad 0-d, the loss dtype, on the device). out may be dlogits itself:
-// then nothing is done when grad is 1 (decided on the device).
-void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out);
+// out = dlogits * (grad / expected) (grad 0-d, the loss dtype, on the device; dlogits written for
+// an upstream gradient of `expected`, > 0). out may be dlogits itself: then nothing is done when
+// grad equals expected (decided on the device).
+void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, float expected = 1.0f);
 
 }  // namespace forge::cuda
