@@ -509,8 +509,8 @@ TEST(NNCrossEntropy, ConsumingIsCrossEntropyOnTheCpu) {
   }
 }
 
-// Note [expected loss gradient]: LossGradDivisor's scopes nest and restore; a divisor below 1 is
-// refused; inside a scope the CPU loss is still exactly cross_entropy's; and the expectation is the
+// Note [expected loss gradient]: LossGradDivisor's scopes nest and restore (a scaled one expects
+// nothing: 0); a divisor below 1 is refused; inside a scope the CPU loss is still exactly cross_entropy's; and the expectation is the
 // very f32 gradient autograd hands a loss divided by K (the fused classifier's backward skips only on
 // equality, so this must hold bit for bit).
 TEST(NNCrossEntropy, LossGradDivisorIsTheGradientOfTheDividedLoss) {
@@ -521,6 +521,11 @@ TEST(NNCrossEntropy, LossGradDivisorIsTheGradientOfTheDividedLoss) {
     {
       const ops::LossGradDivisor seven(7);
       EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 7.0f);
+    }
+    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
+    {
+      const ops::LossGradDivisor scaled(3, /*scaled=*/true);  // a device-held loss scale: not known
+      EXPECT_EQ(ops::expected_loss_grad(), 0.0f);
     }
     EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
   }

@@ -58,15 +58,16 @@ int64_t cross_entropy_fused_forwards() { return g_fused_forwards.load(); }
 // compares (on the device: no synchronisation) and multiplies only when g is another. A training
 // loop with K micro-batches backpropagates loss / K: autograd's div backward forms 1.0f / K in f32
 // (IEEE division on both backends), so the expectation is that value, and with it the fused
-// forward's dlogits are the two kernels' bits for g = 1 / K, as with K = 1. Thread-local like the
-// grad mode: the scope covers this thread's forward only.
+// forward's dlogits are the two kernels' bits for g = 1 / K, as with K = 1. A loss scale on the
+// device (f16) makes g a value the host does not know: then the two kernels run (0 below marks
+// it). Thread-local like the grad mode: the scope covers this thread's forward only.
 namespace {
 thread_local double t_expected_loss_grad = 1.0;
 }
 
-LossGradDivisor::LossGradDivisor(int64_t divisor) : previous_(t_expected_loss_grad) {
+LossGradDivisor::LossGradDivisor(int64_t divisor, bool scaled) : previous_(t_expected_loss_grad) {
   FORGE_CHECK(divisor >= 1, "LossGradDivisor: the loss's divisor must be >= 1 (train.grad_accum), got ", divisor);
-  t_expected_loss_grad = static_cast<double>(1.0f / static_cast<float>(divisor));
+  t_expected_loss_grad = scaled ? 0.0 : static_cast<double>(1.0f / static_cast<float>(divisor));
 }
 LossGradDivisor::~LossGradDivisor() { t_expected_loss_grad = previous_; }
 float expected_loss_grad() { return static_cast<float>(t_expected_loss_grad); }
@@ -75,15 +76,15 @@ Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int6
                                Reduction reduction) {
 #ifdef FORGE_WITH_CUDA
   // (Undefined or mismatched arguments fall through to cross_entropy, whose checks name them.)
+  const float expected = expected_loss_grad();  // Note [expected loss gradient]; 0: not known
   if (logits.defined() && targets.defined() && logits.is_cuda() && reduction != Reduction::none && grad_enabled() &&
-      logits.requires_grad() && logits.is_contiguous() && env::flag("FORGE_FUSED_CLASSIFIER")) {
+      logits.requires_grad() && logits.is_contiguous() && expected > 0.0f && env::flag("FORGE_FUSED_CLASSIFIER")) {
     check_cross_entropy_args(logits, targets);
     const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
     const TensorOptions opt{.dtype = lse_dtype, .device = logits.device()};
     Tensor ls = logits.detach();  // the logits' own memory: dlogits is written there
     const Tensor ts = contiguous(targets.detach());
     Tensor lse = empty({targets.numel()}, opt), total = empty({}, opt), scale_t = empty({}, opt);
-    const float expected = expected_loss_grad();  // Note [expected loss gradient]
     if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t,
                                   expected)) {
       ++g_fused_forwards;

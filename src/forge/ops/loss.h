@@ -48,12 +48,14 @@ int64_t cross_entropy_fused_forwards();
 // its backward given 1 / divisor, the f32 value autograd forms for `loss / divisor`. The fused
 // classifier then writes dlogits for that gradient in its forward, and its backward has nothing
 // left to do when it comes (Note [expected loss gradient]). Any other gradient stays right: the
-// backward then multiplies dlogits by g / (1 / divisor) in one pass. Scopes nest; outside every
-// scope the expected gradient is 1.
+// backward then multiplies dlogits by g / (1 / divisor) in one pass. `scaled`: the loss will also
+// be multiplied by a loss scale held on the device (f16's LossScaler), a gradient the host cannot
+// name, so the fused classifier stands aside for the two kernels (its multiplying pass would cost
+// more than the fusion saves). Scopes nest; outside every scope the expected gradient is 1.
 //   { ops::LossGradDivisor k(grad_accum); Tensor loss = model.head_loss(s, y); (loss / grad_accum).backward(); }
 class LossGradDivisor {
  public:
-  explicit LossGradDivisor(int64_t divisor);  // divisor >= 1
+  explicit LossGradDivisor(int64_t divisor, bool scaled = false);  // divisor >= 1
   ~LossGradDivisor();
   LossGradDivisor(const LossGradDivisor&) = delete;
   LossGradDivisor& operator=(const LossGradDivisor&) = delete;
@@ -61,7 +63,8 @@ class LossGradDivisor {
  private:
   double previous_;
 };
-// The expected gradient of the innermost LossGradDivisor scope, as f32 (1 outside any scope).
+// The expected gradient of the innermost LossGradDivisor scope, as f32 (1 outside any scope; 0
+// in a `scaled` scope: not known on the host).
 float expected_loss_grad();
 
 // cross_entropy's fused backward on its own, for a loss whose forward is assembled elsewhere

@@ -176,7 +176,7 @@ class PipelineStrategy final : public Strategy {
         const auto [begin, end] = stage_->chunks[static_cast<size_t>(a.chunk)];
         s = lm_->blocks(s, begin, end);
         if (j == V - 1) {
-          const ops::LossGradDivisor expect(K);  // backward gets 1 / K (Note [expected loss gradient])
+          const ops::LossGradDivisor expect(K, scaler_.has_value());  // Note [expected loss gradient]
           const Tensor loss = lm_->head_loss(s, mb.targets);
           const Tensor l = loss.detach().to(DType::f32);
           loss_sum = loss_sum.defined() ? loss_sum + l : l;

@@ -122,7 +122,16 @@ TEST(CudaFusedClassifier, GradientAccumulationGetsTheTwoKernelsBits) {
     expect_equal(one.dx, two.dx, what + ": dx");
     expect_equal(one.dw, two.dw, what + ": dw");
   }
-  // Expected 1 / 3, given 0.25 (e.g. a loss scale on top).
+  // A loss scale on the device (LossGradDivisor's `scaled`): the two kernels, nothing fused.
+  {
+    const int64_t before = ops::cross_entropy_fused_forwards();
+    env::Override o("FORGE_FUSED_CLASSIFIER", "1");
+    const ops::LossGradDivisor scaled(2, /*scaled=*/true);
+    Tensor l = host_input({16, 64}, Domain::real, DType::bf16, 9653).to(kGpu).requires_grad_();
+    (ops::cross_entropy_consuming(l, targets_for(16, 64, 9654).to(kGpu)) / 2.0).backward();
+    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before) << "scaled: not fused";
+  }
+  // Expected 1 / 3, given 0.25.
   const HeadRun two = run_head(x, w, t, ops::Reduction::mean, false, 0.25, false);
   const HeadRun one = run_head(x, w, t, ops::Reduction::mean, true, 0.25, false, 3);
   expect_equal(one.loss, two.loss, "divisor 3, upstream 0.25: loss");
