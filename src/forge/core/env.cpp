@@ -36,8 +36,8 @@ const std::vector<Spec>& table() {
        .category = Category::performance,
        .default_value = "0",
        .meaning = "1: the CUDA AdamW kernel is compiled to 45 registers so that five 256-thread blocks fit an SM "
-                  "instead of four (the same bits; docs/performance.md item 31); off until a same-session A/B "
-                  "shows it faster"},
+                  "instead of four (the same bits; docs/performance.md item 31); off: 0.994x on an H100 (A/B), "
+                  "not yet tried on an H200"},
       {.name = "FORGE_ALLOW_TF32",
        .kind = Kind::flag,
        .category = Category::numerics,
@@ -119,8 +119,8 @@ const std::vector<Spec>& table() {
        .category = Category::performance,
        .default_value = "0",
        .meaning = "1: linear_gelu's one-pass CUDA backward on bf16/f16 forms the GELU gradient from one __expf "
-                  "and one reciprocal instead of tanhf (docs/performance.md item 29); off until a same-session "
-                  "A/B shows it faster"},
+                  "and one reciprocal instead of tanhf (docs/performance.md item 29); off: 0.995x on an H100 "
+                  "(A/B), not yet tried on an H200"},
       {.name = "FORGE_GELU_FUSION",
        .kind = Kind::flag,
        .category = Category::performance,
@@ -208,8 +208,8 @@ const std::vector<Spec>& table() {
        .category = Category::performance,
        .default_value = "0",
        .meaning = "1: CUDA SwiGLU and its backward on bf16/f16 compute the sigmoid with __expf and one "
-                  "reciprocal instead of expf and IEEE divisions (docs/performance.md item 29); off until a "
-                  "same-session A/B shows it faster"},
+                  "reciprocal instead of expf and IEEE divisions (docs/performance.md item 29); off: even on an "
+                  "H100 (A/B 1.000x), not yet tried on an H200"},
       {.name = "FORGE_TP_OVERLAP",
        .kind = Kind::flag,
        .category = Category::performance,
