@@ -32,10 +32,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 const char* reduction_name(Reduction r);
 
 // cross_entropy for a caller that never reads `logits` again (CausalLM::head_loss, whose logits
-// live only inside it). On CUDA with FORGE_FUSED_CLASSIFIER=1 (the default), a reduction of mean or sum and a
-// gradient wanted, the forward also computes dlogits and writes them over the logits (Note
-// [dlogits in the forward], backends/cuda/loss.cu): the same loss and, for an upstream gradient
-// of 1, the same gradient bits, with one read of the logits less. Everywhere else exactly
+// live only inside it). On CUDA with FORGE_FUSED_CLASSIFIER=1 (the default), a reduction of mean or
+// sum and a gradient wanted, the forward also computes dlogits and writes them over the logits
+// (Note [dlogits in the forward], backends/cuda/loss.cu): the same loss and, for the upstream
+// gradient expected (1, or a LossGradDivisor scope's, below), the same gradient bits, with one read
+// of the logits less. Everywhere else exactly
 // cross_entropy. The logits' storage version is bumped when they are overwritten, so a node that
 // saved them fails its backward loudly instead of reading dlogits.
 Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,

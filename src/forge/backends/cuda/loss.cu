@@ -95,15 +95,15 @@ __device__ __forceinline__ void for_row_vectors(const Vec<T, W>* xv, int64_t nv,
   for (; w < nv; w += kT) fn(xv[w], w);
 }
 
-// Note [wide cross-entropy rows] (FORGE_CE_WIDE_ROWS=1, the default): rows of 2048 vectors and more (GPT-2's
-// and LLaMA's vocabularies) get a 1024-thread block each instead of 256 threads, in the forward
-// and in the fused classifier alike (the same fold order in both, so the fused kernel still writes
-// the two kernels' bits). The fused kernel keeps its row in shared memory, so at most two rows fit
-// an SM: with 256 threads a row that was a quarter of the SM's threads (an H200 profile: 23%
-// occupancy, DRAM 37% busy, 1.82 ms against 0.69 + 0.90 for the two kernels; docs/performance.md
-// item 24); with 1024 it is all of them. kWideThreads threads fold their vectors (a few each), then
-// wide_reduce combines the 32 warps' states: a shuffle tree in each warp, then warp 0's tree over
-// the 32 (a fixed order: deterministic).
+// Note [wide cross-entropy rows] (FORGE_CE_WIDE_ROWS=1, the default): rows of 2048 vectors and more
+// (GPT-2's and LLaMA's vocabularies) get a 1024-thread block each instead of 256 threads, in the
+// forward and in the fused classifier alike (the same fold order in both, so the fused kernel still
+// writes the two kernels' bits). The fused kernel keeps its row in shared memory, so at most two
+// rows fit an SM: with 256 threads a row that was a quarter of the SM's threads (an H200 profile:
+// 23% occupancy, DRAM 37% busy, 1.82 ms against 0.69 + 0.90 for the two kernels;
+// docs/performance.md item 24); with 1024 it is all of them. kWideThreads threads fold their
+// vectors (a few each), then wide_reduce combines the 32 warps' states: a shuffle tree in each
+// warp, then warp 0's tree over the 32 (a fixed order: deterministic).
 constexpr int kWideThreads = 1024;
 constexpr int64_t kWideFrom = 2048;  // vectors a row from which FORGE_CE_WIDE_ROWS takes effect
 

@@ -137,16 +137,16 @@ __global__ void __launch_bounds__(kBlockSize)
   }
 }
 
-// Note [rope planes] (FORGE_ROPE_PLANES=1, the default): a 2-D grid, blockIdx.y the (b, h) plane and x the
-// (t, group) items of that plane, one item a thread and no grid-stride loop. An H200 profile (ncu,
-// docs/performance.md item 26) had rope_kernel's q rotation at 27.7 us for 67 MB, DRAM 35% busy,
-// 30 cycles between a warp's instructions: each item did three runtime divisions before its
-// loads, and a capped grid walked four items a thread one after another. Here the plane's b and
-// h come from blockIdx.y once, an item costs one 32-bit division (by the groups of a row), and
-// the table rows are read as 16-byte vectors (a row of V values starts at a multiple of V). The
-// item math is rotate(): the same bits as rope_kernel. 40 registers (ptxas, sm_90a; 75% occupancy:
-// held to 32 for a full SM it spills). Vector rows only (V > 1, f32/bf16/f16); planes up to
-// gridDim.y's 65535.
+// Note [rope planes] (FORGE_ROPE_PLANES=1, the default): a 2-D grid, blockIdx.y the (b, h) plane
+// and x the (t, group) items of that plane, one item a thread and no grid-stride loop. An H200
+// profile (ncu, docs/performance.md item 26) had rope_kernel's q rotation at 27.7 us for 67 MB,
+// DRAM 35% busy, 30 cycles between a warp's instructions: each item did three runtime divisions
+// before its loads, and a capped grid walked four items a thread one after another. Here the
+// plane's b and h come from blockIdx.y once, an item costs one 32-bit division (by the groups of a
+// row), and the table rows are read as 16-byte vectors (a row of V values starts at a multiple of
+// V). The item math is rotate(): the same bits as rope_kernel. 40 registers (ptxas, sm_90a; 75%
+// occupancy: held to 32 for a full SM it spills). Vector rows only (V > 1, f32/bf16/f16); planes up
+// to gridDim.y's 65535.
 template <class T, int V>
 __global__ void __launch_bounds__(kBlockSize)
     rope_plane_kernel(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ cos_t,
