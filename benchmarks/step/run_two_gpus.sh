@@ -14,7 +14,7 @@
 # LANES_DIR=<dir>: run nothing, only merge the lanes' raw directories found there (a: rows 1-2,
 # b: row 3, c: row 4, as this script leaves them in its /tmp/forge_step2.* folder) and report:
 # for a call cut short after its lanes, and for checking the merge without GPUs.
-# Wall time (2026-11-27, H100s): about 2:15 for the first lane, 2:10 for the second, 1:55 for row 4.
+# Wall time (2026-11-27, H100s, forge built): about 3 minutes for the two lanes, then 2 for row 4.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
