@@ -96,6 +96,25 @@ TEST(GemmTuningCache, OtherGpusAndCublasLtVersionsAreIgnoredAndKept) {
   EXPECT_EQ(gt::load(path, newer).entries.at("k"), entry(2));
 }
 
+// Note [GEMM timing in CUDA graphs]: choices timed as graphs keep a section of their own beside
+// the stream-timed ones of the same GPU and cuBLASLt, so switching FORGE_GEMM_TUNE_IN_GRAPH never
+// reads the other mode's algorithms.
+TEST(GemmTuningCache, GraphTimedChoicesKeepASectionOfTheirOwn) {
+  ScratchDir dir;
+  const auto path = dir / "c.json";
+  gt::Identity graphs = kH100;
+  graphs.graph_timed = true;
+  EXPECT_EQ(graphs.key(), "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, cuBLASLt 120803, timed as CUDA graphs");
+  gt::save(path, kH100, {{"k", entry(1)}});
+  EXPECT_TRUE(gt::load(path, graphs).entries.empty());
+  gt::save(path, graphs, {{"k", entry(2)}});
+  EXPECT_EQ(gt::load(path, kH100).entries.at("k"), entry(1));
+  EXPECT_EQ(gt::load(path, graphs).entries.at("k"), entry(2));
+  const nlohmann::json j = nlohmann::json::parse(slurp(path));
+  EXPECT_EQ(j["devices"][graphs.key()]["timed_as"], "CUDA graphs");
+  EXPECT_FALSE(j["devices"][kH100.key()].contains("timed_as"));
+}
+
 TEST(GemmTuningCache, AnotherFormatVersionIsIgnoredWithAWarningAndReplaced) {
   ScratchDir dir;
   const auto path = dir / "c.json";

@@ -130,6 +130,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_GELU_MLP", env::Category::performance},
       {"FORGE_GEMM_SM_TARGET", env::Category::performance},
       {"FORGE_GEMM_TUNE_CACHE", env::Category::performance},
+      {"FORGE_GEMM_TUNE_IN_GRAPH", env::Category::performance},
       {"FORGE_GEMM_TUNING", env::Category::performance},
       {"FORGE_MPI_MAX_COUNT", env::Category::debugging},
       {"FORGE_NCCL_HIGH_PRIORITY", env::Category::performance},

@@ -535,7 +535,7 @@ TEST(NNCrossEntropy, LossGradDivisorIsTheGradientOfTheDividedLoss) {
   for (const int64_t K : {1, 2, 3, 5, 6, 7, 10, 12, 24, 100, 1000}) {
     const ops::LossGradDivisor expect(K);
     // What autograd hands a 0-d f32 loss's producer for (loss / K).backward().
-    Tensor l = ops::full({}, 2.5, {.dtype = DType::f32}).requires_grad_();
+    Tensor l = full({}, 2.5, {.dtype = DType::f32}).requires_grad_();
     (ops::mul(l, 1.0) / static_cast<double>(K)).backward();
     EXPECT_EQ(l.grad().item(), static_cast<double>(ops::expected_loss_grad())) << "K " << K;
     // The CPU loss under the scope: cross_entropy's, bit for bit.

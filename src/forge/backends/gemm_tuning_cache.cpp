@@ -147,7 +147,7 @@ void write_atomically(const fs::path& path, const std::string& text) {
 
 std::string Identity::key() const {
   return gpu + ", sm_" + std::to_string(cc_major) + std::to_string(cc_minor) + ", " + std::to_string(sm_count) +
-         " SMs, cuBLASLt " + std::to_string(cublaslt_version);
+         " SMs, cuBLASLt " + std::to_string(cublaslt_version) + (graph_timed ? ", timed as CUDA graphs" : "");
 }
 
 std::string algo_text(const AlgoData& a) {
@@ -222,6 +222,7 @@ void save(const fs::path& path, const Identity& id, const Entries& entries) {
   section["compute_capability"] = std::to_string(id.cc_major) + "." + std::to_string(id.cc_minor);
   section["sm_count"] = id.sm_count;
   section["cublaslt_version"] = id.cublaslt_version;
+  if (id.graph_timed) section["timed_as"] = "CUDA graphs";
   json merged = json::object();
   if (const auto old = section.find("entries"); old != section.end() && old->is_object())
     for (const auto& [key, value] : old->items())

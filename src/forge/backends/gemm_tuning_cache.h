@@ -12,7 +12,7 @@
 // The file (JSON, format version kFormatVersion):
 //   {"format": "forge-gemm-tuning", "version": 1,
 //    "devices": {"<Identity::key()>": {"gpu": ..., "compute_capability": "9.0", "sm_count": 132,
-//                                      "cublaslt_version": 120803,
+//                                      "cublaslt_version": 120803, ("timed_as": "CUDA graphs",)
 //                                      "entries": {"<plan key>": {"algo": "<128 hex digits>",
 //                                                  "tuned_ms": 0.41, "heuristic_ms": 0.44,
 //                                                  "candidates": 16}}}}}
@@ -52,7 +52,11 @@ struct Identity {
   int cc_major = 0, cc_minor = 0;
   int sm_count = 0;              // a MIG slice has fewer SMs than the whole GPU
   int64_t cublaslt_version = 0;  // cublasLtGetVersion()
-  // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, cuBLASLt 120803": the section's key.
+  // The candidates were timed as CUDA graphs (FORGE_GEMM_TUNE_IN_GRAPH; Note [GEMM timing in CUDA
+  // graphs] in backends/cuda/blaslt.cpp): their choices differ, so they keep a section of their own.
+  bool graph_timed = false;
+  // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, cuBLASLt 120803" (", timed as CUDA graphs" appended
+  // when graph_timed): the section's key.
   std::string key() const;
 };
 

@@ -148,6 +148,14 @@ const std::vector<Spec>& table() {
        .meaning = "the GEMM tuning cache file (the algorithm timed for each GEMM shape, reused by later runs); "
                   "unset: $XDG_CACHE_HOME/forge/gemm_tuning.json or ~/.cache/forge/gemm_tuning.json; none: no file "
                   "(docs/cuda-kernels.md)"},
+      {.name = "FORGE_GEMM_TUNE_IN_GRAPH",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: GEMM tuning times each cuBLASLt candidate as a CUDA graph of its runs, as the captured "
+                  "training step replays it (an algorithm's workspace memset costs more there), with a tuning "
+                  "cache section of its own (docs/performance.md item 35); off until a same-session A/B shows "
+                  "it faster"},
       {.name = "FORGE_GEMM_TUNING",
        .kind = Kind::choice,
        .category = Category::performance,

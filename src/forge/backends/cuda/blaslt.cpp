@@ -52,7 +52,7 @@ std::atomic<bool>& tuning_flag() {
 // gemm_tuning_stats(): process-wide, over every device.
 struct TuningCounters {
   std::atomic<int64_t> tuned{0}, timed{0}, changed{0}, loaded{0}, stale{0}, capture_skips{0}, failed{0},
-      fallback_shapes{0}, fallback_calls{0}, tuning_us{0}, file_writes{0};
+      fallback_shapes{0}, fallback_calls{0}, tuning_us{0}, file_writes{0}, graph_timed{0}, graph_refused{0};
 };
 TuningCounters& counters() {
   static auto* c = new TuningCounters;  // never destroyed: a GEMM may run during static destruction
@@ -81,6 +81,8 @@ GemmTuningStats gemm_tuning_stats() {
   s.fallback_calls = c.fallback_calls.load();
   s.tuning_ms = static_cast<double>(c.tuning_us.load()) / 1e3;
   s.file_writes = c.file_writes.load();
+  s.graph_timed = c.graph_timed.load();
+  s.graph_refused = c.graph_refused.load();
   return s;
 }
 
@@ -434,7 +436,8 @@ void read_cache(DeviceState& s, int device) {
   if (s.cache_read) return;
   s.cache_read = true;
   const DeviceProperties p = device_properties(device);
-  s.identity = {p.name, p.major, p.minor, p.sm_count, static_cast<int64_t>(cublasLtGetVersion())};
+  s.identity = {p.name, p.major, p.minor, p.sm_count, static_cast<int64_t>(cublasLtGetVersion()),
+                env::flag("FORGE_GEMM_TUNE_IN_GRAPH")};
   s.cache_file = gemm_tuning::cache_path();
   if (!s.cache_file) return;
   gemm_tuning::Loaded loaded = gemm_tuning::load(*s.cache_file, s.identity);
@@ -457,6 +460,71 @@ void write_cache(DeviceState& s) {
            "); tuned GEMM algorithms are kept for this process only (FORGE_GEMM_TUNE_CACHE names another file, "
            "none switches the file off)");
   }
+}
+
+// Note [GEMM timing in CUDA graphs]: forge's training step replays as one CUDA graph (Note [the
+// step as a CUDA graph]), where a kernel follows the one before it within ~0.4 us, but some
+// cuBLASLt algorithms issue a small memset of their workspace before their kernel (stream-K and
+// split-K bookkeeping), and a memset node in a graph costs ~4-5 us of idle GPU around it (an
+// H200 trace of the LLaMA step: 280 such memsets a step, 1.4 ms; GPT-2 on an H100: 128, 0.65
+// ms). Timed by stream launches, as the tuner did, those algorithms pay less than that, so the
+// tuner can prefer one that is slower where it runs. Timing the candidates as graphs charges
+// each what the step will pay. Each candidate is first run once on the stream (module loading
+// is not captured), then its `runs` calls are captured on a private stream (thread-local
+// capture mode: no other thread is disturbed) and instantiated; a candidate whose call or
+// capture fails is skipped, and if the heuristic's first choice cannot be captured the
+// candidates are timed by stream launches as before (counted as graph_refused).
+struct GraphRuns {
+  bool used = false;
+  std::vector<cudaGraphExec_t> exec;
+  GraphRuns() = default;
+  GraphRuns(const GraphRuns&) = delete;
+  GraphRuns& operator=(const GraphRuns&) = delete;
+  GraphRuns(GraphRuns&& o) noexcept : used(o.used), exec(std::move(o.exec)) { o.exec.clear(); }
+  GraphRuns& operator=(GraphRuns&& o) noexcept {
+    std::swap(used, o.used);
+    std::swap(exec, o.exec);
+    return *this;
+  }
+  ~GraphRuns() {
+    for (cudaGraphExec_t e : exec)
+      if (e) cudaGraphExecDestroy(e);
+  }
+};
+
+template <class Call>
+GraphRuns capture_runs(const std::vector<cublasLtMatmulAlgo_t>& cand, size_t n, int runs, std::vector<char>& ok,
+                       const Call& call, cudaStream_t stream) {
+  GraphRuns out;
+  out.exec.assign(n, nullptr);
+  cudaStream_t cs = nullptr;
+  FORGE_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  for (size_t i = 0; i < n; ++i) {
+    if (call(cand[i], stream) != CUBLAS_STATUS_SUCCESS) {  // warm-up: loads the candidate's kernels
+      ok[i] = 0;
+      continue;
+    }
+    if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ok[i] = 0;
+      continue;
+    }
+    bool good = true;
+    for (int r = 0; r < runs && good; ++r) good = call(cand[i], cs) == CUBLAS_STATUS_SUCCESS;
+    cudaGraph_t graph = nullptr;
+    good = cudaStreamEndCapture(cs, &graph) == cudaSuccess && good && graph != nullptr;
+    if (good) good = cudaGraphInstantiate(&out.exec[i], graph, 0) == cudaSuccess;
+    if (graph) cudaGraphDestroy(graph);
+    if (!good) {
+      (void)cudaGetLastError();
+      out.exec[i] = nullptr;
+      ok[i] = 0;
+    }
+  }
+  FORGE_CUDA_CHECK(cudaStreamDestroy(cs));
+  out.used = ok[0] != 0;
+  if (!out.used) std::fill(ok.begin(), ok.end(), 1);  // stream launches time them all, as without graphs
+  return out;
 }
 
 // Times plan's candidates on the current stream and returns the fastest as a cache entry
@@ -514,6 +582,20 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
   const int runs = std::clamp(static_cast<int>(std::ceil(kTuneTargetMs / probe)), 1, kTuneMaxRuns);
   const size_t n = std::clamp(static_cast<size_t>(kTuneBudgetMs / (2.0 * runs * probe)), size_t{2}, cand.size());
 
+  std::vector<char> ok(n, 1);
+  // Note [GEMM timing in CUDA graphs]: with the identity's graph_timed (FORGE_GEMM_TUNE_IN_GRAPH
+  // when the cache was read), each candidate's `runs` calls are captured once into a graph, and
+  // the timing launches that graph, so a candidate is charged what it costs in the replayed step.
+  GraphRuns graphs;
+  if (s.identity.graph_timed) {
+    graphs = capture_runs(cand, n, runs, ok, [&](const cublasLtMatmulAlgo_t& algo, cudaStream_t on) {
+      return cublasLtMatmul(s.lt, plan.op, alpha, g.b.data, plan.a, g.a.data, plan.b, beta, t.c, plan.c, t.c, plan.c,
+                            &algo, ws, kWorkspaceBytes, on);
+    }, stream.handle());
+    counters().graph_timed.fetch_add(graphs.used ? 1 : 0);
+    counters().graph_refused.fetch_add(graphs.used ? 0 : 1);
+  }
+
   // Two passes (the second in reverse order), each candidate's `runs` runs between two events;
   // a candidate's time is the smaller of its two means. The first pass also warms up.
   std::vector<Event> start, stop;
@@ -522,13 +604,16 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
     stop.emplace_back(true);
   }
   std::vector<double> ms(n, std::numeric_limits<double>::infinity());
-  std::vector<char> ok(n, 1);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t j = 0; j < n; ++j) {
       const size_t i = pass == 0 ? j : n - 1 - j;
       if (!ok[i]) continue;
       start[i].record(stream);
-      for (int r = 0; r < runs && ok[i]; ++r) ok[i] = run(cand[i]) == CUBLAS_STATUS_SUCCESS;
+      if (graphs.used) {
+        FORGE_CUDA_CHECK(cudaGraphLaunch(graphs.exec[i], stream.handle()));
+      } else {
+        for (int r = 0; r < runs && ok[i]; ++r) ok[i] = run(cand[i]) == CUBLAS_STATUS_SUCCESS;
+      }
       stop[i].record(stream);
     }
     Event end;

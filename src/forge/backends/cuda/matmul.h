@@ -96,6 +96,8 @@ struct GemmTuningStats {
   int64_t fallback_calls = 0;   // GEMM calls that took such a plan's fallback
   double tuning_ms = 0;         // host time spent timing candidates
   int64_t file_writes = 0;      // successful writes of the tuning cache file
+  int64_t graph_timed = 0;      // timed plans whose candidates ran as CUDA graphs (FORGE_GEMM_TUNE_IN_GRAPH)
+  int64_t graph_refused = 0;    //   that could not be, and were timed by stream launches instead
 };
 GemmTuningStats gemm_tuning_stats();
 
