@@ -3,8 +3,9 @@
 // CPU on fresh random inputs; timing an accumulating GEMM writes a scratch C, never the real
 // one; the tuning cache file is written, read back after a reset (the shape is not timed
 // again), and its stale or corrupt entries are dropped; an unwritable file is not fatal;
-// nothing is timed inside a stream capture; a shape without a cuBLASLt algorithm is reported
-// and counted. The file's format and failure modes without a GPU:
+// nothing is timed inside a stream capture; candidates timed as CUDA graphs
+// (FORGE_GEMM_TUNE_IN_GRAPH) give correct results and a cache section of their own; a shape
+// without a cuBLASLt algorithm is reported and counted. The file's format and failure modes without a GPU:
 // tests/backends/test_gemm_tuning_cache.cpp.
 //
 // Each test gets its own cache file (FORGE_GEMM_TUNE_CACHE through env::Override), tuning on,
@@ -289,6 +290,33 @@ TEST_F(CudaGemmTuning, NothingIsTimedInsideAStreamCapture) {
   cuda::matmul(a.gpu, b.gpu, again);
   expect_matches(again, ref, 1e-2, "after the capture (tuned)");
   EXPECT_EQ(cuda::gemm_tuning_stats().tuned - s1.tuned, 1);
+}
+
+// Note [GEMM timing in CUDA graphs] (FORGE_GEMM_TUNE_IN_GRAPH=1): the candidates are timed as
+// graphs of their runs; the results still match the CPU, an accumulating GEMM still gets C0 + A B
+// (the graphs' runs write the scratch C), and the choices go to a section of their own in the file.
+TEST_F(CudaGemmTuning, GraphTimedChoicesMatchTheCpuAndKeepTheirOwnSection) {
+  env::Override graphs("FORGE_GEMM_TUNE_IN_GRAPH", "1");
+  cuda::reset_gemm_plans(0);  // the identity (and so the mode) is read with the file
+  const auto s0 = cuda::gemm_tuning_stats();
+  const Pair a = on_both(host_input({512, 384}, Domain::real, DType::bf16, 61));
+  const Pair b = on_both(host_input({384, 640}, Domain::real, DType::bf16, 62));
+  expect_matches(ops::matmul(a.gpu, b.gpu), ops::matmul(ref_of(a.cpu), ref_of(b.cpu)), 1e-2, "graph-timed");
+  const Pair c0 = on_both(host_input({256, 384}, Domain::real, DType::f32, 63));
+  const Pair x = on_both(host_input({256, 320}, Domain::real, DType::f32, 64));
+  const Pair y = on_both(host_input({320, 384}, Domain::real, DType::f32, 65));
+  Tensor acc = c0.gpu.clone();
+  run_gemm(x.gpu, y.gpu, acc, 1.0);
+  expect_matches(acc, ops::add(c0.cpu, ops::matmul(x.cpu, y.cpu)), 1e-5, "beta = 1, graph-timed");
+  const auto s1 = cuda::gemm_tuning_stats();
+  EXPECT_EQ(s1.tuned - s0.tuned, 2);
+  EXPECT_EQ((s1.graph_timed - s0.graph_timed) + (s1.graph_refused - s0.graph_refused), s1.timed - s0.timed);
+  EXPECT_GE(s1.graph_timed - s0.graph_timed, 1) << "no candidate list could be captured";
+  EXPECT_EQ(s1.failed, s0.failed);
+  const nlohmann::json j = nlohmann::json::parse(testing::slurp(cache_file()));
+  ASSERT_EQ(j["devices"].size(), 1u);
+  expect_has(j["devices"].begin().key(), ", timed as CUDA graphs");
+  EXPECT_EQ(j["devices"].begin().value()["entries"].size(), 2u);
 }
 
 TEST_F(CudaGemmTuning, FallbacksAreReportedOnceAndCounted) {
