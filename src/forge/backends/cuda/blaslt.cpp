@@ -565,10 +565,11 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
     t.bias_grad = bgrad_scratch.data_ptr();
   }
   set_epilogue_pointers(plan.op, t);  // gemm() sets the real ones again before its call
-  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+  const auto run_on = [&](const cublasLtMatmulAlgo_t& algo, cudaStream_t on) {
     return cublasLtMatmul(s.lt, plan.op, alpha, g.b.data, plan.a, g.a.data, plan.b, beta, t.c, plan.c, t.c, plan.c,
-                          &algo, ws, kWorkspaceBytes, stream.handle());
+                          &algo, ws, kWorkspaceBytes, on);
   };
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) { return run_on(algo, stream.handle()); };
 
   // The heuristic's choice once to warm up (lazy module loading), once timed: how many runs
   // make a measurement of ~kTuneTargetMs, and how many candidates fit kTuneBudgetMs.
@@ -588,10 +589,7 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
   // the timing launches that graph, so a candidate is charged what it costs in the replayed step.
   GraphRuns graphs;
   if (s.identity.graph_timed) {
-    graphs = capture_runs(cand, n, runs, ok, [&](const cublasLtMatmulAlgo_t& algo, cudaStream_t on) {
-      return cublasLtMatmul(s.lt, plan.op, alpha, g.b.data, plan.a, g.a.data, plan.b, beta, t.c, plan.c, t.c, plan.c,
-                            &algo, ws, kWorkspaceBytes, on);
-    }, stream.handle());
+    graphs = capture_runs(cand, n, runs, ok, run_on, stream.handle());
     counters().graph_timed.fetch_add(graphs.used ? 1 : 0);
     counters().graph_refused.fetch_add(graphs.used ? 0 : 1);
   }
