@@ -509,6 +509,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     if (cfg.run.gemm_tuning == "cached")
       log << ": " << g.tuned << " shapes tuned in " << fixed(g.tuning_ms / 1e3, 2) << " s (" << g.changed
           << " faster than cuBLASLt's first choice), " << g.loaded << " from the tuning cache";
+    if (g.graph_timed + g.graph_refused > 0)  // Note [GEMM timing in CUDA graphs] (FORGE_GEMM_TUNE_IN_GRAPH)
+      log << "; timed as CUDA graphs: " << g.graph_timed << " (" << g.graph_refused
+          << " could not be captured), with a workspace memset in " << g.memset_first
+          << " first choices and " << g.memset_chosen << " chosen";
     log << "; " << g.fallback_shapes << " shapes without a cuBLASLt algorithm" << std::endl;
   }
 #endif

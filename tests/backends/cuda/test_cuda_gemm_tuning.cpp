@@ -312,6 +312,8 @@ TEST_F(CudaGemmTuning, GraphTimedChoicesMatchTheCpuAndKeepTheirOwnSection) {
   EXPECT_EQ(s1.tuned - s0.tuned, 2);
   EXPECT_EQ((s1.graph_timed - s0.graph_timed) + (s1.graph_refused - s0.graph_refused), s1.timed - s0.timed);
   EXPECT_GE(s1.graph_timed - s0.graph_timed, 1) << "no candidate list could be captured";
+  EXPECT_LE(s1.memset_first - s0.memset_first, s1.graph_timed - s0.graph_timed);
+  EXPECT_LE(s1.memset_chosen - s0.memset_chosen, s1.graph_timed - s0.graph_timed);
   EXPECT_EQ(s1.failed, s0.failed);
   const nlohmann::json j = nlohmann::json::parse(testing::slurp(cache_file()));
   ASSERT_EQ(j["devices"].size(), 1u);

@@ -52,7 +52,8 @@ std::atomic<bool>& tuning_flag() {
 // gemm_tuning_stats(): process-wide, over every device.
 struct TuningCounters {
   std::atomic<int64_t> tuned{0}, timed{0}, changed{0}, loaded{0}, stale{0}, capture_skips{0}, failed{0},
-      fallback_shapes{0}, fallback_calls{0}, tuning_us{0}, file_writes{0}, graph_timed{0}, graph_refused{0};
+      fallback_shapes{0}, fallback_calls{0}, tuning_us{0}, file_writes{0}, graph_timed{0}, graph_refused{0},
+      memset_first{0}, memset_chosen{0};
 };
 TuningCounters& counters() {
   static auto* c = new TuningCounters;  // never destroyed: a GEMM may run during static destruction
@@ -83,6 +84,8 @@ GemmTuningStats gemm_tuning_stats() {
   s.file_writes = c.file_writes.load();
   s.graph_timed = c.graph_timed.load();
   s.graph_refused = c.graph_refused.load();
+  s.memset_first = c.memset_first.load();
+  s.memset_chosen = c.memset_chosen.load();
   return s;
 }
 
@@ -477,13 +480,17 @@ void write_cache(DeviceState& s) {
 struct GraphRuns {
   bool used = false;
   std::vector<cudaGraphExec_t> exec;
+  std::vector<int> memsets;  // memset nodes in each candidate's graph (of `runs` calls)
   GraphRuns() = default;
   GraphRuns(const GraphRuns&) = delete;
   GraphRuns& operator=(const GraphRuns&) = delete;
-  GraphRuns(GraphRuns&& o) noexcept : used(o.used), exec(std::move(o.exec)) { o.exec.clear(); }
+  GraphRuns(GraphRuns&& o) noexcept : used(o.used), exec(std::move(o.exec)), memsets(std::move(o.memsets)) {
+    o.exec.clear();
+  }
   GraphRuns& operator=(GraphRuns&& o) noexcept {
     std::swap(used, o.used);
     std::swap(exec, o.exec);
+    std::swap(memsets, o.memsets);
     return *this;
   }
   ~GraphRuns() {
@@ -492,11 +499,26 @@ struct GraphRuns {
   }
 };
 
+// The memset nodes of a captured graph (what cuBLASLt issued besides its kernels).
+int memset_nodes(cudaGraph_t graph) {
+  size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return 0;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return 0;
+  int memsets = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeMemset) ++memsets;
+  }
+  return memsets;
+}
+
 template <class Call>
 GraphRuns capture_runs(const std::vector<cublasLtMatmulAlgo_t>& cand, size_t n, int runs, std::vector<char>& ok,
                        const Call& call, cudaStream_t stream) {
   GraphRuns out;
   out.exec.assign(n, nullptr);
+  out.memsets.assign(n, 0);
   cudaStream_t cs = nullptr;
   FORGE_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   for (size_t i = 0; i < n; ++i) {
@@ -513,6 +535,7 @@ GraphRuns capture_runs(const std::vector<cublasLtMatmulAlgo_t>& cand, size_t n, 
     for (int r = 0; r < runs && good; ++r) good = call(cand[i], cs) == CUBLAS_STATUS_SUCCESS;
     cudaGraph_t graph = nullptr;
     good = cudaStreamEndCapture(cs, &graph) == cudaSuccess && good && graph != nullptr;
+    if (good) out.memsets[i] = memset_nodes(graph);
     if (good) good = cudaGraphInstantiate(&out.exec[i], graph, 0) == cudaSuccess;
     if (graph) cudaGraphDestroy(graph);
     if (!good) {
@@ -625,6 +648,10 @@ gemm_tuning::Entry time_candidates(DeviceState& s, const Plan& plan, const Gemm&
   for (size_t i = 1; i < n; ++i)
     if (ok[i] && ms[i] < ms[best]) best = i;
   if (ms[best] > (1.0 - kTuneMargin) * ms[0]) best = 0;  // not clearly faster: keep the heuristic's
+  if (graphs.used) {  // what the step's graph will hold: the first choice's memsets, and the winner's
+    counters().memset_first.fetch_add(graphs.memsets[0] > 0 ? 1 : 0);
+    counters().memset_chosen.fetch_add(graphs.memsets[best] > 0 ? 1 : 0);
+  }
   e.algo = algo_data(cand[best]);
   e.tuned_ms = ms[best];
   e.heuristic_ms = ms[0];

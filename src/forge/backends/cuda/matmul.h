@@ -98,6 +98,8 @@ struct GemmTuningStats {
   int64_t file_writes = 0;      // successful writes of the tuning cache file
   int64_t graph_timed = 0;      // timed plans whose candidates ran as CUDA graphs (FORGE_GEMM_TUNE_IN_GRAPH)
   int64_t graph_refused = 0;    //   that could not be, and were timed by stream launches instead
+  int64_t memset_first = 0;     // graph-timed plans whose heuristic first choice memsets its workspace
+  int64_t memset_chosen = 0;    // graph-timed plans whose chosen algorithm does
 };
 GemmTuningStats gemm_tuning_stats();
 
