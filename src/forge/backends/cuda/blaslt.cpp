@@ -469,8 +469,8 @@ void write_cache(DeviceState& s) {
 // step as a CUDA graph]), where a kernel follows the one before it within ~0.4 us, but some
 // cuBLASLt algorithms issue a small memset of their workspace before their kernel (stream-K and
 // split-K bookkeeping), and a memset node in a graph costs ~4-5 us of idle GPU around it (an
-// H200 trace of the LLaMA step: 280 such memsets a step, 1.4 ms; GPT-2 on an H100: 128, 0.65
-// ms). Timed by stream launches, as the tuner did, those algorithms pay less than that, so the
+// H200 trace of the LLaMA step: 243 such memsets a step in front of GEMMs, ~1.2 ms; GPT-2 on an
+// H100: ~100, ~0.5 ms; docs/performance.md item 35). Timed by stream launches, as the tuner did, those algorithms pay less than that, so the
 // tuner can prefer one that is slower where it runs. Timing the candidates as graphs charges
 // each what the step will pay. Each candidate is first run once on the stream (module loading
 // is not captured), then its `runs` calls are captured on a private stream (thread-local
