@@ -41,6 +41,7 @@ if [[ -z "${LANES_DIR:-}" ]]; then
   bench_setup run_two_gpus.sh  # FORGE, PY, GPU
 else
   PY="${PYTHON:-python3}"
+  [[ -f "$LANES_DIR/a/meta.json" ]] || { echo "run_two_gpus.sh: $LANES_DIR/a/meta.json not found (LANES_DIR holds a, b, c)"; exit 2; }
   GPU="$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["gpu_name"].replace(" ", "_"))' \
     "$LANES_DIR/a/meta.json")"
 fi
@@ -87,6 +88,8 @@ STEPS="${STEPS:-90}" WARMUP="${WARMUP:-10}" PROFILE_ROWS="$PROFILE_ROWS" "$PY" -
 import json, os, sys
 raw = sys.argv[1]
 lanes = {x: json.load(open(f"{raw}/meta_lane_{x}.json")) for x in "abc" if os.path.exists(f"{raw}/meta_lane_{x}.json")}
+if not lanes:
+    sys.exit(f"run_two_gpus.sh: no lane wrote its meta.json (see the lane_*.log files in {raw})")
 meta = dict(next(iter(lanes.values())))
 e = os.environ
 meta["command"] = (f"benchmarks/step/run_two_gpus.sh (STEPS={e['STEPS']} WARMUP={e['WARMUP']} "
