@@ -509,35 +509,45 @@ TEST(NNCrossEntropy, ConsumingIsCrossEntropyOnTheCpu) {
   }
 }
 
-// Note [expected loss gradient]: LossGradDivisor's scopes nest and restore (a scaled one expects
-// nothing: 0); a divisor below 1 is refused; inside a scope the CPU loss is still exactly cross_entropy's; and the expectation is the
-// very f32 gradient autograd hands a loss divided by K (the fused classifier's backward skips only on
-// equality, so this must hold bit for bit).
+// Note [expected loss gradient]: LossGradDivisor's scopes nest and restore (a scaled one names its
+// scale, and no host value); bad divisors and scales are refused; inside a scope the CPU loss is
+// still exactly cross_entropy's; and the expectation is the very f32 gradient autograd hands a
+// loss divided by K (the fused classifier's backward skips only on equality, so this must hold
+// bit for bit).
 TEST(NNCrossEntropy, LossGradDivisorIsTheGradientOfTheDividedLoss) {
-  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  EXPECT_EQ(ops::expected_loss_grad().host_value(), 1.0f);
+  const Tensor s = full({}, 1024.0, {.dtype = DType::f32});
   {
     const ops::LossGradDivisor three(3);
-    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
+    EXPECT_EQ(ops::expected_loss_grad().host_value(), 1.0f / 3.0f);
+    EXPECT_EQ(ops::expected_loss_grad().divisor, 3);
     {
-      const ops::LossGradDivisor seven(7);
-      EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 7.0f);
+      const ops::LossGradDivisor scaled(7, s);  // f16's device-held loss scale: no host value
+      EXPECT_EQ(ops::expected_loss_grad().host_value(), 0.0f);
+      EXPECT_EQ(ops::expected_loss_grad().divisor, 7);
+      EXPECT_TRUE(ops::expected_loss_grad().scale.is_same(s));
     }
-    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
-    {
-      const ops::LossGradDivisor scaled(3, /*scaled=*/true);  // a device-held loss scale: not known
-      EXPECT_EQ(ops::expected_loss_grad(), 0.0f);
-    }
-    EXPECT_EQ(ops::expected_loss_grad(), 1.0f / 3.0f);
+    EXPECT_EQ(ops::expected_loss_grad().host_value(), 1.0f / 3.0f);
+    EXPECT_FALSE(ops::expected_loss_grad().scale.defined());
   }
-  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  EXPECT_EQ(ops::expected_loss_grad().host_value(), 1.0f);
   expect_error([] { const ops::LossGradDivisor none(0); }, {"LossGradDivisor", ">= 1", "got 0"});
-  EXPECT_EQ(ops::expected_loss_grad(), 1.0f);
+  expect_error([&] { const ops::LossGradDivisor bad(2, full({1}, 2.0, {.dtype = DType::f32})); },
+               {"LossGradDivisor", "0-d f32"});
+  expect_error([&] { const ops::LossGradDivisor bad(2, full({}, 2.0, {.dtype = DType::f64})); },
+               {"LossGradDivisor", "0-d f32", "f64"});
+  EXPECT_EQ(ops::expected_loss_grad().host_value(), 1.0f);
   for (const int64_t K : {1, 2, 3, 5, 6, 7, 10, 12, 24, 100, 1000}) {
     const ops::LossGradDivisor expect(K);
     // What autograd hands a 0-d f32 loss's producer for (loss / K).backward().
     Tensor l = full({}, 2.5, {.dtype = DType::f32}).requires_grad_();
     (ops::mul(l, 1.0) / static_cast<double>(K)).backward();
-    EXPECT_EQ(l.grad().item(), static_cast<double>(ops::expected_loss_grad())) << "K " << K;
+    EXPECT_EQ(l.grad().item(), static_cast<double>(ops::expected_loss_grad().host_value())) << "K " << K;
+    // With a loss scale S: ((loss / K) * S).backward() hands the loss S / f32(K) (S for K = 1).
+    Tensor m = full({}, 2.5, {.dtype = DType::f32}).requires_grad_();
+    Tensor div = K == 1 ? ops::mul(m, 1.0) : ops::mul(m, 1.0) / static_cast<double>(K);
+    ops::mul(div, s).backward();
+    EXPECT_EQ(m.grad().item(), static_cast<double>(K == 1 ? 1024.0f : 1024.0f / static_cast<float>(K))) << "K " << K;
     // The CPU loss under the scope: cross_entropy's, bit for bit.
     const Tensor x = f64({0.5, -1, 2, 0.25, 3, -0.5, 1, 1.5}, {2, 4});
     const Tensor targets = i64({3, 1}, {2});

@@ -58,43 +58,64 @@ int64_t cross_entropy_fused_forwards() { return g_fused_forwards.load(); }
 // compares (on the device: no synchronisation) and multiplies only when g is another. A training
 // loop with K micro-batches backpropagates loss / K: autograd's div backward forms 1.0f / K in f32
 // (IEEE division on both backends), so the expectation is that value, and with it the fused
-// forward's dlogits are the two kernels' bits for g = 1 / K, as with K = 1. A loss scale on the
-// device (f16) makes g a value the host does not know: then the two kernels run (0 below marks
-// it). Thread-local like the grad mode: the scope covers this thread's forward only.
+// forward's dlogits are the two kernels' bits for g = 1 / K, as with K = 1. With f16's loss scale
+// S (a 0-d f32 tensor on the device) the loop backpropagates (loss / K) * S: mul's backward hands
+// loss / K the value 1 * S = S, div's hands the loss S / K, so the kernels form S / f32(K) on the
+// device (S itself for K = 1), the same division, and read S where the backward reads it: after the
+// forward and before the scaler's update, which changes S only after the step. Thread-local like
+// the grad mode: the scope covers this thread's forward only.
 namespace {
-thread_local double t_expected_loss_grad = 1.0;
-}
+thread_local int64_t t_loss_grad_divisor = 1;
+thread_local Tensor t_loss_grad_scale;
+}  // namespace
 
-LossGradDivisor::LossGradDivisor(int64_t divisor, bool scaled) : previous_(t_expected_loss_grad) {
+LossGradDivisor::LossGradDivisor(int64_t divisor, const Tensor& scale)
+    : previous_divisor_(t_loss_grad_divisor), previous_scale_(t_loss_grad_scale) {
   FORGE_CHECK(divisor >= 1, "LossGradDivisor: the loss's divisor must be >= 1 (train.grad_accum), got ", divisor);
-  t_expected_loss_grad = scaled ? 0.0 : static_cast<double>(1.0f / static_cast<float>(divisor));
+  FORGE_CHECK(divisor <= (int64_t{1} << 24), "LossGradDivisor: the loss's divisor must be <= 2^24 (exact in f32), got ",
+              divisor);
+  if (scale.defined())
+    FORGE_CHECK(scale.dim() == 0 && scale.dtype() == DType::f32,
+                "LossGradDivisor: the loss scale must be a 0-d f32 tensor (LossScaler::scale_tensor()), got ",
+                dtype_name(scale.dtype()), " of shape ", scale.shape());
+  t_loss_grad_divisor = divisor;
+  t_loss_grad_scale = scale;
 }
-LossGradDivisor::~LossGradDivisor() { t_expected_loss_grad = previous_; }
-float expected_loss_grad() { return static_cast<float>(t_expected_loss_grad); }
+LossGradDivisor::~LossGradDivisor() {
+  t_loss_grad_divisor = previous_divisor_;
+  t_loss_grad_scale = previous_scale_;
+}
+float ExpectedLossGrad::host_value() const {
+  return scale.defined() ? 0.0f : 1.0f / static_cast<float>(divisor);
+}
+ExpectedLossGrad expected_loss_grad() { return {t_loss_grad_divisor, t_loss_grad_scale}; }
 
 Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                Reduction reduction) {
 #ifdef FORGE_WITH_CUDA
   // (Undefined or mismatched arguments fall through to cross_entropy, whose checks name them.)
-  const float expected = expected_loss_grad();  // Note [expected loss gradient]; 0: not known
+  const ExpectedLossGrad expected = expected_loss_grad();  // Note [expected loss gradient]
+  // A scale on another device than the logits' (a scaler not bound yet) is not read: two kernels.
+  const bool scale_usable =
+      !expected.scale.defined() || (logits.defined() && expected.scale.device() == logits.device());
   if (logits.defined() && targets.defined() && logits.is_cuda() && reduction != Reduction::none && grad_enabled() &&
-      logits.requires_grad() && logits.is_contiguous() && expected > 0.0f && env::flag("FORGE_FUSED_CLASSIFIER")) {
+      logits.requires_grad() && logits.is_contiguous() && scale_usable && env::flag("FORGE_FUSED_CLASSIFIER")) {
     check_cross_entropy_args(logits, targets);
     const DType lse_dtype = cpu::cross_entropy_lse_dtype(logits.dtype());
     const TensorOptions opt{.dtype = lse_dtype, .device = logits.device()};
     Tensor ls = logits.detach();  // the logits' own memory: dlogits is written there
     const Tensor ts = contiguous(targets.detach());
     Tensor lse = empty({targets.numel()}, opt), total = empty({}, opt), scale_t = empty({}, opt);
-    if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t,
-                                  expected)) {
+    const cuda::ExpectedGrad eg{expected.host_value(), expected.scale, expected.divisor};
+    if (cuda::cross_entropy_fused(ls, ts, ignore_index, reduction == Reduction::mean, lse, total, scale_t, eg)) {
       ++g_fused_forwards;
       ls.storage()->bump_version();  // the logits are gone: a saved copy of them must not be used
-      record("cross_entropy", total, {logits}, [ls, expected](const Tensor& g, const GradMask&) {
+      record("cross_entropy", total, {logits}, [ls, eg](const Tensor& g, const GradMask&) {
         // ls holds dlogits for an upstream gradient of `expected`: times g / expected, in place
         // (nothing when they are equal) unless the graph is kept for another backward (then ls
         // must stay as it is).
         Tensor out = autograd::retaining_graph() ? empty(ls.shape(), {.dtype = ls.dtype(), .device = ls.device()}) : ls;
-        cuda::scale_dlogits(ls, contiguous(g), out, expected);
+        cuda::scale_dlogits(ls, contiguous(g), out, eg);
         return TensorList{out};
       }, {ls});
       return total;

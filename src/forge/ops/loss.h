@@ -45,28 +45,35 @@ Tensor cross_entropy_consuming(const Tensor& logits, const Tensor& targets, int6
 int64_t cross_entropy_fused_forwards();
 
 // The gradient a training loop will hand the loss's backward, said before the forward: within the
-// scope (this thread), the loss will be divided by `divisor` (train.grad_accum micro-batches) and
-// its backward given 1 / divisor, the f32 value autograd forms for `loss / divisor`. The fused
-// classifier then writes dlogits for that gradient in its forward, and its backward has nothing
-// left to do when it comes (Note [expected loss gradient]). Any other gradient stays right: the
-// backward then multiplies dlogits by g / (1 / divisor) in one pass. `scaled`: the loss will also
-// be multiplied by a loss scale held on the device (f16's LossScaler), a gradient the host cannot
-// name, so the fused classifier stands aside for the two kernels (its multiplying pass would cost
-// more than the fusion saves). Scopes nest; outside every scope the expected gradient is 1.
+// scope (this thread), the loss will be divided by `divisor` (train.grad_accum micro-batches) and,
+// when `scale` is given (f16's LossScaler: a 0-d f32 tensor on the loss's device), multiplied by
+// that scale; its backward is then given what autograd forms for it in f32: 1 / divisor, or
+// scale / divisor (scale itself for a divisor of 1), the latter on the device. The fused
+// classifier writes dlogits for that gradient in its forward, and its backward has nothing left
+// to do when it comes (Note [expected loss gradient]). Any other gradient stays right: the
+// backward then multiplies dlogits by g / expected in one pass. `scale` must keep its storage and
+// value from the forward to the backward (the scaler updates it after the step). Scopes nest;
+// outside every scope the expected gradient is 1.
 //   { ops::LossGradDivisor k(grad_accum); Tensor loss = model.head_loss(s, y); (loss / grad_accum).backward(); }
 class LossGradDivisor {
  public:
-  explicit LossGradDivisor(int64_t divisor, bool scaled = false);  // divisor >= 1
+  explicit LossGradDivisor(int64_t divisor, const Tensor& scale = Tensor());  // divisor >= 1
   ~LossGradDivisor();
   LossGradDivisor(const LossGradDivisor&) = delete;
   LossGradDivisor& operator=(const LossGradDivisor&) = delete;
 
  private:
-  double previous_;
+  int64_t previous_divisor_;
+  Tensor previous_scale_;
 };
-// The expected gradient of the innermost LossGradDivisor scope, as f32 (1 outside any scope; 0
-// in a `scaled` scope: not known on the host).
-float expected_loss_grad();
+// The innermost LossGradDivisor scope's expectation (divisor 1 and no scale outside any scope).
+struct ExpectedLossGrad {
+  int64_t divisor = 1;
+  Tensor scale;  // undefined: none
+  // The expected gradient as f32 when it is known on the host (no scale), else 0.
+  float host_value() const;
+};
+ExpectedLossGrad expected_loss_grad();
 
 // cross_entropy's fused backward on its own, for a loss whose forward is assembled elsewhere
 // (tp::vocab_parallel_cross_entropy: the log-sum-exp reduced over the ranks of a vocabulary-

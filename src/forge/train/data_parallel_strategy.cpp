@@ -87,7 +87,8 @@ class DataParallelStrategy final : public Strategy {
                   " without a row; every micro-batch needs at least one row per data-parallel rank");
       const data::Batch mb = strategy_detail::local_rows(global, lo, hi - lo, device_);
       if (k == K - 1) phases.mark(0);
-      const ops::LossGradDivisor expect(K, scaler_.has_value());  // Note [expected loss gradient]
+      // The gradient the loss will get (Note [expected loss gradient]).
+      const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
       Tensor loss = model_.training_loss(mb.inputs, mb.targets);
       // Note [uneven rows]: a global micro-batch of R rows that dp does not divide (the last batch
       // of an image run's epoch) gives rank r its share [r R / dp, (r + 1) R / dp); its mean loss

@@ -176,7 +176,8 @@ class PipelineStrategy final : public Strategy {
         const auto [begin, end] = stage_->chunks[static_cast<size_t>(a.chunk)];
         s = lm_->blocks(s, begin, end);
         if (j == V - 1) {
-          const ops::LossGradDivisor expect(K, scaler_.has_value());  // Note [expected loss gradient]
+          // The gradient the loss will get (Note [expected loss gradient]).
+          const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
           const Tensor loss = lm_->head_loss(s, mb.targets);
           const Tensor l = loss.detach().to(DType::f32);
           loss_sum = loss_sum.defined() ? loss_sum + l : l;

@@ -37,7 +37,8 @@ class SingleProcess final : public Strategy {
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
       const data::Batch b = strategy_detail::local_rows(global, 0, global.inputs.size(0), device_);
       if (k == K - 1) phases.mark(0);
-      const ops::LossGradDivisor expect(K, scaler_.has_value());  // Note [expected loss gradient]
+      // The gradient the loss will get (Note [expected loss gradient]).
+      const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
       const Tensor loss = model_.training_loss(b.inputs, b.targets);
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;

@@ -29,17 +29,19 @@ struct HeadRun {
 // under ops::LossGradDivisor(divisor) (Note [expected loss gradient]); `divide`: the backward of
 // loss / divisor instead (upstream unused), as a training loop runs it.
 HeadRun run_head(const Tensor& x_host, const Tensor& w_host, const Tensor& t_host, ops::Reduction red, bool fused,
-                 double upstream, bool twice, int64_t divisor = 0, bool divide = false) {
+                 double upstream, bool twice, int64_t divisor = 0, bool divide = false,
+                 const Tensor& loss_scale = Tensor()) {
   env::Override o("FORGE_FUSED_CLASSIFIER", fused ? "1" : "0");
   Tensor x = x_host.to(kGpu).detach().requires_grad_(), w = w_host.to(kGpu).detach().requires_grad_();
   Tensor loss;
   {
-    const ops::LossGradDivisor expect(divisor > 0 ? divisor : 1);
+    const ops::LossGradDivisor expect(divisor > 0 ? divisor : 1, loss_scale);
     loss = ops::cross_entropy_consuming(ops::linear(x, w), t_host.to(kGpu), -100, red);
   }
-  const Tensor scaled = divide           ? loss / static_cast<double>(divisor)
-                        : upstream == 1.0 ? loss
-                                          : ops::mul(loss, upstream);
+  Tensor scaled = divide           ? (divisor == 1 ? loss : loss / static_cast<double>(divisor))
+                  : upstream == 1.0 ? loss
+                                    : ops::mul(loss, upstream);
+  if (loss_scale.defined()) scaled = ops::mul(scaled, loss_scale);  // as LossScaler::scale_loss
   scaled.backward(Tensor(), twice);
   if (twice) scaled.backward();
   return {loss, x.grad(), w.grad()};
@@ -104,8 +106,9 @@ TEST(CudaFusedClassifier, OtherUpstreamGradientsAndARetainedGraph) {
 
 // Gradient accumulation: under LossGradDivisor(K) the forward writes dlogits for 1 / K, and the
 // backward of loss / K (what a training loop with K micro-batches runs) has nothing left to do:
-// the two kernels' bits (a multiplying pass would round twice and differ). A divisor that does not
-// match the gradient that comes is still right, within bf16's rounding.
+// the two kernels' bits (a multiplying pass would round twice and differ); likewise with f16's
+// loss scale S on the device, (loss / K) * S. A divisor that does not match the gradient that
+// comes is still right, within bf16's rounding.
 TEST(CudaFusedClassifier, GradientAccumulationGetsTheTwoKernelsBits) {
   FORGE_SKIP_WITHOUT_GPU();
   const int64_t N = 300, K = 64, V = 50304;
@@ -122,14 +125,29 @@ TEST(CudaFusedClassifier, GradientAccumulationGetsTheTwoKernelsBits) {
     expect_equal(one.dx, two.dx, what + ": dx");
     expect_equal(one.dw, two.dw, what + ": dw");
   }
-  // A loss scale on the device (LossGradDivisor's `scaled`): the two kernels, nothing fused.
+  // f16's loss scale, held on the device: (loss / K) * S, the gradient S / K formed on the device in
+  // both kernels of the fused path, the two kernels' bits again (f16 logits, as an f16 run has).
+  const Tensor xh = host_input({N, K}, Domain::real, DType::f16, 9655);
+  const Tensor wh = ops::mul(host_input({V, K}, Domain::real, DType::f32, 9656), 0.5).to(DType::f16);
+  const Tensor scale = full({}, 32768.0, {.dtype = DType::f32, .device = kGpu});
+  for (const int64_t divisor : {1, 3}) {
+    const std::string what = "loss scale 32768, divisor " + std::to_string(divisor);
+    const HeadRun two = run_head(xh, wh, t, ops::Reduction::mean, false, 0.0, false, divisor, true, scale);
+    const int64_t before = ops::cross_entropy_fused_forwards();
+    const HeadRun one = run_head(xh, wh, t, ops::Reduction::mean, true, 0.0, false, divisor, true, scale);
+    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before + 1) << what;
+    expect_equal(one.loss, two.loss, what + ": loss");
+    expect_equal(one.dx, two.dx, what + ": dx");
+    expect_equal(one.dw, two.dw, what + ": dw");
+  }
+  // A scale that is not on the logits' device (a scaler not bound yet): the two kernels.
   {
     const int64_t before = ops::cross_entropy_fused_forwards();
     env::Override o("FORGE_FUSED_CLASSIFIER", "1");
-    const ops::LossGradDivisor scaled(2, /*scaled=*/true);
+    const ops::LossGradDivisor elsewhere(2, full({}, 8.0, {.dtype = DType::f32}));
     Tensor l = host_input({16, 64}, Domain::real, DType::bf16, 9653).to(kGpu).requires_grad_();
     (ops::cross_entropy_consuming(l, targets_for(16, 64, 9654).to(kGpu)) / 2.0).backward();
-    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before) << "scaled: not fused";
+    EXPECT_EQ(ops::cross_entropy_fused_forwards(), before) << "a CPU scale: not fused";
   }
   // Expected 1 / 3, given 0.25.
   const HeadRun two = run_head(x, w, t, ops::Reduction::mean, false, 0.25, false);

@@ -296,6 +296,15 @@ template <class T> bool wide_rows(int64_t V, bool vec) {
   return vec && V / kVec<T> >= kWideFrom && env::flag("FORGE_CE_WIDE_ROWS");
 }
 
+// The upstream gradient the fused classifier writes for (cuda::ExpectedGrad): `host`, or scale /
+// divisor in f32 as autograd forms it (scale itself for a divisor of 1).
+template <class M>
+__device__ __forceinline__ M expected_grad(M host, const float* __restrict__ scale, float divisor) {
+  if (scale == nullptr) return host;
+  const float s = scale[0];
+  return static_cast<M>(divisor == 1.0f ? s : s / divisor);
+}
+
 // Note [dlogits in the forward]: one row per block iteration, the row's vectors kept in dynamic
 // shared memory (V / W of them) between the two passes. Vectorized rows only (V % W == 0, aligned).
 template <class T, class I, int kT = kReduceThreads>
@@ -306,7 +315,9 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
                                const Lse<T>* __restrict__ scale,  // (): 1 / count (mean) or 1 (sum)
                                Lse<T>* __restrict__ lse,          // (N)
                                Lse<T>* __restrict__ row_loss,     // (N)
-                               Lse<T> expected) {                 // the upstream gradient expected
+                               Lse<T> expected,                   // the upstream gradient expected,
+                               const float* __restrict__ expected_scale,  // or this / divisor
+                               float divisor) {
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
   constexpr bool kFast = is_half_v<T>;
@@ -315,7 +326,8 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
   __shared__ GroupScratch<MaxSum<M>> smem;
   __shared__ MaxSum<M> wide[kT == kWideThreads ? kWideThreads / 32 : 1];
   auto merge = [](const MaxSum<M>& a, const MaxSum<M>& b) { return maxsum_merge<kFast>(a, b); };
-  const M gs = static_cast<M>(expected) * static_cast<M>(scale[0]);  // the backward's grad * scale
+  const M gs = expected_grad<M>(static_cast<M>(expected), expected_scale, divisor) *
+               static_cast<M>(scale[0]);  // the backward's grad * scale
   const int64_t nv = V / W;
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     Vec<T, W>* xr = reinterpret_cast<Vec<T, W>*>(logits + row * V);
@@ -373,10 +385,10 @@ __global__ void __launch_bounds__(kT, kT == kWideThreads ? 2 : 1)
 template <class T>
 __global__ void __launch_bounds__(kReduceThreads)
     scale_dlogits_kernel(const T* x, const Lse<T>* __restrict__ grad, int64_t n, bool in_place, bool vec, T* out,
-                         Lse<T> expected) {
+                         Lse<T> expected, const float* __restrict__ expected_scale, float divisor) {
   using M = acc_t<T>;
   constexpr int W = kVec<T>;
-  const M e = static_cast<M>(expected);
+  const M e = expected_grad<M>(static_cast<M>(expected), expected_scale, divisor);
   if (in_place && static_cast<M>(grad[0]) == e) return;
   const M g = static_cast<M>(grad[0]) / e;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kReduceThreads;
@@ -501,11 +513,28 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   });
 }
 
+namespace {
+void check_expected(const char* op, const ExpectedGrad& e, const Tensor& on) {
+  if (e.scale.defined()) {
+    FORGE_CHECK(e.scale.dim() == 0 && e.scale.dtype() == DType::f32 && e.scale.device() == on.device() &&
+                    e.divisor >= 1 && e.divisor <= (int64_t{1} << 24),
+                op, ": the expected upstream gradient's scale must be a 0-d f32 tensor on ", on.device().str(),
+                " with a divisor in [1, 2^24], got ", dtype_name(e.scale.dtype()), " of shape ", e.scale.shape(),
+                " on ", e.scale.device().str(), ", divisor ", e.divisor);
+  } else {
+    FORGE_CHECK(std::isfinite(e.value) && e.value > 0.0f, op,
+                ": the expected upstream gradient must be finite and > 0, got ", e.value);
+  }
+}
+const float* expected_scale_ptr(const ExpectedGrad& e) {
+  return e.scale.defined() ? static_cast<const float*>(e.scale.data_ptr()) : nullptr;
+}
+}  // namespace
+
 bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean, Tensor& lse,
-                         Tensor& total, Tensor& scale, float expected) {
+                         Tensor& total, Tensor& scale, const ExpectedGrad& expected) {
   const char* op = "cross_entropy";
-  FORGE_CHECK(std::isfinite(expected) && expected > 0.0f, op,
-              ": the expected upstream gradient must be finite and > 0, got ", expected);
+  check_expected(op, expected, logits);
   const auto [N, V] = rows_of(op, logits, targets);
   const DType sd = cpu::cross_entropy_lse_dtype(logits.dtype());
   check_buffer(op, "lse", lse, logits, N, sd);
@@ -553,7 +582,7 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
         const Tensor row_loss = device_buffer(device, {N}, sd);
         kernel<<<grid_blocks(device, N, per_sm), threads, bytes, stream>>>(
             px, pt, N, V, ignore_index, ps, static_cast<S*>(lse.data_ptr()), static_cast<S*>(row_loss.data_ptr()),
-            static_cast<S>(expected));
+            static_cast<S>(expected.value), expected_scale_ptr(expected), static_cast<float>(expected.divisor));
         FORGE_CUDA_LAUNCH_CHECK(op, " (fused with its backward): logits ", logits.shape(), " ",
                                 dtype_name(logits.dtype()), ", targets ", targets.shape(), " ",
                                 dtype_name(targets.dtype()));
@@ -568,10 +597,9 @@ bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_i
   return ran;
 }
 
-void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, float expected) {
+void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, const ExpectedGrad& expected) {
   const char* op = "cross_entropy backward";
-  FORGE_CHECK(std::isfinite(expected) && expected > 0.0f, op,
-              ": the expected upstream gradient must be finite and > 0, got ", expected);
+  check_expected(op, expected, dlogits);
   const DType sd = cpu::cross_entropy_lse_dtype(dlogits.dtype());
   FORGE_CHECK(dlogits.is_cuda() && dlogits.is_contiguous() && out.is_contiguous() && out.device() == dlogits.device() &&
                   out.dtype() == dlogits.dtype() && out.numel() == dlogits.numel() && grad.dim() == 0 &&
@@ -588,7 +616,9 @@ void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, float
     const bool vec = n % kVec<T> == 0 && aligned16(px) && aligned16(po);
     scale_dlogits_kernel<T><<<grid_blocks(device, (n + kReduceThreads - 1) / kReduceThreads, 8), kReduceThreads, 0,
                               current_stream(device)>>>(px, static_cast<const Lse<T>*>(grad.data_ptr()), n,
-                                                        px == po, vec, po, static_cast<Lse<T>>(expected));
+                                                        px == po, vec, po, static_cast<Lse<T>>(expected.value),
+                                                        expected_scale_ptr(expected),
+                                                        static_cast<float>(expected.divisor));
     FORGE_CUDA_LAUNCH_CHECK(op, " (times the upstream gradient): ", dlogits.shape(), " ", dtype_name(dlogits.dtype()));
   });
 }

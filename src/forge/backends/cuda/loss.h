@@ -36,6 +36,15 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             const Tensor& scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start = -1);
 
+// The upstream gradient the fused classifier writes dlogits for (Note [expected loss gradient] in
+// ops/loss.cpp): `value` when `scale` is undefined, else scale / divisor formed on the device in
+// f32 (scale itself for a divisor of 1); scale a 0-d f32 tensor on the logits' device.
+struct ExpectedGrad {
+  float value = 1.0f;
+  Tensor scale;
+  int64_t divisor = 1;
+};
+
 // The forward and, for an upstream gradient of `expected` (1; a training loop's 1 / grad_accum,
 // Note [expected loss gradient] in ops/loss.cpp), the backward in one pass (Note [dlogits in the
 // forward] in loss.cu): lse, total and scale as cross_entropy_forward's (all three defined), and
@@ -44,11 +53,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 // does not apply (f64; V not whole 16-byte vectors or the logits unaligned; a row larger than a
 // block's shared memory); the caller then runs the two kernels.
 bool cross_entropy_fused(Tensor& logits, const Tensor& targets, int64_t ignore_index, bool mean, Tensor& lse,
-                         Tensor& total, Tensor& scale, float expected = 1.0f);
+                         Tensor& total, Tensor& scale, const ExpectedGrad& expected = {});
 
 // out = dlogits * (grad / expected) (grad 0-d, the loss dtype, on the device; dlogits written for
 // an upstream gradient of `expected`, > 0). out may be dlogits itself: then nothing is done when
-// grad equals expected (decided on the device).
-void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, float expected = 1.0f);
+// grad equals expected (decided on the device, where a scale is read).
+void scale_dlogits(const Tensor& dlogits, const Tensor& grad, Tensor& out, const ExpectedGrad& expected = {});
 
 }  // namespace forge::cuda
