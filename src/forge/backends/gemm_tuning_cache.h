@@ -53,7 +53,8 @@ struct Identity {
   int sm_count = 0;              // a MIG slice has fewer SMs than the whole GPU
   int64_t cublaslt_version = 0;  // cublasLtGetVersion()
   // The candidates were timed as CUDA graphs (FORGE_GEMM_TUNE_IN_GRAPH; Note [GEMM timing in CUDA
-  // graphs] in backends/cuda/blaslt.cpp): their choices differ, so they keep a section of their own.
+  // graphs] in backends/cuda/gemm_graph_timing.cpp): their choices differ, so they keep a section
+  // of their own.
   bool graph_timed = false;
   // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, cuBLASLt 120803" (", timed as CUDA graphs" appended
   // when graph_timed): the section's key.
