@@ -32,7 +32,7 @@ bench_setup() {
   fi
   [[ -x "$FORGE" ]] || { echo "$who: $FORGE not found; build first (scripts/gpu-check.sh)"; exit 2; }
   [[ -n "$PY" ]] || { echo "$who: no Python with CUDA-enabled torch found; set PYTHON=..."; exit 2; }
-  GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
+  GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | sed -n 1p | tr ' ' '_')"
 }
 
 # The CUPTI kernel tracer (benchmarks/step/ktrace.cpp) -> $WORK/libktrace.so; needs WORK and PY.
@@ -59,7 +59,7 @@ build_ktrace() {  # -> $WORK/libktrace.so, from the CUPTI of the CUDA toolkit (o
   k=$(grep -oE '\} CUpti_ActivityKernel[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
   m=$(grep -oE '\} CUpti_ActivityMemcpy[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
   s=$(grep -oE '\} CUpti_ActivityMemset[0-9]+;' "$inc/cupti_activity.h" | tr -d '}; ' | sort -V | tail -1)
-  so=$(compgen -G "$lib/libcupti.so*" | sort | head -1)
+  so=$(compgen -G "$lib/libcupti.so*" | sort | sed -n 1p)
   g++ -std=c++17 -O2 -shared -fPIC -I"$inc" -I"$cuda_inc" ${k:+-DKTRACE_KERNEL_RECORD=$k} ${m:+-DKTRACE_MEMCPY_RECORD=$m} \
     ${s:+-DKTRACE_MEMSET_RECORD=$s} benchmarks/step/ktrace.cpp -o "$WORK/libktrace.so" "$so" -Wl,-rpath,"$lib" 2>&1 \
     && echo "built against $inc ($k), $so"

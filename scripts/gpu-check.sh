@@ -42,7 +42,7 @@ else
   echo "nvidia-smi not found: the CUDA tests will skip, which this script counts as a failure"
 fi
 command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -1
-cmake --version | head -1
+cmake --version | sed -n 1p
 
 CONFIG_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DFORGE_CUDA=ON)
 # Header-only dependencies the GPU machine lacks travel as .deb files in .deps/ (ignored by

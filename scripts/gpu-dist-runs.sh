@@ -120,7 +120,7 @@ if want tp_profile; then
         CUDA_INJECTION64_PATH="$WORK/libktrace.so" FORGE_KTRACE_OUT="$WORK/ktrace.%p.csv" OMP_NUM_THREADS=8 timeout 200 \
           "$FORGE" launch --nproc-per-node 2 -- "$FORGE" train "${RUN[@]}" --run.name=ktrace_$v --train.steps=8 \
           --train.log_every=4 > "$R/ktrace_$v.log" 2>&1
-        f=$(find "$WORK" -maxdepth 1 -name 'ktrace.*.csv' -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+        f=$(find "$WORK" -maxdepth 1 -name 'ktrace.*.csv' -printf '%s %p\n' | sort -rn | sed -n 1p | cut -d' ' -f2-)
         if [[ -n "$f" ]]; then
           gzip -c "$f" > "$R/kernels_$v.csv.gz"
           t "kernels $v:"; "$PY" benchmarks/step/kernels.py "$R/kernels_$v.csv.gz" --steps 8 --skip 3 2>&1 | head -40

@@ -32,8 +32,8 @@ done
 check_cmake() {
   # forge needs CMake >= 3.25 (Debian 12 ships 3.25; Ubuntu 22.04 ships 3.22).
   local v
-  v=$(cmake --version 2>/dev/null | head -1 | grep -oE '[0-9]+\.[0-9]+' | head -1) || true
-  if [ -n "$v" ] && [ "$(printf '%s\n3.25\n' "$v" | sort -V | head -1)" != "3.25" ]; then
+  v=$(cmake --version 2>/dev/null | sed -n 1p | grep -oE '[0-9]+\.[0-9]+' | sed -n 1p) || true
+  if [ -n "$v" ] && [ "$(printf '%s\n3.25\n' "$v" | sort -V | sed -n 1p)" != "3.25" ]; then
     echo "install-deps: CMake $v is too old; forge needs >= 3.25." >&2
     echo "  Install a newer one, e.g. 'sudo snap install cmake --classic' or 'pip install cmake'," >&2
     echo "  and make sure it comes first on PATH." >&2
@@ -62,7 +62,7 @@ fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 # Refresh the package lists only when they are missing or older than a day.
-if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | sed -n 1p)" ]; then
   $SUDO apt-get update -q
 fi
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

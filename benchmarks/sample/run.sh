@@ -24,9 +24,9 @@ TRAIN=("$FORGE" train configs/gpt2-124m.toml --run.dir="$WORK" --run.name=s --ru
        '--data.exclude=["*.dat","*.u8"]' --data.tokenizer="$TOK")
 "${TRAIN[@]}" > "$WORK/train.log" 2>&1 || { tail -5 "$WORK/train.log"; exit 1; }
 if [[ "$DEVICE" == cpu ]]; then
-  NAME="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) threads"
+  NAME="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | sed -n 1p), $(nproc) threads"
 else
-  NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | sed -n 1p)"
 fi
 SLUG="$(echo "$NAME" | sed 's/,.*//; s/[^A-Za-z0-9]\+/_/g; s/_$//')"
 RESULT="${RESULT:-benchmarks/results/sample_${SLUG}.md}"

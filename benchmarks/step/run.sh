@@ -107,9 +107,9 @@ nvidia-smi -q -d CLOCK,POWER,PERFORMANCE > "$RAW/nvidia-smi-clocks.txt" 2>&1 || 
 timeout 60 "$FORGE" info > "$RAW/forge_info.txt" 2>&1 || true
 CLOCKS_BEFORE="$(clocks)"
 write_meta() {  # the figures report.py heads the results with; CLOCKS_AFTER once the runs are done
-  GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+  GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | sed -n 1p)" \
   GPUS_DESC="$(nvidia-smi -L | sed 's/ (UUID.*//' | tr '\n' ';' | sed 's/;$//')" \
-  DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)" \
+  DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed -n 1p)" \
   CLOCKS="index, SM MHz, max SM MHz, memory MHz, power limit, temperature: before: $CLOCKS_BEFORE${CLOCKS_AFTER:+; after: $CLOCKS_AFTER}" \
   COMMIT="${commit:-unknown (no .git here: set FORGE_COMMIT)}" CMD="$COMMAND" NGPU="$NGPU" STEPS="$STEPS" WARMUP="$WARMUP" \
   PROFILER_USED="${PROFILER_USED:-}" ROWS="$ROWS" FORGE_BUILD="$FORGE" \
@@ -242,7 +242,7 @@ trace_one() {  # NAME STEPS SKIP WHAT -- COMMAND...: runs COMMAND under the prof
       CUDA_INJECTION64_PATH="$WORK/libktrace.so" FORGE_KTRACE_OUT="$WORK/ktrace.%p.csv" timeout 300 "$@" > "$log" 2>&1 || rc=$?
       local f
       # the largest trace: the training process's (compile workers may start CUDA too)
-      f=$(find "$WORK" -maxdepth 1 -name 'ktrace.*.csv' -printf '%s %p\n' | sort -rn | head -1 | cut -d' ' -f2-)
+      f=$(find "$WORK" -maxdepth 1 -name 'ktrace.*.csv' -printf '%s %p\n' | sort -rn | sed -n 1p | cut -d' ' -f2-)
       if [[ -n "$f" ]]; then gzip -c "$f" > "$trace"; else err="ktrace wrote no trace (exit $rc)"; fi ;;
     nsys)
       timeout 400 nsys profile -t cuda --sample=none --cpuctxsw=none --export=sqlite --force-overwrite=true \
@@ -261,7 +261,7 @@ trace_one() {  # NAME STEPS SKIP WHAT -- COMMAND...: runs COMMAND under the prof
   else
     printf '{"source": "%s", "steps": %d, "skip": %d, "what": "%s"}\n' "$PROFILER_USED" "$steps" "$skip" "$what" \
       > "$RAW/kernels_$name.json"
-    say "  $name: $("$PY" benchmarks/step/kernels.py "$trace" --steps "$steps" --skip "$skip" 2>&1 | head -1)"
+    say "  $name: $("$PY" benchmarks/step/kernels.py "$trace" --steps "$steps" --skip "$skip" 2>&1 | sed -n 1p)"
   fi
 }
 PROFILED=""

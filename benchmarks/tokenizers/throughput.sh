@@ -31,7 +31,7 @@ open(one, "w").write(json.dumps({"text": "hello"}) + "\n")
 PY
 bytes=$(python3 -c "import json; print(sum(len(json.loads(l)['text'].encode()) for l in open('$WORK/corpus.jsonl')))")
 size=$(stat -c %s "$WORK/corpus.jsonl")
-NAME="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)"
+NAME="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | sed -n 1p)"
 SLUG="$(echo "$NAME" | sed 's/[^A-Za-z0-9]\+/_/g; s/_$//')"
 RESULT="${RESULT:-benchmarks/results/tokenize_${SLUG}.md}"
 secs() { local t0 t1; t0=$(date +%s.%N); OMP_NUM_THREADS=$THREADS "$FORGE" tokenize encode --tokenizer "$1" --out "$WORK/out" "$2" > /dev/null 2>&1; t1=$(date +%s.%N); rm -rf "$WORK/out"; python3 -c "print($t1 - $t0)"; }
