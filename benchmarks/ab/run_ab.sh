@@ -41,7 +41,12 @@ deps_args() {  # the header-only packages and data the GPU machine lacks (script
   local args=()
   if compgen -G "$ROOT/.deps/*.deb" >/dev/null; then
     mkdir -p "$ROOT/.deps/root"
-    for deb in "$ROOT"/.deps/*.deb; do dpkg -x "$deb" "$ROOT/.deps/root"; done
+    # Two A/Bs started together (scripts/gpu-step-ab.sh: one a GPU) would unpack over each other
+    # (a bus error on the GPU machine): one at a time.
+    (
+      flock 9
+      for deb in "$ROOT"/.deps/*.deb; do dpkg -x "$deb" "$ROOT/.deps/root"; done
+    ) 9> "$ROOT/.deps/.unpack.lock"
     [ -f /usr/include/toml++/toml.h ] || args+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
   fi
   echo "${args[@]}"

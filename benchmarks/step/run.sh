@@ -137,7 +137,7 @@ finalize() {  # the results file from what is there so far; copies for the GPU t
     say "report.py failed: $(tail -3 "$WORK/report.err")"
   fi
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-    [[ -f "$RESULT" ]] && cp "$RESULT" "$OUT/"
+    [[ ! -f "$RESULT" || "$RESULT" -ef "$OUT/$(basename "$RESULT")" ]] || cp "$RESULT" "$OUT/"
     tar czf "$OUT/step_${GPU}_raw.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")" 2>/dev/null || true
   fi
 }

@@ -106,7 +106,7 @@ PYEOF
 say "results -> $RESULT, raw -> $RAW"
 grep -E "^\| [0-9] \|" "$RESULT" | head -4 || true
 if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-  cp "$RESULT" "$OUT/"
+  [[ "$RESULT" -ef "$OUT/$(basename "$RESULT")" ]] || cp "$RESULT" "$OUT/"
   tar czf "$OUT/step_${GPU}_raw.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")" 2>/dev/null || true
 fi
 [[ $rc_a -eq 0 && $rc_b -eq 0 && $rc_c -eq 0 ]]
