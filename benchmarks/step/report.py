@@ -13,10 +13,13 @@ the reason run.sh left in row<N>_skip.txt):
   row<N>_forge_plan.txt           `forge plan --config`: forge's parameter count
   row<N>_{eager,compile}.json     torch_peer.py's result (and .log)
   kernels_row<N>_{forge,compile}.csv.gz + .json   a kernel trace of a short run, its source and steps
+  row<N>_{forge,eager,compile}_power.csv   nvidia-smi every 100 ms during that run: timestamp, power
+                                  draw and limit (W), SM clock (MHz), utilisation (%) of rank 0's GPU
 Every MFU here is computed from the model's shape by shapes.py (6·N + 12·L·T·d per token over the
 dense bf16 peak of the GPU times the GPUs), the same for forge and PyTorch.
 """
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -83,6 +86,69 @@ def forge_figures(path, warmup, tokens_per_step):
             "forge_mfu": statistics.fmean(mfus) if mfus else None,
             "last_loss": prog[-1].get("loss") if prog else None,
             "skipped_steps": sum(1 for r in recs if r.get("skipped"))}
+
+
+def power_samples(path):
+    """(seconds, power W, limit W, SM MHz, utilisation %) of each well-formed line of a
+    row<N>_<run>_power.csv; lines nvidia-smi could not fill ([N/A], errors) are left out."""
+    out = []
+    for line in (read_text(path) or "").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 5:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            out.append((t, float(parts[1]), float(parts[2]), float(parts[3]), float(parts[4])))
+        except ValueError:
+            continue
+    return out
+
+
+def power_figures(path, timed_s, busy_pct=50.0, cap_share=0.97):
+    """Power and SM clock over a run's timed steps: the last `timed_s` seconds of samples up to
+    the run's last busy one (utilisation >= busy_pct; the timed steps end the run, and what
+    follows them, the process's exit, is idle), busy samples only. None without such samples."""
+    samples = power_samples(path)
+    busy = [x for x in samples if x[4] >= busy_pct]
+    if not busy or not timed_s or timed_s <= 0:
+        return None
+    end = busy[-1][0]
+    win = [x for x in busy if x[0] >= end - timed_s]
+    clocks = sorted(x[3] for x in win)
+    limit = statistics.median(x[2] for x in win)
+    return {"samples": len(win), "power_w": statistics.fmean(x[1] for x in win), "limit_w": limit,
+            "clock_mean": statistics.fmean(clocks), "clock_median": statistics.median(clocks),
+            "clock_min": clocks[0], "at_cap": sum(1 for x in win if x[1] >= cap_share * limit) / len(win)}
+
+
+def power_section(rows, raw, out):
+    """The table of power and SM clocks during each run's timed steps, when any run was sampled."""
+    lines = []
+    for r in rows:
+        if not r.ran():
+            continue
+        names = dict(DDP_PEER_NAMES if r.gpus > 1 else PEER_NAMES, forge="forge")
+        for who, fig in [("forge", r.forge)] + [(m, r.peers.get(m)) for m in ("eager", "compile")]:
+            if not fig:
+                continue
+            pf = power_figures(os.path.join(raw, f"row{r.n}_{who}_power.csv"), fig["steps"] * fig["ms_per_step"] / 1e3)
+            if not pf:
+                continue
+            lines.append(f"| {r.n} | {names[who]} | {pf['samples']} | {pf['power_w']:.0f} of {pf['limit_w']:.0f} | "
+                         f"{pf['clock_mean']:.0f} | {pf['clock_median']:.0f} | {pf['clock_min']:.0f} | "
+                         f"{100 * pf['at_cap']:.0f}% |")
+    if not lines:
+        return
+    out.append("## Power and SM clock during the timed steps\n")
+    out.append("nvidia-smi every 100 ms on rank 0's GPU during each run (`SAMPLE_POWER=1`); the window is the "
+               "run's busy samples (utilisation >= 50%) in the last (steps x mean ms/step) seconds up to its last "
+               "busy one: its timed steps. Under the power cap the SM clock falls, so a step that keeps the GPU "
+               "busier runs its compute-bound kernels at a lower clock.\n")
+    out.append("| row | run | samples | power W (mean, of the limit) | SM MHz mean | median | lowest | "
+               "samples at >= 97% of the limit |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    out += lines
+    out.append("")
 
 
 def gib(b):
@@ -327,6 +393,8 @@ def report(raw):
             out.append(f"not run: {r.why_not()}\n")
             continue
         row_table(r, out)
+
+    power_section(rows, raw, out)
 
     ks = sorted({int(os.path.basename(p)[len("kernels_row"):].split("_")[0])
                  for p in glob.glob(os.path.join(raw, "kernels_row*_forge.json"))})

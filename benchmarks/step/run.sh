@@ -33,6 +33,9 @@
 #   RAW_DIR, RESULT_FILE     where the raw files and the report go (defaults above; outside the tree
 #                            when a detached run outlives the GPU tool's call, scripts/gpu-dist-runs.sh)
 #   PEAK_TFLOPS=<override the dense bf16 peak used for MFU>
+#   SAMPLE_POWER=1           sample power, SM clock and utilisation of the row's (first) GPU every
+#                            100 ms during every run (nvidia-smi): row<N>_<run>_power.csv, reported
+#                            for the timed steps of each side (report.py); 0: none
 #   FORGE_ARGS, PEER_ARGS    words added to every forge train / torch_peer.py command (a diagnostic
 #                            or a smoke test of this script: they change the workload, so the
 #                            results file names them)
@@ -51,6 +54,7 @@ PROFILE_PEER="${PROFILE_PEER:-1}"
 TIME_BUDGET="${TIME_BUDGET:-480}"
 BUILD="${BUILD:-auto}"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
+SAMPLE_POWER="${SAMPLE_POWER:-1}"
 # NVLink multicast stays off for every NCCL process (forge's and torchrun's): a program that
 # uses it can take a shared host's GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -142,6 +146,29 @@ finalize() {  # the results file from what is there so far; copies for the GPU t
   fi
 }
 
+# ---- power and clocks during each run -------------------------------------------------------------
+# The GPU a run's rank 0 uses, in nvidia-smi's numbering: the first of CUDA_VISIBLE_DEVICES when it
+# names GPUs by index (CUDA's and NVML's orders agree on hosts of identical GPUs, both by PCI bus),
+# else 0. Both sides are sampled the same way, so their clocks under the power cap compare.
+SMI_GPU="${CUDA_VISIBLE_DEVICES:-0}"
+SMI_GPU="${SMI_GPU%%,*}"
+[[ "$SMI_GPU" =~ ^[0-9]+$ ]] || SMI_GPU=0
+POWER_PID=""
+power_start() {  # TAG: samples into $RAW/TAG_power.csv until power_stop
+  POWER_PID=""
+  [[ "$SAMPLE_POWER" == 1 ]] && command -v nvidia-smi > /dev/null 2>&1 || return 0
+  nvidia-smi -i "$SMI_GPU" --query-gpu=timestamp,power.draw,power.limit,clocks.sm,utilization.gpu \
+    --format=csv,noheader,nounits -lms 100 > "$RAW/$1_power.csv" 2>&1 &
+  POWER_PID=$!
+}
+power_stop() {
+  [[ -n "$POWER_PID" ]] || return 0
+  kill "$POWER_PID" 2> /dev/null || true
+  wait "$POWER_PID" 2> /dev/null || true
+  POWER_PID=""
+}
+trap power_stop EXIT
+
 # ---- the rows ------------------------------------------------------------------------------------
 row_def() {  # N -> CONFIG, BATCH (global), GPUS, SEQ
   case "$1" in
@@ -163,11 +190,13 @@ run_forge() {  # N
   forge_args "$n" $((STEPS + WARMUP))
   say "row $n: forge ($([[ $GPUS -gt 1 ]] && echo "forge launch --nproc-per-node $GPUS, ")batch $BATCH x $SEQ)"
   local rc=0
+  power_start "row${n}_forge"
   if [[ "$GPUS" -gt 1 ]]; then
     timeout 300 "$FORGE" launch --nproc-per-node "$GPUS" -- "$FORGE" train "${FARGS[@]}" > "$log" 2>&1 || rc=$?
   else
     OMP_NUM_THREADS=8 timeout 300 "$FORGE" train "${FARGS[@]}" > "$log" 2>&1 || rc=$?
   fi
+  power_stop
   cp "$RUNS/row$n/metrics.jsonl" "$RAW/row${n}_forge.jsonl" 2>/dev/null || true
   if [[ $rc -ne 0 ]]; then
     say "row $n: forge FAILED (exit $rc): $(tail -2 "$log" | tr '\n' ' ')"
@@ -185,6 +214,7 @@ run_peer() {  # N MODE [extra torch_peer.py arguments]
               --steps "$STEPS" --warmup "$WARMUP" --json "$RAW/row${n}_${mode}.json" "$@")
   # shellcheck disable=SC2206  # PEER_ARGS: words to add, split on spaces
   args+=(${PEER_ARGS:-})
+  power_start "row${n}_${mode}"
   if [[ "$GPUS" -gt 1 ]]; then
     say "row $n: PyTorch DDP $mode (torchrun --nproc-per-node $GPUS)"
     timeout 420 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" "${args[@]}" > "$log" 2>&1 || rc=$?
@@ -192,6 +222,7 @@ run_peer() {  # N MODE [extra torch_peer.py arguments]
     say "row $n: PyTorch $mode"
     PYTHONUNBUFFERED=1 timeout 420 "$PY" "${args[@]}" > "$log" 2>&1 || rc=$?
   fi
+  power_stop
   if [[ $rc -ne 0 ]]; then
     say "row $n: PyTorch $mode FAILED (exit $rc): $(grep -v '^\s*$' "$log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
     rm -f "$RAW/row${n}_${mode}.json"
