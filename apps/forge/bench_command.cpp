@@ -65,6 +65,7 @@ struct AttentionArgs {
   std::string dtype;
   int repeats = 20;
   int warmup = 3;
+  std::string layout = "bhsd";
   bool json = false;
 };
 AttentionArgs g_attention;
@@ -270,14 +271,15 @@ int run_attention_command() {
                                             : bench::parse_attention_backends(g_attention.backends, o.device);
   o.repeats = g_attention.repeats;
   o.warmup_runs = g_attention.warmup;
+  o.layout = g_attention.layout;
   const bench::AttentionReport r = bench::run_attention(o);
   if (g_attention.json) {
     print_json(bench::to_json(r));
     return 0;
   }
-  std::printf("forge bench attention on %s (%s), %s%s%s; median of %d, %s\n", r.device.c_str(), r.device_name.c_str(),
-              dtype_name(o.dtype), r.cudnn_version.empty() ? "" : ", cuDNN ", r.cudnn_version.c_str(), o.repeats,
-              r.timer.c_str());
+  std::printf("forge bench attention on %s (%s), %s, layout %s%s%s; median of %d, %s\n", r.device.c_str(),
+              r.device_name.c_str(), dtype_name(o.dtype), o.layout.c_str(), r.cudnn_version.empty() ? "" : ", cuDNN ",
+              r.cudnn_version.c_str(), o.repeats, r.timer.c_str());
   std::printf("FLOPs: forward 4 B H T S D (halved when causal), backward 2.5 x forward\n\n");
   std::printf("%-22s %-10s %10s %10s %10s %10s\n", "B x H x Hkv x T x D", "back-end", "fwd ms", "fwd TF/s", "bwd ms",
               "bwd TF/s");
@@ -525,6 +527,11 @@ CLI::App* add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   attn->add_option("--warmup", g_attention.warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  attn->add_option("--layout", g_attention.layout,
+                   "bhsd: every tensor (B, H, T, D)-contiguous; bshd: (B, T, H, D) memory viewed as (B, H, T, D), as "
+                   "forge's GPT and LLaMA attention get them (on the CPU only the inputs)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bhsd", "bshd"}));
   attn->add_flag("--json", g_attention.json, "print one JSON object instead of the table");
   attn->footer("Method (back-ends, FLOP count, timer): docs/bench.md. Beside PyTorch: benchmarks/attention/run.sh.");
 

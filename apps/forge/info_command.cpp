@@ -57,6 +57,7 @@ void print_table(const bench::HostInfo& h, const bench::GpuSystemInfo& g) {
   print_row("forge built with CUDA", g.cuda_build ? "yes" : "no");
   print_row("driver (CUDA API)", bench::cuda_version_string(g.driver_version));
   print_row("runtime", bench::cuda_version_string(g.runtime_version));
+  print_row("cuDNN (loaded)", g.cudnn.empty() ? "-" : g.cudnn);
   print_row("NVML", g.nvml ? "driver " + g.nvml_driver_version : g.nvml_note);
   if (g.gpus.empty()) {
     std::printf("\nGPUs: %s\n", g.note.c_str());

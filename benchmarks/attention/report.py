@@ -28,6 +28,11 @@ def main():
     print(f'- Device: {fj["device_name"]}; forge {a.commit}, cuDNN {fj.get("cudnn_version", "?")} (forge), '
           f'PyTorch {tj["meta"]["torch"]} (its cuDNN {tj["meta"]["cudnn"]})')
     print(f'- Command: `{a.command}`')
+    layout = fj.get("layout", "bhsd")
+    lay = {"bhsd": "every tensor (B, H, T, D)-contiguous",
+           "bshd": "(B, T, H, D) memory viewed as (B, H, T, D), as forge's models hand it to attention"}
+    print(f'- Layout: {layout}, {lay.get(layout, layout)} (forge and PyTorch alike: '
+          f'{tj["meta"].get("layout", "bhsd")})')
     print(f'- dtype {fj["dtype"]}; {fj["method"]["statistic"]} of {fj["method"]["repeats"]} runs after '
           f'{fj["method"]["warmup_runs"]} warm-up, {fj["method"]["timer"]}; backward timed alone')
     print(f'- FLOPs: {fj["method"]["flops"]} (shape B x H x Hkv x T x D, T = S, causal)')

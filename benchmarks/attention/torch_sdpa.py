@@ -3,7 +3,9 @@
 backward, per SDPA back-end (cuDNN, flash), timed as forge times its own: CUDA events around
 each run, the median of --repeats after --warmup runs, the backward alone (from one forward's
 graph, retain_graph=True). Same FLOP convention: forward 4 B H T S D (halved when causal),
-backward 2.5 x forward.
+backward 2.5 x forward. --layout bshd makes q, k, v and the upstream gradient (B, T, H, D)
+memory viewed as (B, H, T, D), as `forge bench attention --layout bshd` does (and as a model's
+`view(B, T, H, D).transpose(1, 2)` hands them to SDPA).
 
   python3 benchmarks/attention/torch_sdpa.py --json out.json --shape 16x12x12x1024x64 ...
 """
@@ -44,12 +46,16 @@ def time_ms(fn, warmup, repeats):
     return statistics.median(times)
 
 
-def run(s, backend, dtype, warmup, repeats):
+def run(s, backend, dtype, warmup, repeats, layout="bhsd"):
     gen = torch.Generator(device="cuda").manual_seed(1234)
     B, H, Hkv, T, D = s["batch"], s["heads"], s["kv_heads"], s["seq"], s["head_dim"]
-    mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
-    q, k, v = mk(B, H, T, D).requires_grad_(), mk(B, Hkv, T, D).requires_grad_(), mk(B, Hkv, T, D).requires_grad_()
-    dout = mk(B, H, T, D)
+
+    def mk(h):  # (B, h, T, D), contiguous or a view of (B, T, h, D) memory
+        if layout == "bshd":
+            return torch.randn(B, T, h, D, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+        return torch.randn(B, h, T, D, device="cuda", dtype=dtype, generator=gen)
+    q, k, v = mk(H).requires_grad_(), mk(Hkv).requires_grad_(), mk(Hkv).requires_grad_()
+    dout = mk(H)
     gqa = H != Hkv
     row = dict(shape=shape_str(s), backend="torch-" + backend, **s)
     try:
@@ -79,6 +85,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"])
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
@@ -86,12 +93,13 @@ def main():
     for spec in a.shape:
         s = parse_shape(spec)
         for b in a.backends.split(","):
-            rows.append(run(s, b, dtype, a.warmup, a.repeats))
+            rows.append(run(s, b, dtype, a.warmup, a.repeats, a.layout))
             r = rows[-1]
             print(f'{r["shape"]:22s} {r["backend"]:12s} ' +
                   (f'fwd {r["fwd_ms"]:.3f} ms {r["fwd_tflops"]:.1f} TF/s  bwd {r["bwd_ms"]:.3f} ms {r["bwd_tflops"]:.1f} TF/s'
                    if "skipped" not in r else "skipped: " + r["skipped"]), flush=True)
-    meta = dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name())
+    meta = dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(),
+                layout=a.layout)
     with open(a.json, "w") as f:
         json.dump(dict(meta=meta, results=rows), f, indent=1)
 

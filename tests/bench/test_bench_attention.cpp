@@ -54,14 +54,20 @@ TEST(BenchAttention, FlopsFollowTheFlashAttentionConvention) {
   EXPECT_DOUBLE_EQ(attention_backward_flops(s), 2.5 * attention_forward_flops(s));
 }
 
-TEST(BenchAttention, RunsTheCpuKernelAndReportsJson) {
+// The CPU back-end on one shape, f32.
+AttentionOptions cpu_options(const std::string& shape, int repeats, int warmup) {
   AttentionOptions o;
   o.device = Device::cpu();
   o.dtype = DType::f32;
-  o.shapes = {parse_attention_shape("1x2x1x64x16")};
+  o.shapes = {parse_attention_shape(shape)};
   o.backends = {"cpu"};
-  o.repeats = 2;
-  o.warmup_runs = 1;
+  o.repeats = repeats;
+  o.warmup_runs = warmup;
+  return o;
+}
+
+TEST(BenchAttention, RunsTheCpuKernelAndReportsJson) {
+  AttentionOptions o = cpu_options("1x2x1x64x16", 2, 1);
   const AttentionReport r = run_attention(o);
   ASSERT_EQ(r.results.size(), 1u);
   EXPECT_TRUE(r.results[0].skipped.empty());
@@ -71,8 +77,25 @@ TEST(BenchAttention, RunsTheCpuKernelAndReportsJson) {
   EXPECT_EQ(j["bench"], "attention");
   EXPECT_EQ(j["results"][0]["shape"], "1x2x1x64x16");
   EXPECT_GT(j["results"][0]["fwd_tflops"].get<double>(), 0);
+  EXPECT_EQ(j["layout"], "bhsd");
   o.dtype = DType::bf16;
   EXPECT_NE(error_of([&] { run_attention(o); }).find("use f32 or f64"), std::string::npos);
+}
+
+// --layout bshd: q, k, v and dout are (B, T, H, D) memory viewed as (B, H, T, D) (Note [attention
+// layouts]); the CPU kernel reads them as they are. A name it does not know is refused up front.
+TEST(BenchAttention, TimesTheTokenMajorLayoutAndRefusesAnUnknownOne) {
+  AttentionOptions o = cpu_options("2x4x2x48x16", 1, 0);
+  o.layout = "bshd";
+  const AttentionReport r = run_attention(o);
+  ASSERT_EQ(r.results.size(), 1u);
+  EXPECT_TRUE(r.results[0].skipped.empty()) << r.results[0].skipped;
+  EXPECT_GT(r.results[0].fwd_ms, 0);
+  EXPECT_GT(r.results[0].bwd_ms, 0);
+  EXPECT_EQ(to_json(r)["layout"], "bshd");
+  o.layout = "sbhd";
+  const std::string e = error_of([&] { run_attention(o); });
+  EXPECT_NE(e.find("--layout is bhsd or bshd, got 'sbhd'"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -127,6 +127,21 @@ double attention_backward_flops(const AttentionShape& s) { return 2.5 * attentio
 
 namespace {
 
+// Note [attention layouts]: a fused attention kernel reads and writes rows of D elements at any
+// row stride, so the same call runs on (B, H, T, D)-contiguous tensors ("bhsd", PyTorch's usual
+// layout after a transpose and a copy) and on (B, T, H, D) memory viewed as (B, H, T, D) ("bshd":
+// the heads of a token side by side, as a projection writes them; forge's GPT and LLaMA hand
+// attention such views and allocate out and the gradients in the same order). The kernels'
+// memory access differs between the two (the rows of one head are H x D apart in bshd), and so
+// may their speed: `--layout` times either. The CPU kernel reads strided inputs but writes
+// contiguous outputs, so there only q, k, v and dout follow the layout.
+Tensor bench_tensor(int64_t B, int64_t h, int64_t T, int64_t D, bool bshd, bool random, const TensorOptions& o,
+                    Generator* gen) {
+  if (!bshd) return random ? randn({B, h, T, D}, o, gen) : empty({B, h, T, D}, o);
+  const Tensor t = random ? randn({B, T, h, D}, o, gen) : empty({B, T, h, D}, o);
+  return t.transpose(1, 2);
+}
+
 // One back-end on one shape: fills fwd_ms / bwd_ms or `skipped`.
 void run_one(const AttentionOptions& opt, const AttentionShape& s, AttentionResult& r) {
   const Device dev = opt.device;
@@ -135,10 +150,12 @@ void run_one(const AttentionOptions& opt, const AttentionShape& s, AttentionResu
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Generator gen(1234);
   const TensorOptions o{.dtype = dt, .device = dev};
-  const Tensor q = randn({B, H, T, D}, o, &gen), k = randn({B, Hkv, T, D}, o, &gen), v = randn({B, Hkv, T, D}, o, &gen);
-  const Tensor dout = randn({B, H, T, D}, o, &gen);
-  Tensor out = empty({B, H, T, D}, o), lse = empty({B, H, T}, {.dtype = DType::f32, .device = dev});
-  Tensor dq = empty(q.shape(), o), dk = empty(k.shape(), o), dv = empty(v.shape(), o);
+  const bool bshd = opt.layout == "bshd", out_bshd = bshd && r.backend != "cpu";
+  const auto input = [&](int64_t h) { return bench_tensor(B, h, T, D, bshd, true, o, &gen); };
+  const auto output = [&](int64_t h) { return bench_tensor(B, h, T, D, out_bshd, false, o, nullptr); };
+  const Tensor q = input(H), k = input(Hkv), v = input(Hkv), dout = input(H);
+  Tensor out = output(H), lse = empty({B, H, T}, {.dtype = DType::f32, .device = dev});
+  Tensor dq = output(H), dk = output(Hkv), dv = output(Hkv);
   std::function<void()> fwd, bwd;
   if (r.backend == "cpu") {
     fwd = [&] { cpu::attention_forward(q, k, v, Tensor(), s.causal, scale, out, lse); };
@@ -200,6 +217,8 @@ AttentionReport run_attention(const AttentionOptions& opt) {
   FORGE_CHECK(!opt.backends.empty(), "bench attention: no back-ends to run");
   FORGE_CHECK(opt.repeats >= 1, "bench attention: --repeats must be >= 1, got ", opt.repeats);
   FORGE_CHECK(opt.warmup_runs >= 0, "bench attention: --warmup must be >= 0, got ", opt.warmup_runs);
+  FORGE_CHECK(opt.layout == "bhsd" || opt.layout == "bshd", "bench attention: --layout is bhsd or bshd, got '",
+              opt.layout, "'");
 #ifndef FORGE_WITH_CUDA
   FORGE_CHECK(opt.device.is_cpu(), "bench attention: ", opt.device.str(),
               " requested but forge was built without CUDA");
@@ -242,6 +261,7 @@ nlohmann::json to_json(const AttentionReport& r) {
   j["device_name"] = r.device_name;
   j["cudnn_version"] = r.cudnn_version;
   j["dtype"] = dtype_name(r.options.dtype);
+  j["layout"] = r.options.layout;
   j["method"] = {{"timer", r.timer},
                  {"statistic", "median"},
                  {"repeats", r.options.repeats},

@@ -54,6 +54,10 @@ struct AttentionOptions {
   std::vector<std::string> backends;
   int warmup_runs = 3;
   int repeats = 20;
+  // How the tensors lie in memory (Note [attention layouts] in attention.cpp): "bhsd", each one
+  // (B, H, T, D)-contiguous; "bshd", (B, T, H, D) memory viewed as (B, H, T, D), as forge's GPT
+  // and LLaMA attention get q, k, v from their projections and allocate out and the gradients.
+  std::string layout = "bhsd";
 };
 
 struct AttentionResult {

@@ -9,6 +9,7 @@
 #include "forge/plan/gpu_catalog.h"
 #include "forge/telemetry/mfu.h"
 #ifdef FORGE_WITH_CUDA
+#include "forge/backends/cuda/cudnn_attention.h"
 #include "forge/backends/cuda/device_info.h"
 #endif
 
@@ -100,6 +101,9 @@ GpuSystemInfo gpu_info() {
   s.cuda_build = true;
   s.driver_version = cuda::driver_version();
   s.runtime_version = cuda::runtime_version();
+  // The library the loader found, which can differ from the headers forge was built with (e.g.
+  // PyTorch's wheel carries a cuDNN of its own: compare like with like).
+  s.cudnn = cuda::cudnn_version_string();
   int count = 0;
   try {
     count = forge::cuda_device_count();
@@ -179,6 +183,7 @@ nlohmann::json to_json(const GpuSystemInfo& s) {
           {"cuda_build", s.cuda_build},
           {"driver", cuda_version_string(s.driver_version)},
           {"cuda_runtime", cuda_version_string(s.runtime_version)},
+          {"cudnn", s.cudnn.empty() ? "-" : s.cudnn},
           {"nvml", {{"available", s.nvml},
                     {"note", s.nvml_note},
                     {"driver_version", s.nvml_driver_version},

@@ -41,6 +41,7 @@ struct GpuSystemInfo {
   std::vector<GpuInfo> gpus;
   int driver_version = 0;           // cudaDriverGetVersion (12040 = CUDA 12.4); 0 without a driver
   int runtime_version = 0;          // cudaRuntimeGetVersion; 0 without CUDA support
+  std::string cudnn;                // cudnnGetVersion of the library loaded, "9.14.0"; empty without CUDA
   bool cuda_build = false;          // forge built with FORGE_CUDA
   std::string note;                 // "no CUDA device" when gpus is empty
   bool nvml = false;                // NVML loaded and initialised
