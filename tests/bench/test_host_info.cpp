@@ -151,7 +151,8 @@ TEST_F(InfoCliTest, JsonHasEveryKey) {
   const CliRun r = run_forge({"info", "--json"}, Stderr::dropped);
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
-  for (const char* k : {"host", "gpus", "driver", "cuda_runtime", "cudnn", "nvml", "note", "cuda_build", "forge_version"})
+  for (const char* k :
+       {"host", "gpus", "driver", "cuda_runtime", "cudnn", "nvml", "note", "cuda_build", "forge_version"})
     EXPECT_TRUE(j.contains(k)) << k;
   for (const char* k : {"cpu_model", "sockets", "cores", "threads", "numa_nodes", "caches", "memory_bytes"})
     EXPECT_TRUE(j["host"].contains(k)) << k;

@@ -60,6 +60,10 @@ def main():
             for step in range(1, 101):
                 f.write(json.dumps({"step": step, "ms_per_step": 87.0, "mem_bytes": 20 << 30, "mfu": 0.52,
                                     "loss": 10.4}) + "\n")
+        # eager ran but left no sample file (SAMPLE_POWER=0, or no nvidia-smi): no line of its own.
+        with open(os.path.join(raw, "row3_eager.json"), "w") as f:
+            json.dump({"tokens_per_s": 63000.0, "ms_per_step": 130.0, "ms_per_step_median": 130.0, "steps": 90,
+                       "params": 852559872, "peak_mem_bytes": 25 << 30}, f)
         with open(os.path.join(raw, "row3_compile.json"), "w") as f:
             json.dump({"tokens_per_s": 84760.0, "ms_per_step": 96.65, "ms_per_step_median": 96.69, "steps": 90,
                        "params": 852559872, "peak_mem_bytes": 21 << 30}, f)
