@@ -113,6 +113,7 @@ TEST(Env, UndeclaredNamesAndWrongKindsAreProgrammingErrors) {
 
 TEST(Env, TableDeclaresEverySwitchOnce) {
   const std::vector<std::pair<std::string, env::Category>> expected = {
+      {"FORGE_ADAMW_PAIRS", env::Category::performance},
       {"FORGE_ADAMW_REGISTER_CAP", env::Category::performance},
       {"FORGE_ALLOW_TF32", env::Category::numerics},
       {"FORGE_BGRAD_EPILOGUE", env::Category::performance},

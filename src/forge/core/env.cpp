@@ -31,6 +31,13 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // static destructor.
 const std::vector<Spec>& table() {
   static const auto* rows = new std::vector<Spec>{
+      {.name = "FORGE_ADAMW_PAIRS",
+       .kind = Kind::flag,
+       .category = Category::performance,
+       .default_value = "0",
+       .meaning = "1: the CUDA AdamW kernel for bf16/f16 parameters loads two vectors of every operand a thread "
+                  "before it stores either, twice the loads in flight (the same bits; docs/performance.md item 36); "
+                  "off until measured (written for the H200, where AdamW reaches 67% of the bandwidth)"},
       {.name = "FORGE_ADAMW_REGISTER_CAP",
        .kind = Kind::flag,
        .category = Category::performance,

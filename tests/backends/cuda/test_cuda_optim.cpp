@@ -187,33 +187,54 @@ TEST(CudaAdamW, ManyTensorsTakeSeveralLaunchesAndF64Works) {
   expect_same_state(og, oc, t, "AdamW, 133 tensors");
 }
 
+// The parameters after five clipped AdamW steps with the switch `name` set to `value`: bf16
+// parameters with their f32 masters (the mixed-precision path), f32 and f16, sizes that leave
+// every kind of tail in a chunk, two of several chunks, several launches' worth.
+std::vector<Tensor> adamw_under(const char* name, const char* value) {
+  env::Override o(name, value);
+  std::vector<Tensor> ps;
+  for (int i = 0; i < 60; ++i) {
+    const DType dt = i % 3 == 0 ? DType::f32 : (i % 3 == 1 ? DType::bf16 : DType::f16);
+    Tensor p = host_input({(i * 53) % 4099 + 17}, Domain::real, dt, 900 + static_cast<uint64_t>(i)).to(kGpu);
+    p.requires_grad_(true);
+    ps.push_back(p);
+  }
+  // Two of several chunks (16384 elements a block), where a thread runs several pairs.
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    Tensor p = host_input({2 * 16384 + 777}, Domain::real, dt, 990 + ps.size()).to(kGpu);
+    p.requires_grad_(true);
+    ps.push_back(p);
+  }
+  AdamW opt(ps, {.lr = 1e-3, .weight_decay = 0.1});
+  for (int s = 0; s < 5; ++s) {
+    for (size_t i = 0; i < ps.size(); ++i)
+      ps[i].set_grad(
+          host_input(ps[i].shape(), Domain::real, ps[i].dtype(), 5000 + 100 * static_cast<uint64_t>(s) + i).to(kGpu));
+    optim::clip_grad_norm_(ps, 1.0);
+    opt.step();
+  }
+  return ps;
+}
+
+void expect_same_parameters(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_equal(got[i], want[i], what + ": parameter " + std::to_string(i) + " " + dtype_name(want[i].dtype()));
+}
+
 // Note [AdamW register cap] (FORGE_ADAMW_REGISTER_CAP=1): the capped kernel writes the same bits
-// as the default one: bf16 parameters with their f32 masters (the mixed-precision path), f32 and
-// f16, several launches' worth, five steps with a clip.
+// as the default one.
 TEST(CudaAdamW, RegisterCapChangesNoBit) {
   FORGE_SKIP_WITHOUT_GPU();
-  auto run = [](const char* cap) {
-    env::Override o("FORGE_ADAMW_REGISTER_CAP", cap);
-    std::vector<Tensor> ps;
-    for (int i = 0; i < 60; ++i) {
-      const DType dt = i % 3 == 0 ? DType::f32 : (i % 3 == 1 ? DType::bf16 : DType::f16);
-      Tensor p = host_input({(i * 53) % 4099 + 17}, Domain::real, dt, 900 + static_cast<uint64_t>(i)).to(kGpu);
-      p.requires_grad_(true);
-      ps.push_back(p);
-    }
-    AdamW opt(ps, {.lr = 1e-3, .weight_decay = 0.1});
-    for (int s = 0; s < 5; ++s) {
-      for (size_t i = 0; i < ps.size(); ++i)
-        ps[i].set_grad(host_input(ps[i].shape(), Domain::real, ps[i].dtype(), 5000 + 100 * static_cast<uint64_t>(s) + i)
-                           .to(kGpu));
-      optim::clip_grad_norm_(ps, 1.0);
-      opt.step();
-    }
-    return ps;
-  };
-  const std::vector<Tensor> plain = run("0"), capped = run("1");
-  for (size_t i = 0; i < plain.size(); ++i)
-    expect_equal(capped[i], plain[i], "parameter " + std::to_string(i) + " " + dtype_name(plain[i].dtype()));
+  expect_same_parameters(adamw_under("FORGE_ADAMW_REGISTER_CAP", "1"), adamw_under("FORGE_ADAMW_REGISTER_CAP", "0"),
+                         "register cap");
+}
+
+// Note [AdamW pairs] (FORGE_ADAMW_PAIRS=1): two vectors a thread, every element once, with the same
+// operations: the same bits, including the elements left single and the unvectorized tails.
+TEST(CudaAdamW, PairsChangeNoBit) {
+  FORGE_SKIP_WITHOUT_GPU();
+  expect_same_parameters(adamw_under("FORGE_ADAMW_PAIRS", "1"), adamw_under("FORGE_ADAMW_PAIRS", "0"), "pairs");
 }
 
 // ---- SGD -----------------------------------------------------------------------------------

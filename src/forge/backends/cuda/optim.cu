@@ -35,7 +35,8 @@
 // tail of the last chunk.
 //
 // Instantiations: adamw (twice: Note [AdamW register cap]), sgd, norm and clip for f32, bf16, f16,
-// f64 (20 kernels), plus the norm reduction, the flag and the scale update.
+// f64 (20 kernels), adamw's pair variant for bf16 and f16 (Note [AdamW pairs]), plus the norm
+// reduction, the flag and the scale update.
 #include "forge/backends/cuda/optim.h"
 
 #include <algorithm>
@@ -105,6 +106,20 @@ template <int V, class F> __device__ __forceinline__ void for_chunk(int64_t begi
   for (int64_t j = scalar_from + threadIdx.x; j < end; j += kThreads) f.template operator()<1>(j);
 }
 
+// for_chunk's elements, each once and with the same operator, but the vectorized ones two at a
+// time: f.template pair<V>(j, j + a block's stride) while both are in range, then at most one
+// single (Note [AdamW pairs]).
+template <int V, class F>
+__device__ __forceinline__ void for_chunk_pairs(int64_t begin, int64_t end, bool vectorized, F& f) {
+  if (!vectorized) return for_chunk<V>(begin, end, false, f);
+  constexpr int64_t kStride = int64_t{kThreads} * V;
+  const int64_t scalar_from = begin + (end - begin) / V * V;
+  int64_t j = begin + static_cast<int64_t>(threadIdx.x) * V;
+  for (; j + kStride < scalar_from; j += 2 * kStride) f.template pair<V>(j, j + kStride);
+  if (j < scalar_from) f.template operator()<V>(j);
+  for (int64_t s = scalar_from + threadIdx.x; s < end; s += kThreads) f.template operator()<1>(s);
+}
+
 // Sum over the block, in a fixed order (shuffle tree, then warps in order); valid in thread 0.
 __device__ __forceinline__ double block_sum(double x) {
   __shared__ double warp_sums[kWarps];
@@ -159,39 +174,78 @@ template <class T> struct AdamWChunk {
   bool clip;    // the same in every thread of the block
   double coef;  // max_norm / (norm + 1e-6), when clip
 
-  template <int W> __device__ __forceinline__ void operator()(int64_t j) {
+  // W elements' operands in registers.
+  template <int W> struct Vec {
+    Pack<T, W> p, g;
+    Pack<S, W> m, v;
+    Pack<float, W> x;  // the f32 master of a 16-bit weight
+  };
+
+  template <int W> __device__ __forceinline__ Vec<W> fetch(int64_t j) const {
     // A 16-bit weight is only written: its f32 master holds the value. Not reading it saves 2 of
     // the 30 bytes a bf16 parameter moves (LLaMA 0.85B: 1.7 GB a step, ~0.4 ms on an H200).
-    Pack<T, W> pw;
-    if constexpr (!is_half_v<T>) pw = load<W>(p + j);
-    const Pack<T, W> gw = load<W>(g + j);
-    Pack<S, W> mw = load<W>(m + j), vw = load<W>(v + j);
-    [[maybe_unused]] Pack<float, W> xw;
-    if constexpr (is_half_v<T>) xw = load<W>(master + j);
+    Vec<W> e;
+    if constexpr (!is_half_v<T>) e.p = load<W>(p + j);
+    e.g = load<W>(g + j);
+    e.m = load<W>(m + j);
+    e.v = load<W>(v + j);
+    if constexpr (is_half_v<T>) e.x = load<W>(master + j);
+    return e;
+  }
+
+  template <int W> __device__ __forceinline__ void update(Vec<W>& e) const {
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       S x;
-      if constexpr (is_half_v<T>) x = xw.v[k];
-      else x = pw.v[k];
-      T g_k = gw.v[k];
+      if constexpr (is_half_v<T>) x = e.x.v[k];
+      else x = e.p.v[k];
+      T g_k = e.g.v[k];
       if (clip) g_k = convert<T>(fn::rn_mul(convert<double>(g_k), coef));  // as ScaleChunk would have written it
-      fn::adamw_update<S>(x, mw.v[k], vw.v[k], convert<S>(g_k), c);
-      if constexpr (is_half_v<T>) xw.v[k] = x;
-      pw.v[k] = convert<T>(x);
+      fn::adamw_update<S>(x, e.m.v[k], e.v.v[k], convert<S>(g_k), c);
+      if constexpr (is_half_v<T>) e.x.v[k] = x;
+      e.p.v[k] = convert<T>(x);
     }
-    store<W>(p + j, pw);
-    store<W>(m + j, mw);
-    store<W>(v + j, vw);
-    if constexpr (is_half_v<T>) store<W>(master + j, xw);
+  }
+
+  template <int W> __device__ __forceinline__ void put(int64_t j, const Vec<W>& e) const {
+    store<W>(p + j, e.p);
+    store<W>(m + j, e.m);
+    store<W>(v + j, e.v);
+    if constexpr (is_half_v<T>) store<W>(master + j, e.x);
+  }
+
+  template <int W> __device__ __forceinline__ void operator()(int64_t j) {
+    Vec<W> e = fetch<W>(j);
+    update<W>(e);
+    put<W>(j, e);
+  }
+
+  // Two vectors: every load of both before the first store (Note [AdamW pairs]).
+  template <int W> __device__ __forceinline__ void pair(int64_t j0, int64_t j1) {
+    Vec<W> a = fetch<W>(j0), b = fetch<W>(j1);
+    update<W>(a);
+    update<W>(b);
+    put<W>(j0, a);
+    put<W>(j1, b);
   }
 };
 
-// Note [AdamW register cap] (FORGE_ADAMW_REGISTER_CAP=1): the kernel takes 57 registers (ptxas,
-// sm_90a, bf16), so four 256-thread blocks fit an SM; an H200 profile (ncu) had it at 50%
-// theoretical and 46% achieved occupancy with DRAM 80% busy and 0.44 eligible warps a scheduler:
-// latency-bound at the edge. kMinBlocks = 5 caps it at 45 registers with no spill (6 spills 92
-// bytes): five blocks, 25% more loads in flight. The same arithmetic: the same bits.
-template <class T, int kMinBlocks = 1>
+// Note [AdamW register cap] (FORGE_ADAMW_REGISTER_CAP=1): an H200 profile (ncu) had the kernel at
+// 57 registers, four 256-thread blocks an SM, 50% theoretical and 46% achieved occupancy with DRAM
+// 80% busy and 0.44 eligible warps a scheduler: latency-bound at the edge. (ptxas, CUDA 13, sm_90a,
+// bf16, with the clip inside the update: 80 registers now, three blocks an SM.) kMinBlocks = 5 caps
+// it at 45 registers with no spill (6 spills 92 bytes): five blocks, more loads in flight. The
+// same arithmetic: the same bits.
+// Note [AdamW pairs] (FORGE_ADAMW_PAIRS=1, 16-bit parameters): in for_chunk a thread loads one
+// vector of each operand (g, m, v, master: 7 x 16 bytes for bf16), waits, computes and stores
+// before its next loads, which the compiler cannot hoist above the stores (the pointers may
+// alias). On an H200 the LLaMA step's AdamW moves its 23.9 GB at ~3.2 TB/s, 67% of the bandwidth
+// (86% on an H100). The pair variant issues both vectors' 14 loads before the first store. ptxas
+// (CUDA 13, sm_90a): the bf16 kernel takes 80 registers (three 256-thread blocks an SM), its pair
+// variant 73 under __launch_bounds__(256, 3) with no spill: three blocks with twice the loads in
+// flight each (f16's would spill 4 bytes at three blocks, so it runs uncapped: 110 registers, two
+// blocks). Each element gets the same operations: the same bits.
+template <class T, int kMinBlocks = 1, bool kPairs = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) adamw_kernel(const __grid_constant__ AdamWArgs a) {
   using S = state_t<T>;
   const int i = tensor_of_block(a.chunk_begin, a.count);
@@ -221,7 +275,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adamw_kernel(const __gri
   const int64_t begin = chunk * kChunk, end = std::min(e.n, begin + kChunk);
   const bool vectorized = aligned16(e.p) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v) &&
                           (e.master == nullptr || aligned16(e.master));
-  for_chunk<16 / sizeof(T)>(begin, end, vectorized, f);
+  if constexpr (kPairs) for_chunk_pairs<16 / sizeof(T)>(begin, end, vectorized, f);
+  else for_chunk<16 / sizeof(T)>(begin, end, vectorized, f);
 }
 
 // ---- SGD --------------------------------------------------------------------------------
@@ -539,7 +594,7 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
   args.graph_steps = graph.steps_ptr();
   args.clip_norm = clip.norm_ptr();
   args.clip_max = clip.max_norm;
-  const bool register_cap = env::flag("FORGE_ADAMW_REGISTER_CAP");
+  const bool register_cap = env::flag("FORGE_ADAMW_REGISTER_CAP"), pairs = env::flag("FORGE_ADAMW_PAIRS");
   for (const auto& group : by_dtype(params.size(), [&](size_t k) { return params[k].p.dtype(); })) {
     const DType dtype = group.first;
     const std::vector<size_t>& idx = group.second;
@@ -553,10 +608,20 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
                             q.p.numel(), q.step, q.slot};
           },
           [&](int64_t blocks) {
+            const auto grid = static_cast<unsigned>(blocks);
+            if constexpr (is_half_v<T>) {
+              if (pairs) {  // Note [AdamW pairs]: three blocks an SM where that costs no spill
+                constexpr int kBlocks = std::is_same_v<T, bf16> ? 3 : 1;
+                adamw_kernel<T, kBlocks, true><<<grid, kThreads, 0, stream>>>(args);
+                FORGE_CUDA_LAUNCH_CHECK("AdamW step (pairs) on cuda:", device, ": ", args.count, " ",
+                                        dtype_name(dtype), " tensors, ", blocks, " blocks");
+                return;
+              }
+            }
             if (register_cap)  // Note [AdamW register cap]
-              adamw_kernel<T, 5><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+              adamw_kernel<T, 5><<<grid, kThreads, 0, stream>>>(args);
             else
-              adamw_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+              adamw_kernel<T><<<grid, kThreads, 0, stream>>>(args);
             FORGE_CUDA_LAUNCH_CHECK("AdamW step on cuda:", device, ": ", args.count, " ", dtype_name(dtype),
                                     " tensors, ", blocks, " blocks");
           });
