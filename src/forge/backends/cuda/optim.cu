@@ -609,18 +609,17 @@ void adamw_step(const std::vector<AdamWParam>& params, const fn::AdamWHyper& hp,
           },
           [&](int64_t blocks) {
             const auto grid = static_cast<unsigned>(blocks);
+            bool paired = false;
             if constexpr (is_half_v<T>) {
               if (pairs) {  // Note [AdamW pairs]: three blocks an SM where that costs no spill
                 constexpr int kBlocks = std::is_same_v<T, bf16> ? 3 : 1;
                 adamw_kernel<T, kBlocks, true><<<grid, kThreads, 0, stream>>>(args);
-                FORGE_CUDA_LAUNCH_CHECK("AdamW step (pairs) on cuda:", device, ": ", args.count, " ",
-                                        dtype_name(dtype), " tensors, ", blocks, " blocks");
-                return;
+                paired = true;
               }
             }
-            if (register_cap)  // Note [AdamW register cap]
+            if (!paired && register_cap)  // Note [AdamW register cap]
               adamw_kernel<T, 5><<<grid, kThreads, 0, stream>>>(args);
-            else
+            else if (!paired)
               adamw_kernel<T><<<grid, kThreads, 0, stream>>>(args);
             FORGE_CUDA_LAUNCH_CHECK("AdamW step on cuda:", device, ": ", args.count, " ", dtype_name(dtype),
                                     " tensors, ", blocks, " blocks");
