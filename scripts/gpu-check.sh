@@ -52,6 +52,12 @@ if compgen -G ".deps/*.deb" >/dev/null && { ! [ -f /usr/include/toml++/toml.h ] 
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
   CONFIG_ARGS+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
 fi
+# xxHash (checkpoint checksums, used header-only), when the machine lacks it.
+if compgen -G ".deps/*.deb" >/dev/null && ! [ -f /usr/include/xxhash.h ]; then
+  mkdir -p .deps/root
+  for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
+  CONFIG_ARGS+=(-DXXHASH_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
+fi
 # The tokenizer libraries, when the machine lacks their headers and .deps carries them.
 if compgen -G ".deps/*.deb" >/dev/null && { ! [ -f /usr/include/pcre2.h ] || ! [ -f /usr/include/sentencepiece_processor.h ]; }; then
   mkdir -p .deps/root

@@ -11,6 +11,7 @@ packages=(
   libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
   zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST
   libtomlplusplus-dev        # TOML run configs (used header-only)
+  libxxhash-dev              # checkpoint manifests' checksums (XXH3, used header-only)
   libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
   libpcre2-dev               # tokenizer files: Hugging Face / tiktoken pre-tokenizer regexes

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/io/output_guard.h"
 #include "forge/bench/attention.h"
 #include "forge/bench/burn.h"
 #include "forge/bench/collectives.h"
@@ -85,6 +86,7 @@ struct RooflineArgs {
   std::string device = "auto";
   std::vector<std::string> from;
   std::string svg;                 // "" = roofline.svg
+  bool force = false;              // replace an --svg file that forge bench roofline did not write
   int repeats = 10;
   bool json = false;
 };
@@ -330,8 +332,12 @@ int run_roofline_command() {
   o.device = parse_device(g_roofline.device);
   o.from = g_roofline.from;
   o.repeats = g_roofline.repeats;
-  const bench::Roofline r = bench::run_roofline(o);
   const std::string svg = g_roofline.svg.empty() ? "roofline.svg" : g_roofline.svg;
+  // Note [nothing deletes what it did not write]: checked before the measurements.
+  io::check_output_file(svg, "bench roofline: --svg", [](std::string_view head) {
+    return head.find("<!-- forge bench roofline -->") != std::string_view::npos;
+  }, g_roofline.force);
+  const bench::Roofline r = bench::run_roofline(o);
   {
     std::ofstream out(svg);
     FORGE_CHECK(out.good(), "bench roofline: cannot write '", svg, "'");
@@ -540,6 +546,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   roof->add_option("--from", g_roofline.from, "a `forge bench gemm|memory|layer --json` file to plot instead of measuring (repeatable)")
       ->check(CLI::ExistingFile);
   roof->add_option("--svg", g_roofline.svg, "write the plot here (default roofline.svg)");
+  roof->add_flag("--force", g_roofline.force, "replace --svg even when it is not a plot forge bench roofline wrote");
   roof->add_option("--repeats", g_roofline.repeats, "timed runs per measurement")->capture_default_str()->check(CLI::PositiveNumber);
   roof->add_flag("--json", g_roofline.json, "print one JSON object instead of the table");
   roof->footer("Method (ceilings, ridge point, counts): docs/bench.md.");

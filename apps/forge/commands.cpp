@@ -14,6 +14,7 @@
 #include "forge/data/tokenizer.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/hf_checkpoint.h"
+#include "forge/io/output_guard.h"
 #include "forge/dist/env.h"
 #include "forge/train/config.h"
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "forge/bench/top.h"
 #include "forge/telemetry/plot.h"
 #include "forge/train/evaluate.h"
+#include "forge/train/preemption.h"
 #include "forge/train/trainer.h"
 
 namespace forge::app {
@@ -41,8 +43,12 @@ int run_train(const TrainArgs& args) {
   train::TrainOptions opt;
   opt.resume = args.resume;
   opt.resume_from = args.resume_from;
-  train::run_training(cfg, opt, std::cout);  // reports as it goes, ending with a summary line
-  return 0;
+  opt.command = "forge train " + args.config;
+  for (const auto& o : overrides) opt.command += " " + o;
+  // Reports as it goes, ending with a summary line. A run stopped by a signal or run.time_limit
+  // has written its checkpoint: exit 75 says "run the same command again" (Note [preemption]).
+  const train::TrainResult r = train::run_training(cfg, opt, std::cout);
+  return r.stopped ? train::kStoppedExitCode : 0;
 }
 
 int run_sample(const SampleArgs& args) {
@@ -129,6 +135,10 @@ int run_eval(const EvalArgs& args) {
 
 int run_plot(const PlotArgs& args) {
   std::vector<std::filesystem::path> runs(args.runs.begin(), args.runs.end());
+  // Note [nothing deletes what it did not write]: an SVG of forge plot's, or --force.
+  io::check_output_file(args.out, "plot: --out", [](std::string_view head) {
+    return head.find("<!-- forge plot -->") != std::string_view::npos;
+  }, args.force);
   const auto panels = telemetry::plot_panels(runs);
   io::write_file_atomic(args.out, telemetry::plot_svg(panels));
   std::cout << "forge plot: " << runs.size() << " run(s), " << panels.size() << " panel(s) -> " << args.out << std::endl;
@@ -160,7 +170,7 @@ int run_top(const TopArgs& args) {
 int run_export(const ExportArgs& args) {
   const int64_t shard = io::parse_byte_size(args.max_shard_size, "export: --max-shard-size");
   const train::ExportResult r = train::export_model(
-      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard});
+      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard, .force = args.force});
   std::string files;  // the shards as one item
   int64_t shards = 0;
   for (const auto& f : r.files) {
@@ -194,6 +204,10 @@ std::vector<std::string> expand_files(const std::vector<std::string>& files, con
 int run_tokenize_train(const TokenizeTrainArgs& args) {
   FORGE_CHECK(args.vocab_size >= 256, "--vocab-size ", args.vocab_size,
               " is smaller than 256 (a byte-level BPE vocabulary starts with the 256 bytes); use e.g. --vocab-size 1024");
+  // Note [nothing deletes what it did not write]: a forge BPE file, or --force.
+  io::check_output_file(args.out, "tokenize train: --out", [](std::string_view head) {
+    return head.find("\"format\"") != std::string_view::npos && head.find("\"forge-bpe\"") != std::string_view::npos;
+  }, args.force);
   const auto files = expand_files(args.files, args.exclude);
   const auto t0 = std::chrono::steady_clock::now();
   data::BpeTrainOptions opt;
@@ -210,6 +224,9 @@ int run_tokenize_train(const TokenizeTrainArgs& args) {
 }
 
 int run_tokenize_encode(const TokenizeEncodeArgs& args) {
+  // Note [nothing deletes what it did not write]: a new or empty directory, one of earlier shards
+  // (shard_NNNNN.bin, which this run may overwrite), or --force.
+  io::check_output_dir(args.out, "tokenize encode: --out", train::is_shard_file_name, args.force);
   const auto files = expand_files(args.files, args.exclude);
   const auto tok = data::load_tokenizer(args.tokenizer);
   if (!args.eos_token.empty() && !tok->token_id(args.eos_token)) {

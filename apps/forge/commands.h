@@ -50,6 +50,7 @@ int run_eval(const EvalArgs& args);
 struct PlotArgs {
   std::vector<std::string> runs;       // run directories or metrics.jsonl files
   std::string out = "curves.svg";
+  bool force = false;                  // replace an --out file that forge plot did not write
 };
 int run_plot(const PlotArgs& args);
 
@@ -66,6 +67,7 @@ struct ExportArgs {
   std::string out;
   std::string dtype;                   // "" = as trained
   std::string max_shard_size = "5GB";  // io::parse_byte_size
+  bool force = false;                  // write into a non-empty --out that is not an earlier export
 };
 int run_export(const ExportArgs& args);
 
@@ -76,6 +78,7 @@ struct TokenizeTrainArgs {
   std::vector<std::string> exclude;
   std::string text_key = "text";        // .jsonl files (Note [documents])
   std::vector<std::string> special_tokens;  // e.g. <|endoftext|>
+  bool force = false;                   // replace an --out file that is not a forge BPE tokenizer
 };
 int run_tokenize_train(const TokenizeTrainArgs& args);
 
@@ -86,6 +89,7 @@ struct TokenizeEncodeArgs {
   std::vector<std::string> exclude;
   std::string text_key = "text";  // .jsonl files (Note [documents])
   std::string eos_token;          // after every document ("": none)
+  bool force = false;             // write into a non-empty --out that holds other files than shards
 };
 int run_tokenize_encode(const TokenizeEncodeArgs& args);
 

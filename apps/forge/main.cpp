@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   plot_cmd->add_option("runs", plot_args.runs, "run directories (or their metrics.jsonl); several are compared")
       ->required();
   plot_cmd->add_option("--out", plot_args.out, "the SVG file to write")->capture_default_str();
+  plot_cmd->add_flag("--force", plot_args.force, "replace --out even when it is not an SVG forge plot wrote");
 
   forge::app::TopArgs top_args;
   auto* top = app.add_subcommand("top", "live per-GPU and per-process view: utilisation, memory, power, clocks, "
@@ -145,6 +146,9 @@ int main(int argc, char** argv) {
                   "split the weights into shards of at most this size, with model.safetensors.index.json: 5GB, "
                   "500MB, 2GiB, or bytes")
       ->capture_default_str();
+  exp->add_flag("--force", export_args.force,
+                "write into a non-empty --out that is not an earlier export (its other files are kept; never a run "
+                "directory or checkpoint)");
 
   auto* tokenize =
       app.add_subcommand("tokenize", "train a BPE tokenizer, encode files into token shards, or encode/decode text");
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
   auto* tok_train = tokenize->add_subcommand("train", "train a byte-level BPE tokenizer on text files");
   tok_train->add_option("--vocab-size", tok_train_args.vocab_size, "vocabulary size (>= 256)")->required();
   tok_train->add_option("--out", tok_train_args.out, "the tokenizer JSON to write")->required();
+  tok_train->add_flag("--force", tok_train_args.force, "replace --out even when it is not a forge BPE tokenizer");
   tok_train->add_option("--exclude", tok_train_args.exclude, "glob patterns of files to skip in directories/globs");
   tok_train->add_option("--text-key", tok_train_args.text_key, "*.jsonl files: the key of each line's text")
       ->capture_default_str();
@@ -165,6 +170,8 @@ int main(int argc, char** argv) {
       "a tokenizer file: forge BPE JSON, Hugging Face tokenizer.json, tiktoken ranks or sentencepiece .model";
   tok_encode->add_option("--tokenizer", tok_encode_args.tokenizer, tok_help)->required();
   tok_encode->add_option("--out", tok_encode_args.out, "the directory for the shards")->required();
+  tok_encode->add_flag("--force", tok_encode_args.force,
+                       "write into a non-empty --out that holds other files than shards (they are kept)");
   tok_encode->add_option("--exclude", tok_encode_args.exclude, "glob patterns of files to skip in directories/globs");
   tok_encode->add_option("--text-key", tok_encode_args.text_key, "*.jsonl files: the key of each line's text")
       ->capture_default_str();

@@ -274,6 +274,41 @@ TEST(Launch, RanksThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
   EXPECT_TRUE(contains(r.log, "2 ranks still running 0.5 s after SIGTERM; sending SIGKILL")) << r.log;
 }
 
+// Note [preemption]: a rank that exits 75 (stopped with its checkpoint) is no failure: the others
+// finish theirs, nobody gets SIGTERM, and the job exits 75.
+TEST(Launch, ARankStoppedWithItsCheckpointIsNoFailure) {
+  const Ran r = run(cpu_ranks(3, "trap 'echo TERMED; exit 1' TERM; if [ \"$RANK\" = 0 ]; then exit 75; fi; "
+                                 "sleep 1; echo done $RANK; exit 75"));
+  EXPECT_EQ(r.status, 75) << r.log << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] done 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] done 2")) << r.output;
+  EXPECT_FALSE(contains(r.output, "TERMED")) << r.output;
+  EXPECT_FALSE(contains(r.log, "stopping the other")) << r.log;
+}
+
+// --max-restarts: a failed job is started again (FORGE_RESTART_COUNT 0, 1, ...) until it succeeds
+// or the restarts run out; 0 and 75 end it.
+TEST(Launch, MaxRestartsStartsAFailedJobAgain) {
+  LaunchOptions o = cpu_ranks(2, "echo attempt $FORGE_RESTART_COUNT; "
+                                 "if [ \"$FORGE_RESTART_COUNT\" -lt 2 ] && [ \"$RANK\" = 1 ]; then exit 5; fi; exit 0");
+  o.max_restarts = 3;
+  Ran r = run(o);
+  EXPECT_EQ(r.status, 0) << r.log;
+  EXPECT_TRUE(contains(r.output, "[rank 0] attempt 2")) << r.output;
+  EXPECT_TRUE(contains(r.log, "restarting every rank (restart 1 of 3)")) << r.log;
+  EXPECT_TRUE(contains(r.log, "restarting every rank (restart 2 of 3)")) << r.log;
+  EXPECT_FALSE(contains(r.log, "restart 3 of 3")) << r.log;
+  o.max_restarts = 1;
+  r = run(o);
+  EXPECT_EQ(r.status, 5) << r.log;
+  EXPECT_TRUE(contains(r.log, "after 1 restart(s) (--max-restarts); giving up")) << r.log;
+  o = cpu_ranks(1, "echo attempt $FORGE_RESTART_COUNT; exit 75");
+  o.max_restarts = 3;
+  r = run(o);
+  EXPECT_EQ(r.status, 75);
+  EXPECT_FALSE(contains(r.log, "restarting")) << r.log;
+}
+
 TEST(Launch, AllRanksSucceeding) {
   const Ran r = run(cpu_ranks(4, "sleep 0.$RANK; exit 0"));
   EXPECT_EQ(r.status, 0);
@@ -440,6 +475,32 @@ TEST_F(LaunchCli, SignalsAreForwardedToEveryRank) {
                                     ", forwarding it to the 2 running ranks"))
         << l.out;
   }
+}
+
+// A stop signal gives the ranks --stop-timeout to checkpoint (here they take longer than the
+// grace period, and are not killed); the job exits 75. A second signal, a second or more later,
+// is forwarded too, and ends them after the grace period; one that follows at once counts once.
+TEST_F(LaunchCli, AStopSignalWaitsForTheCheckpointAndASecondOneDoesNot) {
+  Launcher l({"launch", "--nproc-per-node", "2", "--device", "cpu", "--spawn", "direct", "--grace-seconds", "0.2", "--",
+              "sh", "-c", "trap 'sleep 1.5; echo saved; exit 75' TERM; echo ready; while :; do sleep 0.1; done"});
+  ASSERT_TRUE(l.read_until("] ready\n", 2, 10)) << l.out;
+  ASSERT_EQ(::kill(l.pid, SIGTERM), 0);
+  ::usleep(100000);
+  ASSERT_EQ(::kill(l.pid, SIGTERM), 0);  // the same event delivered twice: counted once
+  EXPECT_EQ(l.wait(20), 75) << l.out;
+  EXPECT_TRUE(contains(l.out, "[rank 0] saved")) << l.out;
+  EXPECT_TRUE(contains(l.out, "[rank 1] saved")) << l.out;
+  EXPECT_FALSE(contains(l.out, "SIGKILL")) << l.out;
+
+  Launcher m({"launch", "--nproc-per-node", "1", "--device", "cpu", "--spawn", "direct", "--grace-seconds", "0.2", "--",
+              "sh", "-c", "trap 'echo stopping' TERM; echo ready; while :; do sleep 0.1; done"});
+  ASSERT_TRUE(m.read_until("] ready\n", 1, 10)) << m.out;
+  ASSERT_EQ(::kill(m.pid, SIGTERM), 0);
+  ASSERT_TRUE(m.read_until("] stopping\n", 1, 10)) << m.out;
+  ::usleep(1200000);
+  ASSERT_EQ(::kill(m.pid, SIGTERM), 0);
+  EXPECT_EQ(m.wait(20), 128 + SIGTERM) << m.out;
+  EXPECT_TRUE(contains(m.out, "still running 0.2 s after the second signal; sending SIGKILL")) << m.out;
 }
 
 TEST_F(LaunchCli, RanksDieWithTheLauncher) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "forge/forge.h"
@@ -64,6 +65,25 @@ inline Tensor random_bits(DType dtype, const Shape& shape, uint64_t seed) {
   if (dtype == DType::boolean)
     for (auto& b : bytes) b &= 1;
   return from_blob(bytes.data(), dtype, shape, {.dtype = dtype});
+}
+
+// random_bits without NaN or infinity (a floating-point element whose exponent bits are all ones
+// loses the top one): what a checkpoint may hold (io::check_finite), still every other pattern.
+inline Tensor random_finite_bits(DType dtype, const Shape& shape, uint64_t seed) {
+  Tensor t = random_bits(dtype, shape, seed);
+  const int64_t n = t.numel();
+  auto clear = [n](auto* p, auto exponent, auto top) {
+    for (int64_t i = 0; i < n; ++i)
+      if ((p[i] & exponent) == exponent) p[i] = static_cast<std::remove_reference_t<decltype(p[i])>>(p[i] & ~top);
+  };
+  switch (dtype) {
+    case DType::f32: clear(static_cast<uint32_t*>(t.data_ptr()), uint32_t{0x7F800000}, uint32_t{0x40000000}); break;
+    case DType::f64: clear(static_cast<uint64_t*>(t.data_ptr()), uint64_t{0x7FF0000000000000}, uint64_t{0x4000000000000000}); break;
+    case DType::bf16: clear(static_cast<uint16_t*>(t.data_ptr()), uint16_t{0x7F80}, uint16_t{0x4000}); break;
+    case DType::f16: clear(static_cast<uint16_t*>(t.data_ptr()), uint16_t{0x7C00}, uint16_t{0x4000}); break;
+    default: break;
+  }
+  return t;
 }
 
 // The bytes of `t` in row-major order (any strides, any device).

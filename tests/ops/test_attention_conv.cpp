@@ -165,6 +165,34 @@ TEST(Attention, RowsWithNoAllowedKeyGiveZerosAndZeroGradients) {
   for (double x : vals(out)) EXPECT_TRUE(std::isfinite(x));
 }
 
+// A NaN in a query (a NaN query weight) makes that row's output and gradient NaN, as in PyTorch:
+// a row of NaN scores is not a fully masked row (issue 35: it used to give zeros, so forge eval
+// reported a finite loss for NaN weights). The other rows stay finite; a NaN key reaches every
+// row that may attend to it. f64 and f32 (the f32 path is the one the CPU trains with).
+TEST(Attention, NanScoresPropagateAndAreNeverMistakenForMaskedRows) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor q0 = rnd({1, 2, 5, 4}, 61, dt);
+    q0.select(0, 0).select(0, 1).select(0, 2).narrow(0, 1, 1).fill_(std::nan(""));  // head 1, row 2
+    Tensor q = leaf(q0), k = leaf(rnd({1, 2, 5, 4}, 62, dt)), v = leaf(rnd({1, 2, 5, 4}, 63, dt));
+    Tensor out = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+    out.backward(rnd(out.shape(), 64, dt));
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t t = 0; t < 5; ++t) {
+        const bool nan_row = h == 1 && t == 2;
+        for (double x : vals(out.select(1, h).select(1, t))) EXPECT_EQ(std::isnan(x), nan_row) << "h=" << h << " t=" << t;
+        for (double x : vals(q.grad().select(1, h).select(1, t))) EXPECT_EQ(std::isnan(x), nan_row) << "h=" << h << " t=" << t;
+      }
+    // A NaN key: every row of its head at or after it (causal) is NaN, the rows before are not.
+    Tensor k1 = rnd({1, 2, 5, 4}, 65, dt);
+    k1.select(0, 0).select(0, 0).select(0, 3).narrow(0, 0, 1).fill_(std::nan(""));  // head 0, key 3
+    const Tensor o1 = scaled_dot_product_attention(rnd({1, 2, 5, 4}, 66, dt), k1, rnd({1, 2, 5, 4}, 67, dt), true);
+    for (int64_t t = 0; t < 5; ++t)
+      for (double x : vals(o1.select(1, 0).select(1, t))) EXPECT_EQ(std::isnan(x), t >= 3) << "t=" << t;
+    for (double x : vals(o1.select(1, 1))) EXPECT_TRUE(std::isfinite(x));
+  }
+}
+
 TEST(Attention, SixteenBitAndF32AgreeWithF64) {
   for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
     SCOPED_TRACE(dtype_name(dt));

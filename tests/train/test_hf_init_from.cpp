@@ -5,6 +5,8 @@
 // unexpected tensors).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -327,6 +329,20 @@ TEST_F(InitFromTest, WeightErrorsListTensorsAndShapes) {
   // HF's attention-mask buffers are ignored.
   e = rewrite([](io::TensorItems& items) { items.emplace_back("transformer.h.0.attn.bias", ones({1, 1, 32, 32})); });
   EXPECT_EQ(e, "<no error>");
+  // Weights with a NaN or an infinity are refused, naming the tensor as the file names it (Note
+  // [checkpoint integrity]), also in a Conv1D weight forge transposes.
+  for (const double bad : {std::nan(""), double(INFINITY)}) {
+    e = rewrite([bad](io::TensorItems& items) {
+      for (auto& [name, t] : items)
+        if (name == "transformer.h.1.attn.c_attn.weight") {
+          t = t.clone();
+          t.reshape({-1}).narrow(0, 7, 1).fill_(bad);
+        }
+    });
+    EXPECT_TRUE(contains(e, "model.init_from: the weights in") && contains(e, "transformer.h.1.attn.c_attn.weight") &&
+                contains(e, std::isnan(bad) ? "holds NaN" : "holds +inf") && contains(e, "cannot be trained"))
+        << e;
+  }
 }
 
 }  // namespace

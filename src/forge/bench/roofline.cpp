@@ -252,7 +252,7 @@ std::string roofline_svg(const Roofline& r) {
 
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " "
-    << H << "\" font-family=\"sans-serif\">\n";
+    << H << "\" font-family=\"sans-serif\">\n<!-- forge bench roofline -->\n";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s << "<text x=\"" << W / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"17\">Roofline: "
     << telemetry::xml_escape(r.device_name.empty() ? r.device : r.device_name) << " (" << telemetry::xml_escape(r.device) << ")</text>\n";

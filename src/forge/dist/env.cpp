@@ -18,6 +18,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 #include <vector>
 
@@ -219,6 +220,19 @@ LaunchEnv launch_env() {
     env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
   }
   return launch_env_from(env);
+}
+
+int restart_count() {
+  for (const char* var : {"FORGE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr || *v == '\0') continue;
+    int n = 0;
+    const auto [ptr, ec] = std::from_chars(v, v + std::strlen(v), n);
+    FORGE_CHECK(ec == std::errc() && *ptr == '\0' && n >= 0, "the environment variable ", var, "='", v,
+                "' is not a restart count (a non-negative integer; forge launch sets it)");
+    return n;
+  }
+  return 0;
 }
 
 }  // namespace forge::dist

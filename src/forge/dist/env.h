@@ -46,4 +46,9 @@ LaunchEnv launch_env_from(const std::map<std::string, std::string>& env);
 // The same from the process environment.
 LaunchEnv launch_env();
 
+// Which attempt of the job this process belongs to: FORGE_RESTART_COUNT (forge launch
+// --max-restarts sets it: 0 for the first start, k after k restarts) or torchrun's
+// TORCHELASTIC_RESTART_COUNT; 0 when neither is set.
+int restart_count();
+
 }  // namespace forge::dist

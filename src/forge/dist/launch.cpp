@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -219,6 +220,7 @@ LaunchPlan plan_launch(const LaunchOptions& opt, bool make_nccl_id) {
 
   // Every rank's environment.
   plan.env["FORGE_BIND"] = bind_mode_name(opt.bind);
+  plan.env["FORGE_RESTART_COUNT"] = std::to_string(opt.restart_count);
   plan.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
   std::string threads_note;
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -259,6 +261,10 @@ LaunchPlan plan_launch(const LaunchOptions& opt, bool make_nccl_id) {
                     "its bin directory on PATH", plan.device == LaunchDevice::cpu ? "" : ", or use --spawn direct");
       }
     }();
+    // Note [stopping under mpirun]: mpirun answers SIGTERM and SIGINT by killing the ranks within
+    // seconds, but forwards SIGUSR1 and SIGUSR2; the launcher relays a stop as SIGUSR2, which the
+    // ranks treat as one (forge train: Note [preemption]).
+    plan.env["FORGE_LAUNCH_STOP_SIGNAL"] = "USR2";
     const std::string version = first_output(shell_quote(mpirun) + " --version 2>&1");
     const bool open_mpi = version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos;
     plan.executable = mpirun;
@@ -296,7 +302,7 @@ extern "C" void forge_launch_on_signal(int sig) {
   errno = saved;
 }
 
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
 // Handlers for the forwarded signals and SIGPIPE ignored, for the lifetime of a launch.
 class SignalScope {
@@ -454,14 +460,17 @@ pid_t spawn_child(const LaunchPlan& plan, int rank, int devnull, bool sigpipe_ig
   return pid;
 }
 
-}  // namespace
+std::string seconds_text(double s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
 
-int launch(const LaunchOptions& opt, std::ostream& log) {
-  const LaunchPlan plan = plan_launch(opt, /*make_nccl_id=*/true);
+// One start of the job's ranks, watched to their end (launch() may restart it). `user_signal` is
+// set when the launcher got a signal to pass on.
+int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalScope& signals, std::ostream& log,
+                int& user_signal) {
   const bool direct = plan.spawn == SpawnMode::direct;
-  log << plan.summary << std::endl;
-
-  SignalScope signals;
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   FORGE_CHECK(devnull >= 0, "forge launch: cannot open /dev/null: ", std::strerror(errno));
 
@@ -532,9 +541,21 @@ int launch(const LaunchOptions& opt, std::ostream& log) {
 
   int alive = n_children;
   bool stopping = false, killed = false, failed = false;
-  int result = 0, got_signal = 0;
-  Clock::time_point stop_deadline{}, drain_deadline{};
-  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.grace_seconds));
+  int result = 0, got_signal = 0, signals_seen = 0, stopped_ranks = 0;
+  Clock::time_point stop_deadline{}, drain_deadline{}, first_signal_at{};
+  std::string deadline_reason;  // what the stop deadline waits after, for the SIGKILL message
+  auto after = [](double seconds) {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  };
+  // Sends a stop to the ranks: each rank's process group (direct), or mpirun (Note [stopping
+  // under mpirun]): the first stop relayed as SIGUSR2 (SIGUSR1/2 as they are), a second as
+  // SIGTERM, on which mpirun kills the job.
+  auto relay = [&](int sig) {
+    if (direct) return signal_all(sig);
+    const int relayed = signals_seen > 1 ? SIGTERM : (sig == SIGUSR1 || sig == SIGUSR2) ? sig : SIGUSR2;
+    for (const auto& c : children)
+      if (c.alive) ::kill(c.pid, relayed);
+  };
   std::vector<pollfd> pfds;
   while (true) {
     const auto now = Clock::now();
@@ -556,14 +577,31 @@ int launch(const LaunchOptions& opt, std::ostream& log) {
     ssize_t ns;
     while ((ns = ::read(g_signal_pipe[0], sigs, sizeof(sigs))) > 0) {
       for (ssize_t i = 0; i < ns; ++i) {
+        // One event may reach the launcher twice (Slurm signals every process of the job step, and
+        // a batch script passes its own signal on): a second within a second counts once, as in
+        // forge train (Note [preemption]).
+        if (signals_seen > 0 && Clock::now() - first_signal_at < std::chrono::seconds(1)) continue;
+        if (signals_seen == 0) first_signal_at = Clock::now();
         got_signal = sigs[i];
+        user_signal = got_signal;
+        ++signals_seen;
+        // Note [preemption] (train/preemption.h): the first stop lets forge train finish its step and
+        // write a checkpoint (up to --stop-timeout); a second one stops the ranks at once.
         log << "forge launch: got " << signal_name(got_signal) << ", forwarding it to the " << alive << " running "
-            << (direct ? (alive == 1 ? "rank" : "ranks") : "mpirun") << std::endl;
-        signal_all(got_signal);
-      }
-      if (!stopping) {
-        stopping = true;
-        stop_deadline = Clock::now() + grace;
+            << (direct ? (alive == 1 ? "rank" : "ranks") : "mpirun")
+            << (signals_seen == 1 ? " (forge train stops after its current step with a checkpoint; a second signal "
+                                    "stops the ranks at once)"
+                                  : "")
+            << std::endl;
+        relay(got_signal);
+        if (signals_seen == 1) {
+          stopping = true;
+          stop_deadline = after(opt.stop_timeout);
+          deadline_reason = seconds_text(opt.stop_timeout) + " s (--stop-timeout) after the stop signal";
+        } else if (after(opt.grace_seconds) < stop_deadline) {
+          stop_deadline = after(opt.grace_seconds);
+          deadline_reason = seconds_text(opt.grace_seconds) + " s after the second signal";
+        }
       }
     }
     for (auto& s : streams)
@@ -579,6 +617,17 @@ int launch(const LaunchOptions& opt, std::ostream& log) {
       --alive;
       if (w < 0) continue;  // not our child any more (cannot happen): count it as gone
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      // A rank that stopped with its checkpoint (a signal, run.time_limit: kStoppedExitCode) is no
+      // failure: the others are stopping at the same step; they get --stop-timeout to finish.
+      if (WIFEXITED(st) && WEXITSTATUS(st) == kStoppedExitCode) {
+        ++stopped_ranks;
+        if (!stopping) {
+          stopping = true;
+          stop_deadline = after(opt.stop_timeout);
+          deadline_reason = seconds_text(opt.stop_timeout) + " s (--stop-timeout) after a rank stopped with its checkpoint";
+        }
+        continue;
+      }
       if (ok || failed || got_signal != 0) continue;
       failed = true;
       std::ostringstream msg;
@@ -596,11 +645,12 @@ int launch(const LaunchOptions& opt, std::ostream& log) {
       log << msg.str() << std::endl;
       signal_all(SIGTERM);
       stopping = true;
-      stop_deadline = Clock::now() + grace;
+      stop_deadline = after(opt.grace_seconds);
+      deadline_reason = seconds_text(opt.grace_seconds) + " s after SIGTERM";
     }
     if (stopping && !killed && alive > 0 && Clock::now() >= stop_deadline) {
-      log << "forge launch: " << alive << (direct ? (alive == 1 ? " rank" : " ranks") : " mpirun")
-          << " still running " << opt.grace_seconds << " s after SIGTERM; sending SIGKILL" << std::endl;
+      log << "forge launch: " << alive << (direct ? (alive == 1 ? " rank" : " ranks") : " mpirun") << " still running "
+          << deadline_reason << "; sending SIGKILL" << std::endl;
       signal_all(SIGKILL);
       killed = true;
     }
@@ -611,8 +661,41 @@ int launch(const LaunchOptions& opt, std::ostream& log) {
     ::close(s.fd);
   }
   if (failed) return result;
+  if (stopped_ranks > 0) return kStoppedExitCode;
   if (got_signal != 0) return 128 + got_signal;
   return 0;
 }
+
+}  // namespace
+
+int launch(const LaunchOptions& opt_in, std::ostream& log) {
+  FORGE_CHECK(opt_in.max_restarts >= 0, "forge launch: --max-restarts must be >= 0, got ", opt_in.max_restarts);
+  LaunchOptions opt = opt_in;
+  opt.restart_count = 0;
+  LaunchPlan plan = plan_launch(opt, /*make_nccl_id=*/true);  // every bad input is refused here, before anything starts
+  const SignalScope signals;
+  for (;;) {
+    log << plan.summary << (opt.restart_count > 0 ? " (restart " + std::to_string(opt.restart_count) + " of " +
+                                                       std::to_string(opt.max_restarts) + ")"
+                                                 : std::string())
+        << std::endl;
+    int user_signal = 0;
+    const int rc = run_attempt(opt, plan, signals, log, user_signal);
+    // Done, stopped with a checkpoint, or stopped by whoever signalled the launcher: no restart.
+    if (rc == 0 || rc == kStoppedExitCode || user_signal != 0) return rc;
+    if (opt.restart_count >= opt.max_restarts) {
+      if (opt.max_restarts > 0)
+        log << "forge launch: the job failed again (code " << rc << ") after " << opt.max_restarts
+            << " restart(s) (--max-restarts); giving up" << std::endl;
+      return rc;
+    }
+    ++opt.restart_count;
+    log << "forge launch: the job failed (code " << rc << "); restarting every rank (restart " << opt.restart_count
+        << " of " << opt.max_restarts << "): forge train continues from the latest valid checkpoint" << std::endl;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    plan = plan_launch(opt, /*make_nccl_id=*/true);  // a fresh NCCL id: the old communicators are gone
+  }
+}
+
 
 }  // namespace forge::dist

@@ -12,15 +12,28 @@
 //           the MPI variables and rank 0's NCCL id goes over MPI. The default for CPU ranks,
 //           which communicate through MPI.
 // Each child is in its own process group (same session). The launcher forwards SIGINT,
-// SIGTERM and SIGHUP to every rank (a terminal's Ctrl-C reaches the launcher only, so each
-// rank gets it once) and lets the ranks stop; the ranks get SIGTERM if the launcher dies.
+// SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 to every rank (a terminal's Ctrl-C reaches the launcher
+// only, so each rank gets it once) and lets the ranks stop: forge train finishes its step and
+// writes a checkpoint (Note [preemption] in train/preemption.h), for up to `stop_timeout`
+// seconds; a second signal is forwarded too, and `grace_seconds` later the ranks get SIGKILL.
+// Under mpirun, which kills its ranks on SIGTERM, the first stop goes to mpirun as SIGUSR2
+// (forwarded to the ranks; FORGE_LAUNCH_STOP_SIGNAL=USR2 tells them it means stop), the second as
+// SIGTERM (Note [stopping under mpirun]). The ranks get SIGTERM if the launcher dies.
 // Children read /dev/null; their stdout and stderr lines come out prefixed "[rank N] ".
 //
 // When a rank exits non-zero or is killed by a signal, the launcher prints
 //   forge launch: rank 1 (pid 4242) exited with code 3; stopping the other 3 ranks
 // sends SIGTERM to the others, SIGKILL after `grace_seconds`, and returns the rank's code
-// (128 + signal for a signal). A job stopped by a forwarded signal returns 128 + that signal;
-// all ranks exiting 0 returns 0.
+// (128 + signal for a signal). A rank that exits with kStoppedExitCode (75: stopped with its
+// checkpoint, by a signal or run.time_limit) is not a failure: the others get `stop_timeout` to do
+// the same, and the job returns 75. Otherwise a job stopped by a forwarded signal returns
+// 128 + that signal; all ranks exiting 0 returns 0.
+//
+// In-job restarts (`max_restarts` > 0): when the job fails (a rank died, or a stuck collective
+// ended it after FORGE_DIST_TIMEOUT) and the launcher was not signalled, every rank is stopped and
+// the job started again, at most max_restarts times, with a fresh NCCL id and
+// FORGE_RESTART_COUNT = 1, 2, ...: forge train continues from the latest valid checkpoint (Note
+// [one command starts or continues]). A job that ends with 0 or 75 is not restarted.
 //
 // Bad input (nproc < 1, more GPU ranks than GPUs, an empty command, a command that is not an
 // executable, no mpirun for CPU ranks) is a forge::Error with the fix, raised before anything
@@ -33,6 +46,11 @@
 #include "forge/dist/numa.h"
 
 namespace forge::dist {
+
+// The exit code of a rank (and of the job) stopped early with its checkpoint written
+// (forge train: a preemption signal or run.time_limit, Note [preemption]); running the same
+// command again continues the run.
+inline constexpr int kStoppedExitCode = 75;
 
 enum class LaunchDevice { auto_, cpu, cuda };
 enum class SpawnMode { auto_, direct, mpirun };
@@ -49,6 +67,9 @@ struct LaunchOptions {
   SpawnMode spawn = SpawnMode::auto_;          // auto: direct for GPU ranks, mpirun for CPU ranks (> 1)
   int master_port = 0;                         // reserved (multi-host rendezvous)
   double grace_seconds = 5;                    // between SIGTERM and SIGKILL when stopping ranks
+  double stop_timeout = 900;                   // after a forwarded stop, before SIGKILL (a step and a checkpoint)
+  int max_restarts = 0;                        // restarts of a failed job (0: none)
+  int restart_count = 0;                       // which start this is (set by launch(); FORGE_RESTART_COUNT)
   bool prefix_output = true;                   // "[rank N] " before each line of a rank's output
   // Testing hooks. Rank output goes to `output` when set (else to the launcher's stdout and
   // stderr); `forge` as the first word becomes `forge_executable` ("" = /proc/self/exe);

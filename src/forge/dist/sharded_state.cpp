@@ -4,6 +4,7 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
+#include "forge/io/checkpoint.h"
 #include "forge/ops/creation.h"
 
 namespace forge::dist {
@@ -17,11 +18,12 @@ std::string range_key(const std::string& param, int64_t lo) { return param + "|"
 }  // namespace
 
 void write_optimizer_shard(const fs::path& file, const std::vector<ShardPiece>& pieces,
-                           const std::vector<std::map<std::string, Tensor>>& state, const std::vector<int64_t>& steps) {
+                           const std::vector<std::map<std::string, Tensor>>& state, const std::vector<int64_t>& steps,
+                           int64_t checkpoint_step) {
   FORGE_CHECK(state.size() == pieces.size() && steps.size() == pieces.size(),
               "write_optimizer_shard: pieces, state and steps differ in length");
   std::vector<std::pair<std::string, Tensor>> tensors;
-  io::SafetensorsMetadata meta{{"format", "forge-optimizer-shard"}};
+  io::SafetensorsMetadata meta{{"format", "forge-optimizer-shard"}, {"forge_step", std::to_string(checkpoint_step)}};
   for (size_t k = 0; k < pieces.size(); ++k) {
     if (steps[k] <= 0 && state[k].empty()) continue;
     const std::string key = range_key(pieces[k].param, pieces[k].lo);
@@ -32,6 +34,8 @@ void write_optimizer_shard(const fs::path& file, const std::vector<ShardPiece>& 
       tensors.emplace_back(name + "|" + key, t.reshape({-1}).to(Device::cpu()));
     }
   }
+  io::check_finite(tensors, "checkpoint of step " + std::to_string(checkpoint_step) + " not written (" +
+                                file.filename().string() + ")");
   // save_safetensors writes through a temporary and a rename (io/atomic_file.h).
   io::save_safetensors(file, tensors, meta);
 }

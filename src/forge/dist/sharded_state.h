@@ -32,9 +32,12 @@
 
 namespace forge::dist {
 
-// Writes one rank's shard file (atomically).
+// Writes one rank's shard file of the checkpoint of `checkpoint_step` (atomically; its metadata
+// records that step as forge_step, Note [checkpoint integrity]). Throws, writing nothing, when a
+// tensor holds a NaN or an infinity (io::check_finite).
 void write_optimizer_shard(const std::filesystem::path& file, const std::vector<ShardPiece>& pieces,
-                           const std::vector<std::map<std::string, Tensor>>& state, const std::vector<int64_t>& steps);
+                           const std::vector<std::map<std::string, Tensor>>& state, const std::vector<int64_t>& steps,
+                           int64_t checkpoint_step);
 
 class RangedState {
  public:

@@ -3,12 +3,18 @@
 
 #include <algorithm>
 #include <charconv>
-#include <set>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <future>
+#include <set>
 #include <system_error>
+#include <thread>
 
 #include "forge/core/error.h"
+#include "forge/core/half.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/checksum.h"
 
 #ifndef FORGE_VERSION
 #define FORGE_VERSION "unknown"
@@ -24,7 +30,9 @@ namespace {
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
+constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kFormatName = "forge-checkpoint";
+constexpr const char* kManifestFormat = "forge-checkpoint-manifest";
 
 json state_to_json(const GeneratorState& s) { return json{{"seed", s.seed}, {"offset", s.offset}}; }
 
@@ -86,6 +94,41 @@ bool is_complete_checkpoint(const fs::path& dir) {
   return true;
 }
 
+
+// Note [checkpoint integrity]: the manifest of the files in `dir` (all but itself), written last.
+void write_manifest(const fs::path& dir, int64_t step) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().filename() != kManifestFile) files.push_back(it->path());
+  FORGE_CHECK(!ec, "checkpoint: cannot list '", dir.string(), "': ", ec.message());
+  std::sort(files.begin(), files.end());
+  const std::vector<FileDigest> digests = digest_files(files);
+  json listed = json::object();
+  for (size_t i = 0; i < files.size(); ++i)
+    listed[files[i].filename().string()] = {{"bytes", digests[i].bytes}, {"hash", digests[i].hash}};
+  const json manifest = {{"format", kManifestFormat}, {"format_version", 1}, {"step", step}, {"files", listed}};
+  write_file_atomic(dir / kManifestFile, manifest.dump(2) + "\n");
+}
+
+json parse_json_file(const fs::path& file, const char* what) {
+  const std::string text = read_file(file);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    FORGE_THROW(what, " '", file.string(), "' is not valid JSON: ", e.what());
+  }
+}
+
+// Whether an element of a floating-point dtype is NaN or infinite, from its bits: the exponent
+// all ones.
+template <class Bits>
+int64_t first_non_finite_bits(const Bits* p, int64_t n, Bits exponent_mask) {
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i] & exponent_mask) == exponent_mask) return i;
+  return -1;
+}
+
 }  // namespace
 
 // ---- RNG -----------------------------------------------------------------------------------
@@ -134,6 +177,9 @@ void save_checkpoint(const fs::path& dir, const CheckpointData& data) {
     FORGE_THROW("save_checkpoint '", dir.string(), "': cannot encode state.json: ", e.what());
   }
 
+  const std::string what = "checkpoint of step " + std::to_string(data.step) + " not written";
+  check_finite(data.model.items(), what);
+  check_finite(data.optimizer.items(), what);
   const SafetensorsMetadata model_meta{{"format", "pt"}, {"forge_step", std::to_string(data.step)}};
   replace_directory_atomic(dir, [&](const fs::path& tmp) {
     save_safetensors(tmp / kModelFile, data.model.items(), model_meta);
@@ -144,12 +190,14 @@ void save_checkpoint(const fs::path& dir, const CheckpointData& data) {
       FORGE_CHECK(!ec, "save_checkpoint '", dir.string(), "': cannot move '", f.string(), "' into it: ", ec.message());
     }
     write_file_atomic(tmp / kStateFile, text);
+    write_manifest(tmp, data.step);
   });
 }
 
 CheckpointData load_checkpoint(const fs::path& dir, Device device) {
   std::error_code ec;
   FORGE_CHECK(fs::is_directory(dir, ec), "load_checkpoint: '", dir.string(), "' is not a directory");
+  const bool verified = verify_checkpoint(dir);  // Note [checkpoint integrity]
   const fs::path state_file = dir / kStateFile;
   std::string text;
   try {
@@ -196,7 +244,100 @@ CheckpointData load_checkpoint(const fs::path& dir, Device device) {
   }
   data.model = load_safetensors(dir / kModelFile, device).tensors;
   data.optimizer = load_safetensors(dir / kOptimizerFile, device).tensors;
+  data.verified = verified;
   return data;
+}
+
+bool verify_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  FORGE_CHECK(fs::is_directory(dir, ec), "checkpoint '", dir.string(), "' is not a directory");
+  const std::string where = "checkpoint '" + dir.string() + "'";
+  const fs::path manifest_file = dir / kManifestFile;
+  const fs::path state_file = dir / kStateFile;
+  FORGE_CHECK(fs::is_regular_file(state_file, ec), where, " is not a complete checkpoint: ", kStateFile, " is missing");
+  const json state = parse_json_file(state_file, "checkpoint state");
+  FORGE_CHECK(state.is_object(), "checkpoint state '", state_file.string(), "' is not a JSON object");
+  const StateReader r(state_file);
+  const int64_t state_step = r.i64(state, "step", "");
+  (void)r.i64(state, "format_version", "");
+  if (!fs::exists(manifest_file, ec)) {
+    if (state["format_version"].get<int64_t>() == 1) return false;  // written before manifests
+    FORGE_THROW(where, " is incomplete or damaged: ", kManifestFile,
+                " is missing (every checkpoint of format_version 2 or later has one)");
+  }
+  const json m = parse_json_file(manifest_file, "checkpoint manifest");
+  FORGE_CHECK(m.is_object() && m.value("format", std::string()) == kManifestFormat && m.contains("files") &&
+                  m["files"].is_object() && m.contains("step") && m["step"].is_number_integer(),
+              "checkpoint manifest '", manifest_file.string(), "' is not a forge checkpoint manifest (format '",
+              kManifestFormat, "' with 'step' and 'files')");
+  const int64_t step = m["step"].get<int64_t>();
+  // Every listed file: a plain name in the directory, its size, then (all sizes right) its checksum.
+  std::vector<fs::path> files;
+  std::vector<FileDigest> expected;
+  for (const auto& [name, e] : m["files"].items()) {
+    FORGE_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." &&
+                    name != kManifestFile,
+                "checkpoint manifest '", manifest_file.string(), "': '", name, "' is not a file name of the checkpoint");
+    FORGE_CHECK(e.is_object() && e.contains("bytes") && e["bytes"].is_number_unsigned() && e.contains("hash") &&
+                    e["hash"].is_string(),
+                "checkpoint manifest '", manifest_file.string(), "': the entry of '", name, "' lacks 'bytes' or 'hash'");
+    const fs::path f = dir / name;
+    FORGE_CHECK(fs::is_regular_file(f, ec), where, " is not a complete checkpoint: ", name,
+                " is missing (the manifest lists it)");
+    const uint64_t bytes = e["bytes"].get<uint64_t>(), size = fs::file_size(f, ec);
+    FORGE_CHECK(!ec && size == bytes, where, ": ", name, " is ", size, " bytes but the manifest says ", bytes,
+                " (a truncated or changed file)");
+    files.push_back(f);
+    expected.push_back({bytes, e["hash"].get<std::string>()});
+  }
+  for (const char* required : {kStateFile, kModelFile, kOptimizerFile})
+    FORGE_CHECK(m["files"].contains(required), where, ": the manifest does not list ", required);
+  // The shard files state.json names (data-parallel runs) are listed too.
+  if (state.contains("extra") && state["extra"].is_object() && state["extra"].contains("dist") &&
+      state["extra"]["dist"].is_object() && state["extra"]["dist"].contains("files"))
+    for (const auto& f : state["extra"]["dist"]["files"])
+      FORGE_CHECK(f.is_string() && m["files"].contains(f.get<std::string>()), where, ": ", kStateFile,
+                  " names the optimizer shard ", f.dump(), " but the manifest does not list it");
+  const std::vector<FileDigest> actual = digest_files(files);
+  for (size_t i = 0; i < files.size(); ++i)
+    FORGE_CHECK(actual[i].hash == expected[i].hash, where, ": ", files[i].filename().string(),
+                " does not match its checksum (", actual[i].hash, ", the manifest says ", expected[i].hash,
+                "): the file is damaged");
+  // The step wherever it is recorded: the manifest, state.json, the directory's name, and every
+  // safetensors file's metadata (forge_step).
+  FORGE_CHECK(state_step == step, where, ": ", kStateFile, " says step ", state_step, " but ", kManifestFile,
+              " says step ", step, " (an edited or mixed-up file)");
+  if (const auto named = parse_step_name(dir.filename().string()))
+    FORGE_CHECK(*named == step, where, ": the directory is named for step ", *named, " but holds step ", step);
+  for (const auto& f : files) {
+    if (f.extension() != ".safetensors") continue;
+    const SafetensorsHeader h = read_safetensors_header(f);
+    if (auto it = h.metadata.find("forge_step"); it != h.metadata.end())
+      FORGE_CHECK(it->second == std::to_string(step), where, ": ", f.filename().string(), " is of step ", it->second,
+                  " but the checkpoint is of step ", step, " (a file from another checkpoint)");
+  }
+  return true;
+}
+
+void check_finite(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& what,
+                  const std::string& why) {
+  for (const auto& [name, t0] : tensors) {
+    if (!t0.defined() || !is_floating(t0.dtype()) || t0.numel() == 0) continue;  // (the writer names an undefined one)
+    const Tensor t = (t0.is_cpu() ? t0 : t0.to(Device::cpu())).contiguous();
+    const int64_t n = t.numel();
+    int64_t bad = -1;
+    switch (t.dtype()) {
+      case DType::f32: bad = first_non_finite_bits(static_cast<const uint32_t*>(t.data_ptr()), n, uint32_t{0x7F800000}); break;
+      case DType::f64: bad = first_non_finite_bits(static_cast<const uint64_t*>(t.data_ptr()), n, uint64_t{0x7FF0000000000000}); break;
+      case DType::bf16: bad = first_non_finite_bits(static_cast<const uint16_t*>(t.data_ptr()), n, uint16_t{0x7F80}); break;
+      case DType::f16: bad = first_non_finite_bits(static_cast<const uint16_t*>(t.data_ptr()), n, uint16_t{0x7C00}); break;
+      default: continue;
+    }
+    if (bad < 0) continue;
+    const double v = t.reshape({-1}).narrow(0, bad, 1).item();
+    FORGE_THROW(what, ": tensor '", name, "' ", t0.shape(), " holds ", std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf",
+                " (first at element ", bad, ")", why);
+  }
 }
 
 // ---- runs ----------------------------------------------------------------------------------
@@ -226,6 +367,30 @@ std::optional<fs::path> find_latest_checkpoint(const fs::path& run_dir) {
   auto all = list_checkpoints(run_dir);
   if (all.empty()) return std::nullopt;
   return all.back().second;
+}
+
+ValidCheckpoint find_latest_valid_checkpoint(const fs::path& run_dir) {
+  ValidCheckpoint out;
+  // Every step_N directory, complete or not: a save publishes a checkpoint whole (replace_directory_atomic),
+  // so one that lacks a file was damaged after it was written, and is reported.
+  std::vector<std::pair<int64_t, fs::path>> all;
+  std::error_code ec;
+  const fs::path root = run_dir / "checkpoints";
+  if (fs::is_directory(root, ec))
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+      if (const auto step = parse_step_name(it->path().filename().string()); step && it->is_directory(ec))
+        all.emplace_back(*step, it->path());
+  std::sort(all.begin(), all.end());
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second);
+      out.dir = it->second;
+      return out;
+    } catch (const Error& e) {
+      out.skipped.push_back(e.what());
+    }
+  }
+  return out;
 }
 
 void prune_checkpoints(const fs::path& run_dir, size_t keep_last) {

@@ -304,7 +304,7 @@ Tensor qkv_rope_attention(const Tensor& qkv, int64_t n_head, int64_t n_kv_head, 
   if (!cpu) vd.copy_(part(x, H + Hk, Hk));
   Tensor lse = empty({B, H, T}, {.dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = x.device()});
   Tensor out4;  // (B, H, T, D), what the backward reads
-  bool fused = false;
+  [[maybe_unused]] bool fused = false;
   if (cpu) {
     out4 = empty({B, H, T, D}, opt);
     cpu::attention_forward(qr, kr, vd, Tensor(), causal, c, out4, lse);

@@ -81,6 +81,17 @@ Tensor pin_memory(const Tensor& t) {
   return out;
 }
 
+Tensor host_copy(const Tensor& t) {
+  const NoGradGuard no_grad;
+  if (t.is_cpu()) return clone(t.detach());
+  return to(t.detach(), Device::cpu(), t.dtype(), /*non_blocking=*/true);
+}
+
+void wait_for_host_copies(Device device) {
+  if (device.is_cpu()) return;
+  FORGE_ON_CUDA("wait_for_host_copies", cuda::synchronize(static_cast<int>(device.index)));
+}
+
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
   copy_kernel(out, t);

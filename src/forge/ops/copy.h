@@ -30,6 +30,13 @@ Tensor& copy_(Tensor& dst, const Tensor& src);
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking);
 Tensor& fill_(Tensor& t, double value);
 
+// A copy of `t` on the host that later changes to `t` never reach (a checkpoint's snapshot):
+// a GPU tensor's goes to pinned memory, only queued on the device's current stream (call
+// wait_for_host_copies before reading it); a CPU tensor is cloned. Not differentiable.
+Tensor host_copy(const Tensor& t);
+// Blocks until every host_copy queued so far from `device` has landed (nothing on the CPU).
+void wait_for_host_copies(Device device);
+
 // Throws naming `op` if `t` requires grad and grad mode is on (in-place ops would
 // silently corrupt the recorded history).
 void check_inplace(const Tensor& t, const char* op);

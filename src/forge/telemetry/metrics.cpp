@@ -26,21 +26,27 @@ void JsonlWriter::write(const json& record) {
   FORGE_CHECK(out_.good(), "metrics: cannot write '", path_.string(), "'");
 }
 
-std::vector<json> read_jsonl(const fs::path& path) {
+std::vector<json> read_jsonl(const fs::path& path, bool* torn) {
   std::vector<json> out;
+  if (torn != nullptr) *torn = false;
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   FORGE_CHECK(in.good(), "metrics: cannot read '", path.string(), "'");
   std::string line;
   int64_t n = 0;
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
+    const bool last_unterminated = in.eof();  // getline hit the end of the file before a newline
     json j;
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
+      if (last_unterminated) {
+        if (torn != nullptr) *torn = true;
+        break;
+      }
       FORGE_THROW("metrics: '", path.string(), "' line ", n, " is not valid JSON: ", e.what());
     }
     FORGE_CHECK(j.is_object(), "metrics: '", path.string(), "' line ", n, " is not a JSON object");
@@ -49,15 +55,19 @@ std::vector<json> read_jsonl(const fs::path& path) {
   return out;
 }
 
-void truncate_jsonl_after_step(const fs::path& path, int64_t max_step) {
+std::string truncate_jsonl_after_step(const fs::path& path, int64_t max_step) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return;
+  if (!fs::exists(path, ec)) return "";
   std::string kept;
-  for (const auto& r : read_jsonl(path)) {
+  bool torn = false;
+  for (const auto& r : read_jsonl(path, &torn)) {
     if (r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > max_step) continue;
     kept += r.dump() + "\n";
   }
   io::write_file_atomic(path, kept);
+  if (!torn) return "";
+  return "warning: the last line of '" + path.string() +
+         "' was cut short (a crash or a full disk while it was written); it is removed";
 }
 
 std::string format_duration(double seconds) {

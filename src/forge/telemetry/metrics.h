@@ -33,12 +33,15 @@ class JsonlWriter {
 };
 
 // Every record of a JSONL file, in order. Throws forge::Error naming the file and the line
-// for a line that is not a JSON object. A missing file gives no records.
-std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path);
+// for a line that is not a JSON object, except a last line without its newline that does not
+// parse (a write cut short by a crash or a full disk, or one still being written): that one is
+// left out, and *torn (when given) says so. A missing file gives no records.
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, bool* torn = nullptr);
 
 // Rewrites `path` atomically without the records whose "step" exceeds max_step (records
-// without a step are kept). Does nothing when the file does not exist.
-void truncate_jsonl_after_step(const std::filesystem::path& path, int64_t max_step);
+// without a step are kept) and without a torn last line (read_jsonl). Does nothing when the
+// file does not exist. Returns a warning for the log when a torn line was cut ("" otherwise).
+std::string truncate_jsonl_after_step(const std::filesystem::path& path, int64_t max_step);
 
 // "0:42", "12:03", "1:02:03" (h:mm:ss), "--:--" for a negative or non-finite time.
 std::string format_duration(double seconds);

@@ -78,7 +78,7 @@ std::string plot_svg(const std::vector<PlotPanel>& panels) {
   const int H = static_cast<int>(panels.size()) * PH + 10;
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " "
-    << H << "\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    << H << "\" font-family=\"sans-serif\">\n<!-- forge plot -->\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   for (size_t p = 0; p < panels.size(); ++p) {
     const PlotPanel& panel = panels[p];
     const int y0 = static_cast<int>(p) * PH;

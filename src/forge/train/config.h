@@ -7,7 +7,7 @@
 //
 // Sections and keys (docs/train.md documents each one with its default):
 //   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, attention, deterministic,
-//                gemm_tuning
+//                gemm_tuning, cuda_graph, time_limit, preempt_signal
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
 //                rope_theta, rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
@@ -21,7 +21,7 @@
 //   [train]      steps, batch_size, seq_len, grad_accum, log_every, max_bad_steps; epochs,
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
-//   [checkpoint] every, keep_last, at_end
+//   [checkpoint] every, interval_minutes, keep_last, at_end, async
 //   [dist]       tp, sequence_parallel, pp, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
@@ -57,12 +57,15 @@ struct RunSection {
   int64_t seed = 1337;             // model initialisation, data order, dropout
   std::string device = "auto";     // "auto" (cuda:0 when a GPU is visible, else cpu) | "cpu" | "cuda" | "cuda:N"
   std::string dtype = "auto";      // compute dtype: "auto" (bf16 on a GPU, f32 on the CPU) | "f32" | "bf16" | "f16"
-  bool overwrite = false;          // a fresh run may replace an earlier run's checkpoints and metrics
+  bool overwrite = false;          // start afresh, replacing the checkpoints and metrics an earlier run left
+                                   // (Note [one command starts or continues]; never the default)
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
   std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)
   bool cuda_graph = true;          // CUDA: capture the training step once, replay it (train/graphed_step.h)
+  std::string time_limit;          // "23h50m": checkpoint and stop (exit 75) before this much wall time ("" = none)
+  std::string preempt_signal = "USR1";  // besides SIGTERM and SIGINT: a signal that checkpoints and stops ("" = none)
 };
 
 // [model]: nn::ModelConfig (nn/model_config.h), the struct the model-family registry
@@ -126,9 +129,11 @@ struct EvalSection {
 };
 
 struct CheckpointSection {
-  int64_t every = 0;               // steps between checkpoints (0: only at the end)
+  int64_t every = 0;               // steps between checkpoints (0: none by steps)
+  double interval_minutes = 30.0;  // wall-clock minutes between checkpoints (0: none by time)
   int64_t keep_last = 3;           // checkpoints kept in <run dir>/checkpoints
   bool at_end = true;              // write a checkpoint when the run ends (false: benchmarks)
+  bool async = true;               // write checkpoints on a thread while training goes on (Note [async checkpoints])
 };
 
 struct DistSection {

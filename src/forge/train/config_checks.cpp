@@ -10,6 +10,7 @@
 #include "forge/nn/model_registry.h"
 #include "forge/ops/attention.h"
 #include "forge/train/config.h"
+#include "forge/train/preemption.h"
 #include "forge/train/step_trace.h"
 
 namespace forge::train {
@@ -30,6 +31,8 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.run.gemm_tuning == "cached" || c.run.gemm_tuning == "off", "run.gemm_tuning = '", c.run.gemm_tuning,
               "' is unknown; use \"cached\" (time each GEMM shape's algorithms once) or \"off\" (cuBLASLt's "
               "heuristic)");
+  (void)parse_duration(c.run.time_limit, "run.time_limit");  // Note [preemption]
+  (void)parse_stop_signal(c.run.preempt_signal, "run.preempt_signal");
 
   // [model]: the family's own rules (nn/model_registry.h), then what training adds to them.
   const auto& m = c.model;
@@ -105,7 +108,9 @@ void validate(const RunConfig& c) {
   if (!c.telemetry.profile_steps.empty()) StepTrace::parse(c.telemetry.profile_steps);
   FORGE_CHECK(c.telemetry.idle_warn_pct >= 0 && c.telemetry.idle_warn_pct <= 100,
               "telemetry.idle_warn_pct must be in [0, 100] (percent of an interval), got ", c.telemetry.idle_warn_pct);
-  FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = only at the end), got ", c.checkpoint.every);
+  FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = none by steps), got ", c.checkpoint.every);
+  FORGE_CHECK(std::isfinite(c.checkpoint.interval_minutes) && c.checkpoint.interval_minutes >= 0,
+              "checkpoint.interval_minutes must be >= 0 (0 = none by time), got ", c.checkpoint.interval_minutes);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
   // [dist]
   FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 3, "dist.zero_stage must be 0, 1, 2 or 3, got ",

@@ -30,8 +30,9 @@ const std::vector<Field>& fields() {
                   "compute dtype of parameters and activations: \"auto\" (bf16 on a GPU, f32 on the CPU), \"f32\", "
                   "\"bf16\" or \"f16\" (16-bit: f32 master weights and moments; f16 adds dynamic loss scaling)"),
       FORGE_FIELD(run, overwrite,
-                  "a fresh run (no --resume) may replace the checkpoints and metrics an earlier run left in the run "
-                  "directory"),
+                  "start afresh: remove the checkpoints and metrics an earlier run left in the run directory and "
+                  "train from step 0. Without it the same command continues from the latest valid checkpoint, or "
+                  "starts when there is none"),
       FORGE_FIELD(run, allow_tf32,
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
@@ -52,6 +53,12 @@ const std::vector<Field>& fields() {
                   "on CUDA, capture the whole training step (forward, backward, gradient reduction, update) in a "
                   "CUDA graph at step 2 and replay it from then on; where a step cannot be captured (dropout, "
                   "ZeRO, a batch of another shape) it runs without the graph and the log says why"),
+      FORGE_FIELD(run, time_limit,
+                  "a wall-clock limit such as \"23h50m\", \"90m\" or \"1d12h\": before it runs out, checkpoint and "
+                  "stop with exit code 75 (leave room for one checkpoint write); \"\" = none"),
+      FORGE_FIELD(run, preempt_signal,
+                  "a signal that, like SIGTERM and SIGINT, finishes the current step, checkpoints on every rank and "
+                  "stops with exit code 75 (Slurm: --signal=USR1@120): \"USR1\", \"USR2\", \"HUP\" or \"\" for none"),
       FORGE_FIELD(model, type, nn::model_type_list()),
       FORGE_FIELD(model, vocab_size,
                   model_doc("vocab_size", "embedding rows; 0 = the tokenizer's vocabulary size (else >= it)")),
@@ -132,9 +139,15 @@ const std::vector<Field>& fields() {
                   "multiple-choice files in the HellaSwag layout scored at every evaluation (acc, acc_norm in "
                   "metrics.jsonl; train/evaluate.h); whole-model layouts only (dist.tp = dist.pp = 1, ZeRO <= 2)"),
       FORGE_FIELD(eval, task_examples, "the first N examples of each eval.tasks file (0 = all)"),
-      FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = only at the end)"),
+      FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = none by steps)"),
+      FORGE_FIELD(checkpoint, interval_minutes,
+                  "wall-clock minutes between checkpoints (0 = none by time): what a crash can lose at most; a "
+                  "preemption signal loses nothing"),
       FORGE_FIELD(checkpoint, keep_last, "checkpoints kept in <run dir>/checkpoints (>= 1)"),
       FORGE_FIELD(checkpoint, at_end, "write a checkpoint when the run ends (false: benchmarks that need none)"),
+      FORGE_FIELD(checkpoint, async,
+                  "copy the state to host memory at the step boundary and write it on a thread of its own while "
+                  "training goes on (false: training waits for the whole write)"),
       FORGE_FIELD(dist, tp,
                   "tensor-parallel degree: ranks that split each layer's weights (1 = none; divides the heads, "
                   "kv-heads, FFN width and vocabulary)"),

@@ -21,6 +21,7 @@
 #include "forge/io/atomic_file.h"
 #include "forge/optim/clip.h"
 #include "forge/optim/loss_scale.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/loss.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
@@ -139,18 +140,19 @@ class DataParallelStrategy final : public Strategy {
   // (DDP: rank 0's alone). Every rank writes its file into a staging directory next to the
   // checkpoint (a name prune_checkpoints treats as a temporary); rank 0 then moves them into
   // the checkpoint it publishes with replace_directory_atomic, so the checkpoint appears
-  // whole or not at all: a crash mid-save leaves the previous one intact. state.json's
+  // whole or not at all: a crash mid-save leaves the previous one intact. The writes happen in
+  // part 2, off the training thread with checkpoint.async (Note [async checkpoints]). state.json's
   // extra.dist names the files and the layout that wrote them; any other world size or stage
   // reshards on load.
-  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+  CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
+                                    int64_t keep_last) override {
     dist::ProcessGroup& pg = *dp_->group();
     // The job's rank 0 (under tensor parallelism the data-parallel group's rank 0 is one per
     // tensor-parallel rank).
     const bool rank0 = pg.rank() == 0 && (!split_ || split_->group()->rank() == 0);
-    const fs::path dir = io::checkpoint_path(run_dir, step);
-    const fs::path staging = checkpoint_staging(dir, step, /*create=*/rank0);
-    std::error_code ec;
-    pg.barrier()->synchronize();
+    CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
+    job.staging = checkpoint_staging(job.dir, step, /*create=*/rank0);
+    pg.barrier()->synchronize();  // the staging directory exists before any rank's writer uses it
     const bool sharded = dp_->options().zero_stage > 0 && !split_;
     auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Note [tensor-parallel checkpoints]: the first replica gathers the whole model and optimizer
@@ -158,27 +160,25 @@ class DataParallelStrategy final : public Strategy {
     std::vector<std::pair<std::string, Tensor>> whole_model;
     if (split_) {
       const bool first_replica = pg.rank() == 0;
-      const WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, rank0);
+      WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, rank0);
       if (first_replica) whole_model = gather_whole_model(model_);
-      if (rank0) dist::write_optimizer_shard(staging / file_of(0), o.pieces, o.state, o.steps);
+      if (rank0) job.shard = strategy_detail::shard_job(file_of(0), std::move(o.pieces), o.state, std::move(o.steps), job.host_bytes);
     } else if (sharded || rank0) {
-      dist::write_optimizer_shard(staging / file_of(pg.rank()), dp_->pieces(), dp_->piece_state(), dp_->piece_steps());
+      job.shard = strategy_detail::shard_job(file_of(pg.rank()), dp_->pieces(), dp_->piece_state(), dp_->piece_steps(), job.host_bytes);
     }
     // ZeRO-3: the blocks' parameters gathered (collective), copied to rank 0's memory.
     std::unordered_map<std::string, Tensor> gathered;
     if (dp_->options().zero_stage == 3)
       dp_->for_each_full_parameter([&](const std::string& name, const Tensor& t) {
-        if (rank0) gathered[name] = t.is_cpu() ? t.clone() : t.to(Device::cpu());
+        if (rank0) gathered[name] = ops::host_copy(t);
       });
-    if (split_) split_->group()->barrier()->synchronize();
-    pg.barrier()->synchronize();
     if (rank0) {
       io::CheckpointData d;
       d.step = step;
       nn::NamedTensors model_state = split_ ? whole_model : model_.module->state_dict();
       for (auto& [name, t] : model_state)
         if (auto it = gathered.find(name); it != gathered.end()) t = it->second;
-      d.model = io::NamedTensors(std::move(model_state));
+      d.model = strategy_detail::host_copies(model_state, job.host_bytes);
       io::capture_rng(d);
       d.data_loader = json::parse(state.sampler.to_json());
       d.config = state.config;
@@ -187,7 +187,7 @@ class DataParallelStrategy final : public Strategy {
       json files = json::array();
       for (int r = 0; r < (sharded ? pg.size() : 1); ++r) {
         files.push_back(file_of(r));
-        d.move_in.push_back(staging / file_of(r));
+        d.move_in.push_back(job.staging / file_of(r));
       }
       if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
       d.extra["dist"] = {{"world_size", pg.size()},
@@ -196,13 +196,9 @@ class DataParallelStrategy final : public Strategy {
                          {"sequence_parallel", split_ && split_->sequence_parallel()},
                          {"offload_optimizer", dp_->options().offload_optimizer},
                          {"files", files}};
-      io::save_checkpoint(dir, d);
-      fs::remove_all(staging, ec);
-      io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+      job.publish = std::move(d);
     }
-    if (split_) split_->group()->barrier()->synchronize();
-    pg.barrier()->synchronize();
-    return dir;
+    return job;
   }
 
   // Note [the step as a CUDA graph]: DDP's step is device work and NCCL collectives, which a

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "forge/core/error.h"
 #include "forge/data/bpe_hf.h"
@@ -12,6 +13,7 @@
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
 #include "forge/io/hf_names.h"
+#include "forge/io/output_guard.h"
 #include "forge/io/safetensors.h"
 #include "forge/nn/model_registry.h"
 #include "forge/train/language_model.h"
@@ -23,6 +25,29 @@ namespace forge::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+constexpr const char* kExportMarker = "forge_export.json";
+
+// The marker of an earlier export in `out`, or null.
+json earlier_export(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::is_regular_file(out / kExportMarker, ec)) return json();
+  try {
+    json j = json::parse(io::read_file(out / kExportMarker));
+    if (j.is_object() && j.value("format", std::string()) == "forge-export" && j.contains("files") &&
+        j["files"].is_array()) {
+      for (const auto& f : j["files"])
+        if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos) return json();
+      return j;
+    }
+  } catch (const json::exception&) {
+  }
+  return json();
+}
+
+}  // namespace
+
 ExportResult export_model(const ExportOptions& opt) {
   FORGE_CHECK(!opt.checkpoint.empty(), "export: --checkpoint is required (a checkpoint or a run directory)");
   FORGE_CHECK(!opt.out.empty(), "export: --out is required (the directory to write the model to)");
@@ -32,6 +57,17 @@ ExportResult export_model(const ExportOptions& opt) {
                 "' is not one of f32, bf16, f16 (or omit it to keep the trained dtype)");
     dtype = parse_dtype(opt.dtype);
   }
+  // Note [nothing deletes what it did not write]: what is in --out, before any work.
+  const fs::path out = opt.out;
+  const json earlier = earlier_export(out);
+  std::set<std::string> earlier_files = {kExportMarker};
+  if (earlier.is_object())
+    for (const auto& f : earlier["files"]) earlier_files.insert(f.get<std::string>());
+  const bool replace_earlier = io::check_output_dir(out, "export: --out", [&](const fs::path& entry) {
+    return earlier.is_object() && earlier_files.count(entry.filename().string()) > 0;
+  }, opt.force);
+  std::error_code ec;
+  const bool into_existing = !replace_earlier && fs::exists(out, ec) && !fs::is_empty(out, ec);  // --force
   const fs::path dir = resolve_checkpoint(opt.checkpoint, "export: --checkpoint");
   const io::CheckpointData ck = io::load_checkpoint(dir);
   const RunConfig cfg = config_from_json(ck.config, (dir / "state.json").string() + " (config)");
@@ -80,7 +116,6 @@ ExportResult export_model(const ExportOptions& opt) {
   // The run's tokenizer (its run directory's) and its bos/eos tokens.
   const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
   std::shared_ptr<const data::Tokenizer> tok;
-  std::error_code ec;
   if (fs::is_regular_file(tok_path, ec)) tok = data::load_tokenizer(tok_path.string());
   json gen = json::object(), tok_cfg = json::object();
   if (tok) {
@@ -99,7 +134,7 @@ ExportResult export_model(const ExportOptions& opt) {
     for (const char* k : {"bos_token_id", "eos_token_id"})
       if (gen.contains(k)) hf[k] = gen[k];
   }
-  io::replace_directory_atomic(opt.out, [&](const fs::path& tmp) {
+  auto write_all = [&](const fs::path& tmp) {
     r.files = io::save_hf_weights(tmp, state, opt.max_shard_bytes,
                                   {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
     io::write_file_atomic(tmp / "config.json", hf.dump(2) + "\n");
@@ -119,7 +154,15 @@ ExportResult export_model(const ExportOptions& opt) {
       io::write_file_atomic(tmp / "forge_tokenizer.json", tok->serialized());
       r.files.push_back("forge_tokenizer.json");
     }
-  });
+    io::write_file_atomic(tmp / kExportMarker, json{{"format", "forge-export"}, {"checkpoint", r.checkpoint},
+                                                    {"step", r.step}, {"files", r.files}}
+                                                   .dump(2) + "\n");
+  };
+  if (into_existing) {
+    write_all(out);  // --force: file by file, the directory's other files kept
+  } else {
+    io::replace_directory_atomic(out, write_all);
+  }
   return r;
 }
 

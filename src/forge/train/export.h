@@ -26,13 +26,21 @@ namespace forge::train {
 //                             model.init_from read it; transformers does not)
 //   <out>/tokenizer_config.json  {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token",
 //                             "eos_token", "model_max_length": model.block_size} (with tokenizer.json)
+//   <out>/forge_export.json   {"format": "forge-export", "checkpoint", "step", "files": [...]}:
+//                             what this export wrote (the next export recognises its own files)
 // A run without a tokenizer (pre-encoded shards, random tokens) writes no tokenizer files.
-// Written through a temporary directory and an atomic rename: a crash leaves no half model.
+// Note [nothing deletes what it did not write] (io/output_guard.h): <out> must not exist, be
+// empty, or hold exactly an earlier export's files (forge_export.json lists them); then it is
+// written through a temporary directory and an atomic rename, so a crash leaves no half model.
+// Anything else in <out> is refused before any work, unless `force`: then the files are written
+// into <out> one by one (each atomically), the others left as they are. A forge run directory
+// or checkpoint is never an <out>.
 struct ExportOptions {
   std::string checkpoint;  // a checkpoint directory, or a run directory (its latest)
-  std::string out;         // the output directory (replaced if it exists)
+  std::string out;         // the output directory (see above)
   std::string dtype;       // "", "f32", "bf16" or "f16"
   int64_t max_shard_bytes = io::kHfDefaultMaxShardBytes;  // --max-shard-size (io::parse_byte_size)
+  bool force = false;      // --force: write into a non-empty <out> that is not an earlier export
 };
 struct ExportResult {
   std::string checkpoint;

@@ -20,7 +20,7 @@ namespace forge::train {
 
 namespace {
 
-bool same_shapes(const std::vector<data::Batch>& a, const std::vector<data::Batch>& b) {
+[[maybe_unused]] bool same_shapes(const std::vector<data::Batch>& a, const std::vector<data::Batch>& b) {
   if (a.size() != b.size()) return false;
   for (size_t k = 0; k < a.size(); ++k)
     if (a[k].inputs.shape() != b[k].inputs.shape() || a[k].targets.shape() != b[k].targets.shape() ||
@@ -29,7 +29,7 @@ bool same_shapes(const std::vector<data::Batch>& a, const std::vector<data::Batc
   return true;
 }
 
-std::string shapes_of(const std::vector<data::Batch>& mbs) {
+[[maybe_unused]] std::string shapes_of(const std::vector<data::Batch>& mbs) {
   std::ostringstream o;
   o << mbs.size() << " x " << shape_str(mbs.empty() ? Shape{} : mbs[0].inputs.shape());
   return o.str();

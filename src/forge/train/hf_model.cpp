@@ -333,6 +333,11 @@ io::NamedTensors load_init_from(const RunConfig& cfg, const io::NamedShapes& exp
   FORGE_CHECK(problems.empty(), "model.init_from: the weights in '", dir.string(), "' do not fit the ",
               h.architecture, " its config.json describes:", problems,
               "\n  (config.json and the weights must come from the same model; the [model] keys follow config.json)");
+  // Note [checkpoint integrity]: weights with a NaN or an infinity would train to NaN; refused,
+  // naming the tensor as the file names it.
+  for (const auto& [name, t] : out)
+    io::check_finite({{file_name[name], t}}, "model.init_from: the weights in '" + dir.string() + "'",
+                     "; a model with non-finite weights cannot be trained (take another checkpoint of it)");
   return out;
 }
 

@@ -33,6 +33,7 @@
 #include "forge/optim/clip.h"
 #include "forge/optim/loss_scale.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
@@ -276,12 +277,12 @@ class PipelineStrategy final : public Strategy {
   // each stage's first data-parallel rank). The first replica's stages send rank 0 their tensors
   // (a broadcast over the pipeline group from each tensor's owner), and rank 0 writes the whole
   // model and state.json, publishing the checkpoint atomically as the data-parallel layouts do.
-  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+  CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
+                                    int64_t keep_last) override {
     const bool rank0 = world_->rank() == 0;
-    const fs::path dir = io::checkpoint_path(run_dir, step);
-    const fs::path staging = checkpoint_staging(dir, step, /*create=*/rank0);
-    std::error_code ec;
-    world_->barrier()->synchronize();
+    CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
+    job.staging = checkpoint_staging(job.dir, step, /*create=*/rank0);
+    world_->barrier()->synchronize();  // the staging directory exists before any rank's writer uses it
     const bool sharded = dp_->options().zero_stage > 0 && !split_;
     auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Who writes an optimizer file: every rank (ZeRO), or each stage's first data-parallel rank
@@ -289,16 +290,17 @@ class PipelineStrategy final : public Strategy {
     // (Note [tensor-parallel checkpoints]) and its tensor-parallel rank 0 writes it.
     const bool first_replica = group_->rank() == 0;
     if (split_) {
-      const WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, first_replica && tp_rank_ == 0);
+      WholeOptimizerState o = gather_whole_optimizer(model_, *dp_, first_replica && tp_rank_ == 0);
       if (first_replica && tp_rank_ == 0)
-        dist::write_optimizer_shard(staging / file_of(world_->rank()), o.pieces, o.state, o.steps);
+        job.shard = strategy_detail::shard_job(file_of(world_->rank()), std::move(o.pieces), o.state,
+                                               std::move(o.steps), job.host_bytes);
     } else if (sharded || first_replica) {
-      dist::write_optimizer_shard(staging / file_of(world_->rank()), dp_->pieces(), dp_->piece_state(),
-                                  dp_->piece_steps());
+      job.shard = strategy_detail::shard_job(file_of(world_->rank()), dp_->pieces(), dp_->piece_state(),
+                                             dp_->piece_steps(), job.host_bytes);
     }
     // The whole model on rank 0, tensor by tensor from its owner stage (and, with tensor
     // parallelism, gathered over the first stage's tensor-parallel group).
-    nn::NamedTensors whole;
+    std::vector<std::pair<std::string, Tensor>> whole;
     if (first_replica) {
       NoGradGuard no_grad;
       for (const auto& [name, t] : model_.module->state_dict()) {
@@ -307,10 +309,12 @@ class PipelineStrategy final : public Strategy {
                                             : empty(stage_->whole_shapes.at(name), {.dtype = t.dtype(), .device = device_});
         pp_->broadcast(buf, owner)->wait();
         if (split_ && stage_->first()) buf = split_->whole_of(name, buf);
-        if (rank0) whole.emplace_back(name, buf.to(Device::cpu()).clone());
+        if (rank0) {
+          whole.emplace_back(name, ops::host_copy(buf));
+          job.host_bytes += static_cast<uint64_t>(buf.numel()) * element_size(buf.dtype());
+        }
       }
     }
-    world_->barrier()->synchronize();
     if (rank0) {
       io::CheckpointData d;
       d.step = step;
@@ -328,7 +332,7 @@ class PipelineStrategy final : public Strategy {
         const bool wrote = sharded || (first && (!split_ || r % static_cast<int>(layout_.tp) == 0));
         if (!wrote) continue;
         files.push_back(file_of(r));
-        d.move_in.push_back(staging / file_of(r));
+        d.move_in.push_back(job.staging / file_of(r));
       }
       if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
       d.extra["dist"] = {{"world_size", world_->size()},
@@ -337,12 +341,9 @@ class PipelineStrategy final : public Strategy {
                          {"pp", stage_->stages},
                          {"tp", layout_.tp},
                          {"files", files}};
-      io::save_checkpoint(dir, d);
-      fs::remove_all(staging, ec);
-      io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
+      job.publish = std::move(d);
     }
-    world_->barrier()->synchronize();
-    return dir;
+    return job;
   }
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {

@@ -2,7 +2,9 @@
 #include "forge/train/run_checkpoint.h"
 
 #include <cstdio>
+#include <iostream>
 #include <map>
+#include <sstream>
 #include <unordered_map>
 
 #include "forge/core/error.h"
@@ -14,13 +16,77 @@ namespace forge::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path resolve_checkpoint(const fs::path& p, const char* who) {
+fs::path resolve_checkpoint(const fs::path& p, const char* who, std::ostream* warn) {
   std::error_code ec;
   if (fs::is_regular_file(p / "state.json", ec)) return p;
-  if (auto latest = io::find_latest_checkpoint(p)) return *latest;
   FORGE_CHECK(fs::exists(p, ec), who, ": '", p.string(), "' does not exist");
+  const io::ValidCheckpoint v = io::find_latest_valid_checkpoint(p);
+  std::ostream& w = warn != nullptr ? *warn : std::cerr;
+  for (const auto& s : v.skipped) w << "warning: " << s << "; skipped, an older checkpoint is used" << std::endl;
+  if (v.dir) return *v.dir;
+  FORGE_CHECK(v.skipped.empty(), who, ": no valid checkpoint in '", p.string(), "': all ", v.skipped.size(),
+              " failed verification (newest: ", v.skipped.front(), ")");
   FORGE_THROW(who, ": '", p.string(),
               "' is neither a checkpoint directory (with state.json) nor a run directory with checkpoints");
+}
+
+RunStart choose_run_start(const RunConfig& cfg, bool resume, const std::string& resume_from, const fs::path& run_dir,
+                          bool owner) {
+  RunStart start;
+  std::error_code ec;
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  if (resume) {
+    std::stringstream warn;
+    if (resume_from.empty()) {
+      const io::ValidCheckpoint v = io::find_latest_valid_checkpoint(run_dir);
+      for (const auto& s : v.skipped) start.notes.push_back("warning: " + s + "; skipped, an older checkpoint is used");
+      FORGE_CHECK(v.dir.has_value(), "--resume: no ", v.skipped.empty() ? "" : "valid ", "checkpoint in '",
+                  (run_dir / "checkpoints").string(), "'",
+                  v.skipped.empty() ? std::string() : " (" + std::to_string(v.skipped.size()) + " failed verification; "
+                  "newest: " + v.skipped.front() + ")",
+                  "; start the run without --resume, or give a checkpoint: --resume PATH");
+      start.checkpoint = v.dir;
+    } else {
+      start.checkpoint = resolve_checkpoint(resume_from, "--resume", &warn);
+      for (std::string line; std::getline(warn, line);)
+        if (!line.empty()) start.notes.push_back(line);
+    }
+    return start;
+  }
+  const auto existing = io::list_checkpoints(run_dir);
+  if (cfg.run.overwrite) {
+    if (owner && (!existing.empty() || fs::exists(metrics, ec))) {
+      fs::remove_all(run_dir / "checkpoints", ec);
+      fs::remove(metrics, ec);
+      fs::remove_all(run_dir / "tb", ec);
+      start.notes.push_back("run: starting afresh in " + run_dir.string() +
+                            " (run.overwrite: the earlier run's checkpoints and metrics removed)");
+    }
+    return start;
+  }
+  const io::ValidCheckpoint v = io::find_latest_valid_checkpoint(run_dir);
+  for (const auto& s : v.skipped) start.notes.push_back("warning: " + s + "; skipped, an older checkpoint is used");
+  if (v.dir) {
+    start.checkpoint = v.dir;
+    return start;
+  }
+  if (!v.skipped.empty()) {
+    std::string all;
+    for (const auto& s : v.skipped) all += "\n  " + s;
+    FORGE_THROW("run directory '", run_dir.string(), "' holds ", v.skipped.size(),
+                " checkpoint(s) and none passes verification:", all,
+                "\nforge does not restart such a run from step 0 by itself: restore a checkpoint, resume an older "
+                "one with --resume PATH, or start afresh with --run.overwrite=true (which removes them)");
+  }
+  if (owner && (fs::exists(metrics, ec) || fs::exists(run_dir / "tb", ec))) {
+    // An earlier attempt that stopped before its first checkpoint: its records would otherwise be
+    // followed by this run's from step 1.
+    fs::remove(metrics, ec);
+    fs::remove_all(run_dir / "tb", ec);
+    start.notes.push_back("run: an earlier attempt in " + run_dir.string() +
+                          " left metrics but no checkpoint; starting at step 0 (its metrics removed)");
+  }
+  return start;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::vector<optim::ParamGroup> groups) {

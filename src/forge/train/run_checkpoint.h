@@ -4,7 +4,9 @@
 // the optimizer a config makes, its state slots by parameter name, and the optimizer state of a
 // checkpoint by parameter ranges (dist/sharded_state.h), so that any layout resumes any other.
 #include <filesystem>
+#include <iosfwd>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -19,9 +21,28 @@
 
 namespace forge::train {
 
-// A checkpoint directory, or the latest checkpoint of a run directory; `who` names the
-// option in errors ("--resume", "sample: --checkpoint").
-std::filesystem::path resolve_checkpoint(const std::filesystem::path& p, const char* who);
+// A checkpoint directory (as named: loading it verifies it, and refuses a damaged one), or the
+// latest valid checkpoint of a run directory (Note [checkpoint integrity]: each newer one that
+// fails verification is skipped, with a warning on `warn`, std::cerr by default); `who` names
+// the option in errors ("--resume", "sample: --checkpoint").
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& p, const char* who, std::ostream* warn = nullptr);
+
+// Note [one command starts or continues]: how `forge train` begins in its run directory.
+//   - run.overwrite = true: afresh; rank 0 (`owner`) removes what an earlier run of forge left
+//     there (checkpoints/, metrics.jsonl, tb/); nothing else.
+//   - --resume [PATH]: from PATH (resolve_checkpoint), or the run's latest valid checkpoint;
+//     an error when there is none.
+//   - otherwise: from the latest valid checkpoint when there is one (newer damaged ones are
+//     skipped with a warning); afresh when there is none, after removing the metrics of an
+//     earlier attempt that never wrote a checkpoint; an error, naming each failure and the fix,
+//     when checkpoints exist but none is valid (never a silent restart from step 0).
+// The same files give every rank the same answer.
+struct RunStart {
+  std::optional<std::filesystem::path> checkpoint;  // continue from it; none: start at step 0
+  std::vector<std::string> notes;                   // lines for the log (skipped checkpoints, what was removed)
+};
+RunStart choose_run_start(const RunConfig& cfg, bool resume, const std::string& resume_from,
+                          const std::filesystem::path& run_dir, bool owner);
 
 // The optimizer optim.* describes, over `groups` (their hyper-parameters set).
 std::unique_ptr<optim::Optimizer> make_optimizer_for(const RunConfig& cfg, std::vector<optim::ParamGroup> groups);

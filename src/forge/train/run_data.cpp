@@ -1,6 +1,7 @@
 // Tokenizer, shards, random tokens and the bigram baseline (contracts in run_data.h).
 #include "forge/train/run_data.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "forge/data/documents.h"
 #include "forge/data/shards.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/output_guard.h"
 #include "forge/ops/creation.h"
 #include "forge/telemetry/metrics.h"
 
@@ -143,6 +145,10 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokeni
       return paths;
     }
   }
+  // Note [nothing deletes what it did not write]: only shards and their manifest may be replaced.
+  io::check_output_dir(dir, "data.shards_dir", [](const fs::path& entry) {
+    return is_shard_file_name(entry) || entry.filename() == kManifestFile || entry.filename() == "random_tokens.bin";
+  }, /*force=*/false);
   const auto t0 = Clock::now();
   auto paths = encode_files_to_shards(tok, files, dir.string(), nullptr, cfg.data.text_key, cfg.data.eos_token);
   json manifest = want;
@@ -221,6 +227,13 @@ void check_shard_vocabulary(const std::vector<std::shared_ptr<const data::TokenS
 // and replaced by the next one at tokens_per_shard tokens. Memory is bounded by one batch and
 // its ids whatever the corpus's size (a plain text file is one document, read whole). The ids
 // are those of encoding the documents one after another.
+bool is_shard_file_name(const fs::path& path) {
+  const std::string n = path.filename().string();
+  // "shard_" + 5 or more digits (the %05zu of encode_files_to_shards) + ".bin"
+  if (n.size() < 15 || n.rfind("shard_", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
+  return std::all_of(n.begin() + 6, n.end() - 4, [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::vector<std::string> encode_files_to_shards(const data::Tokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log,
                                                 const std::string& text_key, const std::string& eos,

@@ -67,6 +67,9 @@ std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool wri
 // [streaming encoder]); returns the shard paths in order. Each document of a file (Note
 // [documents]: a text file is one, a .jsonl line one, its `text_key`) is followed by `eos` (a
 // special token of `tok`) unless it is "". Prints one line per file to `log` when given.
+// Whether `path` is named as encode_files_to_shards names its shards (shard_NNNNN.bin).
+bool is_shard_file_name(const std::filesystem::path& path);
+
 std::vector<std::string> encode_files_to_shards(const data::Tokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log = nullptr,
                                                 const std::string& text_key = "text", const std::string& eos = "",

@@ -76,23 +76,22 @@ class SingleProcess final : public Strategy {
     return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
   }
 
-  fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) override {
+  CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
+                                    int64_t keep_last) override {
+    CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
     io::CheckpointData d;
     d.step = step;
-    d.model = io::NamedTensors(model_.module->state_dict());
+    d.model = strategy_detail::host_copies(model_.module->state_dict(), job.host_bytes);
     const optim::StateDict sd = optimizer_->state_dict();
-    std::vector<std::pair<std::string, Tensor>> opt_tensors(sd.tensors.begin(), sd.tensors.end());
-    d.optimizer = io::NamedTensors(std::move(opt_tensors));
+    d.optimizer = strategy_detail::host_copies({sd.tensors.begin(), sd.tensors.end()}, job.host_bytes);
     io::capture_rng(d);
     d.data_loader = json::parse(state.sampler.to_json());
     d.config = state.config;
     d.extra = state.extra;
     d.extra["optimizer"] = {{"name", optimizer_->name()}, {"scalars", sd.scalars}};
     if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
-    const fs::path dir = io::checkpoint_path(run_dir, step);
-    io::save_checkpoint(dir, d);
-    io::prune_checkpoints(run_dir, static_cast<size_t>(keep_last));
-    return dir;
+    job.publish = std::move(d);
+    return job;
   }
 
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {

@@ -5,6 +5,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/join.h"
 #include "forge/ops/binary.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
 #include "forge/optim/clip.h"
@@ -12,6 +13,32 @@
 namespace forge::train {
 
 namespace strategy_detail {
+
+io::NamedTensors host_copies(const std::vector<std::pair<std::string, Tensor>>& tensors, uint64_t& bytes) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    out.emplace_back(name, ops::host_copy(t));
+    bytes += static_cast<uint64_t>(t.numel()) * element_size(t.dtype());
+  }
+  return io::NamedTensors(std::move(out));
+}
+
+CheckpointJob::Shard shard_job(std::string file, std::vector<dist::ShardPiece> pieces,
+                               const std::vector<std::map<std::string, Tensor>>& state, std::vector<int64_t> steps,
+                               uint64_t& bytes) {
+  CheckpointJob::Shard s{.file = std::move(file), .pieces = std::move(pieces), .state = {}, .steps = std::move(steps)};
+  s.state.reserve(state.size());
+  for (const auto& piece : state) {
+    std::map<std::string, Tensor> copies;
+    for (const auto& [name, t] : piece) {
+      copies[name] = ops::host_copy(t);
+      bytes += static_cast<uint64_t>(t.numel()) * element_size(t.dtype());
+    }
+    s.state.push_back(std::move(copies));
+  }
+  return s;
+}
 
 data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device) {
   data::Batch b;

@@ -9,7 +9,7 @@
 //     Tensor figures = s->train_step(micro_batches, lr, phases);           // no host sync
 //     ... read figures one step later (Note [deferred step read]) ...
 //     if (s->evaluates()) sums = s->evaluate(batches, max_batches, count_correct);
-//     s->save_checkpoint(run_dir, step, state, keep_last);                 // collective
+//     writer.submit(s->snapshot_checkpoint(run_dir, step, state, keep_last));  // collective
 //
 // A strategy owns:
 //   - the wrapping of the model and the optimizer (one optimizer over the whole model, or
@@ -42,6 +42,7 @@
 #include "forge/dist/mesh.h"
 #include "forge/io/checkpoint.h"
 #include "forge/optim/loss_scale.h"
+#include "forge/train/checkpoint_writer.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 #include "forge/train/phase_marks.h"
@@ -86,10 +87,12 @@ class Strategy {
   virtual bool evaluates() const = 0;
   virtual EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) = 0;
 
-  // Writes the checkpoint of `step` under run_dir (collective where the layout needs it: every
-  // rank calls it) atomically, keeping the last `keep_last`; returns its directory.
-  virtual std::filesystem::path save_checkpoint(const std::filesystem::path& run_dir, int64_t step, const RunState& state,
-                                                int64_t keep_last) = 0;
+  // Part 1 of the checkpoint of `step` under run_dir (Note [async checkpoints] in
+  // train/checkpoint_writer.h; collective where the layout needs it: every rank calls it): what
+  // this rank writes, copied to host memory (ops::host_copy; the caller waits for the copies),
+  // and on rank 0 the checkpoint to publish, keeping the last `keep_last`.
+  virtual CheckpointJob snapshot_checkpoint(const std::filesystem::path& run_dir, int64_t step, const RunState& state,
+                                            int64_t keep_last) = 0;
   // Restores the optimizer (and loss-scaler) state of a checkpoint written by any layout. The
   // model's weights were loaded before the strategy was made (they are whole in every checkpoint).
   virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;
@@ -124,6 +127,12 @@ namespace strategy_detail {
 // One micro-batch's rows [row0, row0 + rows) of a global micro-batch, moved to `device` (through
 // pinned memory on a GPU: a queued copy, no host wait).
 data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device);
+// Host copies (ops::host_copy) of named tensors, their bytes added to `bytes`.
+io::NamedTensors host_copies(const std::vector<std::pair<std::string, Tensor>>& tensors, uint64_t& bytes);
+// A CheckpointJob's optimizer shard, its state host copies (bytes added to `bytes`).
+CheckpointJob::Shard shard_job(std::string file, std::vector<dist::ShardPiece> pieces,
+                               const std::vector<std::map<std::string, Tensor>>& state, std::vector<int64_t> steps,
+                               uint64_t& bytes);
 // Strategy::evaluate on one model replica.
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct);
 // The step's figures as one 1-D f32 tensor (train_step's return value).

@@ -41,6 +41,12 @@ struct TrainResult {
   double tokens_per_s = 0.0;   // language models: training tokens per second of the training steps
   int64_t skipped_steps = 0;   // steps skipped for a non-finite loss or gradient norm (Note [non-finite guard])
   std::optional<ImageResult> image;  // model.type = "lenet"
+  // Note [preemption]: the run stopped early (a signal, run.time_limit) after writing the
+  // checkpoint of final_step; the same command continues it. stop_reason says why.
+  bool stopped = false;
+  std::string stop_reason;
+  // The latest valid checkpoint was at the run's last step already: nothing was trained.
+  bool already_finished = false;
 };
 
 }  // namespace forge::train

@@ -25,7 +25,9 @@
 #include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
+#include "forge/io/run_lock.h"
 #include "forge/ops/attention.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
@@ -34,11 +36,13 @@
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/tensorboard.h"
 #include "forge/telemetry/mfu.h"
+#include "forge/train/checkpoint_writer.h"
 #include "forge/train/graphed_step.h"
 #include "forge/train/hf_model.h"
 #include "forge/train/layout.h"
 #include "forge/train/oom_report.h"
 #include "forge/train/phase_marks.h"
+#include "forge/train/preemption.h"
 #include "forge/train/step_trace.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
@@ -129,6 +133,39 @@ class StepReadback {
 #endif
 };
 
+// Note [preemption]: every step each rank proposes a StepVerdict and the ranks act on the
+// largest, agreed by one all-reduce (max) of one number over the world. On a GPU the agreed value
+// is read one step later, as the step's figures are (Note [deferred step read]): the all-reduce
+// is queued after the step's work and waited for behind the next step, so it costs the device
+// one tiny collective a step and the host no wait. Every rank reads the same value at the same
+// step, so they checkpoint or stop at the same step.
+class StepAgreement {
+ public:
+  StepAgreement(dist::ProcessGroupPtr pg, bool deferred) : pg_(std::move(pg)), deferred_(deferred) {}
+
+  // This rank's proposal for the step just queued; returns the verdict to act on now (deferred:
+  // the previous step's agreement; go_on before there is one).
+  StepVerdict propose(StepVerdict mine) {
+    if (!pg_ || pg_->size() == 1) return mine;  // nothing to agree on
+    Tensor t = full({1}, static_cast<double>(mine), {.dtype = DType::f32, .device = pg_->device()});
+    pg_->all_reduce(t, dist::ReduceOp::max)->wait();
+    StepReadback agreed(t);
+    if (!deferred_) return verdict_of(agreed);
+    std::optional<StepReadback> previous = std::move(pending_);
+    pending_.emplace(std::move(agreed));
+    return previous ? verdict_of(*previous) : StepVerdict::go_on;
+  }
+
+ private:
+  static StepVerdict verdict_of(const StepReadback& r) {
+    const double v = r.get()[0];
+    return v >= 2 ? StepVerdict::stop : v >= 1 ? StepVerdict::checkpoint : StepVerdict::go_on;
+  }
+  dist::ProcessGroupPtr pg_;
+  bool deferred_;
+  std::optional<StepReadback> pending_;
+};
+
 TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream& rank_log) {
   const auto t_start = Clock::now();
   RunConfig cfg = cfg_in;
@@ -151,31 +188,31 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   fs::create_directories(run_dir, ec);
   FORGE_CHECK(!ec, "run.dir: cannot create the run directory '", run_dir.string(), "': ", ec.message());
   const fs::path metrics_path = run_dir / "metrics.jsonl";
+  // Note [preemption]: from here on SIGTERM, SIGINT and run.preempt_signal stop the run after a
+  // step, with a checkpoint.
+  const char* relayed = std::getenv("FORGE_LAUNCH_STOP_SIGNAL");  // forge launch over mpirun (dist/launch.h)
+  const StopSignals stop_signals({parse_stop_signal(cfg.run.preempt_signal, "run.preempt_signal"),
+                                  relayed ? parse_stop_signal(relayed, "FORGE_LAUNCH_STOP_SIGNAL") : 0});
+  const double time_limit_s = parse_duration(cfg.run.time_limit, "run.time_limit");
 
-  // 1. Fresh or resumed.
+  // 1. One writer (Note [run directory lock]); then continue or start (Note [one command starts or
+  // continues]).
+  std::optional<io::RunLock> lock;
+  if (rank0) {
+    std::string warning;
+    lock.emplace(run_dir, opt.command, &warning);
+    if (!warning.empty()) log << "warning: " << warning << "\n";
+  }
+  const RunStart start = choose_run_start(cfg, opt.resume, opt.resume_from, run_dir, rank0);
+  for (const auto& note : start.notes) log << note << "\n";
   std::optional<io::CheckpointData> ck;
   fs::path ck_path;
-  if (opt.resume) {
-    if (opt.resume_from.empty()) {
-      const auto latest = io::find_latest_checkpoint(run_dir);
-      FORGE_CHECK(latest.has_value(), "--resume: no checkpoint in '", (run_dir / "checkpoints").string(),
-                  "'; start the run without --resume, or give a checkpoint: --resume PATH");
-      ck_path = *latest;
-    } else {
-      ck_path = resolve_checkpoint(opt.resume_from, "--resume");
-    }
-    ck = io::load_checkpoint(ck_path);
-  } else if (rank0) {
-    const auto existing = io::list_checkpoints(run_dir);
-    if (!existing.empty() || fs::exists(metrics_path, ec)) {
-      FORGE_CHECK(cfg.run.overwrite, "run directory '", run_dir.string(), "' already holds a run",
-                  existing.empty() ? std::string() : " (checkpoints up to step " + std::to_string(existing.back().first) + ")",
-                  "; continue it with --resume, choose another run.name, or set run.overwrite = true to start afresh");
-      fs::remove_all(run_dir / "checkpoints", ec);
-      fs::remove(metrics_path, ec);
-      fs::remove_all(run_dir / "tb", ec);
-      log << "run: starting afresh in " << run_dir.string() << " (run.overwrite: earlier checkpoints and metrics removed)\n";
-    }
+  if (start.checkpoint) {
+    ck_path = *start.checkpoint;
+    ck = io::load_checkpoint(ck_path);  // verified (Note [checkpoint integrity])
+    if (!ck->verified)
+      log << "warning: checkpoint " << ck_path.string() << " predates checkpoint manifests (format_version "
+          << ck->format_version << "): its files cannot be verified\n";
   }
 
   // 2. Device, the task's data, the model (checked against the checkpoint before the batches'
@@ -216,36 +253,50 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                 denv.rank, " stops too");
   std::unique_ptr<data::BatchSource> source;
   std::optional<io::NamedTensors> init_weights;  // model.init_from's, on a fresh run
+  bool finished = false;
   try {
     task->prepare_data(ck, ck_path, log);
-    manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    // Initialised on the CPU (the same weights whatever the device; split over the
-    // tensor-parallel group when dist.tp > 1), then moved and cast once.
-    const MemoryOwner owner("parameters");  // Note [memory owners]
-    Model& m = task->model();
-    split_model_for_layout(cfg, layout, mesh, m, log);
-    m.module->to(device, dtype);
-    if (ck) {
-      try {
-        io::check_compatible(m.whole_shapes(), ck->model,
-                             "checkpoint '" + ck_path.string() + "'");
-      } catch (const Error& e) {
-        FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
-                    (ck_path / "state.json").string(), ")");
+    finished = ck && ck->step >= task->total_steps();
+    if (!finished) {
+      manual_seed(static_cast<uint64_t>(cfg.run.seed));
+      // Initialised on the CPU (the same weights whatever the device; split over the
+      // tensor-parallel group when dist.tp > 1), then moved and cast once.
+      const MemoryOwner owner("parameters");  // Note [memory owners]
+      Model& m = task->model();
+      split_model_for_layout(cfg, layout, mesh, m, log);
+      m.module->to(device, dtype);
+      if (ck) {
+        try {
+          io::check_compatible(m.whole_shapes(), ck->model,
+                               "checkpoint '" + ck_path.string() + "'");
+        } catch (const Error& e) {
+          FORGE_THROW(e.what(), "; --resume needs the [model] keys the checkpoint was trained with (see \"config\" in ",
+                      (ck_path / "state.json").string(), ")");
+        }
+        task->check_resume(*ck, ck_path);
+      } else if (!cfg.model.init_from.empty()) {
+        init_weights = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
       }
-      task->check_resume(*ck, ck_path);
-    } else if (!cfg.model.init_from.empty()) {
-      init_weights = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
+      source = task->train_batches(log);
     }
-    source = task->train_batches(log);
   } catch (...) {
     if (rank0) rank0_failed(true);
     throw;
   }
   if (rank0) rank0_failed(false);
-  Model& model = task->model();
   TrainResult result;
   result.run_dir = run_dir.string();
+  if (finished) {  // the same command after the run's end: nothing to do, and no error
+    result.start_step = result.final_step = ck->step;
+    result.already_finished = true;
+    result.last_checkpoint = ck_path.string();
+    log << "run: finished already: checkpoint " << ck_path.string() << " is at step " << ck->step << " of "
+        << task->total_steps() << "; nothing to train (raise "
+        << (cfg.is_language_model() ? "train.steps" : "train.epochs") << " to train further, or start afresh with "
+        << "--run.overwrite=true)" << std::endl;
+    return result;
+  }
+  Model& model = task->model();
   const int64_t total_steps = task->total_steps(), K = task->micro_batches_per_step();
 
   // 3. Restore the model, RNG, data position and the task's state; then the layout's strategy
@@ -258,7 +309,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     source->set_state(data::SamplerState::from_json(ck->data_loader.dump()));
     task->restore(*ck);
     step = ck->step;
-    if (rank0) telemetry::truncate_jsonl_after_step(metrics_path, step);
+    if (rank0)
+      if (const std::string w = telemetry::truncate_jsonl_after_step(metrics_path, step); !w.empty()) log << w << "\n";
   } else if (init_weights) {
     model.load_whole_state(*init_weights);
     log << "init_from: " << cfg.model.init_from << " (" << init_weights->size()
@@ -309,12 +361,44 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   int64_t interval_steps = 0, interval_units = 0, units_this_call = 0;
   // Training units (tokens, images) seen by the run, across resumes.
   int64_t units_done = ck && ck->extra.is_object() ? ck->extra.value(units.name, int64_t{0}) : 0;
+  // Note [async checkpoints]: the snapshot at the step boundary (collective), its writing on the
+  // writer's thread. FORGE_DIST_TIMEOUT bounds rank 0's wait for the other ranks' files from below.
+  CheckpointWriter writer(cfg.checkpoint.async, std::max(3600.0, env::real("FORGE_DIST_TIMEOUT")));
+  auto last_checkpoint_at = Clock::now();  // checkpoint.interval_minutes counts from here
+  double checkpoint_cost_s = 0.0;          // the longest stall + write so far (run.time_limit's margin)
   auto checkpoint_now = [&](int64_t at) {
+    const auto t0 = Clock::now();
+    writer.wait();  // the previous checkpoint, if it is still being written on this rank
+    const double waited = seconds_since(t0);
     json extra = task->checkpoint_extra();
     extra[units.name] = units_done;
-    const fs::path dir = strategy->save_checkpoint(run_dir, at, {loader.state(), config_json, extra}, cfg.checkpoint.keep_last);
+    CheckpointJob job = strategy->snapshot_checkpoint(run_dir, at, {loader.state(), config_json, extra},
+                                                      cfg.checkpoint.keep_last);
+    ops::wait_for_host_copies(device);
+    const fs::path dir = job.dir;
+    const uint64_t bytes = job.host_bytes;
+    const double snapshot_s = seconds_since(t0) - waited;
+    writer.submit(std::move(job));  // synchronous writers write it now
+    const double stall = seconds_since(t0);
+    checkpoint_cost_s = std::max(checkpoint_cost_s, stall);
+    last_checkpoint_at = Clock::now();
     result.last_checkpoint = dir.string();
+    log << "checkpoint: " << dir.string() << " (step " << at << "): training waited " << fixed(stall, 3) << " s ("
+        << (waited > 0.001 ? "for the previous write " + fixed(waited, 3) + " s, " : std::string()) << "snapshot of "
+        << telemetry::format_bytes(static_cast<double>(bytes)) << " on this rank " << fixed(snapshot_s, 3) << " s"
+        << (writer.async() ? "), written in the background" : ", written") << std::endl;
+    write_metrics({{"step", at}, {"checkpoint", dir.string()}, {"stall_s", stall}, {"snapshot_s", snapshot_s},
+                   {"wait_previous_s", waited}, {"snapshot_bytes", bytes}, {"async", writer.async()}});
     return dir;
+  };
+  // Checkpoints finished on the writer since the last look: their time in the log and metrics.
+  auto report_written = [&] {
+    for (const CheckpointTiming& t : writer.take_finished()) {
+      checkpoint_cost_s = std::max(checkpoint_cost_s, t.write_s);
+      if (!writer.async()) continue;  // the synchronous writer's time is the stall, reported already
+      log << "checkpoint: step " << t.step << " written in " << fixed(t.write_s, 3) << " s" << std::endl;
+      write_metrics({{"step", t.step}, {"checkpoint_write_s", t.write_s}});
+    }
   };
   // Throughput figures: model FLOPs per unit (telemetry/mfu.h) over the device's dense peak for
   // the compute dtype (unknown for CPUs and unlisted GPUs, and for tasks without a FLOP count:
@@ -345,9 +429,11 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   model.module->train();
   // debug.abort_at / debug.hang_at = "<rank>:<step>": that rank aborts, or stops without exiting,
   // at the start of that step (the failure tests of data-parallel jobs: the launcher must end the
-  // job, never hang; the others' collectives must time out, Note [MPI timeout]).
-  const auto abort_at = parse_rank_step(cfg.debug.abort_at, "debug.abort_at");
-  const auto hang_at = parse_rank_step(cfg.debug.hang_at, "debug.hang_at");
+  // job, never hang; the others' collectives must time out, Note [MPI timeout]). Only in a job's
+  // first attempt: after `forge launch --max-restarts` restarts it, the run goes on.
+  const bool first_attempt = dist::restart_count() == 0;
+  const auto abort_at = first_attempt ? parse_rank_step(cfg.debug.abort_at, "debug.abort_at") : std::nullopt;
+  const auto hang_at = first_attempt ? parse_rank_step(cfg.debug.hang_at, "debug.hang_at") : std::nullopt;
   PhaseMarks phases(device, env::flag("FORGE_TRAIN_PHASES"));
   // telemetry.profile_steps: a Chrome / Perfetto trace of those steps per rank (Note [step trace]).
   StepTrace trace(device, cfg.telemetry.profile_steps, run_dir / ("trace.rank" + std::to_string(denv.rank) + ".json"),
@@ -371,12 +457,14 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const bool loss_scaled = dtype == DType::f16;
   // Reads a queued step's figures and does the host's share of it: the non-finite guard's
   // count, the losses, the progress line and metrics. Returns false for a skipped step.
+  double last_step_s = 0.0;  // the latest step's wall time (run.time_limit's margin)
   auto finish = [&](const QueuedStep& q) -> bool {
     const auto t_wait = Clock::now();
     const std::vector<double> host = q.values.get();
     phases.host_waited(seconds_since(t_wait));
     const double loss_value = host[0], gnorm = host[1];
     const double dt = seconds_since(t_mark);
+    last_step_s = dt;
     t_mark = Clock::now();
     units_done += q.units;
     // Note [non-finite guard]: a step whose loss or gradient norm is inf/NaN is skipped (the
@@ -447,7 +535,13 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     }
     return true;
   };
+  StepAgreement agreement(pg, /*deferred=*/!read_at_once);
+  std::string stop_reason;    // what asked for a stop (Note [preemption])
+  bool stopped = false;
   while (step < total_steps) {
+    writer.check();  // a checkpoint that failed on the writer stops the run here, with its error
+    report_written();
+    if (lock) lock->heartbeat();
     if (abort_at && abort_at->rank == denv.rank && abort_at->step == step + 1) {
       std::fprintf(stderr, "forge train: debug.abort_at: rank %d aborts at step %lld\n", denv.rank,
                    static_cast<long long>(step + 1));
@@ -477,13 +571,35 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     if (pending) finish(*pending);  // the previous step: its update ran while this one was queued
     pending.emplace(std::move(queued));
 
+    // Note [preemption]: this rank's proposal, and the verdict every rank acts on at this step.
+    StepVerdict mine = StepVerdict::go_on;
+    const double elapsed = seconds_since(t_start);
+    if (const int sig = StopSignals::received(); sig != 0) {
+      mine = StepVerdict::stop;
+      if (stop_reason.empty()) stop_reason = signal_name(sig);
+    } else if (time_limit_s > 0 && elapsed + 2 * last_step_s + checkpoint_cost_s >= time_limit_s) {
+      mine = StepVerdict::stop;  // the verdict lands one step later, then one checkpoint is written
+      if (stop_reason.empty()) stop_reason = "run.time_limit (" + cfg.run.time_limit + ")";
+    } else if (cfg.checkpoint.interval_minutes > 0 &&
+               seconds_since(last_checkpoint_at) >= 60.0 * cfg.checkpoint.interval_minutes) {
+      mine = StepVerdict::checkpoint;
+    }
+    const StepVerdict verdict = agreement.propose(mine);
     const bool last = step == total_steps;
-    const bool eval_now = evaluates && task->eval_due(step);
-    const bool checkpoint_due = cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0 && !last;
+    const bool stop_now = verdict == StepVerdict::stop && !last;
+    const bool eval_now = evaluates && task->eval_due(step) && !stop_now;
+    const bool checkpoint_due =
+        ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || verdict != StepVerdict::go_on) && !last;
     if (!(eval_now || checkpoint_due || last || read_at_once)) continue;
     // Evaluations and checkpoints see a state whose every step has been read.
     const bool ok = finish(*pending);
     pending.reset();
+    if (stop_now) {  // the step's checkpoint on every rank (a skipped step's state is the one before it)
+      checkpoint_now(step);
+      if (stop_reason.empty()) stop_reason = "another rank's request";
+      stopped = true;
+      break;
+    }
     if (!ok && !last) continue;  // a skipped step neither evaluates nor checkpoints (the end still evaluates)
     if (eval_now) {
       Evaluation e = task->evaluate(*strategy, step);
@@ -493,10 +609,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       e.record["elapsed_s"] = seconds_since(t_start);
       write_metrics(e.record);
     }
-    if (checkpoint_due) {
-      const fs::path dir = checkpoint_now(step);
-      log << "checkpoint: " << dir.string() << std::endl;
-    }
+    if (checkpoint_due) checkpoint_now(step);  // it logs itself
     t_mark = Clock::now();  // the evaluation and the checkpoint are not training time
   }
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
@@ -518,6 +631,19 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
 #endif
   result.final_step = step;
   const double units_per_s = static_cast<double>(units_this_call) / std::max(train_seconds, 1e-9);
+  if (stopped) {  // Note [preemption]: the checkpoint of this step is on disk before any rank ends
+    writer.wait();
+    report_written();
+    if (pg) pg->barrier()->synchronize();  // rank 0 has published it
+    result.stopped = true;
+    result.stop_reason = stop_reason;
+    result.seconds = seconds_since(t_start);
+    write_metrics({{"step", step}, {"stopped", stop_reason}, {"elapsed_s", result.seconds}});
+    log << "stopped: at step " << step << " of " << total_steps << " (" << stop_reason << "), checkpoint "
+        << result.last_checkpoint << "; the same command continues the run (exit code " << kStoppedExitCode << ")"
+        << std::endl;
+    return result;
+  }
 
   // 5. The end: the task's (validation and the bigram baseline; the test accuracy), the final
   // checkpoint.
@@ -548,6 +674,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   }
   task->finish(*strategy, evaluates, step, units_per_s, result, final_record, log);
   const fs::path final_dir = cfg.checkpoint.at_end ? checkpoint_now(step) : fs::path();
+  writer.wait();  // the last checkpoint is on disk before the run reports done
+  report_written();
   result.seconds = seconds_since(t_start);
   final_record["elapsed_s"] = result.seconds;
   final_record[units.name + "_per_s"] = units_per_s;

@@ -19,8 +19,11 @@
 // One loop for every model: the run's Task (task.h, from model.type) supplies the data, the model,
 // the number of steps, the evaluation and the end-of-run extras; the layout's Strategy
 // (strategy.h) wraps the model and optimizer and trains each step. In order:
-//   1. the run directory <run.dir>/<run.name>; a fresh run refuses to overwrite an earlier
-//      run's checkpoints unless run.overwrite (or --resume continues it);
+//   1. the run directory <run.dir>/<run.name>, locked by rank 0 for the whole run (Note [run
+//      directory lock]); the same command continues from its latest valid checkpoint, or
+//      starts when there is none (Note [one command starts or continues]: run.overwrite starts
+//      afresh, --resume insists on a checkpoint); a run already at its last step says so and
+//      returns;
 //   2. the task's data: language models: the tokenizer (data.tokenizer, or one trained on
 //      data.files, saved as <run dir>/tokenizer.json and reused while the files and
 //      data.vocab_size are the same; a resumed run uses its checkpoint run's); images: the
@@ -46,7 +49,11 @@
 //      checkpoint.every steps (keeping checkpoint.keep_last);
 //   6. at the end: the task's last evaluation (validation, and the bigram baseline with
 //      eval.bigram_baseline, on the same windows; images: the last epoch's test accuracy), a
-//      final checkpoint.
+//      final checkpoint. A stop (a signal, run.time_limit: Note [preemption]) ends the loop
+//      early with a checkpoint of that step instead, and TrainResult::stopped.
+// Checkpoints are taken at the step boundary and written while training goes on
+// (checkpoint.async, Note [async checkpoints]); every checkpoint.every steps and every
+// checkpoint.interval_minutes (agreed between ranks like a stop).
 // Determinism: on the CPU with the same thread count, a run resumed from a checkpoint at
 // step k gives bit-identical losses at every step after k to the uninterrupted run: every
 // source of randomness (init, data order, dropout) is a Philox stream whose position the
@@ -85,6 +92,7 @@ namespace forge::train {
 struct TrainOptions {
   bool resume = false;
   std::string resume_from = {};  // with resume: a checkpoint directory or a run directory ("" = this run's latest)
+  std::string command = "forge train";  // recorded in the run directory's lock (Note [run directory lock])
 };
 
 // Runs the training cfg describes; progress goes to `log`. Throws forge::Error (naming the

@@ -703,5 +703,37 @@ TEST(CudaCudnnAttentionPath, DeterministicBackwardIsBitwiseRepeatable) {
   }
 }
 
+
+// Issue 35: a NaN score propagates on every CUDA back-end as on the CPU (Attention.NanScores...):
+// the NaN query's row of the output and of the query gradient is NaN, the other rows are finite;
+// never a "fully masked" row of zeros. Back-ends: cuDNN's fused attention (automatic), forge's
+// flash kernels, the composed GEMM path; bf16 (what training runs), D = 64, causal, GQA 4/2.
+TEST(CudaAttentionNan, EveryBackendPropagatesANanQuery) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const int64_t B = 1, H = 4, Hkv = 2, T = 96, D = 64;
+  using AB = cuda::AttentionBackend;
+  for (const AB backend : {AB::automatic, AB::flash, AB::composed}) {
+    SCOPED_TRACE("back-end " + std::to_string(static_cast<int>(backend)));
+    Tensor qh = host_input({B, H, T, D}, Domain::real, DType::bf16, 9100);
+    qh.select(0, 0).select(0, 1).select(0, 40).narrow(0, 3, 1).fill_(std::nan(""));  // head 1, row 40
+    Tensor q = qh.to(kGpu).requires_grad_();
+    Tensor k = host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 9101).to(kGpu).requires_grad_();
+    Tensor v = host_input({B, Hkv, T, D}, Domain::real, DType::bf16, 9102).to(kGpu).requires_grad_();
+    BackendGuard guard(backend);
+    Tensor y = ops::scaled_dot_product_attention(q, k, v, true);
+    y.backward(host_input({B, H, T, D}, Domain::real, DType::bf16, 9103).to(kGpu));
+    const Tensor out = y.detach().to(Device::cpu()).to(DType::f32), dq = q.grad().to(Device::cpu()).to(DType::f32);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const bool nan_row = h == 1 && t == 40;
+        int64_t nans = 0, grad_nans = 0;
+        for (double x : out.select(1, h).select(1, t).to_vector<double>()) nans += std::isnan(x);
+        for (double x : dq.select(1, h).select(1, t).to_vector<double>()) grad_nans += std::isnan(x);
+        ASSERT_EQ(nans, nan_row ? D : 0) << "out h=" << h << " t=" << t;
+        ASSERT_EQ(grad_nans, nan_row ? D : 0) << "dq h=" << h << " t=" << t;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace forge

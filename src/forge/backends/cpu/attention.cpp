@@ -125,8 +125,11 @@ void forward_block(const Problem& p, const T* qp, const RowsView& rq, const T* k
   for (int64_t r = 0; r < rows; ++r) {
     C* row = P + r * n;
     p.mask_row(row, b, h, t0 + r, n);
+    // The row's max; a NaN score (a NaN in q or k) makes it NaN, so the row's output and its
+    // logsumexp are NaN as in PyTorch, never mistaken for a fully masked row.
     C m = -std::numeric_limits<C>::infinity();
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+    for (int64_t j = 0; j < n; ++j)
+      if (row[j] > m || std::isnan(row[j])) m = row[j];
     if (m == -std::numeric_limits<C>::infinity()) {  // no key allowed: a zero row
       std::fill(row, row + n, C(0));
       lse_block[r] = m;

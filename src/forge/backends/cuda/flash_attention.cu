@@ -238,14 +238,16 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
 #pragma unroll
     for (int n = 0; n < ND; ++n)
       *reinterpret_cast<uint32_t*>(orow + n * 8) = pack2<Tag>(o[n][0] * inv0, o[n][1] * inv0);
-    if (c == 0) p.lse[bh * T + r0] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : ninf;
+    // A NaN score makes l NaN: its logsumexp stays NaN (a fully masked row, l = 0, gets -inf), so
+    // the backward pass propagates it too.
+    if (c == 0) p.lse[bh * T + r0] = l0 > 0.f ? (m0 + log2f(l0)) * kLn2 : (l0 != l0 ? l0 : ninf);
   }
   if (r1 < T) {
     uint16_t* orow = obase + static_cast<int64_t>(r1) * p.o_st + 2 * c;
 #pragma unroll
     for (int n = 0; n < ND; ++n)
       *reinterpret_cast<uint32_t*>(orow + n * 8) = pack2<Tag>(o[n][2] * inv1, o[n][3] * inv1);
-    if (c == 0) p.lse[bh * T + r1] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : ninf;
+    if (c == 0) p.lse[bh * T + r1] = l1 > 0.f ? (m1 + log2f(l1)) * kLn2 : (l1 != l1 ? l1 : ninf);
   }
 }
 
