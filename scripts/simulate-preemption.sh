@@ -7,13 +7,16 @@
 #
 #   scripts/simulate-preemption.sh [--forge build/forge] [--steps 400] [--preemptions 4]
 #                                  [--ranks 1] [--seed 1] [--dir DIR] [--keep]
+#                                  [--device cpu|cuda] [--args "--section.key=value ..."]
 #
-# --ranks R > 1 starts the command under `forge launch --nproc-per-node R --device cpu` (mpirun)
+# --ranks R > 1 starts the command under `forge launch --nproc-per-node R` (CPU ranks: mpirun)
 # and signals the launcher, as Slurm signals a job's batch script. kill -9 loses the steps since
-# the latest checkpoint (checkpoint.every = 25 here); a signal loses none. Exit 0 when every loss
-# matches; 1 with the first difference otherwise.
+# the latest checkpoint (checkpoint.every = 25 here); a signal loses none. --device cuda trains on
+# the GPU in bf16 with run.deterministic = true (what makes a GPU run repeat bit for bit); --args
+# adds config overrides after the defaults (e.g. a larger model). Exit 0 when every loss matches;
+# 1 with the first difference otherwise.
 set -euo pipefail
-FORGE=build/forge STEPS=400 PREEMPTIONS=4 RANKS=1 SEED=1 DIR="" KEEP=0
+FORGE=build/forge STEPS=400 PREEMPTIONS=4 RANKS=1 SEED=1 DIR="" KEEP=0 DEVICE=cpu EXTRA=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --forge) FORGE=$2; shift 2 ;;
@@ -23,7 +26,9 @@ while [ $# -gt 0 ]; do
     --seed) SEED=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --device) DEVICE=$2; shift 2 ;;
+    --args) EXTRA=$2; shift 2 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) echo "simulate-preemption: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,14 +45,16 @@ printf '# every key comes from the command line (scripts/simulate-preemption.sh)
 
 # The job's command: a small GPT on random tokens, AdamW, a checkpoint every 25 steps.
 args() {  # $1 = run name
-  echo "train $DIR/empty.toml --run.dir=$DIR --run.name=$1 --run.device=cpu --run.dtype=f32 --model.type=gpt" \
+  local placement="--run.device=cpu --run.dtype=f32"
+  [ "$DEVICE" = cuda ] && placement="--run.device=cuda --run.dtype=bf16 --run.deterministic=true"
+  echo "train $DIR/empty.toml --run.dir=$DIR --run.name=$1 $placement --model.type=gpt" \
        "--model.vocab_size=256 --model.block_size=16 --model.n_layer=2 --model.n_head=4 --model.n_embd=64" \
        "--data.source=random --train.steps=$STEPS --train.batch_size=8 --train.seq_len=16 --train.log_every=1" \
-       "--optim.name=adamw --optim.lr=1e-3 --schedule.warmup_steps=10 --eval.every=0 --checkpoint.every=25"
+       "--optim.name=adamw --optim.lr=1e-3 --schedule.warmup_steps=10 --eval.every=0 --checkpoint.every=25 $EXTRA"
 }
 command_of() {  # $1 = run name
   if [ "$RANKS" -gt 1 ]; then
-    echo "$FORGE launch --nproc-per-node $RANKS --device cpu -- $FORGE $(args "$1")"
+    echo "$FORGE launch --nproc-per-node $RANKS --device $DEVICE -- $FORGE $(args "$1")"
   else
     echo "$FORGE $(args "$1")"
   fi
@@ -81,11 +88,12 @@ kill_session() {  # SIGKILL to every process of session $1 (mpirun and its ranks
   return 0
 }
 
-echo "simulate-preemption: $STEPS steps, $PREEMPTIONS preemptions, $RANKS rank(s), seed $SEED, in $DIR"
+echo "simulate-preemption: $STEPS steps, $PREEMPTIONS preemptions, $RANKS rank(s) on $DEVICE, seed $SEED, in $DIR${EXTRA:+, with $EXTRA}"
 $(command_of reference) > "$DIR/reference.log" 2>&1 || { cat "$DIR/reference.log"; exit 1; }
 
 signals=(TERM USR1 KILL)
 sig=""
+preempted=0
 start=0
 for ((k = 1; ; k++)); do
   # A session of its own, as a job's processes are: kill -9 takes them all (Slurm kills the job's
@@ -105,12 +113,14 @@ for ((k = 1; ; k++)); do
   echo "simulate-preemption: start $k: exit $rc at step $now${sig:+ (SIG$sig)}"
   case "$rc" in
     0) break ;;
-    75|137) start=$now; sig="" ;;   # stopped with a checkpoint / killed: requeue the same command
+    75|137) start=$now; sig=""; preempted=$((preempted + 1)) ;;   # stopped with a checkpoint / killed: requeue
     *) echo "simulate-preemption: start $k failed with $rc:" >&2; tail -20 "$DIR/job.log" >&2; exit 1 ;;
   esac
   [ "$k" -le $((PREEMPTIONS + 2)) ] || { echo "simulate-preemption: the run does not end" >&2; exit 1; }
 done
 
+[ "$preempted" -eq "$PREEMPTIONS" ] ||
+  echo "simulate-preemption: only $preempted of $PREEMPTIONS preemptions happened (the run ended first: raise --steps)"
 python3 - "$DIR/reference/metrics.jsonl" "$DIR/job/metrics.jsonl" "$STEPS" <<'PY'
 import json, sys
 def losses(path):

@@ -399,7 +399,9 @@ void prune_checkpoints(const fs::path& run_dir, size_t keep_last) {
   std::error_code ec;
   for (size_t i = 0; i + keep_last < all.size(); ++i) {
     fs::remove_all(all[i].second, ec);
-    FORGE_CHECK(!ec, "prune_checkpoints: cannot remove '", all[i].second.string(), "': ", ec.message());
+    // (Gone already is fine: someone removed an old checkpoint by hand while the run went on.)
+    FORGE_CHECK(!ec || ec == std::errc::no_such_file_or_directory, "prune_checkpoints: cannot remove '",
+                all[i].second.string(), "': ", ec.message());
   }
   const fs::path root = run_dir / "checkpoints";
   if (!fs::is_directory(root, ec)) return;
