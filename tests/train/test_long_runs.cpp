@@ -284,6 +284,23 @@ TEST_F(LongRuns, MaxRestartsResumesAfterAnInjectedFailure) {
   EXPECT_NE(rc, 75) << n.output();
 }
 
+// The same when the job hangs: a rank stuck at step 11 (debug.hang_at) makes its peer's collective
+// time out (FORGE_DIST_TIMEOUT); the job ends, is restarted, and finishes as the uninterrupted run.
+TEST_F(LongRuns, MaxRestartsResumesAfterAHang) {
+  const int64_t steps = 30;
+  auto whole = run_args(root_, "hang_whole", steps), a = run_args(root_, "hang", steps);
+  for (auto* v : {&whole, &a}) set_arg(*v, "checkpoint.every", "4");
+  ASSERT_EQ(runs.run_mpi(2, whole).status, 0);
+  set_arg(a, "debug.hang_at", "1:11");
+  Background b("env FORGE_DIST_TIMEOUT=3 " + launch_cmd(2, a, "--max-restarts 1"), root_ / "hang.log");
+  ASSERT_EQ(b.wait(120), 0) << b.output();
+  const std::string out = b.output();
+  EXPECT_HAS(out, "debug.hang_at: rank 1 stops at step 11");
+  EXPECT_HAS(out, "did not complete within 3 s (FORGE_DIST_TIMEOUT)");
+  EXPECT_HAS(out, "restarting every rank (restart 1 of 1)");
+  dist_train_testing::expect_same_run(root_ / "hang", root_ / "hang_whole", 1, 0.0, 0.0, "restarted after a hang");
+}
+
 // Note [checkpoint integrity]: a state that became non-finite is never saved: the run stops
 // with an error naming the tensor, and the last good checkpoint stays the latest.
 TEST_F(LongRuns, NonFiniteStateIsNeverSaved) {

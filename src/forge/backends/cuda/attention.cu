@@ -90,6 +90,10 @@ template <class A> __device__ __forceinline__ A dev_log(A x) {
   else return log(x);
 }
 template <class A> __device__ __forceinline__ A neg_inf() { return -std::numeric_limits<A>::infinity(); }
+// The larger of a and b, NaN when either is: a row with a NaN score (a NaN in q or k) gets a NaN
+// max, so its logsumexp and probabilities are NaN as in PyTorch, never the zeros of a fully
+// masked row (issue 35; the CPU's kernel does the same).
+template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 
 template <class A> __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
@@ -181,11 +185,11 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       if (!allowed(j0 + e)) x[e] = neg_inf<A>();
-      mv = x[e] > mv ? x[e] : mv;
+      mv = nan_max(mv, x[e]);
     }
     if (mv == neg_inf<A>()) continue;
-    if (mv > m) {
-      l *= dev_exp(m - mv);  // exp(-inf) = 0 on the first allowed key
+    if (mv > m || mv != mv) {
+      l *= dev_exp(m - mv);  // exp(-inf) = 0 on the first allowed key; NaN for a NaN score
       m = mv;
     }
 #pragma unroll
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int off = 16; off > 0; off >>= 1) {
     const A m2 = __shfl_xor_sync(0xffffffffu, m, off);
     const A l2 = __shfl_xor_sync(0xffffffffu, l, off);
-    const A mn = m > m2 ? m : m2;
+    const A mn = nan_max(m, m2);
     if (mn != neg_inf<A>())
       l = (m == neg_inf<A>() ? A(0) : l * dev_exp(m - mn)) + (m2 == neg_inf<A>() ? A(0) : l2 * dev_exp(m2 - mn));
     m = mn;
