@@ -89,10 +89,11 @@ void restore_rng(const CheckpointData& data, const std::map<std::string, Generat
 // Writes (or atomically replaces) checkpoint directory `dir`, its manifest last. Throws a
 // forge::Error, writing nothing, when a floating-point tensor holds a NaN or an infinity.
 void save_checkpoint(const std::filesystem::path& dir, const CheckpointData& data);
-// Reads checkpoint directory `dir` after verify_checkpoint; tensors are placed on `device`.
+// Reads checkpoint directory `dir` after verify_checkpoint (`verify` = false: the caller has just
+// verified it, e.g. through find_latest_valid_checkpoint); tensors are placed on `device`.
 // Throws a forge::Error naming the file and the field for a missing file, bad JSON, a missing or
 // mistyped field, a format_version newer than this forge's, or a failed verification.
-CheckpointData load_checkpoint(const std::filesystem::path& dir, Device device = Device::cpu());
+CheckpointData load_checkpoint(const std::filesystem::path& dir, Device device = Device::cpu(), bool verify = true);
 
 // Note [checkpoint integrity]: checks the manifest of checkpoint `dir` against its files (sizes,
 // checksums) and the step everywhere it is recorded; throws a forge::Error naming the file and

@@ -46,6 +46,7 @@ RunStart choose_run_start(const RunConfig& cfg, bool resume, const std::string& 
                   "newest: " + v.skipped.front() + ")",
                   "; start the run without --resume, or give a checkpoint: --resume PATH");
       start.checkpoint = v.dir;
+      start.verified = true;
     } else {
       start.checkpoint = resolve_checkpoint(resume_from, "--resume", &warn);
       for (std::string line; std::getline(warn, line);)
@@ -68,6 +69,7 @@ RunStart choose_run_start(const RunConfig& cfg, bool resume, const std::string& 
   for (const auto& s : v.skipped) start.notes.push_back("warning: " + s + "; skipped, an older checkpoint is used");
   if (v.dir) {
     start.checkpoint = v.dir;
+    start.verified = true;
     return start;
   }
   if (!v.skipped.empty()) {

@@ -39,6 +39,7 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& p, const c
 // The same files give every rank the same answer.
 struct RunStart {
   std::optional<std::filesystem::path> checkpoint;  // continue from it; none: start at step 0
+  bool verified = false;                            // the checkpoint passed verify_checkpoint here already
   std::vector<std::string> notes;                   // lines for the log (skipped checkpoints, what was removed)
 };
 RunStart choose_run_start(const RunConfig& cfg, bool resume, const std::string& resume_from,

@@ -209,7 +209,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   fs::path ck_path;
   if (start.checkpoint) {
     ck_path = *start.checkpoint;
-    ck = io::load_checkpoint(ck_path);  // verified (Note [checkpoint integrity])
+    ck = io::load_checkpoint(ck_path, Device::cpu(), /*verify=*/!start.verified);  // Note [checkpoint integrity]
     if (!ck->verified)
       log << "warning: checkpoint " << ck_path.string() << " predates checkpoint manifests (format_version "
           << ck->format_version << "): its files cannot be verified\n";
