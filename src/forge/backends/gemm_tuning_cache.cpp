@@ -82,8 +82,17 @@ std::optional<json> read_document(const fs::path& path, std::string& why) {
     why = std::string("it cannot be read (") + std::strerror(errno) + ")";
     return std::nullopt;
   }
-  json doc = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
+  // Note [untrusted JSON] (io/json_input.h, above this layer): nesting bounded while parsing, no NUL.
+  const std::string body = text.str();
+  bool too_deep = false;
+  const json::parser_callback_t limit = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth >= 64)
+      too_deep = true;
+    return !too_deep;
+  };
+  json doc = body.find('\0') == std::string::npos ? json::parse(body, limit, /*allow_exceptions=*/false)
+                                                   : json(json::value_t::discarded);
+  if (doc.is_discarded() || too_deep) {
     why = "it is not valid JSON";
     return std::nullopt;
   }

@@ -1,5 +1,6 @@
 #include "forge/bench/roofline.h"
 
+#include "forge/io/json_input.h"
 #include "forge/telemetry/metrics.h"
 
 #include <algorithm>
@@ -131,12 +132,9 @@ Roofline run_roofline(const RooflineOptions& opt) {
     for (const std::string& f : opt.from) {
       std::ifstream in(f);
       FORGE_CHECK(in.good(), "bench roofline: cannot read '", f, "'");
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const std::exception& e) {
-        FORGE_THROW("bench roofline: '", f, "' is not JSON: ", e.what());
-      }
+      std::stringstream text;
+      text << in.rdbuf();
+      const nlohmann::json j = io::parse_json(text.str(), "bench roofline: '" + f + "'");  // Note [untrusted JSON]
       FORGE_CHECK(j.is_object() && j.contains("benchmark"), "bench roofline: '", f,
                   "' is not the --json output of forge bench gemm, memory or layer");
       docs.push_back(j);

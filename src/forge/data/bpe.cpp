@@ -21,6 +21,7 @@
 #include "forge/data/bpe_tables.h"
 #include "forge/data/pretokenize.h"
 #include "forge/data/shards.h"
+#include "forge/io/json_input.h"
 
 namespace forge::data {
 
@@ -452,12 +453,7 @@ std::string BpeTokenizer::to_json() const {
 
 BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& origin) {
   const std::string where = "BpeTokenizer::load('" + origin + "')";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    FORGE_THROW(where, ": not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = io::parse_json(text, where);  // Note [untrusted JSON]
   try {
     FORGE_CHECK(j.is_object() && j.value("format", "") == "forge-bpe", where,
                 ": not a forge BPE tokenizer file (expected \"format\": \"forge-bpe\")");

@@ -11,6 +11,7 @@
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 
 namespace forge::data {
 
@@ -24,13 +25,8 @@ bool ends_with(const std::string& s, const char* suffix) {
 // One JSON Lines record -> its document, or an error naming the place.
 std::string document_of(const std::string& line, const std::string& path, int64_t line_no,
                         const std::string& text_key) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    FORGE_THROW("data: '", path, "' line ", line_no, " is not JSON (", e.what(),
-                "); a .jsonl file holds one JSON object per line");
-  }
+  const nlohmann::json j = io::parse_json(line, "data: '" + path + "' line " + std::to_string(line_no) +
+                                                     " is not JSON (a .jsonl file holds one JSON object per line)");  // Note [untrusted JSON]
   FORGE_CHECK(j.is_object(), "data: '", path, "' line ", line_no, " is a JSON ", j.type_name(),
               ", not an object; a .jsonl file holds one object per line, its text under data.text_key = \"", text_key,
               "\"");

@@ -12,6 +12,7 @@
 #include "forge/data/bpe_tables.h"
 #include "forge/data/regex.h"
 #include "forge/data/unicode_normalize.h"
+#include "forge/io/json_input.h"
 
 namespace forge::data {
 
@@ -206,12 +207,7 @@ class HfTokenizer final : public Tokenizer {
 
 HfTokenizer::HfTokenizer(std::string file, const std::string& origin) : file_(std::move(file)) {
   const std::string where = "Hugging Face tokenizer '" + origin + "'";
-  json j;
-  try {
-    j = json::parse(file_);
-  } catch (const json::exception& e) {
-    FORGE_THROW(where, ": not valid JSON: ", e.what());
-  }
+  const json j = io::parse_json(file_, where);  // Note [untrusted JSON]
   try {
     const json& model = j.at("model");
     const std::string type = model.value("type", "BPE");

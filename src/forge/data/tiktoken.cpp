@@ -9,6 +9,7 @@
 #include "forge/data/bpe_model.h"
 #include "forge/data/bpe_tables.h"
 #include "forge/data/regex.h"
+#include "forge/io/json_input.h"
 
 namespace forge::data {
 
@@ -112,7 +113,7 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
   json options = json::object();
   if (sidecar) {
     try {
-      options = json::parse(*sidecar);
+      options = io::parse_json(*sidecar, where + ": its sidecar JSON");  // Note [untrusted JSON]
       FORGE_CHECK(options.is_object(), where, ": its sidecar JSON is not an object");
       if (options.contains("pattern")) {
         const std::string p = options.at("pattern").get<std::string>();

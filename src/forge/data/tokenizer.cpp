@@ -11,6 +11,7 @@
 #include "forge/data/sentencepiece.h"
 #include "forge/data/tiktoken.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 
 namespace forge::data {
 
@@ -90,9 +91,9 @@ std::shared_ptr<const Tokenizer> tokenizer_from_bytes(std::string bytes, const s
   if (first < bytes.size() && bytes[first] == '{') {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(bytes);
-    } catch (const nlohmann::json::exception& e) {
-      FORGE_THROW("tokenizer '", origin, "': it starts like JSON but does not parse (", e.what(), "); ", kAccepted);
+      j = io::parse_json(bytes, "tokenizer '" + origin + "': it starts like JSON but does not parse");  // Note [untrusted JSON]
+    } catch (const Error& e) {
+      FORGE_THROW(e.what(), "; ", kAccepted);
     }
     const std::string format = j.is_object() ? j.value("format", "") : "";
     if (format == "forge-bpe") return std::make_shared<BpeTokenizer>(BpeTokenizer::from_json(bytes, origin));

@@ -15,6 +15,7 @@
 #include "forge/core/half.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checksum.h"
+#include "forge/io/json_input.h"
 
 #ifndef FORGE_VERSION
 #define FORGE_VERSION "unknown"
@@ -112,12 +113,7 @@ void write_manifest(const fs::path& dir, int64_t step) {
 }
 
 json parse_json_file(const fs::path& file, const char* what) {
-  const std::string text = read_file(file);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    FORGE_THROW(what, " '", file.string(), "' is not valid JSON: ", e.what());
-  }
+  return parse_json(read_file(file), std::string(what) + " '" + file.string() + "'");  // Note [untrusted JSON]
 }
 
 // Whether an element of a floating-point dtype is NaN or infinite, from its bits: the exponent
@@ -205,12 +201,7 @@ CheckpointData load_checkpoint(const fs::path& dir, Device device, bool verify) 
   } catch (const Error& e) {
     FORGE_THROW("load_checkpoint: '", dir.string(), "' is not a complete checkpoint: ", e.what());
   }
-  json state;
-  try {
-    state = json::parse(text);
-  } catch (const json::exception& e) {
-    FORGE_THROW("checkpoint state '", state_file.string(), "' is not valid JSON: ", e.what());
-  }
+  const json state = parse_json(text, "checkpoint state '" + state_file.string() + "'");
   const StateReader r(state_file);
   FORGE_CHECK(state.is_object(), "checkpoint state '", state_file.string(), "' is not a JSON object");
   const std::string format = r.str(state, "format", "");

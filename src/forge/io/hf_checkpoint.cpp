@@ -10,6 +10,7 @@
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 
 namespace forge::io {
 
@@ -102,11 +103,7 @@ NamedTensors load_hf_weights(const fs::path& dir) {
     std::ifstream in(index_path);
     std::stringstream ss;
     ss << in.rdbuf();
-    try {
-      index = json::parse(ss.str());
-    } catch (const json::exception& e) {
-      FORGE_THROW("'", index_path.string(), "' is not valid JSON: ", e.what());
-    }
+    index = parse_json(ss.str(), forge::detail::concat("'", index_path.string(), "'"));  // Note [untrusted JSON]
   }
   FORGE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "'",
               index_path.string(), "' has no \"weight_map\" object (tensor name -> shard file)");

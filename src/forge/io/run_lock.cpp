@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "forge/core/error.h"
+#include "forge/io/json_input.h"
 
 namespace forge::io {
 
@@ -57,10 +58,10 @@ std::string read_fd(int fd) {
 
 json parse_holder(const std::string& text) {
   try {
-    json j = json::parse(text);
+    json j = parse_json(text, "run lock");
     if (j.is_object() && j.contains("pid") && j["pid"].is_number_integer() && j.contains("host") && j["host"].is_string())
       return j;
-  } catch (const json::exception&) {
+  } catch (const Error&) {
   }
   return json();
 }

@@ -1,6 +1,7 @@
 // safetensors reading and writing; the format and the validation rules are in safetensors.h.
 #include "forge/io/safetensors.h"
 
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 
@@ -90,9 +92,17 @@ std::string json_kind(const ojson& j) { return j.type_name(); }
 
 // Parses the JSON header, refusing duplicate keys at any level (nlohmann would keep the last).
 ojson parse_header_json(const char* begin, const char* end, const fs::path& path) {
+  // Note [untrusted JSON] (io/json_input.h): no NUL byte, nesting bounded while parsing.
+  if (const void* nul = std::memchr(begin, '\0', static_cast<size_t>(end - begin)))
+    FORGE_THROW(where(path), "the header holds a NUL byte at offset ",
+                static_cast<const char*>(nul) - begin, " (a JSON text holds none)");
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string duplicate;
-  auto callback = [&](int /*depth*/, ojson::parse_event_t event, ojson& parsed) {
+  auto callback = [&](int depth, ojson::parse_event_t event, ojson& parsed) {
+    if ((event == ojson::parse_event_t::object_start || event == ojson::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      FORGE_THROW(where(path), "the header nests deeper than ", kMaxJsonDepth,
+                  " levels of arrays and objects (a safetensors header nests 3)");
     switch (event) {
       case ojson::parse_event_t::object_start: keys.emplace_back(); break;
       case ojson::parse_event_t::object_end: keys.pop_back(); break;

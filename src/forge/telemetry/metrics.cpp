@@ -7,6 +7,7 @@
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 
 namespace forge::telemetry {
 
@@ -41,13 +42,13 @@ std::vector<json> read_jsonl(const fs::path& path, bool* torn) {
     const bool last_unterminated = in.eof();  // getline hit the end of the file before a newline
     json j;
     try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
+      j = io::parse_json(line, "metrics: '" + path.string() + "' line " + std::to_string(n));  // Note [untrusted JSON]
+    } catch (const Error&) {
       if (last_unterminated) {
         if (torn != nullptr) *torn = true;
         break;
       }
-      FORGE_THROW("metrics: '", path.string(), "' line ", n, " is not valid JSON: ", e.what());
+      throw;
     }
     FORGE_CHECK(j.is_object(), "metrics: '", path.string(), "' line ", n, " is not a JSON object");
     out.push_back(std::move(j));

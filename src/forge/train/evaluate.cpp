@@ -13,6 +13,7 @@
 #include "forge/core/error.h"
 #include "forge/data/documents.h"
 #include "forge/io/checkpoint.h"
+#include "forge/io/json_input.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
 #include "forge/train/run_checkpoint.h"
@@ -156,11 +157,7 @@ TaskScore multiple_choice(const LanguageModel& model, const data::Tokenizer& tok
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = "eval: '" + file + "' line " + std::to_string(line_no);
     json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::parse_error& e) {
-      FORGE_THROW(where, " is not JSON (", e.what(), "); a task file holds one example object per line");
-    }
+    j = io::parse_json(line, where + " is not JSON (a task file holds one example object per line)");  // Note [untrusted JSON]
     std::string ctx;
     if (j.contains("ctx") && j["ctx"].is_string()) {
       ctx = j["ctx"].get<std::string>();

@@ -13,6 +13,7 @@
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
 #include "forge/io/hf_names.h"
+#include "forge/io/json_input.h"
 #include "forge/io/output_guard.h"
 #include "forge/io/safetensors.h"
 #include "forge/nn/model_registry.h"
@@ -34,14 +35,14 @@ json earlier_export(const fs::path& out) {
   std::error_code ec;
   if (!fs::is_regular_file(out / kExportMarker, ec)) return json();
   try {
-    json j = json::parse(io::read_file(out / kExportMarker));
+    json j = io::read_json_file((out / kExportMarker).string());
     if (j.is_object() && j.value("format", std::string()) == "forge-export" && j.contains("files") &&
         j["files"].is_array()) {
       for (const auto& f : j["files"])
         if (!f.is_string() || f.get<std::string>().find('/') != std::string::npos) return json();
       return j;
     }
-  } catch (const json::exception&) {
+  } catch (const std::exception&) {
   }
   return json();
 }

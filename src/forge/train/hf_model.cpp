@@ -12,6 +12,7 @@
 #include "forge/core/error.h"
 #include "forge/io/hf_checkpoint.h"
 #include "forge/io/hf_names.h"
+#include "forge/io/json_input.h"
 
 namespace forge::train {
 
@@ -227,11 +228,7 @@ HfModel read_hf_config(const fs::path& dir) {
   std::stringstream ss;
   ss << in.rdbuf();
   json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    FORGE_THROW(path.string(), " is not valid JSON: ", e.what());
-  }
+  j = io::parse_json(ss.str(), path.string());  // Note [untrusted JSON]
   return parse_hf_config(j, path.string());
 }
 

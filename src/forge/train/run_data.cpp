@@ -18,6 +18,7 @@
 #include "forge/data/documents.h"
 #include "forge/data/shards.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
 #include "forge/io/output_guard.h"
 #include "forge/ops/creation.h"
 #include "forge/telemetry/metrics.h"
@@ -57,7 +58,7 @@ std::optional<json> read_json_file(const fs::path& p) {
   std::error_code ec;
   if (!fs::is_regular_file(p, ec)) return std::nullopt;
   try {
-    return json::parse(io::read_file(p));
+    return io::read_json_file(p.string());
   } catch (const std::exception&) {
     return std::nullopt;  // a damaged cache file is rebuilt
   }
