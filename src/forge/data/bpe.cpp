@@ -267,6 +267,10 @@ void BpeTokenizer::build() {
     FORGE_CHECK(impl_->rank.find(pair_key(l, r)) == nullptr, "BpeTokenizer: merge ", i, " (", l, ", ", r,
                 ") is listed twice");
     impl_->rank[pair_key(l, r)] = static_cast<int32_t>(i);
+    // Note [tokenizer file limits]: merges that each double the last token would ask for gigabytes.
+    const size_t n = tokens_[static_cast<size_t>(l)].size() + tokens_[static_cast<size_t>(r)].size();
+    FORGE_CHECK(static_cast<int64_t>(n) <= kMaxTokenBytes, "BpeTokenizer: merge ", i, " (", l, ", ", r, ") makes a token of ",
+                n, " bytes; forge reads tokens of up to ", kMaxTokenBytes, " bytes (Note [tokenizer file limits])");
     tokens_.push_back(tokens_[static_cast<size_t>(l)] + tokens_[static_cast<size_t>(r)]);
   }
   for (const auto& s : specials_) tokens_.push_back(s);
@@ -462,15 +466,24 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& o
     FORGE_CHECK(j.value("pretokenizer", "") == "gpt2", where, ": unsupported pretokenizer \"",
                 j.value("pretokenizer", ""), "\" (this forge has \"gpt2\")");
     std::vector<std::pair<int32_t, int32_t>> merges;
-    for (const auto& m : j.at("merges")) {
+    const nlohmann::json& mj = j.at("merges");
+    FORGE_CHECK(mj.is_array(), where, ": merges is not an array");
+    // Note [tokenizer file limits]: integers in range here; build() checks that merge i names ids below 256 + i.
+    FORGE_CHECK(static_cast<int64_t>(mj.size()) + kNumBytes <= kMaxVocabSize, where, ": ", mj.size(),
+                " merges; forge reads vocabularies of up to ", kMaxVocabSize, " ids");
+    for (const auto& m : mj) {
       FORGE_CHECK(m.is_array() && m.size() == 2, where, ": merge ", merges.size(), " is not a [left, right] pair");
-      merges.emplace_back(m[0].get<int32_t>(), m[1].get<int32_t>());
+      const int64_t limit = kMaxVocabSize - 1;  // (build() names an id that does not exist yet)
+      const std::string what = where + ": merge " + std::to_string(merges.size());
+      merges.emplace_back(static_cast<int32_t>(io::json_integer(m[0], 0, limit, what + " (left)")),
+                          static_cast<int32_t>(io::json_integer(m[1], 0, limit, what + " (right)")));
     }
     std::vector<std::string> specials;
     for (const auto& s : j.at("special_tokens")) {
       const int64_t expected = kNumBytes + static_cast<int64_t>(merges.size() + specials.size());
-      FORGE_CHECK(s.at("id").get<int64_t>() == expected, where, ": special token \"", s.at("content").get<std::string>(),
-                  "\" has id ", s.at("id").get<int64_t>(), ", expected ", expected, " (specials follow the merges)");
+      io::json_integer(s.at("id"), expected, expected,
+                       where + ": the id of special token \"" + s.at("content").get<std::string>() +
+                           "\" (specials follow the merges)");
       specials.push_back(s.at("content").get<std::string>());
     }
     const int64_t vocab = kNumBytes + static_cast<int64_t>(merges.size() + specials.size());

@@ -220,18 +220,32 @@ HfTokenizer::HfTokenizer(std::string file, const std::string& origin) : file_(st
     parse_pre_tokenizer(j.value("pre_tokenizer", json()), steps_, byte_level_, where);
 
     // Vocabulary: ids, the key each token has in the text the model sees, and its bytes.
+    // Note [tokenizer file limits]: every id an integer in range, the vocabulary not too sparse,
+    // before anything is allocated by id.
     const json& vocab = model.at("vocab");
+    FORGE_CHECK(vocab.is_object(), where, ": model.vocab is a JSON ", vocab.type_name(),
+                ", not an object of token -> id");
+    auto shown = [](const std::string& tok) { return tok.size() > 40 ? tok.substr(0, 37) + "..." : tok; };
     int64_t size = 0;
-    for (const auto& [tok, id] : vocab.items()) size = std::max<int64_t>(size, id.get<int64_t>() + 1);
+    for (const auto& [tok, id] : vocab.items())
+      size = std::max<int64_t>(size, io::json_integer(id, 0, kMaxVocabSize - 1,
+                                                      where + ": model.vocab[\"" + shown(tok) + "\"]") + 1);
     std::vector<AddedToken> added;
-    for (const auto& a : j.value("added_tokens", json::array())) {
-      AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("special", false),
+    const json added_json = j.value("added_tokens", json::array());
+    FORGE_CHECK(added_json.is_array(), where, ": added_tokens is not an array");
+    for (const auto& a : added_json) {
+      FORGE_CHECK(a.is_object() && a.contains("content") && a["content"].is_string(), where,
+                  ": an added token is not an object with a string \"content\"");
+      const std::string content = a["content"].get<std::string>();
+      const auto id = io::json_integer(a.contains("id") ? a["id"] : json(), 0, kMaxVocabSize - 1,
+                                       where + ": the id of added token \"" + shown(content) + "\"");
+      AddedToken t{content, static_cast<int32_t>(id), a.value("special", false),
                    a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false)};
-      FORGE_CHECK(!t.content.empty() && t.id >= 0, where, ": added token ", a.dump(), " is empty or has a negative id");
+      FORGE_CHECK(!t.content.empty(), where, ": an added token (id ", t.id, ") is empty");
       size = std::max<int64_t>(size, int64_t{t.id} + 1);
       added.push_back(std::move(t));
     }
-    FORGE_CHECK(size < (int64_t{1} << 31), where, ": ids do not fit int32");
+    check_vocabulary_size(size, static_cast<int64_t>(vocab.size() + added.size()), where);
     std::vector<std::string> keys(static_cast<size_t>(size));
     decoded_.assign(static_cast<size_t>(size), "");
     is_token_.assign(static_cast<size_t>(size), false);

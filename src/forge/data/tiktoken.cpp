@@ -111,6 +111,7 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
   if (enc)
     for (const auto& [content, id] : enc->specials) specials.push_back({content, id, true, false, false, false});
   json options = json::object();
+  bool specials_from_file = false;
   if (sidecar) {
     try {
       options = io::parse_json(*sidecar, where + ": its sidecar JSON");  // Note [untrusted JSON]
@@ -123,9 +124,13 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
         pattern = enc ? enc->pattern : p;
       }
       if (options.contains("special_tokens")) {
+        specials_from_file = true;
         specials.clear();
         for (const auto& [content, id] : options.at("special_tokens").items())
-          specials.push_back({content, id.get<int32_t>(), true, false, false, false});
+          specials.push_back({content,
+                              static_cast<int32_t>(io::json_integer(id, 0, kMaxVocabSize - 1,
+                                                                    where + ": special token \"" + content + "\"")),
+                              true, false, false, false});
       }
     } catch (const json::exception& e) {
       FORGE_THROW(where, ": its sidecar JSON is malformed: ", e.what(),
@@ -139,8 +144,10 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
   encoding_ = enc ? enc->name : "";
   regex_.emplace(pattern, where);
 
-  // Ranks: "base64 rank" per line.
-  StringMap<int32_t> ids;
+  // Ranks: "base64 rank" per line, read whole before anything is allocated by rank (Note
+  // [tokenizer file limits]).
+  std::vector<std::pair<std::string, int32_t>> entries;
+  int64_t size = 0;
   size_t line_no = 0;
   for (size_t pos = 0; pos < ranks.size();) {
     size_t end = ranks.find('\n', pos);
@@ -158,13 +165,30 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
       for (const char c : line.substr(sp + 1)) rank = (c >= '0' && c <= '9' && rank < (1 << 30)) ? rank * 10 + (c - '0') : -1;
     }
     FORGE_CHECK(rank >= 0, where, ": line ", line_no, " is not \"<base64 token> <rank>\"");
-    if (static_cast<size_t>(rank) >= bytes_.size()) bytes_.resize(static_cast<size_t>(rank) + 1);
-    FORGE_CHECK(bytes_[static_cast<size_t>(rank)].empty(), where, ": rank ", rank, " is given twice (line ", line_no, ")");
-    const auto [it, fresh] = ids.emplace(*tok, static_cast<int32_t>(rank));
-    FORGE_CHECK(fresh, where, ": line ", line_no, " repeats the token of rank ", it->second);
-    bytes_[static_cast<size_t>(rank)] = *tok;
+    FORGE_CHECK(rank < kMaxVocabSize, where, ": line ", line_no, " gives rank ", rank, "; forge reads ranks below ",
+                kMaxVocabSize, " (Note [tokenizer file limits])");
+    // A token's every split is looked up below: a bound on its length bounds that work.
+    FORGE_CHECK(static_cast<int64_t>(tok->size()) <= kMaxTokenBytes, where, ": line ", line_no, " holds a token of ",
+                tok->size(), " bytes; forge reads tokens of up to ", kMaxTokenBytes, " bytes (Note [tokenizer file limits])");
+    size = std::max(size, rank + 1);
+    entries.emplace_back(std::move(*tok), static_cast<int32_t>(rank));
   }
-  FORGE_CHECK(!ids.empty(), where, ": no ranks in the file");
+  FORGE_CHECK(!entries.empty(), where, ": no ranks in the file");
+  // (The special ids of a known encoding are forge's own table; a sidecar's are the file's.)
+  int64_t special_max = 0;
+  if (specials_from_file)
+    for (const auto& s : specials) special_max = std::max<int64_t>(special_max, int64_t{s.id} + 1);
+  check_vocabulary_size(std::max(size, special_max),
+                        static_cast<int64_t>(entries.size() + (specials_from_file ? specials.size() : 0)), where);
+  bytes_.resize(static_cast<size_t>(size));
+  StringMap<int32_t> ids;
+  for (auto& [tok, rank] : entries) {
+    FORGE_CHECK(bytes_[static_cast<size_t>(rank)].empty(), where, ": rank ", rank, " is given twice");
+    const auto [it, fresh] = ids.emplace(tok, rank);
+    FORGE_CHECK(fresh, where, ": rank ", rank, " repeats the token of rank ", it->second);
+    bytes_[static_cast<size_t>(rank)] = std::move(tok);
+  }
+  entries.clear();
   std::vector<std::string> keys = bytes_;
   // Merges: every split of a token into two tokens (bpe_model.h).
   std::vector<BpeMerge> merges;

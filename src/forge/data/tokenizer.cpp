@@ -122,4 +122,12 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& path) {
   return tokenizer_from_bytes(std::move(bytes), fs::path(path).filename().string(), path, sidecar);
 }
 
+void check_vocabulary_size(int64_t size, int64_t listed, const std::string& where) {
+  FORGE_CHECK(size <= kMaxVocabSize, where, ": its largest id is ", size - 1, "; forge reads vocabularies of up to ",
+              kMaxVocabSize, " ids (Note [tokenizer file limits])");
+  FORGE_CHECK(size <= 2 * listed + kVocabSlack, where, ": its largest id is ", size - 1, " but it lists only ", listed,
+              " tokens; ids so sparse are refused (Note [tokenizer file limits]: at most twice the tokens plus ",
+              kVocabSlack, ")");
+}
+
 }  // namespace forge::data

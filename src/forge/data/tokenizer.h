@@ -27,6 +27,19 @@
 
 namespace forge::data {
 
+// Note [tokenizer file limits]: tokenizer files are untrusted input (issue 43). Every id they
+// give is an integer in [0, kMaxVocabSize), and the vocabulary's size (its largest id + 1) is at
+// most twice the number of tokens the file lists plus kVocabSlack, so that a few bytes cannot ask
+// for gigabytes; no token is longer than kMaxTokenBytes (the longest of GPT-2, LLaMA-3 and Qwen
+// are under 300 bytes). Each violation is an error naming the file, the field and the value.
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+inline constexpr int64_t kVocabSlack = 4096;
+inline constexpr int64_t kMaxTokenBytes = 4096;
+
+// Checks a vocabulary of `size` ids (largest id + 1) holding `listed` tokens against Note
+// [tokenizer file limits]; throws naming `where`.
+void check_vocabulary_size(int64_t size, int64_t listed, const std::string& where);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

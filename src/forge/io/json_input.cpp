@@ -47,6 +47,23 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   return parse_json(read_file(path), what.empty() ? "'" + path + "'" : what);
 }
 
+int64_t json_integer(const nlohmann::json& v, int64_t lo, int64_t hi, const std::string& what) {
+  bool ok = false;
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    ok = u <= static_cast<uint64_t>(INT64_MAX);
+    x = ok ? static_cast<int64_t>(u) : 0;
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+    ok = true;
+  }
+  if (ok && x >= lo && x <= hi) return x;
+  std::string shown = v.dump();
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  FORGE_THROW(what, " must be an integer in [", lo, ", ", hi, "], got ", shown);
+}
+
 void throw_json_error(const std::string& what, const std::exception& e) {
   FORGE_THROW(what, ": a field is missing or has the wrong type (", e.what(), ")");
 }

@@ -28,6 +28,10 @@ nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::stri
 // Reads and parses a whole file (read_file, then parse_json; `what` defaults to the path).
 nlohmann::json read_json_file(const std::string& path, const std::string& what = "");
 
+// The integer `v` when it is one in [lo, hi] (not a float, not 1e39, not a string); else a
+// forge::Error "<what> must be an integer in [lo, hi], got <v>" (v shortened).
+int64_t json_integer(const nlohmann::json& v, int64_t lo, int64_t hi, const std::string& what);
+
 // "<what>: a field has the wrong type or is missing (<e.what()>)": for a nlohmann exception thrown
 // while reading a parsed document.
 [[noreturn]] void throw_json_error(const std::string& what, const std::exception& e);
