@@ -62,6 +62,20 @@ TEST_F(UntrustedTokenizers, HuggingFaceIdsAreIntegersInRange) {
   EXPECT_EQ(load("good.json", R"({"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}})"), "<no error>");
 }
 
+// A Replace normalizer with an empty pattern looped forever (or grew to 4 GB).
+TEST_F(UntrustedTokenizers, AnEmptyReplacePatternIsRefused) {
+  auto with = [](const std::string& normalizer) {
+    return R"({"normalizer":)" + normalizer + R"(,"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]}})";
+  };
+  std::string e = load("empty.json", with(R"({"type":"Replace","pattern":{"String":""},"content":"x"})"));
+  EXPECT_HAS(e, "normalizer Replace has an empty pattern");
+  e = load("seq.json", with(R"({"type":"Sequence","normalizers":[{"type":"Replace","pattern":{"String":""},"content":"y"}]})"));
+  EXPECT_HAS(e, "normalizer Replace has an empty pattern");
+  e = load("long.json", with(R"({"type":"Replace","pattern":{"String":"a"},"content":")" + std::string(1000, 'z') + R"("})"));
+  EXPECT_HAS(e, "normalizer Replace of 1 bytes by 1000 bytes");
+  EXPECT_EQ(load("fine.json", with(R"({"type":"Replace","pattern":{"String":" "},"content":"a"})")), "<no error>");
+}
+
 // tiktoken: a 22-byte file of rank 1e8 asked for 7 GB; a special id of 1e8 the same; one line of
 // 270 KB took 14 s (every split of the token looked up).
 TEST_F(UntrustedTokenizers, TiktokenRanksAndTokensAreBounded) {

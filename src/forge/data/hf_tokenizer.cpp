@@ -45,6 +45,7 @@ std::string utf8(char32_t c) {
 }
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  FORGE_CHECK(!from.empty(), "replace_all: an empty pattern");  // (refused when the file is read)
   std::string out;
   out.reserve(s.size());
   size_t pos = 0;
@@ -94,10 +95,19 @@ void parse_normalizer(const json& n, std::vector<Normalizer>& out, const std::st
   if (type == "Sequence") {
     for (const auto& m : n.at("normalizers")) parse_normalizer(m, out, where);
   } else if (type == "Prepend") {
-    out.push_back({Normalizer::Kind::prepend, UnicodeForm::nfc, n.at("prepend").get<std::string>(), ""});
+    const std::string prepend = n.at("prepend").get<std::string>();
+    FORGE_CHECK(prepend.size() <= 256, where, ": normalizer Prepend of ", prepend.size(),
+                " bytes; forge reads up to 256 (real files prepend one character)");
+    out.push_back({Normalizer::Kind::prepend, UnicodeForm::nfc, prepend, ""});
   } else if (type == "Replace") {
-    out.push_back({Normalizer::Kind::replace, UnicodeForm::nfc, string_pattern(n.at("pattern"), where + ": Replace"),
-                   n.at("content").get<std::string>()});
+    // An empty pattern matches everywhere (replace_all would never advance); a long content makes
+    // every match grow the text: both refused (real files replace one character by another).
+    const std::string pattern = string_pattern(n.at("pattern"), where + ": Replace");
+    const std::string content = n.at("content").get<std::string>();
+    FORGE_CHECK(!pattern.empty(), where, ": normalizer Replace has an empty pattern (it would match everywhere)");
+    FORGE_CHECK(pattern.size() <= 256 && content.size() <= 256, where, ": normalizer Replace of ", pattern.size(),
+                " bytes by ", content.size(), " bytes; forge reads patterns and contents of up to 256 bytes");
+    out.push_back({Normalizer::Kind::replace, UnicodeForm::nfc, pattern, content});
   } else {
     FORGE_THROW(where, ": normalizer \"", type,
                 "\" is not supported (forge reads NFC, NFD, NFKC, NFKD, Prepend, Replace with a string pattern, and "
