@@ -8,8 +8,21 @@ namespace forge {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  bool overflow = false;
+  for (int64_t s : shape) overflow |= __builtin_mul_overflow(n, s, &n);
+  // Note [checked sizes]: a shape from a file or a config (n_embd = 2^62) must not wrap.
+  if (overflow) throw Error("shape " + shape_str(shape) + " has more elements than an int64 holds");
   return n;
+}
+
+size_t checked_nbytes(const Shape& shape, size_t element_size) {
+  const int64_t n = shape_numel(shape);
+  size_t bytes = 0;
+  if (n < 0 || __builtin_mul_overflow(static_cast<size_t>(n), element_size, &bytes) ||
+      bytes > static_cast<size_t>(INT64_MAX))
+    throw Error("shape " + shape_str(shape) + " of " + std::to_string(element_size) +
+                "-byte elements needs more bytes than an int64 holds");
+  return bytes;
 }
 
 Strides contiguous_strides(const Shape& shape) {

@@ -30,8 +30,22 @@ namespace {
 
 // ---- what every transformer family reads ---------------------------------------------------------
 
+// Note [checked sizes] (core/shape.h): a shape key from a TOML file, a Hugging Face config.json or
+// a checkpoint's state.json is bounded before anything is sized from it; the bounds are far above
+// any model forge can train (a 10T-parameter model has width 32768).
+constexpr int64_t kMaxWidth = int64_t{1} << 20, kMaxLayers = 65536, kMaxHeads = 65536,
+                  kMaxVocab = int64_t{1} << 24, kMaxContext = int64_t{1} << 24;
+void check_at_most(const char* key, int64_t v, int64_t max) {
+  FORGE_CHECK(v <= max, "model.", key, " = ", v, " is above forge's limit of ", max,
+              " (Note [checked sizes]: no model forge can train is that large; a value from a file is checked too)");
+}
+
 // vocab_size may be 0 here (the tokenizer's size, resolved later); the modules require it > 0.
 void check_transformer_keys(const ModelConfig& m) {
+  check_at_most("vocab_size", m.vocab_size, kMaxVocab);
+  check_at_most("block_size", m.block_size, kMaxContext);
+  check_at_most("n_layer", m.n_layer, kMaxLayers);
+  check_at_most("n_head", m.n_head, kMaxHeads);
   FORGE_CHECK(m.vocab_size >= 0, "model.vocab_size must be >= 0, got ", m.vocab_size,
               "; set it to the vocabulary size, or 0 for the tokenizer's");
   FORGE_CHECK(m.block_size > 0, "model.block_size must be > 0, got ", m.block_size,
@@ -47,6 +61,7 @@ bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
 void validate_gpt(const ModelConfig& m) {
   check_transformer_keys(m);
   FORGE_CHECK(m.n_embd > 0, "model.n_embd must be > 0, got ", m.n_embd, "; set the width, e.g. 768");
+  check_at_most("n_embd", m.n_embd, kMaxWidth);
   FORGE_CHECK(m.n_embd % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.n_embd = ", m.n_embd,
               "; choose n_embd a multiple of n_head (each head gets n_embd / n_head channels)");
   FORGE_CHECK(m.dropout >= 0 && m.dropout < 1, "model.dropout must be in [0, 1), got ", m.dropout,
@@ -90,6 +105,9 @@ std::shared_ptr<CausalLM> build_gpt(const ModelConfig& m, uint64_t seed, const L
 void validate_llama(const ModelConfig& m) {
   check_transformer_keys(m);
   FORGE_CHECK(m.dim > 0, "model.dim must be > 0, got ", m.dim, "; set the width, e.g. 4096");
+  check_at_most("dim", m.dim, kMaxWidth);
+  check_at_most("n_kv_head", m.n_kv_head, kMaxHeads);
+  check_at_most("ffn_hidden", m.ffn_hidden, 8 * kMaxWidth);
   FORGE_CHECK(m.dim % m.n_head == 0, "model.n_head = ", m.n_head, " does not divide model.dim = ", m.dim,
               "; choose dim a multiple of n_head");
   FORGE_CHECK((m.dim / m.n_head) % 2 == 0, "model.dim / model.n_head = ", m.dim / m.n_head,

@@ -35,7 +35,7 @@ void copy_kernel(Tensor& dst, const Tensor& src, [[maybe_unused]] bool non_block
 // A contiguous CPU tensor in pinned host memory.
 Tensor empty_pinned(const Shape& shape, DType dtype) {
 #ifdef FORGE_WITH_CUDA
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  const size_t nbytes = checked_nbytes(shape, element_size(dtype));
   auto storage = std::make_shared<Storage>(nbytes, cuda::pinned_allocator());
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 #else

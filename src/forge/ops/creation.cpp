@@ -80,8 +80,7 @@ void cuda_synchronize([[maybe_unused]] int device) { FORGE_ON_CUDA("cuda_synchro
 
 Tensor empty(const Shape& shape, const TensorOptions& opt) {
   for (int64_t s : shape) FORGE_CHECK(s >= 0, "empty: negative dimension in shape ", shape);
-  const int64_t n = shape_numel(shape);
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(opt.dtype), allocator_for(opt.device));
+  auto storage = std::make_shared<Storage>(checked_nbytes(shape, element_size(opt.dtype)), allocator_for(opt.device));
   Tensor t = Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, opt.dtype);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;

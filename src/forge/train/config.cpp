@@ -523,6 +523,15 @@ RunConfig config_from_json(const json& j, const std::string& origin) {
       set_from_json(cfg, *f, value, origin);
     }
   }
+  // A checkpoint's config is untrusted input too (Note [checked sizes]): its model's shape rules and
+  // bounds before anything is built from it.
+  if (cfg.is_language_model()) {
+    try {
+      nn::validate_model(cfg.model);
+    } catch (const Error& e) {
+      FORGE_THROW(origin, ": ", e.what());
+    }
+  }
   return cfg;
 }
 

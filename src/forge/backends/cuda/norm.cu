@@ -471,7 +471,7 @@ struct Rows {
 
 // A contiguous scratch tensor on `device`, through the device allocator.
 Tensor scratch(int device, const Shape& shape, DType dtype) {
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * element_size(dtype),
+  auto storage = std::make_shared<Storage>(checked_nbytes(shape, element_size(dtype)),
                                            allocator(device));
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }

@@ -264,7 +264,7 @@ struct RowGroups {
 // below ops/, so no forge::empty here). Freed when the last handle goes, stream-ordered.
 inline Tensor device_buffer(int device, const Shape& shape, DType dtype) {
   auto storage =
-      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * element_size(dtype), allocator(device));
+      std::make_shared<Storage>(checked_nbytes(shape, element_size(dtype)), allocator(device));
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 

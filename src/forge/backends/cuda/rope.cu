@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kBlockSize)
 }
 
 Tensor scratch(int device, const Shape& shape, DType dtype) {
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * element_size(dtype),
+  auto storage = std::make_shared<Storage>(checked_nbytes(shape, element_size(dtype)),
                                            allocator(device));
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }

@@ -109,7 +109,7 @@ unsigned grid_for(int device, int64_t work) {
 // A new contiguous tensor on `device` (backends sit below ops/, so no forge::empty here).
 Tensor empty_on(Device device, const Shape& shape, DType dtype) {
   Allocator* a = device.is_cpu() ? cpu_allocator() : allocator(device.index);
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * element_size(dtype), a);
+  auto storage = std::make_shared<Storage>(checked_nbytes(shape, element_size(dtype)), a);
   return Tensor::make(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
