@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <new>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -261,6 +263,17 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const forge::Error& e) {
     std::cerr << "forge: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // A request the host could not serve (a file asking for an absurd size is refused before any
+    // allocation: Note [checked sizes]; this is memory really running out).
+    std::cerr << "forge: error: out of host memory (an allocation failed); a smaller batch, model or input "
+                 "would fit, or FORGE_CPU_MEMORY_LIMIT shows what needed it (docs/environment.md)\n";
+    return 1;
+  } catch (const nlohmann::json::exception& e) {
+    // Every file forge reads names itself in its errors; a JSON error that gets this far lacks the
+    // name of its file: said as such rather than as an internal error.
+    std::cerr << "forge: error: a JSON document has a missing field or one of the wrong type (" << e.what() << ")\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "forge: internal error: " << e.what() << "\n";

@@ -80,9 +80,26 @@ TEST(Documents, BadLinesNameTheFileTheLineAndTheFix) {
   write_bytes(dir.file("num.jsonl"), "{\"text\": 5}\n");
   m = error_of(dir.file("num.jsonl"));
   EXPECT_NE(m.find("\"text\" is a number, not a string"), std::string::npos) << m;
+  // Issue 43: gzip by its magic. Plain bytes named .gz used to be read as text (zlib passes them
+  // through); gzip bytes under another name, as text of compressed garbage.
   write_bytes(dir.file("notgz.jsonl.gz"), "{\"text\": \"plain, not gzip\"}\n");
-  // (zlib reads a file without a gzip header as it is: the plain line is still one document.)
-  EXPECT_EQ(documents(dir.file("notgz.jsonl.gz")), (std::vector<std::string>{"plain, not gzip"}));
+  m = error_of(dir.file("notgz.jsonl.gz"));
+  EXPECT_NE(m.find("notgz.jsonl.gz' is named .gz but is not gzip-compressed"), std::string::npos) << m;
+  write_bytes(dir.file("hidden.jsonl"), std::string("\x1f\x8b\x08\x00rest", 8));
+  m = error_of(dir.file("hidden.jsonl"));
+  EXPECT_NE(m.find("hidden.jsonl' is gzip-compressed (it starts with 1f 8b) but not named .gz"), std::string::npos) << m;
+  // A NUL in a line is an error naming the line (it used to end the line there and merge the next).
+  write_bytes(dir.file("nul.jsonl"), std::string("{\"text\": \"a\"}\n{\"text\": \"b\0c\"}\n{\"text\": \"d\"}\n", 46));
+  m = error_of(dir.file("nul.jsonl"));
+  EXPECT_NE(m.find("nul.jsonl' line 2 is not JSON"), std::string::npos) << m;
+  EXPECT_NE(m.find("a NUL byte"), std::string::npos) << m;
+  write_gz(dir.file("nul.jsonl.gz"), std::string("{\"text\": \"a\"}\n{\"text\": \"b\0c\"}\n{\"text\": \"d\"}\n", 46));
+  m = error_of(dir.file("nul.jsonl.gz"));
+  EXPECT_NE(m.find("nul.jsonl.gz' line 2 is not JSON"), std::string::npos) << m;
+  // A line over 64 MiB is refused before it is parsed (a 1 GB one needed 8-20 times its size).
+  write_bytes(dir.file("long.jsonl"), "{\"text\": \"ok\"}\n{\"text\": \"" + std::string(kMaxJsonlLineBytes, 'x') + "\"}\n");
+  m = error_of(dir.file("long.jsonl"));
+  EXPECT_NE(m.find("long.jsonl' line 2 is longer than 64 MiB"), std::string::npos) << m;
   m = error_of(dir.file("missing.jsonl"));
   EXPECT_NE(m.find("cannot open"), std::string::npos) << m;
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
@@ -44,6 +45,20 @@ bool is_jsonl(const std::string& path) { return ends_with(path, ".jsonl") || end
 
 int64_t for_each_document(const std::string& path, const std::string& text_key,
                           const std::function<void(std::string_view)>& fn) {
+  // gzip by its magic, not by luck: gzopen reads a plain file as it is.
+  const bool gz_name = ends_with(path, ".gz");
+  {
+    std::ifstream in(path, std::ios::binary);
+    FORGE_CHECK(in, "data: cannot open '", path, "': ", std::strerror(errno));
+    unsigned char m[2] = {0, 0};
+    in.read(reinterpret_cast<char*>(m), 2);
+    const bool gz_magic = in.gcount() == 2 && m[0] == 0x1f && m[1] == 0x8b;
+    FORGE_CHECK(gz_magic == gz_name, "data: '", path, "' ",
+                gz_name ? "is named .gz but is not gzip-compressed (it does not start with 1f 8b); rename it, or "
+                          "compress it with gzip"
+                        : "is gzip-compressed (it starts with 1f 8b) but not named .gz; name it *.jsonl.gz, or "
+                          "decompress it");
+  }
   if (!is_jsonl(path)) {
     const std::string text = io::read_file(path);
     fn(text);
@@ -56,32 +71,43 @@ int64_t for_each_document(const std::string& path, const std::string& text_key,
     fn(document_of(line, path, line_no, text_key));
     ++docs;
   };
-  if (ends_with(path, ".gz")) {
+  // Bytes into lines (a NUL is data here; parse_json refuses it), each at most kMaxJsonlLineBytes.
+  std::string line;
+  auto feed = [&](const char* p, size_t n) {
+    while (n > 0) {
+      const void* nl = std::memchr(p, '\n', n);
+      const size_t k = nl ? static_cast<size_t>(static_cast<const char*>(nl) - p) : n;
+      FORGE_CHECK(line.size() + k <= kMaxJsonlLineBytes, "data: '", path, "' line ", line_no + 1, " is longer than ",
+                  kMaxJsonlLineBytes >> 20, " MiB; forge reads JSON Lines documents of up to that size (split the "
+                  "document, or give it as a plain text file)");
+      line.append(p, k);
+      if (!nl) return;
+      take(line);
+      line.clear();
+      p += k + 1;
+      n -= k + 1;
+    }
+  };
+  std::vector<char> buf(size_t{1} << 20);
+  if (gz_name) {
     gzFile f = gzopen(path.c_str(), "rb");
     FORGE_CHECK(f != nullptr, "data: cannot open '", path, "': ", std::strerror(errno));
     std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(f, gzclose);
-    std::string line;
-    char buf[1 << 16];
-    while (gzgets(f, buf, sizeof buf) != nullptr) {
-      const size_t n = std::strlen(buf);
-      line.append(buf, n);
-      if (n > 0 && buf[n - 1] == '\n') {
-        line.pop_back();
-        take(line);
-        line.clear();
-      }
-    }
+    int n;
+    while ((n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()))) > 0) feed(buf.data(), static_cast<size_t>(n));
     int err = Z_OK;
     const char* msg = gzerror(f, &err);
-    FORGE_CHECK(err == Z_OK || err == Z_STREAM_END, "data: '", path, "' is not a readable gzip file: ", msg);
-    if (!line.empty()) take(line);
-    return docs;
+    FORGE_CHECK(n == 0 && (err == Z_OK || err == Z_STREAM_END), "data: '", path, "' is not a readable gzip file: ", msg);
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    FORGE_CHECK(in, "data: cannot open '", path, "': ", std::strerror(errno));
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (in.gcount() > 0) feed(buf.data(), static_cast<size_t>(in.gcount()));
+    }
+    FORGE_CHECK(in.eof(), "data: error reading '", path, "' after line ", line_no);
   }
-  std::ifstream in(path);
-  FORGE_CHECK(in, "data: cannot open '", path, "': ", std::strerror(errno));
-  std::string line;
-  while (std::getline(in, line)) take(line);
-  FORGE_CHECK(in.eof(), "data: error reading '", path, "' after line ", line_no);
+  if (!line.empty()) take(line);
   return docs;
 }
 

@@ -6,9 +6,14 @@
 //     lines are skipped. A line that is not a JSON object, or lacks the key, or whose value is
 //     not a string, is an error naming the file, the line and the fix.
 // The lines are streamed (one line in memory at a time; a .gz file is decompressed as it is
-// read), so a corpus file larger than memory can be read. Training a tokenizer and encoding
+// read), so a corpus file larger than memory can be read. Untrusted input (issue 43): a line
+// longer than kMaxJsonlLineBytes (64 MiB: a whole book is a few) is refused, naming the file and
+// the line, rather than parsed into many times its size; a NUL byte in a line is an error (Note
+// [untrusted JSON]); a file named *.gz must start with gzip's magic (1f 8b), and a gzip file must
+// be named *.gz, so neither is read as the other. Training a tokenizer and encoding
 // shards read every file through for_each_document, and an end-of-text token
 // (data.eos_token) follows each document in the shards.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -18,6 +23,8 @@ namespace forge::data {
 
 // True for *.jsonl and *.jsonl.gz.
 bool is_jsonl(const std::string& path);
+
+inline constexpr size_t kMaxJsonlLineBytes = size_t{64} << 20;
 
 // Calls `fn` with each document of `path` in order (see above); returns how many.
 int64_t for_each_document(const std::string& path, const std::string& text_key,
