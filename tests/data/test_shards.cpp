@@ -189,18 +189,23 @@ TEST(TokenShardFormats, LlmcAndMegatronReadAsForgeShardsDo) {
   };
   write_bytes(dir.file("gpt2.bin"), llmc(20240520, 1, small, 2));
   write_bytes(dir.file("llama3.bin"), llmc(20240801, 7, large, 4));
-  // Megatron: X.bin (the tokens, no header) beside X.idx (magic, version, dtype code, ...).
-  auto idx = [&](unsigned char code) {
+  // Megatron: X.bin (the tokens, no header) beside X.idx (magic, version, dtype code, sequence and
+  // document counts, then each sequence's length and byte offset, and the document indices): one
+  // sequence of `n` tokens, one document.
+  auto idx = [&](unsigned char code, uint32_t n) {
     std::string h("MMIDIDX\0\0", 9);
     h += le32(1) + le32(0);  // version 1 (u64)
     h.push_back(static_cast<char>(code));
-    h += le32(1) + le32(0) + le32(1) + le32(0);  // sequence and document counts (not read)
+    h += le32(1) + le32(0) + le32(2) + le32(0);  // 1 sequence, 2 document indices (u64 each)
+    h += le32(n);                               // lengths (int32)
+    h += le32(0) + le32(0);                     // offsets (int64)
+    h += le32(0) + le32(0) + le32(1) + le32(0);  // document indices (int64): 0, 1
     return h;
   };
   write_bytes(dir.file("mega16.bin"), tokens_le(small, 2));
-  write_bytes(dir.file("mega16.idx"), idx(8));
+  write_bytes(dir.file("mega16.idx"), idx(8, static_cast<uint32_t>(small.size())));
   write_bytes(dir.file("mega32.bin"), tokens_le(large, 4));
-  write_bytes(dir.file("mega32.idx"), idx(4));
+  write_bytes(dir.file("mega32.idx"), idx(4, static_cast<uint32_t>(large.size())));
   write_shard(dir.file("forge.bin"), small, 50257);
   struct Case {
     const char* file;
@@ -233,11 +238,29 @@ TEST(TokenShardFormats, LlmcAndMegatronReadAsForgeShardsDo) {
   write_bytes(dir.file("v9.bin"), llmc(20240520, 9, small, 2));
   EXPECT_NE(error_for("v9.bin").find("version 9"), std::string::npos);
   write_bytes(dir.file("odd.bin"), tokens_le(small, 2) + "x");
-  write_bytes(dir.file("odd.idx"), idx(8));
+  write_bytes(dir.file("odd.idx"), idx(8, static_cast<uint32_t>(small.size())));
   EXPECT_NE(error_for("odd.bin").find("not a whole number of tokens"), std::string::npos);
   write_bytes(dir.file("f64.bin"), tokens_le(small, 2));
-  write_bytes(dir.file("f64.idx"), idx(6));
+  write_bytes(dir.file("f64.idx"), idx(6, static_cast<uint32_t>(small.size())));
   EXPECT_NE(error_for("f64.bin").find("dtype code 6"), std::string::npos);
+  // Issue 43: the index is checked against the .bin: truncated, covering more or fewer tokens than
+  // the .bin holds, sequences out of place, counts larger than the file.
+  const std::string good = idx(8, static_cast<uint32_t>(small.size()));
+  write_bytes(dir.file("m.bin"), tokens_le(small, 2));
+  write_bytes(dir.file("m.idx"), good.substr(0, good.size() - 8));
+  EXPECT_NE(error_for("m.bin").find("a truncated or foreign index"), std::string::npos) << error_for("m.bin");
+  write_bytes(dir.file("m.idx"), idx(8, static_cast<uint32_t>(small.size()) + 1));
+  EXPECT_NE(error_for("m.bin").find("ends at byte"), std::string::npos) << error_for("m.bin");
+  write_bytes(dir.file("m.idx"), idx(8, static_cast<uint32_t>(small.size()) - 1));
+  EXPECT_NE(error_for("m.bin").find("its sequences cover"), std::string::npos) << error_for("m.bin");
+  std::string moved = good;
+  moved[38] = 2;  // sequence 0 claims to start at byte 2
+  write_bytes(dir.file("m.idx"), moved);
+  EXPECT_NE(error_for("m.bin").find("sequence 0 starts at byte 2 of the .bin, expected 0"), std::string::npos);
+  std::string huge = good;
+  huge[18 + 7] = 0x10;  // 2^60 sequences in a 62-byte file
+  write_bytes(dir.file("m.idx"), huge);
+  EXPECT_NE(error_for("m.bin").find("more than its 62 bytes can hold"), std::string::npos) << error_for("m.bin");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // turn (each followed by the end-of-text token when asked), whatever the batch, the number of
 // threads and the shard size: shards cut at tokens_per_shard concatenate to the one-shard ids.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,6 +11,7 @@
 #include "forge/data/bpe.h"
 #include "forge/data/shards.h"
 #include "forge/train/run_data.h"
+#include "testing/tensor_testing.h"
 #include "train_testing.h"
 
 namespace forge::train {
@@ -65,6 +67,34 @@ TEST(StreamingEncoder, ShardsHoldEveryDocumentInOrderWhateverTheirSize) {
   // Without the end-of-text token: the documents' ids only.
   const auto plain = encode_files_to_shards(tok, {files[1]}, (scratch.path() / "plain").string());
   EXPECT_EQ(data::TokenShard(plain[0]).to_vector(), tok.encode_ordinary(tail));
+}
+
+// Issue 43: formats by content, never by luck. A forge or llm.c shard with one flipped magic byte,
+// or a Megatron .bin whose .idx is missing or truncated, used to be taken for text (a BPE trained
+// on the binary, exit 0): a file named as a shard that is none is an error naming the magic.
+TEST(PreEncodedShards, AFileNamedAsAShardThatIsNoneIsAnError) {
+  using forge::testing::error_of;
+  const fs::path d = fs::temp_directory_path() / ("forge_pre_bad_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8};
+  data::write_shard((d / "good.bin").string(), toks, 300);
+  std::string bytes = train_testing::read_text(d / "good.bin");
+  bytes[2] ^= 0x01;  // "FRGTOK" -> "FRFTOK"
+  train_testing::write_text(d / "flipped.bin", bytes);
+  std::string e = error_of([&] { pre_encoded_shards({(d / "flipped.bin").string()}); });
+  EXPECT_NE(e.find("flipped.bin' is named as a token shard (.bin) but is none forge reads"), std::string::npos) << e;
+  EXPECT_NE(e.find("FRGTOK"), std::string::npos) << e;
+  // A Megatron .bin without its index, and with a truncated one.
+  train_testing::write_text(d / "mega.bin", std::string(16, '\x01'));
+  e = error_of([&] { pre_encoded_shards({(d / "mega.bin").string()}); });
+  EXPECT_NE(e.find("mega.bin' is named as a token shard (.bin)"), std::string::npos) << e;
+  EXPECT_NE(e.find("MMIDIDX"), std::string::npos) << e;
+  train_testing::write_text(d / "mega.idx", std::string("MMIDIDX\0", 8));
+  e = error_of([&] { pre_encoded_shards({(d / "mega.bin").string(), (d / "mega.idx").string()}); });
+  EXPECT_NE(e.find("mega.bin' is named as a token shard (.bin)"), std::string::npos) << e;
+  // The good shard still is one.
+  EXPECT_EQ(pre_encoded_shards({(d / "good.bin").string()}).size(), 1u);
+  fs::remove_all(d);
 }
 
 }  // namespace

@@ -309,7 +309,9 @@ TEST_F(TrainerTest, PreEncodedShardsTrainAsTheyAre) {
   train_testing::write_text(d / "llmc.bin", llmc + payload);
   train_testing::write_text(d / "megatron" / "corpus.bin", payload);
   train_testing::write_text(d / "megatron" / "corpus.idx", std::string("MMIDIDX\0\0", 9) + le_bytes(1, 8) +
-                                                               std::string(1, '\x08') + le_bytes(1, 8) + le_bytes(1, 8));
+                                                               std::string(1, '\x08') + le_bytes(1, 8) + le_bytes(2, 8) +
+                                                               le_bytes(toks.size(), 4) + le_bytes(0, 8) +
+                                                               le_bytes(0, 8) + le_bytes(1, 8));
   std::vector<std::vector<double>> losses;
   for (const auto& [files, format] : {std::pair<std::string, std::string>{(d / "forge.bin").string(), "forge"},
                                       {(d / "llmc.bin").string(), "llm.c"},

@@ -124,6 +124,52 @@ int megatron_token_bytes(const std::string& path) {
   }
 }
 
+// Issue 43: the index beside a Megatron .bin is untrusted too. Megatron-LM's layout: the 9-byte
+// magic, version u64, dtype u8, sequence count u64, document count u64, then int32 lengths and
+// int64 byte offsets of every sequence and int64 document indices (and, in multimodal indices, a
+// byte per sequence). Its size must be exactly that, its sequences must tile the .bin from byte 0
+// (offset i = the bytes of sequences before i) and cover it exactly, and its document indices must
+// rise within [0, sequences]: a missing, truncated or foreign index is an error, never a guess.
+void check_megatron_index(const std::string& bin, uint64_t bin_bytes, uint32_t dtype) {
+  const std::string idx = bin.substr(0, bin.size() - 4) + ".idx";
+  std::ifstream in(idx, std::ios::binary | std::ios::ate);
+  FORGE_CHECK(in, "TokenShard: cannot read '", idx, "'");
+  const auto idx_bytes = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  constexpr uint64_t kHeader = 9 + 8 + 1 + 8 + 8;
+  FORGE_CHECK(idx_bytes >= kHeader, "TokenShard: '", idx, "' is truncated: ", idx_bytes,
+              " bytes, shorter than a Megatron index's ", kHeader, "-byte header");
+  unsigned char h[kHeader];
+  in.read(reinterpret_cast<char*>(h), kHeader);
+  const uint64_t n = get_u64(h + 18), docs = get_u64(h + 26);
+  const std::string where = "TokenShard: '" + idx + "' (the index of '" + bin + "')";
+  // Sizes first, each product checked: counts from the file must fit the file.
+  FORGE_CHECK(n <= idx_bytes / 12 && docs <= idx_bytes / 8, where, ": it claims ", n, " sequences and ", docs,
+              " documents, more than its ", idx_bytes, " bytes can hold");
+  const uint64_t expected = kHeader + 12 * n + 8 * docs;
+  FORGE_CHECK(idx_bytes == expected || idx_bytes == expected + n, where, ": ", idx_bytes, " bytes, but ", n,
+              " sequences and ", docs, " documents make ", expected, " (", expected + n,
+              " with sequence modes): a truncated or foreign index");
+  std::vector<int32_t> lengths(n);
+  std::vector<int64_t> offsets(n), doc_idx(docs);
+  in.read(reinterpret_cast<char*>(lengths.data()), static_cast<std::streamsize>(4 * n));
+  in.read(reinterpret_cast<char*>(offsets.data()), static_cast<std::streamsize>(8 * n));
+  in.read(reinterpret_cast<char*>(doc_idx.data()), static_cast<std::streamsize>(8 * docs));
+  FORGE_CHECK(in, where, ": cannot read its arrays");
+  uint64_t at = 0;  // bytes of the sequences so far
+  for (uint64_t i = 0; i < n; ++i) {
+    FORGE_CHECK(lengths[i] >= 0, where, ": sequence ", i, " has a negative length ", lengths[i]);
+    FORGE_CHECK(offsets[i] >= 0 && static_cast<uint64_t>(offsets[i]) == at, where, ": sequence ", i,
+                " starts at byte ", offsets[i], " of the .bin, expected ", at, " (the sequences are back to back)");
+    at += static_cast<uint64_t>(lengths[i]) * dtype;
+    FORGE_CHECK(at <= bin_bytes, where, ": sequence ", i, " ends at byte ", at, ", past the .bin's ", bin_bytes);
+  }
+  FORGE_CHECK(at == bin_bytes, where, ": its sequences cover ", at, " bytes of the .bin, which holds ", bin_bytes);
+  for (uint64_t d = 0; d < docs; ++d)
+    FORGE_CHECK(doc_idx[d] >= 0 && static_cast<uint64_t>(doc_idx[d]) <= n && (d == 0 || doc_idx[d] >= doc_idx[d - 1]),
+                where, ": document index ", d, " is ", doc_idx[d], ", not a rising sequence number in [0, ", n, "]");
+}
+
 }  // namespace
 
 std::string token_shard_format(const std::string& path) {
@@ -185,6 +231,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
       dtype = static_cast<uint32_t>(bytes);
       FORGE_CHECK(file_bytes % dtype == 0, "TokenShard: '", path, "' (Megatron, ", dtype, "-byte tokens) holds ",
                   file_bytes, " bytes, not a whole number of tokens");
+      check_megatron_index(path, file_bytes, dtype);
       header = 0, count = file_bytes / dtype, format_ = "megatron";
     } else {
       FORGE_THROW("TokenShard: '", path, "' is not a token shard forge reads: not forge's (magic \"FRGTOK\\0\\0\"), ",

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <memory>
@@ -190,14 +191,26 @@ std::vector<std::string> pre_encoded_shards(const std::vector<std::string>& file
   }
   std::vector<std::string> shards;
   std::string text;
+  auto ends_with = [](const std::string& s, const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+  };
   for (const auto& [f, format] : kinds) {
     if (!format.empty()) {
       shards.push_back(f);
       continue;
     }
-    const bool index = f.size() > 4 && f.compare(f.size() - 4, 4, ".idx") == 0 &&
-                       megatron_bins.count(f.substr(0, f.size() - 4) + ".bin");
-    if (!index && text.empty()) text = f;
+    const bool index = ends_with(f, ".idx") && megatron_bins.count(f.substr(0, f.size() - 4) + ".bin");
+    if (index) continue;
+    // Issue 43: formats by content. A file named as a shard whose header matches none (a flipped
+    // magic byte, a Megatron .bin whose index is missing or truncated) is an error, never text.
+    FORGE_CHECK(!ends_with(f, ".bin"), "data.files: '", f, "' is named as a token shard (.bin) but is none forge reads: ",
+                "its first bytes are neither forge's magic \"FRGTOK\\0\\0\" nor llm.c's 20240520 / 20240801, and no ",
+                "Megatron index ('", f.substr(0, f.size() - 4), ".idx', magic \"MMIDIDX\\0\\0\") is beside it; restore ",
+                "the shard or its index, or rename a text corpus");
+    FORGE_CHECK(!ends_with(f, ".idx"), "data.files: '", f, "' is named as a Megatron index (.idx) but its .bin ('",
+                f.substr(0, f.size() - 4), ".bin') is not among data.files or its magic is not \"MMIDIDX\\0\\0\"");
+    if (text.empty()) text = f;
   }
   if (shards.empty()) return {};
   FORGE_CHECK(text.empty(), "data.files mixes token shards ('", shards.front(), "', ",
