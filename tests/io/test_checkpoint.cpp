@@ -234,13 +234,20 @@ TEST(Checkpoint, CompatibilityErrorsNameTheTensorAndBothShapes) {
   EXPECT_HAS(e, "checkpoint from another model shape");
   EXPECT_HAS(e, "tensor 'h.0.attn.weight' is [768, 2304] in checkpoint 'runs/a/step_00000100' but [1024, 3072] in "
                 "the model");
-  EXPECT_HAS(e, "shape mismatches: 2");
+  EXPECT_HAS(e, "shape or dtype mismatches: 2");
 
   io::NamedShapes more{{"wte.weight", {50304, 768}}, {"h.1.attn.weight", {768, 2304}}};
   e = error_of([&] { io::check_compatible(more, loaded); });
   EXPECT_HAS(e, "tensor 'h.1.attn.weight' ([768, 2304] in the model) is missing from the checkpoint");
   EXPECT_HAS(e, "missing: 1");
   EXPECT_HAS(e, "unexpected: 2");
+
+  // Issue 43: weights stored as integers (they evaluated to a loss of NaN, exit 0, and exported as I32).
+  const io::NamedTensors ints{{"wte.weight", zeros({50304, 768})}, {"h.0.attn.weight", zeros({768, 2304}, {.dtype = DType::i32})},
+                              {"ln_f.weight", zeros({768})}};
+  e = error_of([&] { io::check_compatible(io::named_shapes(loaded), ints, "checkpoint 'c'"); });
+  EXPECT_HAS(e, "checkpoint with weights that are not floating point: tensor 'h.0.attn.weight' is stored as i32 in "
+                "checkpoint 'c'");
 
   io::NamedShapes fewer{{"wte.weight", {50304, 768}}, {"h.0.attn.weight", {768, 2304}}};
   e = error_of([&] { io::check_compatible(fewer, loaded); });

@@ -414,6 +414,7 @@ NamedShapes named_shapes(const NamedTensors& tensors) {
 void check_compatible(const NamedShapes& expected, const NamedTensors& loaded, const std::string& source) {
   size_t mismatched = 0, missing = 0;
   std::string first;
+  bool dtype_first = false;
   for (const auto& [name, shape] : expected) {
     const Tensor* t = loaded.find(name);
     if (t == nullptr) {
@@ -423,6 +424,14 @@ void check_compatible(const NamedShapes& expected, const NamedTensors& loaded, c
     } else if (t->shape() != shape) {
       if (first.empty())
         first = forge::detail::concat("tensor '", name, "' is ", t->shape(), " in ", source, " but ", shape, " in the model");
+      ++mismatched;
+    } else if (!is_floating(t->dtype())) {
+      // Issue 43: weights stored as integers would be converted to nonsense (a loss of NaN, exit 0).
+      if (first.empty()) {
+        first = forge::detail::concat("tensor '", name, "' is stored as ", dtype_name(t->dtype()), " in ", source,
+                                      "; a model's weights are floating point (f32, bf16, f16)");
+        dtype_first = true;
+      }
       ++mismatched;
     }
   }
@@ -436,7 +445,8 @@ void check_compatible(const NamedShapes& expected, const NamedTensors& loaded, c
     ++unexpected;
   }
   if (first.empty()) return;
-  FORGE_THROW("checkpoint from another model shape: ", first, " (shape mismatches: ", mismatched,
+  FORGE_THROW(dtype_first ? "checkpoint with weights that are not floating point: " : "checkpoint from another model shape: ",
+              first, " (shape or dtype mismatches: ", mismatched,
               ", missing: ", missing, ", unexpected: ", unexpected, "; the model has ", expected.size(), " tensors)");
 }
 

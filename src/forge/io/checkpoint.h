@@ -129,8 +129,9 @@ using NamedShapes = std::vector<std::pair<std::string, Shape>>;
 NamedShapes named_shapes(const NamedTensors& tensors);
 
 // Throws a forge::Error ("checkpoint from another model shape: ...") naming the first tensor
-// of `expected` that is missing from `loaded` or has another shape there (with both shapes),
-// or else the first tensor of `loaded` that `expected` lacks. `source` names the loaded side
+// of `expected` that is missing from `loaded`, has another shape there (with both shapes) or is
+// not floating point there (issue 43: integer weights), or else the first tensor of `loaded` that
+// `expected` lacks. `source` names the loaded side
 // in the message (e.g. the checkpoint's path).
 void check_compatible(const NamedShapes& expected, const NamedTensors& loaded,
                       const std::string& source = "the checkpoint");
