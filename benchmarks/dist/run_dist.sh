@@ -211,7 +211,7 @@ if [[ " $PHASES " == *" faults "* ]]; then
   echo "   exit $rc after $(( $(date +%s) - t0 )) s (124 would be the test's own timeout: a hang)" | tee -a "$RAW/fault_hang.log"
   grep -E "did not complete|exited with|stopping" "$RAW/fault_hang.log" | head -4
   echo "== torchrun --no-python --nproc-per-node 2 (TCP bootstrap of the NCCL id)"
-  timeout 180 torchrun --no-python --nproc-per-node 2 "$FORGE" train "${FT[@]}" --train.steps=20 --run.name=torchrun \
+  FORGE_RDZV_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n') timeout 180 torchrun --no-python --nproc-per-node 2 "$FORGE" train "${FT[@]}" --train.steps=20 --run.name=torchrun \
     > "$RAW/torchrun.log" 2>&1 && rc=0 || rc=$?
   echo "   exit $rc" | tee -a "$RAW/torchrun.log"
   grep -E "data parallel|done:" "$RAW/torchrun.log" | head -3

@@ -159,7 +159,8 @@ ProcessGroupPtr make_cuda_world([[maybe_unused]] const LaunchEnv& env, [[maybe_u
   } else if (env.launcher == Launcher::torchrun) {
     // torchrun without MPI: rank 0 serves its id on MASTER_ADDR:MASTER_PORT + 1 (rendezvous.h).
     id = rendezvous_exchange(env.master_addr, env.master_port + 1, env.rank, env.world_size,
-                             env.rank == 0 ? dist::new_nccl_id_hex() : std::string());
+                             env.rank == 0 ? dist::new_nccl_id_hex() : std::string(), rendezvous_token_from_env(),
+                             120.0, env.world_size > env.local_world_size);
     dist::check_nccl_id_hex(id, "the NCCL id from rank 0's rendezvous");
   } else {
     FORGE_THROW("init_world: a CUDA world of ", env.world_size, " ranks started by ", launcher_name(env.launcher),
