@@ -204,6 +204,12 @@ TEST(IdxReader, ErrorsNameTheFile) {
   expect_has(m, "truncated");
   m = err("huge", be32(0x803) + be32(1000000) + be32(1000) + be32(1000) + "abc", false, 3);
   expect_has(m, "truncated");
+  // Issue 43: sizes whose product wraps 64 bits (2^24 x 2^16 x 2^32 = 2^72) are refused before the
+  // product, not read as 0 bytes of data.
+  m = err("wraps", be32(0x803) + be32(1u << 24) + be32(1u << 16) + be32(0xFFFFFFFFu), false, 3);
+  expect_has(m, "implausible size");
+  m = err("wraps2", be32(0x804) + be32(1u << 20) + be32(1u << 20) + be32(1u << 24) + be32(1u << 24), false, 4);
+  expect_has(m, "implausible size");
   // A gzip stream cut in the middle.
   const std::string big = be32(0x801) + be32(100000) + std::string(100000, '\x05');
   write_gz(dir.file("full.gz"), big);

@@ -95,9 +95,10 @@ IdxArray read_idx(const std::string& path, int expected_dims) {
   for (int d = 0; d < ndims; ++d) {
     const uint32_t n = be32(hdr.data() + 4 * d);
     a.dims.push_back(n);
+    // Checked before the product, which could wrap (2^40 x 2^32): Note [checked sizes].
+    FORGE_CHECK(n == 0 || total <= (uint64_t{1} << 40) / n, "read_idx: '", path, "' declares an implausible size ",
+                shape_str(a.dims), " (more than 2^40 bytes)");
     total *= n;
-    FORGE_CHECK(total <= (uint64_t{1} << 40), "read_idx: '", path, "' declares an implausible size ",
-                shape_str(a.dims));
   }
   // Grow as data arrives, so a corrupt header cannot make us allocate more than the file holds.
   constexpr size_t kChunk = size_t{16} << 20;

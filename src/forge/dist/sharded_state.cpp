@@ -1,6 +1,8 @@
 #include "forge/dist/sharded_state.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
@@ -14,6 +16,17 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string range_key(const std::string& param, int64_t lo) { return param + "|" + std::to_string(lo); }
+
+// A count from a shard file's names or metadata (untrusted input, issue 43): decimal digits alone,
+// in [0, 2^62], else a forge::Error naming the file and the field (never std::stoll's exceptions).
+int64_t file_count(const std::string& text, const std::string& what, const std::string& where) {
+  int64_t v = -1;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  FORGE_CHECK(!text.empty() && ec == std::errc() && p == end && v >= 0 && v <= (int64_t{1} << 62), where, ": ", what,
+              " '", text.substr(0, 40), "' is not a count (decimal digits, at most 2^62)");
+  return v;
+}
 
 }  // namespace
 
@@ -44,6 +57,11 @@ void RangedState::add(const std::string& param, int64_t lo, int64_t hi, int64_t 
                       const Tensor& t) {
   auto& rs = ranges_[param];
   auto it = std::find_if(rs.begin(), rs.end(), [&](const Range& r) { return r.lo == lo; });
+  // Ranges of one parameter are disjoint or the same (one per saving rank's piece): an overlap
+  // could leave elements of get()'s result unwritten while the count of covered ones still adds up.
+  for (const Range& r : rs)
+    FORGE_CHECK(r.lo == lo || hi <= r.lo || r.hi <= lo, "optimizer state: the ranges [", r.lo, ", ", r.hi, ") and [",
+                lo, ", ", hi, ") of '", param, "' overlap; a shard file of the checkpoint is damaged or from another run");
   if (it == rs.end()) {
     rs.push_back({lo, hi, step, {}});
     it = rs.end() - 1;
@@ -55,16 +73,17 @@ void RangedState::add(const std::string& param, int64_t lo, int64_t hi, int64_t 
 
 void RangedState::add_shard_file(const fs::path& file) {
   const io::SafetensorsFile f = io::load_safetensors(file);
+  const std::string where = "optimizer shard '" + file.string() + "'";
   std::map<std::string, int64_t> steps;
   for (const auto& [k, v] : f.metadata)
-    if (k.rfind("step|", 0) == 0) steps[k.substr(5)] = std::stoll(v);
+    if (k.rfind("step|", 0) == 0) steps[k.substr(5)] = file_count(v, "the update count of " + k.substr(5), where);
   for (const auto& [key, t] : f.tensors) {
     const auto a = key.find('|');
     const auto b = key.rfind('|');
     FORGE_CHECK(a != std::string::npos && b != a, "optimizer shard '", file.string(), "': tensor name '", key,
                 "' is not <state>|<param>|<lo>");
     const std::string name = key.substr(0, a), param = key.substr(a + 1, b - a - 1);
-    const int64_t lo = std::stoll(key.substr(b + 1));
+    const int64_t lo = file_count(key.substr(b + 1), "the first element <lo> of tensor '" + key + "'", where);
     const auto st = steps.find(range_key(param, lo));
     add(param, lo, lo + t.numel(), st == steps.end() ? 0 : st->second, name, t);
   }
@@ -75,11 +94,16 @@ void RangedState::add_full_state(const io::NamedTensors& tensors, const std::map
   for (const auto& [key, t] : tensors) {
     FORGE_CHECK(key.rfind("state.", 0) == 0, "optimizer state: unexpected tensor '", key, "'");
     const auto dot = key.find('.', 6);
-    const auto k = static_cast<size_t>(std::stoll(key.substr(6, dot - 6)));
+    FORGE_CHECK(dot != std::string::npos, "optimizer state: tensor '", key, "' is not state.<slot>.<name>");
+    const auto k = static_cast<size_t>(file_count(key.substr(6, dot - 6), "the slot of tensor '" + key + "'",
+                                                  "optimizer state"));
     FORGE_CHECK(k < slot_names.size(), "optimizer state: slot ", k, " of '", key, "' is beyond the ",
                 slot_names.size(), " parameters of this model");
     const auto st = scalars.find("state." + std::to_string(k) + ".step");
-    add(slot_names[k], 0, t.numel(), st == scalars.end() ? 0 : static_cast<int64_t>(st->second), key.substr(dot + 1),
+    const double step = st == scalars.end() ? 0.0 : st->second;
+    FORGE_CHECK(step >= 0 && step <= 4.6e18 && step == std::floor(step), "optimizer state: the update count ", step,
+                " of slot ", k, " is not a count");  // (NaN fails the first test)
+    add(slot_names[k], 0, t.numel(), static_cast<int64_t>(step), key.substr(dot + 1),
         t.reshape({-1}));
   }
 }

@@ -89,7 +89,7 @@ DType cross_entropy_lse_dtype(DType logits) {
 CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                          Tensor& loss, Tensor& lse) {
   const RowsV nv = rows_of("cross_entropy", logits, targets);
-  const auto [N, V] = nv;
+  const int64_t N = nv.N, V = nv.V;  // not a structured binding: OpenMP regions capture these (clang)
   FORGE_CHECK(lse.is_contiguous() && lse.numel() == N && lse.dtype() == cross_entropy_lse_dtype(logits.dtype()),
               "cross_entropy: bad lse buffer");
   FORGE_CHECK(!loss.defined() ||
@@ -140,7 +140,7 @@ CrossEntropyTotals cross_entropy_forward(const Tensor& logits, const Tensor& tar
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& grad,
                             double scale, int64_t ignore_index, Tensor& dlogits, int64_t class_start) {
   const RowsV nv = rows_of("cross_entropy_backward", logits, targets);
-  const auto [N, V] = nv;
+  const int64_t N = nv.N, V = nv.V;  // not a structured binding: OpenMP regions capture these (clang)
   FORGE_CHECK(lse.is_contiguous() && lse.numel() == N && lse.dtype() == cross_entropy_lse_dtype(logits.dtype()),
               "cross_entropy_backward: bad lse buffer");
   FORGE_CHECK(grad.is_contiguous() && grad.dtype() == cross_entropy_lse_dtype(logits.dtype()) &&

@@ -104,7 +104,7 @@ void forward_rows(const Tensor& x, const Tensor& residual, Tensor* h, const Tens
                   double eps, Tensor& y, Tensor* mean, Tensor& rstd, Rows rc) {
   using M = acc_t<T>;  // elementwise math
   using S = acc_t<T>;  // stat dtype
-  const auto [R, C] = rc;
+  const int64_t R = rc.R, C = rc.C;  // not a structured binding: OpenMP regions capture these (clang)
   const T* px = x.data<T>();
   const T* pres = h ? residual.data<T>() : nullptr;
   T* ph = h ? h->data<T>() : nullptr;
@@ -154,7 +154,7 @@ void backward_rows(const Tensor& dy, const Tensor& x, const Tensor& weight, cons
                    NormGrads& grads, Rows rc) {
   using M = acc_t<T>;
   using S = acc_t<T>;
-  const auto [R, C] = rc;
+  const int64_t R = rc.R, C = rc.C;  // not a structured binding: OpenMP regions capture these (clang)
   const T* px = x.data<T>();
   const T* pg = dy.data<T>();
   const T* pw = weight.defined() ? weight.data<T>() : nullptr;
