@@ -1,13 +1,13 @@
 # forge: the two commands of the README's Quick start, and their parts.
 #   make train   install deps, build, train the demo GPT (configs/tiny.toml), sample from it
-#   make test    install deps, build, run every test
+#   make test    install deps, build, run every test; then the sanitizer build (make sanitize-test)
 BUILD      ?= build
 BUILD_TYPE ?= Release
 FORGE_CUDA ?= AUTO
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test train bench clean
+.PHONY: all deps configure build test sanitize-test train bench clean
 
 all: build
 
@@ -23,6 +23,19 @@ build: configure
 test: deps
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) sanitize-test
+
+# The code that reads untrusted files and sockets, under AddressSanitizer + UndefinedBehaviorSanitizer
+# (SECURITY.md): the CPU library at -O1, the parser/data/io/tokenizer/config/rendezvous tests and the
+# fuzz corpora (tests/fuzz/corpus: seeds and every crash ever found), in $(SAN_BUILD).
+SAN_BUILD  ?= build-asan
+SANITIZERS ?= address,undefined
+sanitize-test: deps
+	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1" \
+	  -DFORGE_CUDA=OFF -DFORGE_SANITIZE=$(SANITIZERS) -DFORGE_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target forge_sanitize_tests forge_fuzz_replay
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) -L sanitize
 
 # The demo: a small GPT on the fortunes corpus (configs/tiny.toml writes runs/tiny), then a
 # sample from its final checkpoint.
@@ -47,4 +60,4 @@ bench: deps configure
 	./$(BUILD)/benchmarks/cpu/forge_cpu_bench
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD)
