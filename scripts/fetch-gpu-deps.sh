@@ -8,7 +8,7 @@ mkdir -p .deps
 cd .deps
 # The tokenizer libraries (src/forge/data/tokenizer.h) with their runtime parts; gpu-check.sh
 # points CMake at them when the machine has none of its own (forge builds without them too).
-for p in libtomlplusplus-dev libxxhash-dev fortunes fortunes-min libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2 \
+for p in libxxhash-dev fortunes fortunes-min libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2 \
          libsentencepiece-dev libsentencepiece0 libprotobuf-lite32; do
   ls ${p}_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done

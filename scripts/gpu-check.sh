@@ -45,12 +45,11 @@ command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -1
 cmake --version | sed -n 1p
 
 CONFIG_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DFORGE_CUDA=ON)
-# Header-only dependencies the GPU machine lacks travel as .deb files in .deps/ (ignored by
-# git; fetched with `apt-get download libtomlplusplus-dev` and carried with the run).
-if compgen -G ".deps/*.deb" >/dev/null && { ! [ -f /usr/include/toml++/toml.h ] || ! [ -d /usr/share/games/fortunes ]; }; then
+# Packages the GPU machine lacks travel as .deb files in .deps/ (ignored by git; fetched by
+# scripts/fetch-gpu-deps.sh and carried with the run): the demo corpus here.
+if compgen -G ".deps/*.deb" >/dev/null && ! [ -d /usr/share/games/fortunes ]; then
   mkdir -p .deps/root
   for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
-  CONFIG_ARGS+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
 fi
 # xxHash (checkpoint checksums, used header-only), when the machine lacks it.
 if compgen -G ".deps/*.deb" >/dev/null && ! [ -f /usr/include/xxhash.h ]; then

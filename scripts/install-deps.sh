@@ -10,7 +10,6 @@ packages=(
   libgtest-dev googletest    # unit tests (GoogleTest through CTest)
   libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
   zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST
-  libtomlplusplus-dev        # TOML run configs (used header-only)
   libxxhash-dev              # checkpoint manifests' checksums (XXH3, used header-only)
   libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl

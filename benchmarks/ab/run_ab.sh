@@ -47,7 +47,6 @@ deps_args() {  # the header-only packages and data the GPU machine lacks (script
       flock 9
       for deb in "$ROOT"/.deps/*.deb; do dpkg -x "$deb" "$ROOT/.deps/root"; done
     ) 9> "$ROOT/.deps/.unpack.lock"
-    [ -f /usr/include/toml++/toml.h ] || args+=(-DTOMLPP_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
     [ -f /usr/include/xxhash.h ] || args+=(-DXXHASH_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
   fi
   echo "${args[@]}"

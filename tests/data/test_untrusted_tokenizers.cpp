@@ -7,7 +7,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <tuple>
 
 #include "forge/data/base64.h"
 #include "forge/data/tokenizer.h"
@@ -113,6 +115,34 @@ TEST_F(UntrustedTokenizers, ForgeBpeMergesAreBounded) {
   e = load("float.json", bpe("[97.5,98]", 1));
   EXPECT_HAS(e, "merge 0 (left) must be an integer");
   EXPECT_EQ(load("ok.json", bpe("[97,98],[256,99]", 2)), "<no error>");
+}
+
+// Found by fuzzing (tests/fuzz/corpus/*/crash_*): a rank with a non-digit before more digits
+// multiplied -1 by ten until int64 overflowed (undefined behaviour); a forge BPE field of the wrong
+// type and libsentencepiece's own exception (an empty piece) were "internal errors".
+TEST_F(UntrustedTokenizers, FuzzFindingsAreCleanErrors) {
+  std::string e = load("cl100k_base.tiktoken", "YQ== 0\nYg== 1x" + std::string(40, '2') + "\n");
+  EXPECT_HAS(e, "line 2 is not \"<base64 token> <rank>\"");
+  e = load("cl100k_base.tiktoken", "YQ== 0\nYg== " + std::string(40, '9') + "\n");
+  EXPECT_HAS(e, "line 2 is not \"<base64 token> <rank>\"");
+  e = load("types.json", R"({"format":"forge-bpe","version":1,"pretokenizer":["gpt2"],"vocab_size":256,"merges":[],)"
+                         R"("special_tokens":[]})");
+  EXPECT_HAS(e, "types.json");
+  EXPECT_HAS(e, "type must be string, but is array");
+  auto corpus_file = [](const char* target, const char* name) {
+    std::ifstream in(fs::path(FORGE_FUZZ_CORPUS) / target / name, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const auto& [target, name, as] :
+       {std::tuple{"forge_bpe", "crash_json_type_error", "forge.json"},
+        std::tuple{"sentencepiece", "crash_empty_piece_darts", "tokenizer.model"}}) {
+    const std::string bytes = corpus_file(target, name);
+    ASSERT_FALSE(bytes.empty()) << target << "/" << name;
+    e = load(as, bytes);
+    EXPECT_HAS(e, as);
+    EXPECT_NE(e, "<no error>");
+    EXPECT_EQ(e.find("internal error"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

@@ -162,7 +162,13 @@ TiktokenTokenizer::TiktokenTokenizer(std::string ranks, const std::string& name,
     int64_t rank = -1;
     if (tok && !tok->empty() && sp + 1 < line.size()) {
       rank = 0;
-      for (const char c : line.substr(sp + 1)) rank = (c >= '0' && c <= '9' && rank < (1 << 30)) ? rank * 10 + (c - '0') : -1;
+      for (const char c : line.substr(sp + 1)) {
+        if (c < '0' || c > '9' || rank >= (1 << 30)) {  // stop at once (-1 times ten, again and again, overflowed)
+          rank = -1;
+          break;
+        }
+        rank = rank * 10 + (c - '0');
+      }
     }
     FORGE_CHECK(rank >= 0, where, ": line ", line_no, " is not \"<base64 token> <rank>\"");
     FORGE_CHECK(rank < kMaxVocabSize, where, ": line ", line_no, " gives rank ", rank, "; forge reads ranks below ",

@@ -2,6 +2,7 @@
 #include "forge/data/tokenizer.h"
 
 #include <filesystem>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "forge/core/error.h"
@@ -80,10 +81,10 @@ std::shared_ptr<const Tokenizer> from_wrapper(const nlohmann::json& j, const std
 
 }  // namespace
 
-std::shared_ptr<const Tokenizer> tokenizer_from_bytes(std::string bytes, const std::string& name,
-                                                      const std::string& origin_or_empty,
-                                                      const std::optional<std::string>& sidecar) {
-  const std::string origin = origin_or_empty.empty() ? name : origin_or_empty;
+namespace {
+
+std::shared_ptr<const Tokenizer> tokenizer_of_kind(std::string bytes, const std::string& name, const std::string& origin,
+                                                   const std::optional<std::string>& sidecar) {
   size_t first = 0;
   while (first < bytes.size() && (bytes[first] == ' ' || bytes[first] == '\n' || bytes[first] == '\r' ||
                                   bytes[first] == '\t'))
@@ -106,6 +107,28 @@ std::shared_ptr<const Tokenizer> tokenizer_from_bytes(std::string bytes, const s
   if (looks_like_sentencepiece(bytes)) return load_sentencepiece(std::move(bytes), name, origin);
   FORGE_THROW("tokenizer '", origin, "' is not a tokenizer file forge knows (", bytes.empty() ? "it is empty" : "",
               bytes.empty() ? "; " : "", kAccepted, ")");
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> tokenizer_from_bytes(std::string bytes, const std::string& name,
+                                                      const std::string& origin_or_empty,
+                                                      const std::optional<std::string>& sidecar) {
+  const std::string origin = origin_or_empty.empty() ? name : origin_or_empty;
+  // A tokenizer file is untrusted input (issue 43): whatever a reader or a library under it throws
+  // about the file (a JSON field of the wrong type, libsentencepiece's trie builder refusing an
+  // empty piece) is a forge::Error naming the file, never an "internal error".
+  try {
+    return tokenizer_of_kind(std::move(bytes), name, origin, sidecar);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const nlohmann::json::exception& e) {
+    io::throw_json_error("tokenizer '" + origin + "'", e);
+  } catch (const std::exception& e) {
+    FORGE_THROW("tokenizer '", origin, "' cannot be read: ", e.what());
+  }
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const std::string& path) {

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
+#include <toml.hpp>  // third_party/tomlplusplus
 #include <variant>
 
 #include "forge/core/error.h"

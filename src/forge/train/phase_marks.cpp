@@ -16,7 +16,7 @@
 namespace forge::train {
 
 namespace {
-std::string fixed3(double v) {
+[[maybe_unused]] std::string fixed3(double v) {  // (used by the CUDA build alone)
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.3f", v);
   return buf;
