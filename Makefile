@@ -34,7 +34,7 @@ sanitize-test: deps
 	cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1" \
 	  -DFORGE_CUDA=OFF -DFORGE_SANITIZE=$(SANITIZERS) -DFORGE_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target forge_sanitize_tests forge_fuzz_replay
-	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -L sanitize
 
 # The demo: a small GPT on the fortunes corpus (configs/tiny.toml writes runs/tiny), then a

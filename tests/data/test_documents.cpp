@@ -89,11 +89,12 @@ TEST(Documents, BadLinesNameTheFileTheLineAndTheFix) {
   m = error_of(dir.file("hidden.jsonl"));
   EXPECT_NE(m.find("hidden.jsonl' is gzip-compressed (it starts with 1f 8b) but not named .gz"), std::string::npos) << m;
   // A NUL in a line is an error naming the line (it used to end the line there and merge the next).
-  write_bytes(dir.file("nul.jsonl"), std::string("{\"text\": \"a\"}\n{\"text\": \"b\0c\"}\n{\"text\": \"d\"}\n", 46));
+  static const char kNul[] = "{\"text\": \"a\"}\n{\"text\": \"b\0c\"}\n{\"text\": \"d\"}\n";
+  write_bytes(dir.file("nul.jsonl"), std::string(kNul, sizeof(kNul) - 1));  // (the length was 2 past the literal: ASan)
   m = error_of(dir.file("nul.jsonl"));
   EXPECT_NE(m.find("nul.jsonl' line 2 is not JSON"), std::string::npos) << m;
   EXPECT_NE(m.find("a NUL byte"), std::string::npos) << m;
-  write_gz(dir.file("nul.jsonl.gz"), std::string("{\"text\": \"a\"}\n{\"text\": \"b\0c\"}\n{\"text\": \"d\"}\n", 46));
+  write_gz(dir.file("nul.jsonl.gz"), std::string(kNul, sizeof(kNul) - 1));
   m = error_of(dir.file("nul.jsonl.gz"));
   EXPECT_NE(m.find("nul.jsonl.gz' line 2 is not JSON"), std::string::npos) << m;
   // A line over 64 MiB is refused before it is parsed (a 1 GB one needed 8-20 times its size).

@@ -67,7 +67,7 @@ TEST(UntrustedJson, DeepFilesOfEveryKindGetACleanError) {
   e = error_of([&] { io::read_safetensors_header(dir / "deep.safetensors"); });
   EXPECT_HAS(e, "nests deeper than 64 levels");
   // A NUL inside a header.
-  spit(dir / "nul.safetensors", raw_safetensors(std::string("{\"__metadata__\":{\"a\":\"b\0c\"}}", 29), ""));
+  spit(dir / "nul.safetensors", raw_safetensors(std::string("{\"__metadata__\":{\"a\":\"b\0c\"}}", 28), ""));
   EXPECT_HAS(error_of([&] { io::load_safetensors(dir / "nul.safetensors"); }), "the header holds a NUL byte");
   // A checkpoint whose state.json nests 200k objects.
   io::CheckpointData d;
