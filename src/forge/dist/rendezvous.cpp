@@ -1,6 +1,7 @@
 #include "forge/dist/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -103,6 +104,22 @@ bool read_exactly(int fd, char* data, size_t n, Clock::time_point deadline) {
     n -= static_cast<size_t>(k);
   }
   return true;
+}
+
+// connect() bounded in time: a host that drops the SYN would otherwise block for the kernel's
+// retries (minutes), past the deadline. Up to 2 s an attempt; the caller retries until its deadline.
+bool connect_within(int fd, const sockaddr* addr, socklen_t len, Clock::time_point deadline) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return ::connect(fd, addr, len) == 0;
+  bool ok = ::connect(fd, addr, len) == 0;
+  if (!ok && errno == EINPROGRESS &&
+      wait_fd(fd, POLLOUT, std::min(deadline, Clock::now() + std::chrono::seconds(2)))) {
+    int err = 0;
+    socklen_t n = sizeof err;
+    ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &n) == 0 && err == 0;
+  }
+  ::fcntl(fd, F_SETFL, flags);  // blocking again: send_all / read_exactly poll before each call
+  return ok;
 }
 
 // Rank 0's sockets on MASTER_ADDR's own interfaces (never every interface): one per address the
@@ -254,7 +271,7 @@ std::string rendezvous_exchange(const std::string& addr, int port, int rank, int
     for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
       Fd c(::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
       if (c.fd < 0) continue;
-      if (::connect(c.fd, ai->ai_addr, ai->ai_addrlen) != 0) continue;
+      if (!connect_within(c.fd, ai->ai_addr, ai->ai_addrlen, deadline)) continue;
       send_all(c.fd, hello.data(), hello.size(), deadline, where);
       uint32_t len = 0;
       FORGE_CHECK(read_exactly(c.fd, reinterpret_cast<char*>(&len), sizeof(len), deadline), "rendezvous ", where,
