@@ -121,6 +121,20 @@ class BlockPool {
   // Waits for pending events, then releases every segment whose blocks are all free.
   void empty_cache();
 
+  // Note [reserving segments ahead]: the segments (bytes, small pool?) that allocate() would
+  // obtain, in order, for `requests` made one after the other into an empty pool and all kept
+  // live (a checkpoint's host copies). Computed by replaying the requests on a pool with a
+  // pretend backend; nothing is allocated.
+  struct SegmentPlan {
+    size_t bytes = 0;
+    bool small = false;
+  };
+  static std::vector<SegmentPlan> plan_segments(const std::vector<size_t>& requests);
+  // Adds a segment the owner obtained itself from the backend's allocate_segment (outside its
+  // lock) as one free block of `stream` in the small or the large pool, as plan_segments said;
+  // from here on it is the pool's, counted as reserved and released like the others.
+  void add_segment(void* ptr, size_t bytes, bool small, StreamId stream);
+
   MemoryStats stats() const;
   void reset_peak();  // peak_allocated = allocated, peak_reserved = reserved
   // Live bytes by owner, segments, cached free bytes and the largest free block (Note [memory

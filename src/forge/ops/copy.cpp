@@ -92,6 +92,12 @@ void wait_for_host_copies(Device device) {
   FORGE_ON_CUDA("wait_for_host_copies", cuda::synchronize(static_cast<int>(device.index)));
 }
 
+uint64_t reserve_host_copies(Device device, const std::vector<size_t>& bytes, const std::atomic<bool>* stop) {
+  if (device.is_cpu() || bytes.empty()) return 0;
+  (void)stop;  // (read by the CUDA allocator)
+  FORGE_ON_CUDA("reserve_host_copies", return cuda::reserve_pinned(bytes, static_cast<int>(device.index), stop));
+}
+
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
   copy_kernel(out, t);

@@ -1,6 +1,11 @@
 #pragma once
 // Conversions and copies: dtype, device, contiguity. Tensor::to/contiguous/clone/copy_
 // call these.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 #include "forge/core/tensor.h"
 
 namespace forge::ops {
@@ -36,6 +41,11 @@ Tensor& fill_(Tensor& t, double value);
 Tensor host_copy(const Tensor& t);
 // Blocks until every host_copy queued so far from `device` has landed (nothing on the CPU).
 void wait_for_host_copies(Device device);
+// Makes the host memory that host_copy will need for tensors of `bytes` (in that order, all
+// kept at once) ready ahead, on the calling thread (pinned memory for a GPU device: Note
+// [reserving segments ahead] in core/block_pool.cpp); nothing for the CPU. Stops early when
+// *stop becomes true. Returns the bytes made ready.
+uint64_t reserve_host_copies(Device device, const std::vector<size_t>& bytes, const std::atomic<bool>* stop);
 
 // Throws naming `op` if `t` requires grad and grad mode is on (in-place ops would
 // silently corrupt the recorded history).

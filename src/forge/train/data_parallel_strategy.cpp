@@ -144,6 +144,22 @@ class DataParallelStrategy final : public Strategy {
   // part 2, off the training thread with checkpoint.async (Note [async checkpoints]). state.json's
   // extra.dist names the files and the layout that wrote them; any other world size or stage
   // reshards on load.
+  // DDP, ZeRO-1 and -2 without tensor parallelism (the others gather first: not reserved).
+  std::vector<size_t> checkpoint_host_bytes() const override {
+    std::vector<size_t> bytes;
+    if (split_ || dp_->options().zero_stage == 3) return bytes;
+    auto add = [&](const Tensor& t) {
+      if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
+    };
+    const bool rank0 = dp_->group()->rank() == 0;
+    if (dp_->options().zero_stage > 0 || rank0)
+      for (const auto& piece : dp_->piece_state())
+        for (const auto& [name, t] : piece) add(t);
+    if (rank0)
+      for (const auto& [name, t] : model_.module->state_dict()) add(t);
+    return bytes;
+  }
+
   CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
                                     int64_t keep_last) override {
     dist::ProcessGroup& pg = *dp_->group();

@@ -94,6 +94,16 @@ class SingleProcess final : public Strategy {
     return job;
   }
 
+  std::vector<size_t> checkpoint_host_bytes() const override {
+    std::vector<size_t> bytes;
+    auto add = [&](const Tensor& t) {
+      if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
+    };
+    for (const auto& [name, t] : model_.module->state_dict()) add(t);
+    for (const auto& [name, t] : optimizer_->state_dict().tensors) add(t);
+    return bytes;
+  }
+
   void load_checkpoint(const io::CheckpointData& ck, const fs::path& ck_path) override {
     restore_optimizer(*optimizer_, ck, ck_path, optimizer_slots(cfg_, *model_.module));
     if (scaler_) restore_loss_scaler(*scaler_, ck);

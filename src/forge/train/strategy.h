@@ -93,6 +93,12 @@ class Strategy {
   // and on rank 0 the checkpoint to publish, keeping the last `keep_last`.
   virtual CheckpointJob snapshot_checkpoint(const std::filesystem::path& run_dir, int64_t step, const RunState& state,
                                             int64_t keep_last) = 0;
+  // The bytes of each device tensor snapshot_checkpoint copies to the host on this rank, in its
+  // order, so that the trainer can reserve that pinned memory during the first steps instead of
+  // at the first checkpoint (Note [reserving segments ahead] in core/block_pool.cpp). Called
+  // after a step (the optimizer's state exists). Empty: nothing reserved (the first checkpoint
+  // allocates it).
+  virtual std::vector<size_t> checkpoint_host_bytes() const { return {}; }
   // Restores the optimizer (and loss-scaler) state of a checkpoint written by any layout. The
   // model's weights were loaded before the strategy was made (they are whole in every checkpoint).
   virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;

@@ -382,5 +382,41 @@ TEST(CudaPinned, APinnedBlockIsNotReusedWhileACopyReadsIt) {
   EXPECT_EQ(r.data_ptr(), pinned_block);
 }
 
+// Note [reserving segments ahead]: the pinned memory of a snapshot's host copies reserved on
+// another thread (as the trainer does during the first steps); the copies then pin nothing new and
+// hold the GPU tensors' values.
+TEST(CudaPinned, ReservedSegmentsServeTheHostCopiesOfASnapshot) {
+  FORGE_SKIP_WITHOUT_GPU();
+  cuda::synchronize(0);
+  cuda::empty_pinned_cache();
+  std::vector<Tensor> state;
+  std::vector<size_t> bytes;
+  for (int64_t n : {int64_t{3} * MiB, int64_t{1000}, int64_t{700} * 1024, int64_t{9} * MiB, int64_t{2048}}) {
+    state.push_back(randn({n}, {.device = kGpu}));
+    bytes.push_back(static_cast<size_t>(n) * sizeof(float));
+  }
+  uint64_t reserved = 0;
+  std::atomic<bool> stop{false};
+  std::thread t([&] { reserved = ops::reserve_host_copies(kGpu, bytes, &stop); });
+  t.join();
+  EXPECT_GE(reserved, static_cast<uint64_t>(3 * 4 * MiB + 9 * 4 * MiB));
+  const MemoryStats before = cuda::pinned_memory_stats();
+  EXPECT_EQ(before.reserved, static_cast<int64_t>(reserved));
+  std::vector<Tensor> copies;
+  for (const Tensor& x : state) copies.push_back(ops::host_copy(x));
+  ops::wait_for_host_copies(kGpu);
+  EXPECT_EQ(cuda::pinned_memory_stats().num_device_allocs, before.num_device_allocs) << "a copy pinned new memory";
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_TRUE(copies[i].is_pinned());
+    expect_equal(copies[i], state[i].to(Device::cpu()), "host copy in reserved memory");
+  }
+  // A stop already asked for reserves nothing.
+  copies.clear();
+  cuda::empty_pinned_cache();
+  stop = true;
+  EXPECT_EQ(ops::reserve_host_copies(kGpu, bytes, &stop), 0u);
+  EXPECT_EQ(ops::reserve_host_copies(Device::cpu(), bytes, nullptr), 0u);
+}
+
 }  // namespace
 }  // namespace forge

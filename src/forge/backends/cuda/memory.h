@@ -17,7 +17,10 @@
 // cudaFree calls: in the steady state of a training step they stay put. With
 // FORGE_CUDA_ALLOC=plain every storage is its own cudaMalloc of the exact size, and
 // reserved == allocated.
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "forge/core/allocator.h"
 
@@ -52,5 +55,11 @@ void graph_pool_release(int device, int id);
 Allocator* pinned_allocator();
 MemoryStats pinned_memory_stats();
 void empty_pinned_cache();
+// Pins, ahead of time and without holding up other threads' pinned allocations, the segments
+// that `requests` (bytes, in the order they will be made, all live at once) would need
+// (Note [reserving segments ahead] in core/block_pool.cpp), for copies from `device`. Stops
+// early when *stop becomes true or the host has no more page-locked memory; returns the bytes
+// reserved.
+uint64_t reserve_pinned(const std::vector<size_t>& requests, int device, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace forge::cuda

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
+#include <vector>
 #include <utility>
 
 #include "forge/backends/cuda/runtime.h"
@@ -47,6 +49,29 @@ class PinnedAllocator final : public Allocator {
     }
     std::lock_guard<std::mutex> lock(mu_);
     pool_.add_event(block, e);  // releases the event if it throws
+  }
+
+  // Note [reserving segments ahead] (core/block_pool.cpp): each segment is pinned without the
+  // lock, then handed to the pool. Stops early (keeping what it has) when `stop` is set or the
+  // host refuses more page-locked memory; returns the bytes added.
+  uint64_t reserve(const std::vector<size_t>& requests, int device, const std::atomic<bool>* stop) {
+    const BlockPool::Backend b = backend();
+    uint64_t added = 0;
+    DeviceGuard guard(device);  // the context of the training's device, not device 0's
+    for (const BlockPool::SegmentPlan& seg : BlockPool::plan_segments(requests)) {
+      if (stop != nullptr && stop->load()) break;
+      void* p = b.allocate_segment(seg.bytes);
+      if (p == nullptr) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      try {
+        pool_.add_segment(p, seg.bytes, seg.small, 0);
+      } catch (...) {
+        b.free_segment(p, seg.bytes);
+        throw;
+      }
+      added += seg.bytes;
+    }
+    return added;
   }
 
   MemoryStats stats() {
@@ -109,6 +134,10 @@ Allocator* pinned_allocator() { return &pinned("pin_memory"); }
 MemoryStats pinned_memory_stats() { return pinned("pinned_memory_stats").stats(); }
 
 void empty_pinned_cache() { pinned("empty_pinned_cache").empty_cache(); }
+
+uint64_t reserve_pinned(const std::vector<size_t>& requests, int device, const std::atomic<bool>* stop) {
+  return pinned("reserve_pinned").reserve(requests, device, stop);
+}
 
 void record_pinned_use(void* block, cudaStream_t stream, int device) {
   if (block == nullptr) return;
