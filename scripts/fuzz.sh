@@ -64,6 +64,7 @@ run_one() {  # target
   # 10 s for one input are findings (Note [tokenizer file limits], [checked sizes]: nothing forge
   # reads may ask for that).
   FORGE_FUZZ_TARGET=$t ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(command -v llvm-symbolizer-19 || command -v llvm-symbolizer || true)} \
     "$FUZZER" "$corpus" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings/" > "$BUILD_DIR/logs/$t.log" 2>&1 || true
 }
