@@ -23,6 +23,7 @@
 #include "forge/telemetry/plot.h"
 #include "forge/train/evaluate.h"
 #include "forge/train/preemption.h"
+#include "forge/train/run_data.h"
 #include "forge/train/trainer.h"
 
 namespace forge::app {
@@ -154,6 +155,9 @@ int run_top(const TopArgs& args) {
     const bench::TopSnapshot s = bench::top_snapshot(window);
     if (s.gpus.empty()) {
       std::cerr << "forge top: no GPU to show (" << s.note << ")" << std::endl;
+      if (args.json)  // a reader of stdout gets a JSON object as always
+        std::cout << nlohmann::json{{"error", "no GPU to show"}, {"reason", s.note}, {"gpus", nlohmann::json::array()}}.dump()
+                  << std::endl;
       return bench::kNoGpuStatus;
     }
     if (args.json) {
@@ -213,7 +217,11 @@ int run_tokenize_train(const TokenizeTrainArgs& args) {
   data::BpeTrainOptions opt;
   opt.vocab_size = args.vocab_size;
   opt.text_key = args.text_key;
-  opt.special_tokens = args.special_tokens;
+  // As forge train's tokenizer (data.eos_token = "auto"): "<|endoftext|>" unless the command names
+  // its own special tokens ("" alone: none).
+  if (args.special_tokens.empty()) opt.special_tokens = {train::kDefaultEosToken};
+  for (const std::string& t : args.special_tokens)
+    if (!t.empty()) opt.special_tokens.push_back(t);
   const auto tok = data::BpeTokenizer::train_files(files, opt);
   tok.save(args.out);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -229,15 +237,23 @@ int run_tokenize_encode(const TokenizeEncodeArgs& args) {
   io::check_output_dir(args.out, "tokenize encode: --out", train::is_shard_file_name, args.force);
   const auto files = expand_files(args.files, args.exclude);
   const auto tok = data::load_tokenizer(args.tokenizer);
-  if (!args.eos_token.empty() && !tok->token_id(args.eos_token)) {
+  // "auto" (the default, as data.eos_token's in forge train): the tokenizer's end-of-text token.
+  const bool auto_eos = args.eos_token == train::kAutoEosToken;
+  const std::string eos = auto_eos ? tok->eos_token().value_or("") : args.eos_token;
+  if (!eos.empty() && !tok->token_id(eos)) {
     const auto sp = tok->special_tokens();
-    FORGE_THROW("--eos-token \"", args.eos_token, "\" is not a special token of ", args.tokenizer, " (",
+    FORGE_THROW("--eos-token \"", eos, "\" is not a special token of ", args.tokenizer, " (",
                 tok->describe(), ", ", sp.size(), " special token(s)); give one of its special tokens (",
                 sp.empty() ? std::string("it has none") : "e.g. \"" + sp.front() + "\"",
-                "), train the tokenizer with --special-token \"", args.eos_token, "\", or leave --eos-token out");
+                "), train the tokenizer with --special-token \"", eos, "\", or --eos-token \"\" for none");
   }
   std::cout << "tokenizer: " << args.tokenizer << ", " << tok->describe() << "\n";
-  const auto shards = train::encode_files_to_shards(*tok, files, args.out, &std::cout, args.text_key, args.eos_token);
+  std::cout << (eos.empty() ? std::string(auto_eos ? "the tokenizer has no end-of-text token: documents are joined as "
+                                                     "they are (--eos-token names one)"
+                                                   : "documents are joined as they are (--eos-token \"\")")
+                            : "every document ends with \"" + eos + "\"")
+            << "\n";
+  const auto shards = train::encode_files_to_shards(*tok, files, args.out, &std::cout, args.text_key, eos);
   std::printf("wrote %zu shard(s) to %s\n", shards.size(), args.out.c_str());
   return 0;
 }

@@ -77,7 +77,7 @@ struct TokenizeTrainArgs {
   std::vector<std::string> files;
   std::vector<std::string> exclude;
   std::string text_key = "text";        // .jsonl files (Note [documents])
-  std::vector<std::string> special_tokens;  // e.g. <|endoftext|>
+  std::vector<std::string> special_tokens;  // none given: <|endoftext|> (as forge train's); "" alone: none
   bool force = false;                   // replace an --out file that is not a forge BPE tokenizer
 };
 int run_tokenize_train(const TokenizeTrainArgs& args);
@@ -88,7 +88,7 @@ struct TokenizeEncodeArgs {
   std::vector<std::string> files;
   std::vector<std::string> exclude;
   std::string text_key = "text";  // .jsonl files (Note [documents])
-  std::string eos_token;          // after every document ("": none)
+  std::string eos_token = "auto";  // after every document: "auto" = the tokenizer's end-of-text token, "": none
   bool force = false;             // write into a non-empty --out that holds other files than shards
 };
 int run_tokenize_encode(const TokenizeEncodeArgs& args);

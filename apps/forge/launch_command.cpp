@@ -71,7 +71,7 @@ CLI::App* add_launch_command(CLI::App& app) {
   cmd->add_flag("--no-prefix", g_args.no_prefix, "do not prefix the ranks' output lines with [rank N]");
   // The first word that is not one of the options above starts the command, which keeps
   // everything after it (its own options included); `--` may separate the two.
-  cmd->add_option("command", g_command, "the ranks' command line, e.g. forge train configs/gpt2.toml");
+  cmd->add_option("command", g_command, "the ranks' command line, e.g. forge train configs/gpt2-124m.toml");
   cmd->prefix_command();
   cmd->positionals_at_end();
   cmd->footer(kFooter);

@@ -5,6 +5,9 @@
 #include <execinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <new>
@@ -32,6 +35,45 @@ constexpr const char* kTrainFooter =
 int usage_error(const std::string& message, const std::string& help_cmd) {
   std::cerr << "forge: error: " << message << "\n(see 'forge " << help_cmd << "--help')\n";
   return 2;
+}
+
+// A word where a command was expected that names none ("forge trian", "forge tokenize encod"):
+// the message that says so with the nearest commands of that level and where their help is;
+// empty when the line has no such word (then CLI11's own message stands).
+std::string unknown_command(CLI::App& app, const std::vector<std::string>& args) {
+  CLI::App* level = &app;
+  std::string path = "forge";
+  for (const std::string& word : args) {
+    if (word.empty() || word[0] == '-') return "";
+    std::vector<std::string> names;
+    for (const CLI::App* sub : level->get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (names.empty()) return "";
+    if (std::find(names.begin(), names.end(), word) != names.end()) {
+      level = level->get_subcommand(word);
+      path += " " + word;
+      continue;
+    }
+    std::vector<std::pair<size_t, std::string>> near;
+    for (const std::string& n : names) {
+      const bool prefix = word.size() >= 2 && n.rfind(word, 0) == 0;
+      const size_t d = prefix ? 0 : forge::train::edit_distance(word, n);
+      if (d <= std::max<size_t>(2, word.size() / 3)) near.emplace_back(d, n);
+    }
+    std::sort(near.begin(), near.end());
+    std::string msg = "'" + word + "' is not a command of '" + path + "'";
+    if (!near.empty()) {
+      msg += "; did you mean '" + near[0].second + "'";
+      if (near.size() > 1 && near[1].first == near[0].first) msg += " or '" + near[1].second + "'";
+      msg += "?";
+    } else {
+      std::string all;
+      for (const std::string& n : names)
+        if (n != "help") all += (all.empty() ? "" : ", ") + n;
+      msg += "; the commands are: " + all;
+    }
+    return msg + "\n(see '" + path + " --help')";
+  }
+  return "";
 }
 
 }  // namespace
@@ -164,7 +206,8 @@ int main(int argc, char** argv) {
   tok_train->add_option("--text-key", tok_train_args.text_key, "*.jsonl files: the key of each line's text")
       ->capture_default_str();
   tok_train->add_option("--special-token", tok_train_args.special_tokens,
-                        "a special token of the tokenizer (repeatable), e.g. \"<|endoftext|>\"");
+                        "a special token of the tokenizer (repeatable); default \"<|endoftext|>\", as forge train's "
+                        "tokenizer; --special-token \"\" for none");
   tok_train->add_option("files", tok_train_args.files, "text or JSON Lines files, glob patterns or directories")->required();
   forge::app::TokenizeEncodeArgs tok_encode_args;
   auto* tok_encode = tokenize->add_subcommand("encode", "encode text and JSON Lines files into token shards (streamed, over the cores)");
@@ -178,7 +221,9 @@ int main(int argc, char** argv) {
   tok_encode->add_option("--text-key", tok_encode_args.text_key, "*.jsonl files: the key of each line's text")
       ->capture_default_str();
   tok_encode->add_option("--eos-token", tok_encode_args.eos_token,
-                         "a special token of the tokenizer written after every document, e.g. \"<|endoftext|>\"");
+                         "the special token written after every document: auto = the tokenizer's end-of-text token "
+                         "(as forge train's data.eos_token), a special token such as \"</s>\", or \"\" for none")
+      ->capture_default_str();
   tok_encode->add_option("files", tok_encode_args.files, "text or JSON Lines files, glob patterns or directories")->required();
   forge::app::TokenizeIdsArgs tok_ids_args;
   auto* tok_ids = tokenize->add_subcommand("ids", "print the token ids of a text (or of each file) as a JSON array");
@@ -218,6 +263,10 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
+    if (const std::string u = unknown_command(app, split.rest); !u.empty()) {
+      std::cerr << "forge: error: " << u << "\n";
+      return 2;
+    }
     std::string cmd;
     for (const auto* sub : {train, sample, eval, plot_cmd, top, exp, tokenize, tok_train, tok_encode, tok_ids, tok_decode, plan, info, launch})
       if (sub->parsed()) cmd = (sub->get_parent() == tokenize ? "tokenize " : "") + sub->get_name() + " ";

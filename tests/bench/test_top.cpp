@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "forge/bench/gpu_sampler.h"
 #include "forge/bench/top.h"
@@ -105,7 +107,12 @@ TEST(Top, WithoutAGpuItSaysSoAndExitsThree) {
   const auto r = forge::testing::run_forge({"top", "--once"});
   EXPECT_EQ(r.status, kNoGpuStatus) << r.out;
   EXPECT_NE(r.out.find("forge top: no GPU to show"), std::string::npos) << r.out;
-  EXPECT_EQ(forge::testing::run_forge({"top", "--once", "--json"}).status, kNoGpuStatus);
+  const auto j = forge::testing::run_forge({"top", "--once", "--json"}, forge::testing::Stderr::dropped);
+  EXPECT_EQ(j.status, kNoGpuStatus);
+  const nlohmann::json parsed = nlohmann::json::parse(j.out);  // stdout alone: one JSON object
+  EXPECT_EQ(parsed.at("error"), "no GPU to show");
+  EXPECT_FALSE(parsed.at("reason").get<std::string>().empty());
+  EXPECT_TRUE(parsed.at("gpus").empty());
   EXPECT_EQ(forge::testing::run_forge({"top", "--interval", "0"}).status, 1);  // a bad argument: an error, not "no GPU"
 }
 

@@ -6,7 +6,11 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "forge/data/bpe.h"
 #include "forge/data/shards.h"
@@ -128,6 +132,23 @@ TEST_F(CliTest, CliTrainResumeAndSample) {
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("resume: from"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("step 6/6"), std::string::npos) << resumed.out;
+  // elapsed_s goes on from the checkpoint's: every record of the resumed start is later than the
+  // first start's final record.
+  double first_final = -1.0;
+  int later = 0;
+  std::istringstream lines(train_testing::read_text(scratch.path() / "runs" / "cli" / "metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json rec = nlohmann::json::parse(line);
+    if (!rec.contains("elapsed_s")) continue;
+    const int64_t step = rec.at("step").get<int64_t>();
+    if (step <= 4 && rec.contains("final")) first_final = rec["elapsed_s"].get<double>();
+    if (step > 4) {
+      ++later;
+      EXPECT_GE(rec["elapsed_s"].get<double>(), first_final) << rec.dump();
+    }
+  }
+  EXPECT_GT(first_final, 0.0);
+  EXPECT_GE(later, 2);
 
   const std::string run_dir = scratch.str("runs/cli");
   // (stderr, which reports tokens/s, left out: the text is what a seed fixes)
@@ -195,13 +216,97 @@ TEST_F(CliTest, CliTokenizeJsonLinesWithAnEndOfTextToken) {
   const CliRun bad = run_forge({"tokenize", "encode", "--tokenizer", scratch.str("tok_plain.json"), "--eos-token",
                                 "<|endoftext|>", "--out", out, jsonl});
   EXPECT_EQ(bad.status, 1);
-  const CliRun plain = run_forge({"tokenize", "train", "--vocab-size", "270", "--text-key", "body", "--out",
-                                  scratch.str("tok_plain.json"), jsonl});
+  const CliRun plain = run_forge({"tokenize", "train", "--vocab-size", "270", "--text-key", "body", "--special-token", "",
+                                  "--out", scratch.str("tok_plain.json"), jsonl});
   ASSERT_EQ(plain.status, 0) << plain.out;
   const CliRun lacks = run_forge({"tokenize", "encode", "--tokenizer", scratch.str("tok_plain.json"), "--text-key", "body",
                                   "--eos-token", "<|endoftext|>", "--out", out, jsonl});
   EXPECT_EQ(lacks.status, 1);
   EXPECT_NE(lacks.out.find("is not a special token"), std::string::npos) << lacks.out;
+  EXPECT_TRUE(data::BpeTokenizer::load(scratch.str("tok_plain.json")).special_tokens().empty());
+}
+
+// forge tokenize's defaults are forge train's (data.eos_token = "auto"): the tokenizer trained with
+// "<|endoftext|>", each document ended by it, so the two give the same tokenizer and the same shards.
+TEST_F(CliTest, CliTokenizeDefaultsGiveWhatTrainGives) {
+  const CliRun run = run_forge({"train", config, "--train.steps=1", "--data.val_fraction=0", "--eval.every=0",
+                                "--eval.bigram_baseline=false", "--run.name=tokens"});
+  ASSERT_EQ(run.status, 0) << run.out;
+  const fs::path run_dir = scratch.path() / "runs" / "tokens";
+  const std::string tok = scratch.str("default_tok.json"), out = scratch.str("default_shards");
+  const CliRun t = run_forge({"tokenize", "train", "--vocab-size", "300", "--out", tok, scratch.str("corpus")});
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_EQ(train_testing::read_text(tok), train_testing::read_text((run_dir / "tokenizer.json").string()));
+  const CliRun e = run_forge({"tokenize", "encode", "--tokenizer", tok, "--out", out, scratch.str("corpus")});
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_NE(e.out.find("every document ends with \"<|endoftext|>\""), std::string::npos) << e.out;
+  int shards = 0;
+  for (const auto& f : fs::directory_iterator(run_dir / "data")) {
+    if (f.path().extension() != ".bin") continue;
+    ++shards;
+    EXPECT_EQ(train_testing::read_text(f.path().string()),
+              train_testing::read_text((fs::path(out) / f.path().filename()).string()))
+        << f.path().filename();
+  }
+  EXPECT_EQ(shards, 2);
+  const auto bpe = data::BpeTokenizer::load(tok);
+  const auto ids = data::TokenShard((fs::path(out) / "shard_00000.bin").string()).to_vector();
+  EXPECT_EQ(ids.back(), bpe.special_id("<|endoftext|>"));
+  // --eos-token "" joins the documents as they are.
+  const CliRun none = run_forge({"tokenize", "encode", "--tokenizer", tok, "--eos-token", "", "--out",
+                                 scratch.str("no_eos"), scratch.str("corpus")});
+  ASSERT_EQ(none.status, 0) << none.out;
+  EXPECT_EQ(data::TokenShard(scratch.str("no_eos/shard_00000.bin")).size() + 1, static_cast<int64_t>(ids.size()));
+}
+
+// A mistyped command or value gets the nearest ones named.
+TEST_F(CliTest, CliMistypedCommandsAndValuesGetSuggestions) {
+  const CliRun cmd = run_forge({"trian", config});
+  EXPECT_EQ(cmd.status, 2) << cmd.out;
+  EXPECT_NE(cmd.out.find("forge: error: 'trian' is not a command of 'forge'; did you mean 'train'?"), std::string::npos)
+      << cmd.out;
+  const CliRun sub = run_forge({"tokenize", "encod", "--tokenizer", "t.json"});
+  EXPECT_EQ(sub.status, 2) << sub.out;
+  EXPECT_NE(sub.out.find("'encod' is not a command of 'forge tokenize'; did you mean 'encode'?"), std::string::npos)
+      << sub.out;
+  EXPECT_NE(sub.out.find("(see 'forge tokenize --help')"), std::string::npos) << sub.out;
+  const CliRun far = run_forge({"xyzzy"});
+  EXPECT_EQ(far.status, 2) << far.out;
+  EXPECT_NE(far.out.find("the commands are: train, sample"), std::string::npos) << far.out;
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"--run.dtype=fp16", "(did you mean \"f16\"?)"},       {"--run.dtype=bfloat16", "(did you mean \"bf16\"?)"},
+      {"--optim.name=adam", "(did you mean \"adamw\"?)"},     {"--schedule.kind=cos", "(did you mean \"cosine\"?)"},
+      {"--schedule.kind=Linear", "(did you mean \"linear\"?)"}, {"--run.attention=flsh", "(did you mean \"flash\"?)"},
+      {"--dist.pp_schedule=zbh1", "(did you mean \"zb-h1\"?)"}, {"--data.source=file", "(did you mean \"files\"?)"}};
+  for (const auto& [arg, hint] : values) {
+    const CliRun r = run_forge({"train", config, arg, "--print-config"});
+    EXPECT_EQ(r.status, 1) << arg << ": " << r.out;
+    EXPECT_NE(r.out.find("is unknown; use"), std::string::npos) << arg << ": " << r.out;
+    EXPECT_NE(r.out.find(hint), std::string::npos) << arg << ": " << r.out;
+  }
+  const CliRun nothing_near = run_forge({"train", config, "--optim.name=lion", "--print-config"});
+  EXPECT_EQ(nothing_near.out.find("did you mean"), std::string::npos) << nothing_near.out;
+}
+
+// A start refused before training (a GPU that is not there, --resume without a checkpoint) leaves
+// no run directory behind; a directory that was there already, and its files, stay.
+TEST_F(CliTest, CliARefusedStartLeavesNoRunDirectory) {
+  const fs::path runs = scratch.path() / "runs";
+  const CliRun resume = run_forge({"train", config, "--run.name=never", "--resume"});
+  EXPECT_EQ(resume.status, 1) << resume.out;
+  EXPECT_NE(resume.out.find("--resume: no checkpoint"), std::string::npos) << resume.out;
+  EXPECT_FALSE(fs::exists(runs / "never")) << resume.out;
+  if (run_forge({"info"}).out.find("GPUs: no CUDA device") != std::string::npos) {
+    const CliRun gpu = run_forge({"train", config, "--run.name=never", "--device", "cuda"});
+    EXPECT_EQ(gpu.status, 1) << gpu.out;
+    EXPECT_NE(gpu.out.find("no CUDA device is visible"), std::string::npos) << gpu.out;
+    EXPECT_FALSE(fs::exists(runs / "never")) << gpu.out;
+  }
+  fs::create_directories(runs / "kept");
+  train_testing::write_text((runs / "kept" / "notes.txt").string(), "mine");
+  const CliRun kept = run_forge({"train", config, "--run.name=kept", "--resume"});
+  EXPECT_EQ(kept.status, 1) << kept.out;
+  EXPECT_EQ(train_testing::read_text((runs / "kept" / "notes.txt").string()), "mine");
 }
 
 // forge tokenize ids/decode: text -> ids as a JSON array and back, with any tokenizer file.

@@ -2,7 +2,7 @@
 // forge launch: starts the ranks of a job on this host and watches them (docs/dist.md,
 // "Launching").
 //
-//   forge launch --nproc-per-node 8 -- forge train configs/gpt2.toml
+//   forge launch --nproc-per-node 8 -- forge train configs/gpt2-124m.toml
 //
 // Two ways to start the ranks (`spawn`):
 //   direct  fork/exec N children with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,

@@ -1,9 +1,13 @@
 // validate(): the value checks of a RunConfig and the relations between its keys, run after
 // every load and override and again by run_training (contracts in config.h). Each error names the
 // key and the fix; nothing is read but the metadata of the data files.
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "forge/core/error.h"
 #include "forge/data/idx.h"
@@ -17,6 +21,34 @@ namespace forge::train {
 
 namespace fs = std::filesystem;
 
+// " (did you mean \"f16\"?)" for a mistyped value of a key that takes one of `choices`: a common
+// other spelling (fp16, bfloat16, adam, cos), a different case, a prefix either way, or the one
+// choice nearest by edit distance; empty when nothing is close.
+std::string suggest_choice(const std::string& value, const std::vector<std::string>& choices) {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"fp16", "f16"},   {"float16", "f16"},   {"half", "f16"},       {"fp32", "f32"},     {"float32", "f32"},
+      {"float", "f32"},  {"bfloat16", "bf16"}, {"bfp16", "bf16"},     {"adam", "adamw"},   {"cos", "cosine"},
+      {"const", "constant"}, {"zbh1", "zb-h1"}, {"zb_h1", "zb-h1"},   {"random_tokens", "random"}};
+  auto has = [&](const std::string& c) { return std::find(choices.begin(), choices.end(), c) != choices.end(); };
+  auto said = [](const std::string& c) { return " (did you mean \"" + c + "\"?)"; };
+  std::string lower = value;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const auto& [from, to] : aliases)
+    if (lower == from && has(to)) return said(to);
+  if (has(lower)) return said(lower);
+  const std::string* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  bool tie = false;
+  for (const std::string& c : choices) {
+    if (lower.size() >= 2 && (c.rfind(lower, 0) == 0 || lower.rfind(c, 0) == 0)) return said(c);
+    const size_t d = edit_distance(lower, c);
+    if (d < best_d) best_d = d, best = &c, tie = false;
+    else if (d == best_d) tie = true;
+  }
+  if (best != nullptr && !tie && best_d <= std::max<size_t>(1, lower.size() / 3)) return said(*best);
+  return "";
+}
+
 void validate(const RunConfig& c) {
   // [run]
   FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
@@ -25,12 +57,14 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.run.seed >= 0, "run.seed must be >= 0, got ", c.run.seed);
   check_run_device_syntax(c.run.device);  // the syntax; whether the GPU exists is checked when the run starts
   FORGE_CHECK(c.run.dtype == "auto" || c.run.dtype == "f32" || c.run.dtype == "bf16" || c.run.dtype == "f16",
-              "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"");
+              "run.dtype = '", c.run.dtype, "' is unknown; use \"auto\", \"f32\", \"bf16\" or \"f16\"",
+              suggest_choice(c.run.dtype, {"auto", "f32", "bf16", "f16"}));
   FORGE_CHECK(ops::is_attention_backend(c.run.attention), "run.attention = '", c.run.attention,
-              "' is unknown; use \"auto\", \"flash\" or \"composed\"");
+              "' is unknown; use \"auto\", \"flash\" or \"composed\"",
+              suggest_choice(c.run.attention, {"auto", "flash", "composed"}));
   FORGE_CHECK(c.run.gemm_tuning == "cached" || c.run.gemm_tuning == "off", "run.gemm_tuning = '", c.run.gemm_tuning,
               "' is unknown; use \"cached\" (time each GEMM shape's algorithms once) or \"off\" (cuBLASLt's "
-              "heuristic)");
+              "heuristic)", suggest_choice(c.run.gemm_tuning, {"cached", "off"}));
   (void)parse_duration(c.run.time_limit, "run.time_limit");  // Note [preemption]
   (void)parse_stop_signal(c.run.preempt_signal, "run.preempt_signal");
 
@@ -46,7 +80,8 @@ void validate(const RunConfig& c) {
 
   // [optim] and [schedule]
   const auto& o = c.optim;
-  FORGE_CHECK(o.name == "adamw" || o.name == "sgd", "optim.name = '", o.name, "' is unknown; use \"adamw\" or \"sgd\"");
+  FORGE_CHECK(o.name == "adamw" || o.name == "sgd", "optim.name = '", o.name, "' is unknown; use \"adamw\" or \"sgd\"",
+              suggest_choice(o.name, {"adamw", "sgd"}));
   FORGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "optim.lr must be > 0, got ", o.lr);
   FORGE_CHECK(o.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", o.weight_decay);
   // Each optimizer's own keys are checked for it only (AdamW ignores momentum, SGD the betas).
@@ -62,7 +97,8 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = no clipping), got ", o.grad_clip);
   const auto& s = c.schedule;
   FORGE_CHECK(s.kind == "cosine" || s.kind == "linear" || s.kind == "constant", "schedule.kind = '", s.kind,
-              "' is unknown; use \"cosine\", \"linear\" or \"constant\"");
+              "' is unknown; use \"cosine\", \"linear\" or \"constant\"",
+              suggest_choice(s.kind, {"cosine", "linear", "constant"}));
   FORGE_CHECK(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0, got ", s.warmup_steps);
   FORGE_CHECK(s.min_lr >= 0 && s.min_lr <= o.lr, "schedule.min_lr = ", s.min_lr, " must be in [0, optim.lr = ", o.lr,
               "]");
@@ -133,7 +169,8 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp_schedule == "1f1b" || c.dist.pp_schedule == "gpipe" || c.dist.pp_schedule == "zb-h1" ||
                   c.dist.pp_schedule == "interleaved",
               "dist.pp_schedule = '", c.dist.pp_schedule,
-              "' is unknown; use \"1f1b\", \"gpipe\", \"zb-h1\" or \"interleaved\"");
+              "' is unknown; use \"1f1b\", \"gpipe\", \"zb-h1\" or \"interleaved\"",
+              suggest_choice(c.dist.pp_schedule, {"1f1b", "gpipe", "zb-h1", "interleaved"}));
   FORGE_CHECK((c.dist.pp_schedule == "interleaved") == (c.dist.pp_virtual_stages >= 2),
               c.dist.pp_schedule == "interleaved"
                   ? "dist.pp_schedule = \"interleaved\" needs dist.pp_virtual_stages >= 2 (model chunks per rank), got "
@@ -193,7 +230,8 @@ void validate(const RunConfig& c) {
   const auto& d = c.data;
   if (lm) {
     FORGE_CHECK(d.source == "files" || d.source == "random", "data.source = '", d.source,
-                "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)");
+                "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)",
+                suggest_choice(d.source, {"files", "random"}));
     FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
     FORGE_CHECK(!d.text_key.empty(), "data.text_key is empty; give the key of each .jsonl line's text, e.g. \"text\"");
     std::error_code ec;

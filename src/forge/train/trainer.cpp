@@ -94,6 +94,34 @@ void reset_peak_memory(Device d) {
   reset_cpu_peak_memory();
 }
 
+// A run directory that this start created is removed again when the start is refused before
+// training begins (a GPU that is not there, --resume without a checkpoint, bad data), so a
+// refused command leaves nothing behind. Only an empty directory goes (its own lock file aside):
+// whatever a failed start wrote there, and anything another process put in it, stays.
+class CreatedRunDir {
+ public:
+  explicit CreatedRunDir(fs::path dir) : dir_(std::move(dir)) {}
+  CreatedRunDir(const CreatedRunDir&) = delete;
+  CreatedRunDir& operator=(const CreatedRunDir&) = delete;
+  void created() { created_ = true; }
+  void keep() { created_ = false; }
+  ~CreatedRunDir() {
+    if (!created_) return;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+      const bool own_lock = entry.path().filename() == "forge.lock" && entry.is_regular_file(ec) && entry.file_size(ec) == 0;
+      if (!own_lock) return;
+    }
+    if (ec) return;
+    fs::remove(dir_ / "forge.lock", ec);
+    fs::remove(dir_, ec);  // (only an empty directory)
+  }
+
+ private:
+  fs::path dir_;
+  bool created_ = false;
+};
+
 // Note [reserving segments ahead] (core/block_pool.cpp): the pinned host memory of the
 // checkpoint snapshots, page-locked on a thread of its own while the first steps train, so the
 // first checkpoint does not stall for it (25 s for a 3.6B model's 50 GB). The snapshot waits
@@ -243,7 +271,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   std::error_code ec;
   FORGE_CHECK(!fs::exists(run_dir, ec) || fs::is_directory(run_dir, ec), "run.dir: the run directory '",
               run_dir.string(), "' exists and is not a directory; choose another run.name or run.dir");
-  fs::create_directories(run_dir, ec);
+  CreatedRunDir created_dir(run_dir);  // removed again if this start is refused (before the lock goes)
+  if (fs::create_directories(run_dir, ec) && rank0) created_dir.created();
   FORGE_CHECK(!ec, "run.dir: cannot create the run directory '", run_dir.string(), "': ", ec.message());
   const fs::path metrics_path = run_dir / "metrics.jsonl";
   // Note [preemption]: from here on SIGTERM, SIGINT and run.preempt_signal stop the run after a
@@ -393,6 +422,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   schedule.validate();
 
   const json config_json = config_to_json(cfg);
+  created_dir.keep();  // the run begins
   if (rank0)
     io::write_file_atomic(run_dir / "config.toml", "# the resolved config of this run (forge train)\n" + config_to_toml(cfg));
   // Rank 0 writes the metrics; the other ranks' writer goes to /dev/null.
@@ -419,6 +449,15 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   int64_t interval_steps = 0, interval_units = 0, units_this_call = 0;
   // Training units (tokens, images) seen by the run, across resumes.
   int64_t units_done = ck && ck->extra.is_object() ? ck->extra.value(units.name, int64_t{0}) : 0;
+  // The run's training time before this start (its checkpoint's extra.elapsed_s): the records'
+  // elapsed_s go on across resumes (the time between a stop and the next start is not counted).
+  // run.time_limit counts from this start.
+  double elapsed_before = 0.0;
+  if (ck && ck->extra.is_object() && ck->extra.contains("elapsed_s") && ck->extra["elapsed_s"].is_number()) {
+    const double e = ck->extra["elapsed_s"].get<double>();
+    if (std::isfinite(e) && e >= 0) elapsed_before = e;
+  }
+  auto run_elapsed = [&] { return elapsed_before + seconds_since(t_start); };
   // Note [async checkpoints]: the snapshot at the step boundary (collective), its writing on the
   // writer's thread. FORGE_DIST_TIMEOUT bounds rank 0's wait for the other ranks' files from below.
   CheckpointWriter writer(cfg.checkpoint.async, std::max(3600.0, env::real("FORGE_DIST_TIMEOUT")));
@@ -432,6 +471,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     const double waited = seconds_since(t0);
     json extra = task->checkpoint_extra();
     extra[units.name] = units_done;
+    extra["elapsed_s"] = run_elapsed();
     CheckpointJob job = strategy->snapshot_checkpoint(run_dir, at, {loader.state(), config_json, extra},
                                                       cfg.checkpoint.keep_last);
     ops::wait_for_host_copies(device);
@@ -558,7 +598,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     if (q.step % cfg.train.log_every == 0 || q.step == total_steps || q.step == result.start_step + 1 ||
         (place && place->ends_epoch)) {
       const double rate = static_cast<double>(interval_units) / std::max(interval_seconds, 1e-9);
-      const double elapsed = seconds_since(t_start);
+      const double elapsed = run_elapsed();
       const double eta = static_cast<double>(total_steps - q.step) * interval_seconds / static_cast<double>(interval_steps);
       const int64_t mem = peak_memory(device);
       // rate counts the whole job's units: MFU is over the peak of all its GPUs (Note [MFU]).
@@ -671,7 +711,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       result.evals.push_back({step, e.loss});
       log << e.line << std::endl;
       e.record["step"] = step;
-      e.record["elapsed_s"] = seconds_since(t_start);
+      e.record["elapsed_s"] = run_elapsed();
       write_metrics(e.record);
     }
     if (checkpoint_due) checkpoint_now(step);  // it logs itself
@@ -703,7 +743,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     result.stopped = true;
     result.stop_reason = stop_reason;
     result.seconds = seconds_since(t_start);
-    write_metrics({{"step", step}, {"stopped", stop_reason}, {"elapsed_s", result.seconds}});
+    write_metrics({{"step", step}, {"stopped", stop_reason}, {"elapsed_s", run_elapsed()}});
     log << "stopped: at step " << step << " of " << total_steps << " (" << stop_reason << "), checkpoint "
         << result.last_checkpoint << "; the same command continues the run (exit code " << kStoppedExitCode << ")"
         << std::endl;
@@ -729,7 +769,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     }
     const double most = *std::max_element(peaks.begin(), peaks.end());
     final_record["mem_bytes_max"] = most;
-    log << "memory: peak per GPU " << telemetry::format_bytes(most) << " (the largest of " << pg->size() << " ranks)";
+    log << "memory: peak per " << (device.is_cuda() ? "GPU " : "process ") << telemetry::format_bytes(most) << " (the largest of "
+        << pg->size() << " ranks)";
     if (layout.pp > 1) {
       final_record["mem_bytes_per_stage"] = per_stage;
       log << "; per pipeline stage";
@@ -742,7 +783,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   writer.wait();  // the last checkpoint is on disk before the run reports done
   report_written();
   result.seconds = seconds_since(t_start);
-  final_record["elapsed_s"] = result.seconds;
+  final_record["elapsed_s"] = run_elapsed();
   final_record[units.name + "_per_s"] = units_per_s;
   write_metrics(final_record);
   log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
