@@ -190,6 +190,7 @@ TEST_P(PipelineLayouts, MatchesTheRunWithoutAPipeline) {
     for (const auto& m : last["mem_bytes_per_stage"]) EXPECT_GT(m.get<double>(), 0) << last.dump();
     EXPECT_GE(last["mem_bytes_max"].get<double>(), last["mem_bytes_per_stage"][0].get<double>());
     EXPECT_NE(r.out.find("per pipeline stage 0: "), npos) << r.out;
+    EXPECT_NE(r.out.find("memory: peak per process "), npos) << r.out;  // CPU ranks: no "per GPU"
   }
   if (o == "sgd") {
     expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
