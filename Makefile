@@ -39,21 +39,19 @@ sanitize-test: deps
 
 # The demo: a small GPT on the fortunes corpus (configs/tiny.toml writes runs/tiny), then a
 # sample from its final checkpoint.
-# OMP_WAIT_POLICY=passive: OpenMP's worker threads sleep instead of spinning between
-# parallel regions, so they do not take the cores from OpenBLAS's own (pthread) threads
-# during GEMMs; on 2 cores this makes the demo about 1.6x faster (same losses, bit for bit).
+# (forge sets OMP_WAIT_POLICY=passive itself when the environment does not: Note [CPU threading
+# defaults] in apps/forge/threading_defaults.h; `forge info` shows it.)
 # `make train` again continues the run or says it is finished (docs/train.md, "Long runs");
 # `make train TRAIN_ARGS=--run.overwrite=true` starts it afresh.
 TRAIN_CONFIG  ?= configs/tiny.toml
 TRAIN_ARGS    ?=
 TRAIN_RUN     ?= runs/tiny
 SAMPLE_PROMPT ?= The meaning of life is
-OMP_WAIT_POLICY ?= passive
 
 train: deps
 	$(MAKE) build
-	OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) ./$(BUILD)/forge train $(TRAIN_CONFIG) $(TRAIN_ARGS)
-	OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) ./$(BUILD)/forge sample --checkpoint $(TRAIN_RUN) --prompt "$(SAMPLE_PROMPT)" --tokens 120 --temperature 0.8 --top-k 40 --seed 1
+	./$(BUILD)/forge train $(TRAIN_CONFIG) $(TRAIN_ARGS)
+	./$(BUILD)/forge sample --checkpoint $(TRAIN_RUN) --prompt "$(SAMPLE_PROMPT)" --tokens 120 --temperature 0.8 --top-k 40 --seed 1
 
 bench: deps configure
 	cmake --build $(BUILD) -j $(JOBS) --target forge_cpu_bench

@@ -12,6 +12,7 @@
 #include "forge/bench/gpu_info.h"
 #include "forge/bench/host_info.h"
 #include "forge/core/env.h"
+#include "threading_defaults.h"
 
 namespace forge::app {
 
@@ -52,6 +53,7 @@ void print_table(const bench::HostInfo& h, const bench::GpuSystemInfo& g) {
     print_row("cache " + bench::cache_name(c), bytes_str(c.size_bytes) + " x " + std::to_string(c.instances) +
                                                    " (shared by " + std::to_string(c.cpus_per_instance) + " CPUs)");
   print_row("memory", bytes_str(h.memory_bytes));
+  print_row("OpenMP wait policy", wait_policy_description());
 
   std::printf("\nCUDA\n");
   print_row("forge built with CUDA", g.cuda_build ? "yes" : "no");
@@ -178,6 +180,7 @@ int run_info() {
     nlohmann::json j = bench::to_json(gpus);
     j["host"] = bench::to_json(host);
     j["forge_version"] = FORGE_VERSION;
+    j["host"]["omp_wait_policy"] = wait_policy_description();
     std::cout << j.dump(2) << "\n";
     return 0;
   }

@@ -21,6 +21,7 @@
 #include "info_command.h"
 #include "launch_command.h"
 #include "plan_command.h"
+#include "threading_defaults.h"
 #include "forge/core/memory_owner.h"
 #include "forge/core/error.h"
 #include "forge/train/config.h"
@@ -112,6 +113,7 @@ void add_model_placement(CLI::App* cmd, std::string& device, std::string& dtype)
 }  // namespace
 
 int main(int argc, char** argv) {
+  forge::app::apply_threading_defaults(argv);  // Note [CPU threading defaults]: may start forge again
   install_crash_handler();
   std::vector<std::string> args(argv + 1, argv + argc);
   // Config overrides (--section.key=value) are taken out before CLI11 sees the line (not for

@@ -103,7 +103,7 @@ TEST(Env, UndeclaredNamesAndWrongKindsAreProgrammingErrors) {
   // Not switches: they are (or become) config keys or launch plumbing.
   for (const char* name :
        {"FORGE_DIST_SKIP_REDUCTIONS", "FORGE_TEST_ABORT_AT", "FORGE_TEST_HANG_AT", "FORGE_LAUNCHER", "FORGE_NCCL_ID",
-        "FORGE_RESTART_COUNT", "FORGE_LAUNCH_STOP_SIGNAL", "FORGE_RDZV_TOKEN"})
+        "FORGE_RESTART_COUNT", "FORGE_LAUNCH_STOP_SIGNAL", "FORGE_RDZV_TOKEN", "FORGE_OMP_DEFAULTS"})
     error_of([&] { env::spec(name); });
   // Reading a switch as another kind.
   expect_has(error_of([] { env::integer("FORGE_GELU_FUSION"); }), "read it with env::flag");

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -257,6 +259,36 @@ TEST_F(CliTest, CliTokenizeDefaultsGiveWhatTrainGives) {
                                  scratch.str("no_eos"), scratch.str("corpus")});
   ASSERT_EQ(none.status, 0) << none.out;
   EXPECT_EQ(data::TokenShard(scratch.str("no_eos/shard_00000.bin")).size() + 1, static_cast<int64_t>(ids.size()));
+}
+
+// Note [CPU threading defaults]: without OMP_WAIT_POLICY in the environment forge runs with
+// "passive" (set before libgomp loads: it executes itself again) and `forge info` says so; a value
+// in the environment is kept.
+TEST_F(CliTest, CliForgeChoosesThePassiveOpenMpWaitPolicyItself) {
+  struct Unset {  // for the child processes of this test only
+    std::optional<std::string> policy, ours;
+    Unset() {
+      if (const char* p = std::getenv("OMP_WAIT_POLICY")) policy = p;
+      if (const char* o = std::getenv("FORGE_OMP_DEFAULTS")) ours = o;
+      ::unsetenv("OMP_WAIT_POLICY");
+      ::unsetenv("FORGE_OMP_DEFAULTS");
+    }
+    ~Unset() {
+      if (policy) ::setenv("OMP_WAIT_POLICY", policy->c_str(), 1);
+      if (ours) ::setenv("FORGE_OMP_DEFAULTS", ours->c_str(), 1);
+    }
+  } unset;
+  const CliRun chosen = run_forge({"info"});
+  ASSERT_EQ(chosen.status, 0) << chosen.out;
+  EXPECT_NE(chosen.out.find("OpenMP wait policy     passive (forge's default"), std::string::npos) << chosen.out;
+  const CliRun json = run_forge({"info", "--json"}, Stderr::dropped);
+  EXPECT_EQ(nlohmann::json::parse(json.out)["host"]["omp_wait_policy"].get<std::string>().rfind("passive (forge's", 0), 0u)
+      << json.out;
+  const CliRun kept = run_forge({"info"}, Stderr::merged, {{"OMP_WAIT_POLICY", "active"}});
+  EXPECT_NE(kept.out.find("OpenMP wait policy     active (OMP_WAIT_POLICY)"), std::string::npos) << kept.out;
+  // The re-executed forge is the same program with the same arguments.
+  const CliRun typo = run_forge({"train", config, "--train.stpes=5"});
+  EXPECT_NE(typo.out.find("did you mean 'train.steps'?"), std::string::npos) << typo.out;
 }
 
 // A mistyped command or value gets the nearest ones named.
