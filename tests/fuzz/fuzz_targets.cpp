@@ -171,7 +171,13 @@ fs::path checkpoint_with(const char* file, const uint8_t* data, size_t size) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   fs::create_directories(dir.parent_path());
-  fs::copy(base, dir, fs::copy_options::recursive);
+  // libFuzzer's -timeout alarm (a handler without SA_RESTART) can interrupt the copy's sendfile:
+  // the harness's own setup, not the code under test (forge's handlers restart: preemption.cpp).
+  for (int attempt = 0;; ++attempt) {
+    fs::copy(base, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+    if (!ec) break;
+    if (ec != std::errc::interrupted || attempt == 100) throw fs::filesystem_error("fuzz harness: copy", base, dir, ec);
+  }
   write_file((fs::path("run") / "checkpoints" / dir.filename() / file).string(), data, size);
   return dir;
 }
