@@ -1,13 +1,14 @@
 # forge: the two commands of the README's Quick start, and their parts.
 #   make train   install deps, build, train the demo GPT (configs/tiny.toml), sample from it
 #   make test    install deps, build, run every test; then the sanitizer build (make sanitize-test)
+#   make install put forge on the PATH (PREFIX, default /usr/local)
 BUILD      ?= build
 BUILD_TYPE ?= Release
 FORGE_CUDA ?= AUTO
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test sanitize-test train bench clean
+.PHONY: all deps configure build install test sanitize-test train bench clean
 
 all: build
 
@@ -19,6 +20,12 @@ configure:
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# forge on the PATH: $(PREFIX)/bin/forge, the configs in $(PREFIX)/share/forge/configs (so the
+# docs' `forge train configs/tiny.toml` works from any directory). `sudo make install` for /usr/local.
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 test: deps
 	$(MAKE) build

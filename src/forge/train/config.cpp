@@ -471,8 +471,21 @@ RunConfig parse_config(const std::string& text, const std::string& origin, const
   return cfg;
 }
 
-RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+std::string installed_config(const std::string& path) {
   std::error_code ec;
+  if (path.empty() || fs::path(path).is_absolute() || fs::is_regular_file(path, ec)) return "";
+  // Note [installed configs]: `make install` puts the shipped configs in <prefix>/share/forge/configs
+  // beside <prefix>/bin/forge, so `forge train configs/tiny.toml` works from any directory.
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec || exe.empty()) return "";
+  const fs::path candidate = exe.parent_path().parent_path() / "share" / "forge" / path;
+  return fs::is_regular_file(candidate, ec) ? candidate.string() : "";
+}
+
+RunConfig load_config(const std::string& path_in, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  const std::string installed = installed_config(path_in);
+  const std::string path = installed.empty() ? path_in : installed;
   FORGE_CHECK(fs::is_regular_file(path, ec), "config file '", path, "' does not exist (give the path to a TOML file, e.g. configs/tiny.toml)");
   std::ifstream in(path);
   FORGE_CHECK(in.good(), "cannot read config file '", path, "'");

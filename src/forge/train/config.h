@@ -197,8 +197,13 @@ struct KeyInfo {
 const std::vector<KeyInfo>& config_keys();
 
 // Reads `path` (TOML), applies `overrides` ("--section.key=value" or "section.key=value",
-// in order; later ones win), then validate(). Throws forge::Error on the first problem.
+// in order; later ones win), then validate(). Throws forge::Error on the first problem. A relative
+// path that names no file here is looked for among the installed configs (installed_config).
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Note [installed configs]: for a relative `path` that is not a file from here, the file of that
+// name under <the forge executable's prefix>/share/forge (`make install` puts configs/ there), if
+// there is one; "" otherwise.
+std::string installed_config(const std::string& path);
 // The same from TOML text (`origin` names it in messages).
 RunConfig parse_config(const std::string& toml_text, const std::string& origin,
                        const std::vector<std::string>& overrides = {});
