@@ -248,6 +248,8 @@ int run_plan(const std::vector<std::string>& overrides) {
 #else
     cpu_config = cfg.run.device == "cpu" || cfg.run.device == "auto";
 #endif
+    // Several GPUs asked for: "auto" means the GPUs of that job, whatever this build can run.
+    if (cfg.run.device == "auto" && a.given("--gpus") && a.gpus > 1) cpu_config = false;
     config_checkpointing = cfg.model.checkpoint_activations;
   } else {
     FORGE_CHECK(shape_given, "forge plan: which model? Give a preset (forge plan --list-models), --config FILE.toml, "
@@ -445,6 +447,18 @@ int run_plan(const std::vector<std::string>& overrides) {
   if (!a.given("--micro-batch") && !a.given("--grad-accum") && default_grad_accum > 0 && !a.given("--batch") &&
       !a.given("--batch-tokens") && in.global_batch % (l.dp * default_grad_accum) == 0)
     l.micro_batch = in.global_batch / (l.dp * default_grad_accum);
+  // A config's batch that does not split over this many data-parallel ranks (the config written for
+  // fewer GPUs): its micro-batch per GPU kept, the global batch scaled to dp of them, and said so.
+  if (!a.config.empty() && default_grad_accum > 0 && !a.given("--micro-batch") && !a.given("--grad-accum") &&
+      !a.given("--batch") && !a.given("--batch-tokens") && in.global_batch % (l.micro_batch * l.dp) != 0) {
+    const int64_t scaled = default_micro_batch * l.dp * default_grad_accum;
+    std::cerr << "forge plan: the config's batch of " << in.global_batch << " sequences does not split over dp = "
+              << l.dp << " GPUs; planning " << scaled << " (its " << default_micro_batch << " per GPU x " << l.dp
+              << (default_grad_accum > 1 ? " x " + std::to_string(default_grad_accum) + " micro-batches" : std::string())
+              << "): train it with --train.batch_size=" << scaled << ", or give --batch\n";
+    in.global_batch = scaled;
+    l.micro_batch = default_micro_batch;
+  }
   FORGE_CHECK(l.micro_batch >= 1, "--micro-batch must be >= 1, got ", l.micro_batch);
   if (a.given("--grad-accum")) {
     FORGE_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got ", a.grad_accum);
@@ -468,6 +482,10 @@ int run_plan(const std::vector<std::string>& overrides) {
       std::cerr << "forge plan: no --tokens: planning " << si(in.tokens) << " tokens"
                 << (default_tokens > 0 ? " (the config's run)" : " (20 per parameter, Chinchilla-optimal)") << "\n";
     std::cout << format_plan(in, r);
+    if (!r.memory.fits)
+      std::cout << "\nThis layout does not fit. The same command with --search lists the layouts of " << gpus
+                << " GPU(s) that fit (data, tensor and pipeline parallelism, ZeRO, offload, checkpointing), ranked "
+                   "by time; flags given there fix a dimension.\n";
   }
   return 0;
 }

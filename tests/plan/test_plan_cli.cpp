@@ -103,6 +103,41 @@ TEST_F(PlanCli, ReadsAForgeConfigWithOverrides) {
   fs::remove_all(dir);
 }
 
+// A config written for fewer GPUs: its batch does not split over --gpus 8, so its micro-batch per
+// GPU is kept and the global batch scaled, and the message says how to train it; "auto" with
+// --gpus > 1 plans GPUs (an H100 unless --gpu says otherwise).
+TEST_F(PlanCli, AConfigIsScaledToMoreGpusAndSaysHow) {
+  const fs::path cfg = fs::path(FORGE_SOURCE_DIR) / "configs" / "llama-0.85b.toml";
+  const CliRun r = run_forge({"plan", "--config", cfg.string(), "--gpus", "8"});
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("forge plan: no --gpu: planning on an H100 SXM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the config's batch of 4 sequences does not split over dp = 8 GPUs; planning 32 (its 4 per GPU "
+                       "x 8): train it with --train.batch_size=32, or give --batch"),
+            std::string::npos)
+      << r.out;
+  const auto j = json_of({"plan", "--config", cfg.string(), "--gpus", "8", "--json"});
+  EXPECT_EQ(j["layout"]["dp"], 8);
+  EXPECT_EQ(j["layout"]["micro_batch"], 4);
+  EXPECT_EQ(j["layout"]["grad_accum"], 1);
+  // A batch the user gives is never changed: the error names the fix.
+  const CliRun given = run_forge({"plan", "--config", cfg.string(), "--gpus", "8", "--batch", "12"});
+  EXPECT_EQ(given.status, 1) << given.out;
+  EXPECT_NE(given.out.find("give --batch as a multiple of"), std::string::npos) << given.out;
+}
+
+// A layout that does not fit points to --search.
+TEST_F(PlanCli, ALayoutThatDoesNotFitSuggestsSearch) {
+  const CliRun r = run_forge({"plan", "llama2-7b", "--gpu", "h100", "--gpus", "1"}, Stderr::dropped);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("This layout does not fit. The same command with --search lists the layouts of 1 GPU(s) that fit"),
+            std::string::npos)
+      << r.out;
+  const CliRun fits = run_forge({"plan", "gpt2", "--gpu", "h100", "--gpus", "1"}, Stderr::dropped);
+  ASSERT_EQ(fits.status, 0) << fits.out;
+  EXPECT_EQ(fits.out.find("--search lists"), std::string::npos) << fits.out;
+}
+
 TEST_F(PlanCli, BadInputIsAClearError) {
   CliRun r = run_forge({"plan", "llama2-7b", "--gpu", "h1000"});
   EXPECT_EQ(r.status, 1);
