@@ -8,27 +8,37 @@ FORGE_CUDA ?= AUTO
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build install test sanitize-test train bench clean
+.PHONY: all deps deps-runtime configure build install test sanitize-test train bench clean
 
 all: build
 
+# deps: what the tests need too (make test); deps-runtime: building and training only (make train,
+# make install), without GoogleTest, Google Benchmark, PyTorch and the Fashion-MNIST data.
 deps:
 	bash scripts/install-deps.sh
 
+deps-runtime:
+	bash scripts/install-deps.sh --runtime
+
+# TESTS=OFF configures without the tests and benchmarks (what make train and make install build).
+TESTS ?= ON
 configure:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DFORGE_CUDA=$(FORGE_CUDA) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DFORGE_CUDA=$(FORGE_CUDA) \
+	  -DFORGE_BUILD_TESTS=$(TESTS) -DFORGE_BUILD_BENCHMARKS=$(TESTS) $(CMAKE_ARGS)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # forge on the PATH: $(PREFIX)/bin/forge, the configs in $(PREFIX)/share/forge/configs (so the
-# docs' `forge train configs/tiny.toml` works from any directory). `sudo make install` for /usr/local.
+# docs' `forge train configs/tiny.toml` works from any directory). Builds first when $(BUILD)/forge
+# is missing; `make train` then `sudo make install` for /usr/local, or PREFIX=$$HOME/.local without sudo.
 PREFIX ?= /usr/local
-install: build
+install:
+	@[ -x $(BUILD)/forge ] || $(MAKE) deps-runtime build TESTS=OFF
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 test: deps
-	$(MAKE) build
+	$(MAKE) build TESTS=ON
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) sanitize-test
 
@@ -55,8 +65,8 @@ TRAIN_ARGS    ?=
 TRAIN_RUN     ?= runs/tiny
 SAMPLE_PROMPT ?= The meaning of life is
 
-train: deps
-	$(MAKE) build
+train: deps-runtime
+	$(MAKE) build TESTS=OFF
 	./$(BUILD)/forge train $(TRAIN_CONFIG) $(TRAIN_ARGS)
 	./$(BUILD)/forge sample --checkpoint $(TRAIN_RUN) --prompt "$(SAMPLE_PROMPT)" --tokens 120 --temperature 0.8 --top-k 40 --seed 1
 

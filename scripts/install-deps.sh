@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Installs every Debian/Ubuntu package that forge's build and tests need.
-# Idempotent: packages already present are skipped; uses sudo when not root.
-# Usage: scripts/install-deps.sh [--with-bench]
+# Installs the Debian/Ubuntu packages forge needs. Idempotent: packages already present are
+# skipped; uses sudo when not root.
+#   scripts/install-deps.sh            # building, training AND the tests (make test)
+#   scripts/install-deps.sh --runtime  # building and training only (make train, make install)
 set -euo pipefail
 
+RUNTIME_ONLY=0
+for arg in "$@"; do
+  case $arg in
+    --runtime) RUNTIME_ONLY=1 ;;
+    --with-bench) ;;  # (the benchmarks' library is in the full set)
+    *) echo "install-deps: unknown argument '$arg' (use --runtime, or nothing for the tests' set too)" >&2; exit 2 ;;
+  esac
+done
+
+# What building forge and training with it need.
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev            # CPU GEMM (cblas_sgemm / cblas_dgemm)
-  libgtest-dev googletest    # unit tests (GoogleTest through CTest)
-  libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
-  zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST
+  zlib1g-dev                 # reading the gzipped IDX files of Fashion-MNIST, .jsonl.gz corpora
   libxxhash-dev              # checkpoint manifests' checksums (XXH3, used header-only)
   libcli11-dev               # the forge command line
   nlohmann-json3-dev         # safetensors headers, checkpoint metadata, metrics.jsonl
@@ -18,9 +27,15 @@ packages=(
   libsentencepiece-dev       # tokenizer files: sentencepiece .model
   libopenmpi-dev openmpi-bin # forge::dist on CPU tensors and multi-node start-up (mpirun)
   fortunes                   # the demo corpus (configs/tiny.toml)
-  dataset-fashion-mnist      # the CNN demo (configs/fashion-mnist.toml)
+)
+# What the tests and benchmarks add (make test).
+test_packages=(
+  libgtest-dev googletest    # unit tests (GoogleTest through CTest)
+  libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
+  dataset-fashion-mnist      # the CNN demo and its tests (configs/fashion-mnist.toml)
   python3 python3-numpy python3-torch   # reference checks against PyTorch
 )
+[ "$RUNTIME_ONLY" = 1 ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -43,7 +58,7 @@ check_cmake() {
 
 fixtures() {
   # Real published tokenizer files for the tokenizer tests (checksummed; skipped when present).
-  bash "$(dirname "$0")/fetch-tokenizer-fixtures.sh"
+  [ "$RUNTIME_ONLY" = 1 ] || bash "$(dirname "$0")/fetch-tokenizer-fixtures.sh"
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
