@@ -40,7 +40,8 @@ int run_train(const TrainArgs& args) {
     std::cout << train::config_to_toml(cfg);
     return 0;
   }
-  std::cout << "forge train " << args.config << " -> " << cfg.run_dir() << "\n";
+  if (dist::launch_env().rank == 0)  // the job's header once, as its log (rank 0 speaks for the job)
+    std::cout << "forge train " << args.config << " -> " << cfg.run_dir() << "\n";
   train::TrainOptions opt;
   opt.resume = args.resume;
   opt.resume_from = args.resume_from;

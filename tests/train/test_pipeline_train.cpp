@@ -191,6 +191,9 @@ TEST_P(PipelineLayouts, MatchesTheRunWithoutAPipeline) {
     EXPECT_GE(last["mem_bytes_max"].get<double>(), last["mem_bytes_per_stage"][0].get<double>());
     EXPECT_NE(r.out.find("per pipeline stage 0: "), npos) << r.out;
     EXPECT_NE(r.out.find("memory: peak per process "), npos) << r.out;  // CPU ranks: no "per GPU"
+    const size_t header = r.out.find("forge train ");  // the job's header once, from rank 0
+    EXPECT_NE(header, npos) << r.out;
+    EXPECT_EQ(r.out.find("forge train ", header + 1), npos) << r.out;
   }
   if (o == "sgd") {
     expect_same_run(root_ / name, single, 1, 1e-6, 1e-6, name);
