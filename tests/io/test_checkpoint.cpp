@@ -381,6 +381,11 @@ TEST(Checkpoint, DamagedFilesAndEditedStepsAreNeverLoaded) {
          spit(ck / "manifest.json", m.dump());
          reseal(ck);
        }, "the directory is named for step 20 but holds step 21"},
+      {"the manifest's format a number (a fuzzing finding: it escaped as a JSON type error)", [&] {
+         json m = json::parse(slurp(ck / "manifest.json"));
+         m["format"] = 40;
+         spit(ck / "manifest.json", m.dump());
+       }, "is not a forge checkpoint manifest"},
       {"a model file of another step, resealed", [&] {
          fs::copy_file(good / "model.safetensors", ck / "model.safetensors", fs::copy_options::overwrite_existing);
          reseal(ck);

@@ -190,7 +190,37 @@ void save_checkpoint(const fs::path& dir, const CheckpointData& data) {
   });
 }
 
+namespace {
+
+// A JSON file of the checkpoint with a field of an unexpected type (a number where a string
+// belongs: nlohmann's type_error) is a damaged checkpoint like any other: a forge::Error naming it,
+// so that find_latest_valid_checkpoint skips it and --resume reports it (a fuzzing finding).
+template <class F>
+auto naming_json_errors(const fs::path& dir, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    FORGE_THROW("checkpoint '", dir.string(), "' is damaged: a JSON field of the wrong type in its state or manifest (",
+                e.what(), ")");
+  }
+}
+
+CheckpointData load_checkpoint_unchecked(const fs::path& dir, Device device, bool verify);
+bool verify_checkpoint_unchecked(const fs::path& dir);
+
+}  // namespace
+
 CheckpointData load_checkpoint(const fs::path& dir, Device device, bool verify) {
+  return naming_json_errors(dir, [&] { return load_checkpoint_unchecked(dir, device, verify); });
+}
+
+bool verify_checkpoint(const fs::path& dir) {
+  return naming_json_errors(dir, [&] { return verify_checkpoint_unchecked(dir); });
+}
+
+namespace {
+
+CheckpointData load_checkpoint_unchecked(const fs::path& dir, Device device, bool verify) {
   std::error_code ec;
   FORGE_CHECK(fs::is_directory(dir, ec), "load_checkpoint: '", dir.string(), "' is not a directory");
   const bool verified = verify ? verify_checkpoint(dir) : fs::exists(dir / kManifestFile, ec);  // Note [checkpoint integrity]
@@ -239,7 +269,7 @@ CheckpointData load_checkpoint(const fs::path& dir, Device device, bool verify) 
   return data;
 }
 
-bool verify_checkpoint(const fs::path& dir) {
+bool verify_checkpoint_unchecked(const fs::path& dir) {
   std::error_code ec;
   FORGE_CHECK(fs::is_directory(dir, ec), "checkpoint '", dir.string(), "' is not a directory");
   const std::string where = "checkpoint '" + dir.string() + "'";
@@ -257,7 +287,8 @@ bool verify_checkpoint(const fs::path& dir) {
                 " is missing (every checkpoint of format_version 2 or later has one)");
   }
   const json m = parse_json_file(manifest_file, "checkpoint manifest");
-  FORGE_CHECK(m.is_object() && m.value("format", std::string()) == kManifestFormat && m.contains("files") &&
+  FORGE_CHECK(m.is_object() && m.contains("format") && m["format"].is_string() &&
+                  m["format"].get<std::string>() == kManifestFormat && m.contains("files") &&
                   m["files"].is_object() && m.contains("step") && m["step"].is_number_integer(),
               "checkpoint manifest '", manifest_file.string(), "' is not a forge checkpoint manifest (format '",
               kManifestFormat, "' with 'step' and 'files')");
@@ -309,6 +340,8 @@ bool verify_checkpoint(const fs::path& dir) {
   }
   return true;
 }
+
+}  // namespace
 
 void check_finite(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& what,
                   const std::string& why) {
