@@ -112,10 +112,14 @@ BlockPool::Block* BlockPool::new_segment(StreamId stream, size_t size, bool smal
     p = backend_.allocate_segment(bytes);
   }
   if (p == nullptr) throw_out_of_memory(requested, size, bytes);
+  return adopt_segment(p, bytes, small, stream);
+}
+
+BlockPool::Block* BlockPool::adopt_segment(void* ptr, size_t bytes, bool small, StreamId stream) {
   auto* b = new Block;
   b->stream = stream;
   b->small = small;
-  b->ptr = static_cast<char*>(p);
+  b->ptr = static_cast<char*>(ptr);
   b->size = bytes;
   segments_.insert(b);
   stats_.reserved += static_cast<int64_t>(bytes);
@@ -304,16 +308,7 @@ std::vector<BlockPool::SegmentPlan> BlockPool::plan_segments(const std::vector<s
 void BlockPool::add_segment(void* ptr, size_t bytes, bool small, StreamId stream) {
   FORGE_CHECK(ptr != nullptr && bytes > 0 && bytes % kRoundBytes == 0, "add_segment: ", bytes,
               " bytes at ", ptr, " is not a segment of the ", name_);
-  auto* b = new Block;
-  b->stream = stream;
-  b->small = small;
-  b->ptr = static_cast<char*>(ptr);
-  b->size = bytes;
-  segments_.insert(b);
-  stats_.reserved += static_cast<int64_t>(bytes);
-  raise_peak(stats_.reserved, stats_.peak_reserved);
-  ++stats_.num_device_allocs;
-  insert_free(b);
+  insert_free(adopt_segment(ptr, bytes, small, stream));
 }
 
 MemoryStats BlockPool::stats() const { return stats_; }

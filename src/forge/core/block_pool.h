@@ -179,6 +179,7 @@ class BlockPool {
   FreeSet& pool_of(const Block* b) { return b->small ? small_ : large_; }
   Block* take_free(FreeSet& pool, StreamId stream, size_t size);
   Block* new_segment(StreamId stream, size_t size, bool small, size_t requested);
+  Block* adopt_segment(void* ptr, size_t bytes, bool small, StreamId stream);  // counted, not yet free
   void insert_free(Block* b);  // merges with free neighbours, then into its pool
   void process_events();       // frees the blocks whose events all completed (never blocks)
   void release_cached();       // waits for pending events, releases wholly free segments
