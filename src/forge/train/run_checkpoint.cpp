@@ -14,6 +14,18 @@
 namespace forge::train {
 
 namespace fs = std::filesystem;
+
+CreatedRunDir::~CreatedRunDir() {
+  if (!created_) return;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const bool own_lock = entry.path().filename() == "forge.lock" && entry.is_regular_file(ec) && entry.file_size(ec) == 0;
+    if (!own_lock) return;
+  }
+  if (ec) return;
+  fs::remove(dir_ / "forge.lock", ec);
+  fs::remove(dir_, ec);  // (only an empty directory)
+}
 using nlohmann::json;
 
 fs::path resolve_checkpoint(const fs::path& p, const char* who, std::ostream* warn) {

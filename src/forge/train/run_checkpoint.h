@@ -27,6 +27,28 @@ namespace forge::train {
 // the option in errors ("--resume", "sample: --checkpoint").
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& p, const char* who, std::ostream* warn = nullptr);
 
+// A run directory that this start created is removed again when the start is refused before
+// training begins (a GPU that is not there, --resume without a checkpoint, bad data), so a
+// refused command leaves nothing behind. Only an empty directory goes (its own emptied lock file
+// aside): whatever a failed start wrote there, and anything another process put in it, stays.
+//   CreatedRunDir created(run_dir);                     // before the run lock (destroyed after it)
+//   if (fs::create_directories(run_dir, ec)) created.created();
+//   ... checks that may throw ...
+//   created.keep();                                     // the run begins
+class CreatedRunDir {
+ public:
+  explicit CreatedRunDir(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  CreatedRunDir(const CreatedRunDir&) = delete;
+  CreatedRunDir& operator=(const CreatedRunDir&) = delete;
+  ~CreatedRunDir();
+  void created() { created_ = true; }
+  void keep() { created_ = false; }
+
+ private:
+  std::filesystem::path dir_;
+  bool created_ = false;
+};
+
 // Note [one command starts or continues]: how `forge train` begins in its run directory.
 //   - run.overwrite = true: afresh; rank 0 (`owner`) removes what an earlier run of forge left
 //     there (checkpoints/, metrics.jsonl, tb/); nothing else.

@@ -5,7 +5,6 @@
 #include "forge/train/trainer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +39,7 @@
 #include "forge/train/checkpoint_writer.h"
 #include "forge/train/graphed_step.h"
 #include "forge/train/hf_model.h"
+#include "forge/train/host_reservation.h"
 #include "forge/train/layout.h"
 #include "forge/train/oom_report.h"
 #include "forge/train/phase_marks.h"
@@ -93,91 +93,6 @@ void reset_peak_memory(Device d) {
   (void)d;
   reset_cpu_peak_memory();
 }
-
-// A run directory that this start created is removed again when the start is refused before
-// training begins (a GPU that is not there, --resume without a checkpoint, bad data), so a
-// refused command leaves nothing behind. Only an empty directory goes (its own lock file aside):
-// whatever a failed start wrote there, and anything another process put in it, stays.
-class CreatedRunDir {
- public:
-  explicit CreatedRunDir(fs::path dir) : dir_(std::move(dir)) {}
-  CreatedRunDir(const CreatedRunDir&) = delete;
-  CreatedRunDir& operator=(const CreatedRunDir&) = delete;
-  void created() { created_ = true; }
-  void keep() { created_ = false; }
-  ~CreatedRunDir() {
-    if (!created_) return;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-      const bool own_lock = entry.path().filename() == "forge.lock" && entry.is_regular_file(ec) && entry.file_size(ec) == 0;
-      if (!own_lock) return;
-    }
-    if (ec) return;
-    fs::remove(dir_ / "forge.lock", ec);
-    fs::remove(dir_, ec);  // (only an empty directory)
-  }
-
- private:
-  fs::path dir_;
-  bool created_ = false;
-};
-
-// Note [reserving segments ahead] (core/block_pool.cpp): the pinned host memory of the
-// checkpoint snapshots, page-locked on a thread of its own while the first steps train, so the
-// first checkpoint does not stall for it (25 s for a 3.6B model's 50 GB). The snapshot waits
-// for it to finish (its remaining time is then part of the stall); leaving the scope stops it
-// after the segment in hand.
-class HostReservation {
- public:
-  HostReservation() = default;
-  HostReservation(const HostReservation&) = delete;
-  HostReservation& operator=(const HostReservation&) = delete;
-  ~HostReservation() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  bool started() const { return started_; }
-  // Starts the reservation of `bytes` (in the order the snapshot copies them) for `device`'s
-  // copies; returns their total (0: nothing to do).
-  uint64_t start(Device device, std::vector<size_t> bytes) {
-    started_ = true;
-    uint64_t total = 0;
-    for (size_t b : bytes) total += b;
-    if (total == 0) return 0;
-    requested_ = total;
-    thread_ = std::thread([this, device, bytes = std::move(bytes)] {
-      const auto t0 = Clock::now();
-      try {
-        reserved_ = ops::reserve_host_copies(device, bytes, &stop_);
-      } catch (const std::exception& e) {
-        error_ = e.what();
-      }
-      seconds_ = seconds_since(t0);
-    });
-    return total;
-  }
-  // Waits for the reservation; a line for the log the first time (empty otherwise).
-  std::string wait() {
-    if (!thread_.joinable()) return "";
-    thread_.join();
-    std::string line = "checkpoint: " + telemetry::format_bytes(static_cast<double>(reserved_)) +
-                       " of pinned host memory for the snapshots reserved in the background in " +
-                       fixed(seconds_, 2) + " s";
-    if (!error_.empty())
-      line += " (stopped: " + error_ + ")";
-    else if (reserved_ + (64u << 20) < requested_)
-      line += " (the host gave no more page-locked memory: the snapshot allocates the rest)";
-    return line;
-  }
-
- private:
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  bool started_ = false;
-  uint64_t requested_ = 0, reserved_ = 0;
-  double seconds_ = 0.0;
-  std::string error_;
-};
 
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
 // host one step late. The values are copied into pinned memory right after the update is
@@ -466,9 +381,11 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   HostReservation host_reservation;  // started after the first step (Note [reserving segments ahead])
   auto checkpoint_now = [&](int64_t at) {
     const auto t0 = Clock::now();
+    // (the rest of the pinned reservation, if any, counts as snapshot time, not as the previous write)
     if (const std::string r = host_reservation.wait(); !r.empty()) log << r << std::endl;
+    const auto t_writer = Clock::now();
     writer.wait();  // the previous checkpoint, if it is still being written on this rank
-    const double waited = seconds_since(t0);
+    const double waited = seconds_since(t_writer);
     json extra = task->checkpoint_extra();
     extra[units.name] = units_done;
     extra["elapsed_s"] = run_elapsed();
