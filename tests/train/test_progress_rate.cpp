@@ -2,8 +2,10 @@
 // a true rate. A run was once seen reporting "8.08M tok/s" at its final step on this kind of
 // machine; the run shapes that change how the last interval is timed (an evaluation at or just
 // before the end, a checkpoint just before it, gradient accumulation, a resumed run) each end
-// with a rate within a factor of the run's others. (The factor is loose: CPU steps of a tiny
-// model are milliseconds, and the reported fault was hundreds of times too high.)
+// with a rate within a factor of the run's others. (The factor is loose, and the batch is 48
+// sequences so that a step takes tens of milliseconds: with the tiny model's 4 ms steps, a
+// scheduler's pause on a loaded 2-core CI machine put a single-step interval 10x below the
+// median. The reported fault was hundreds of times too high.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,7 +52,7 @@ TEST(ProgressRate, TheLastStepReportsATrueRate) {
       {"grad_accum", {"--eval.every=0", "--train.grad_accum=2"}},
   };
   for (const auto& [name, extra] : shapes) {
-    std::vector<std::string> o = {"--train.log_every=2"};
+    std::vector<std::string> o = {"--train.log_every=2", "--train.batch_size=48"};
     o.insert(o.end(), extra.begin(), extra.end());
     const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path(), name, 13), name + ".toml", o);
     std::ostringstream log;
@@ -58,7 +60,8 @@ TEST(ProgressRate, TheLastStepReportsATrueRate) {
     expect_last_rate_true(rates(res.run_dir), 13, name);
   }
   // A resumed run: 6 steps with a checkpoint, then on to 13.
-  const std::vector<std::string> o = {"--train.log_every=2", "--eval.every=0", "--checkpoint.every=6"};
+  const std::vector<std::string> o = {"--train.log_every=2", "--train.batch_size=48", "--eval.every=0",
+                                      "--checkpoint.every=6"};
   std::ostringstream log;
   run_training(parse_config(train_testing::tiny_toml(scratch.path(), "resumed", 6), "r.toml", o), {}, log);
   TrainOptions resume;

@@ -373,6 +373,13 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     if (std::isfinite(e) && e >= 0) elapsed_before = e;
   }
   auto run_elapsed = [&] { return elapsed_before + seconds_since(t_start); };
+  // The elapsed_s written into the last checkpoint, and its step. The record that ends a run (final,
+  // stopped) reports this when its checkpoint is of the last step, so that a resumed start's
+  // records (which go on from the checkpoint's value) never read earlier than the record before
+  // them; the time spent writing that checkpoint is not counted.
+  double checkpoint_elapsed = 0.0;
+  int64_t checkpoint_elapsed_step = -1;
+  auto ending_elapsed = [&](int64_t at) { return checkpoint_elapsed_step == at ? checkpoint_elapsed : run_elapsed(); };
   // Note [async checkpoints]: the snapshot at the step boundary (collective), its writing on the
   // writer's thread. FORGE_DIST_TIMEOUT bounds rank 0's wait for the other ranks' files from below.
   CheckpointWriter writer(cfg.checkpoint.async, std::max(3600.0, env::real("FORGE_DIST_TIMEOUT")));
@@ -388,7 +395,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     const double waited = seconds_since(t_writer);
     json extra = task->checkpoint_extra();
     extra[units.name] = units_done;
-    extra["elapsed_s"] = run_elapsed();
+    checkpoint_elapsed = run_elapsed();
+    checkpoint_elapsed_step = at;
+    extra["elapsed_s"] = checkpoint_elapsed;
     CheckpointJob job = strategy->snapshot_checkpoint(run_dir, at, {loader.state(), config_json, extra},
                                                       cfg.checkpoint.keep_last);
     ops::wait_for_host_copies(device);
@@ -660,7 +669,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     result.stopped = true;
     result.stop_reason = stop_reason;
     result.seconds = seconds_since(t_start);
-    write_metrics({{"step", step}, {"stopped", stop_reason}, {"elapsed_s", run_elapsed()}});
+    write_metrics({{"step", step}, {"stopped", stop_reason}, {"elapsed_s", ending_elapsed(step)}});
     log << "stopped: at step " << step << " of " << total_steps << " (" << stop_reason << "), checkpoint "
         << result.last_checkpoint << "; the same command continues the run (exit code " << kStoppedExitCode << ")"
         << std::endl;
@@ -700,7 +709,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   writer.wait();  // the last checkpoint is on disk before the run reports done
   report_written();
   result.seconds = seconds_since(t_start);
-  final_record["elapsed_s"] = run_elapsed();
+  final_record["elapsed_s"] = ending_elapsed(step);
   final_record[units.name + "_per_s"] = units_per_s;
   write_metrics(final_record);
   log << "done: " << step << " steps in " << telemetry::format_duration(result.seconds) << " ("
