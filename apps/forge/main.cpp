@@ -33,8 +33,14 @@ constexpr const char* kTrainFooter =
     "  forge train configs/tiny.toml --train.steps=100 --optim.lr=3e-4 --run.name=short\n"
     "The keys, their types and defaults: docs/train.md.";
 
+// An error line written whole (one write): under forge launch, Open MPI's --tag-output tags each
+// write a rank makes, and the launcher joins the pieces (Note [launch output]).
+void print_error(const std::string& message, const char* kind = "error") {
+  std::cerr << ("forge: " + std::string(kind) + ": " + message + "\n") << std::flush;
+}
+
 int usage_error(const std::string& message, const std::string& help_cmd) {
-  std::cerr << "forge: error: " << message << "\n(see 'forge " << help_cmd << "--help')\n";
+  print_error(message + "\n(see 'forge " + help_cmd + "--help')");
   return 2;
 }
 
@@ -266,7 +272,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help of a subcommand
     if (const std::string u = unknown_command(app, split.rest); !u.empty()) {
-      std::cerr << "forge: error: " << u << "\n";
+      print_error(u);
       return 2;
     }
     std::string cmd;
@@ -313,21 +319,21 @@ int main(int argc, char** argv) {
     std::cerr << app.help();
     return 2;
   } catch (const forge::Error& e) {
-    std::cerr << "forge: error: " << e.what() << "\n";
+    print_error(e.what());
     return 1;
   } catch (const std::bad_alloc&) {
     // A request the host could not serve (a file asking for an absurd size is refused before any
     // allocation: Note [checked sizes]; this is memory really running out).
-    std::cerr << "forge: error: out of host memory (an allocation failed); a smaller batch, model or input "
-                 "would fit, or FORGE_CPU_MEMORY_LIMIT shows what needed it (docs/environment.md)\n";
+    print_error("out of host memory (an allocation failed); a smaller batch, model or input would fit, or "
+                "FORGE_CPU_MEMORY_LIMIT shows what needed it (docs/environment.md)");
     return 1;
   } catch (const nlohmann::json::exception& e) {
     // Every file forge reads names itself in its errors; a JSON error that gets this far lacks the
     // name of its file: said as such rather than as an internal error.
-    std::cerr << "forge: error: a JSON document has a missing field or one of the wrong type (" << e.what() << ")\n";
+    print_error("a JSON document has a missing field or one of the wrong type (" + std::string(e.what()) + ")");
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "forge: internal error: " << e.what() << "\n";
+    print_error(e.what(), "internal error");
     return 1;
   }
 }

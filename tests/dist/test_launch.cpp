@@ -252,6 +252,12 @@ TEST(Launch, ARankThatFailsStopsTheOthers) {
   EXPECT_TRUE(contains(r.log, "exited with code 3; stopping the other 2 ranks")) << r.log;
 }
 
+TEST(Launch, AnErrorEveryRankPrintsComesOutOnceNamingTheRanks) {
+  const Ran r = run(cpu_ranks(3, "echo 'forge: error: run.device = gpu0 is not a device' >&2; sleep 0.3; exit 1"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, "[ranks 0-2] forge: error: run.device = gpu0 is not a device\n") << r.output;
+}
+
 TEST(Launch, ARankKilledByASignal) {
   const Ran r = run(cpu_ranks(2, "if [ \"$RANK\" = 0 ]; then kill -SEGV $$; fi; sleep 30"));
   EXPECT_EQ(r.status, 128 + SIGSEGV);
@@ -371,6 +377,38 @@ TEST_F(LaunchCli, FailureStatusAndMessage) {
                                      "sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
   EXPECT_EQ(r.status, 3) << r.out;
   EXPECT_TRUE(contains(r.out, "forge launch: rank 1 (pid")) << r.out;
+}
+
+// forge train's config error under forge launch's CPU ranks (mpirun): one error line naming
+// both ranks, one line of the launcher naming the rank that failed first, none of mpirun's text.
+TEST_F(LaunchCli, ATrainingErrorComesOutOnce) {
+  try {
+    find_executable("mpirun", "mpirun");
+  } catch (const Error&) {
+    GTEST_SKIP() << "no mpirun on PATH (apt install openmpi-bin)";
+  }
+  const fs::path dir = fs::temp_directory_path() / ("forge_launch_cli_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "bad.toml");
+    f << "[run]\ndir = \"" << (dir / "runs").string() << "\"\ndevice = \"cpu\"\n"
+      << "[model]\ntype = \"gpt\"\nn_layer = 1\nn_head = 5\nn_embd = 128\nblock_size = 16\n"
+      << "[data]\nsource = \"random\"\nvocab_size = 64\n[train]\nsteps = 1\nbatch_size = 1\nseq_len = 16\n";
+  }
+  const auto r = testing::run_forge({"launch", "--nproc-per-node", "2", "--device", "cpu", "--", "forge", "train",
+                                     (dir / "bad.toml").string()},
+                                    testing::Stderr::merged,
+                                    {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}});
+  fs::remove_all(dir);
+  EXPECT_EQ(r.status, 1) << r.out;
+  size_t n = 0;
+  for (size_t i = r.out.find("forge: error:"); i != std::string::npos; i = r.out.find("forge: error:", i + 1)) ++n;
+  EXPECT_EQ(n, 1u) << r.out;
+  EXPECT_TRUE(contains(r.out, "[ranks 0, 1] forge: error: model.n_head = 5 does not divide model.n_embd = 128"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "exited with code 1 first; mpirun stopped the job and exited with code 1")) << r.out;
+  EXPECT_FALSE(contains(r.out, "Primary job")) << r.out;
+  EXPECT_FALSE(contains(r.out, "-----")) << r.out;
 }
 
 TEST_F(LaunchCli, BadInput) {
@@ -543,8 +581,9 @@ TEST_F(LaunchMpi, TwoRanks) {
   o.bind = BindMode::none;
   const Ran r = run(o);
   EXPECT_EQ(r.status, 0) << r.log << r.output;
-  EXPECT_TRUE(contains(r.output, "mpi 0 of 2 bind none\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "mpi 1 of 2 bind none\n")) << r.output;
+  // Open MPI's --tag-output names each line's rank (Note [launch output])
+  EXPECT_TRUE(contains(r.output, "[rank 0] mpi 0 of 2 bind none\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] mpi 1 of 2 bind none\n")) << r.output;
   EXPECT_TRUE(contains(r.log, "2 CPU ranks (mpirun spawn)")) << r.log;
 }
 
@@ -554,7 +593,25 @@ TEST_F(LaunchMpi, ARankThatFails) {
   const Ran r = run(o);
   EXPECT_NE(r.status, 0) << r.log << r.output;
   EXPECT_LT(r.seconds, 15.0);
-  EXPECT_TRUE(contains(r.log, "forge launch: mpirun (pid")) << r.log;
+  // One line of the launcher names the rank; mpirun's framed blocks saying the same are dropped.
+  EXPECT_TRUE(contains(r.log, "forge launch: rank 1 exited with code 3 first; mpirun stopped the job")) << r.log;
+  EXPECT_FALSE(contains(r.output, "Primary job")) << r.output;
+  EXPECT_FALSE(contains(r.output, "mpirun detected")) << r.output;
+  EXPECT_FALSE(contains(r.output, "------")) << r.output;
+}
+
+// Each rank writes its error in two pieces (as a program writing to an unbuffered stream does):
+// one line comes out, naming both ranks.
+TEST_F(LaunchMpi, AnErrorEveryRankPrintsComesOutOnce) {
+  LaunchOptions o = cpu_ranks(2, "printf 'forge: error: ' >&2; sleep 0.1; printf 'the same mistake\\n' >&2; exit 1");
+  o.spawn = SpawnMode::mpirun;
+  const Ran r = run(o);
+  EXPECT_EQ(r.status, 1) << r.log << r.output;
+  EXPECT_TRUE(contains(r.output, "[ranks 0, 1] forge: error: the same mistake\n")) << r.output;
+  size_t n = 0;
+  for (size_t i = r.output.find("forge: error"); i != std::string::npos; i = r.output.find("forge: error", i + 1)) ++n;
+  EXPECT_EQ(n, 1u) << r.output;
+  EXPECT_TRUE(contains(r.log, "exited with code 1 first; mpirun stopped the job")) << r.log;
 }
 
 }  // namespace

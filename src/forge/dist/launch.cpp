@@ -36,6 +36,7 @@
 #include <iterator>
 
 #include "forge/core/error.h"
+#include "forge/dist/launch_output.h"
 #include "forge/ops/creation.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -271,7 +272,12 @@ LaunchPlan plan_launch(const LaunchOptions& opt, bool make_nccl_id) {
     plan.argv = {mpirun};
     if (open_mpi) {
       // Binding is forge's (FORGE_BIND, numa.h) in every rank, the same as for direct ranks.
-      plan.argv.insert(plan.argv.end(), {"-np", std::to_string(plan.nproc), "--oversubscribe", "--bind-to", "none"});
+      // --tag-output: each line names its rank (Note [launch output]).
+      plan.argv.insert(plan.argv.end(),
+                       {"-np", std::to_string(plan.nproc), "--oversubscribe", "--bind-to", "none", "--tag-output"});
+      plan.mpirun_tags = true;
+      const size_t v = version.find(") ");  // "mpirun (Open MPI) 4.1.4"
+      plan.tag_space = v != std::string::npos && v + 2 < version.size() && version[v + 2] >= '5' && version[v + 2] <= '9';
       if (::getuid() == 0) plan.argv.push_back("--allow-run-as-root");
       for (const auto& [k, v] : plan.env) plan.argv.insert(plan.argv.end(), {"-x", k});
     } else {
@@ -501,15 +507,14 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
   }
   ::close(devnull);
 
+  LaunchOutput out({.prefix = opt.prefix_output, .mpirun_tags = plan.mpirun_tags, .tag_space = plan.tag_space,
+                    .world = plan.nproc},
+                   [&](bool is_err, const std::string& text) {
+                     if (opt.output != nullptr) *opt.output << text << std::flush;
+                     else write_all(is_err ? 2 : 1, text);
+                   });
   auto emit = [&](const Stream& s, std::string_view line) {
-    std::string text;
-    if (direct && opt.prefix_output) text = "[rank " + std::to_string(children[s.child].rank) + "] ";
-    text.append(line).push_back('\n');
-    if (opt.output != nullptr) {
-      *opt.output << text << std::flush;
-    } else {
-      write_all(s.is_err ? 2 : 1, text);
-    }
+    out.line(direct ? children[s.child].rank : -1, s.is_err, line);
   };
   // Reads what is there; returns false at end of file (the stream is then closed).
   auto pump = [&](Stream& s) {
@@ -544,6 +549,7 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
   int result = 0, got_signal = 0, signals_seen = 0, stopped_ranks = 0;
   Clock::time_point stop_deadline{}, drain_deadline{}, first_signal_at{};
   std::string deadline_reason;  // what the stop deadline waits after, for the SIGKILL message
+  std::string mpirun_failed;    // how mpirun ended, when it failed (reported once its output is read)
   auto after = [](double seconds) {
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   };
@@ -606,6 +612,7 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
     }
     for (auto& s : streams)
       if (s.fd >= 0) pump(s);
+    out.tick();
 
     // Reap.
     for (auto& c : children) {
@@ -630,6 +637,12 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
       }
       if (ok || failed || got_signal != 0) continue;
       failed = true;
+      if (!direct) {  // mpirun ended the job; its text, read to the end, names the rank (below)
+        result = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL);
+        mpirun_failed = WIFEXITED(st) ? "exited with code " + std::to_string(result)
+                                      : "was killed by signal " + std::to_string(result - 128);
+        continue;
+      }
       std::ostringstream msg;
       msg << "forge launch: " << name(c);
       if (WIFEXITED(st)) {
@@ -659,6 +672,17 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
     if (s.fd < 0) continue;
     if (!s.buf.empty()) emit(s, s.buf);
     ::close(s.fd);
+  }
+  out.finish();
+  if (!mpirun_failed.empty()) {
+    log << "forge launch: ";
+    if (const auto& f = out.first_failure())
+      log << "rank " << f->rank
+          << (f->signal > 0 ? " was killed by signal " + std::to_string(f->signal) + " (" + signal_name(f->signal) + ")"
+                            : " exited with code " + std::to_string(f->exit_code))
+          << " first; mpirun stopped the job and " << mpirun_failed << std::endl;
+    else
+      log << "mpirun " << mpirun_failed << std::endl;
   }
   if (failed) return result;
   if (stopped_ranks > 0) return kStoppedExitCode;

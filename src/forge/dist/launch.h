@@ -19,10 +19,14 @@
 // Under mpirun, which kills its ranks on SIGTERM, the first stop goes to mpirun as SIGUSR2
 // (forwarded to the ranks; FORGE_LAUNCH_STOP_SIGNAL=USR2 tells them it means stop), the second as
 // SIGTERM (Note [stopping under mpirun]). The ranks get SIGTERM if the launcher dies.
-// Children read /dev/null; their stdout and stderr lines come out prefixed "[rank N] ".
+// Children read /dev/null; their stdout and stderr lines come out prefixed "[rank N] " (under
+// Open MPI too, through its --tag-output), a line every rank prints alike ("forge: error: ...")
+// once as "[ranks 0-3] ...", and mpirun's own blocks only where they add something (Note [launch
+// output], launch_output.h).
 //
 // When a rank exits non-zero or is killed by a signal, the launcher prints
 //   forge launch: rank 1 (pid 4242) exited with code 3; stopping the other 3 ranks
+// (under mpirun: "forge launch: rank 1 exited with code 3 first; mpirun stopped the job")
 // sends SIGTERM to the others, SIGKILL after `grace_seconds`, and returns the rank's code
 // (128 + signal for a signal). A rank that exits with kStoppedExitCode (75: stopped with its
 // checkpoint, by a signal or run.time_limit) is not a failure: the others get `stop_timeout` to do
@@ -90,6 +94,8 @@ struct LaunchPlan {
   std::vector<std::string> unset_env;       // removed from every child's environment
   std::vector<std::map<std::string, std::string>> rank_env;  // per rank, direct spawn only
   std::string summary;                      // one line for the log
+  bool mpirun_tags = false;                 // Open MPI's --tag-output: its lines name their rank
+  bool tag_space = false;                   // Open MPI 5 (a space after the tag)
 };
 
 // Resolves `opt` into a plan. With make_nccl_id false (tests), GPU ranks get no FORGE_NCCL_ID.
