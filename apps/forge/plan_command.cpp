@@ -220,7 +220,7 @@ int run_plan(const std::vector<std::string>& overrides) {
   int64_t default_batch = 0, default_micro_batch = 0, default_grad_accum = 0;
   dist::Layout config_layout;  // a config's own [dist] keys: the defaults of --tp, --pp, --zero, --offload
   double default_tokens = 0;
-  bool cpu_config = false, config_checkpointing = false;
+  bool cpu_config = false, config_checkpointing = false, data_given = false;
   const bool shape_given = a.given("--layers") || a.given("--width") || a.given("--heads");
   if (!preset_name.empty()) {
     const Preset& p = find_preset(preset_name);
@@ -233,6 +233,7 @@ int run_plan(const std::vector<std::string>& overrides) {
     // rank a micro-batch is batch_size / grad_accum.
     default_batch = cfg.train.batch_size;
     default_grad_accum = cfg.train.grad_accum;
+    data_given = cfg.data.source == "files";
     default_micro_batch = cfg.train.batch_size / std::max<int64_t>(1, cfg.train.grad_accum);
     config_layout.tp = cfg.dist.tp;
     config_layout.pp = cfg.dist.pp;
@@ -319,6 +320,7 @@ int run_plan(const std::vector<std::string>& overrides) {
               << " (--gpu NAME chooses)\n";
   GpuSpec gpu = on_cpu ? cpu_device(a.peak_tflops) : find_gpu(a.gpu.empty() ? "h100" : a.gpu);
   PlanInput in;
+  in.data_given = data_given;
   in.setup.precision = !a.precision.empty() ? parse_precision(a.precision) : on_cpu ? Precision::fp32 : Precision::bf16;
   if (a.peak_tflops > 0 && !on_cpu) {
     switch (in.setup.precision) {

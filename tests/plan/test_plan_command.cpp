@@ -59,13 +59,29 @@ PlanInput input(const fs::path& config, int64_t gpus) {
   in.global_batch = 16;
   in.cluster = make_cluster(find_gpu("h100"), gpus);
   in.setup.precision = Precision::bf16;
+  in.tokens = 1e9;
   return in;
+}
+
+// The command with its placeholders filled in: a text file for CORPUS, a tokenizer file for
+// TOKENIZER.
+std::string filled(std::string cmd) {
+  const fs::path dir = fs::temp_directory_path() / ("forge_plan_command_data_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "corpus.txt") << "Some text to train on.\n";
+  std::ofstream(dir / "tokenizer.json") << "{}";
+  for (const auto& [from, to] : {std::pair<std::string, fs::path>{"CORPUS", dir / "corpus.txt"},
+                                 std::pair<std::string, fs::path>{"TOKENIZER", dir / "tokenizer.json"}}) {
+    const size_t at = cmd.find("=" + from);
+    if (at != std::string::npos) cmd.replace(at + 1, from.size(), to.string());
+  }
+  return cmd;
 }
 
 void expect_runs_unchanged(const PlanInput& in, const Layout& l) {
   const TrainCommand c = train_command(in, l);
   ASSERT_TRUE(c.unsupported.empty()) << c.unsupported << ": " << c.command;
-  const Parsed p = parse(c.command);
+  const Parsed p = parse(filled(c.command));
   EXPECT_EQ(p.ranks, l.dp * l.tp * l.pp) << c.command;
   const train::RunConfig cfg = train::load_config(p.config, p.overrides);  // throws on a bad key
   const dist::Layout got = train::run_layout(cfg, static_cast<int>(p.ranks));
@@ -81,6 +97,12 @@ void expect_runs_unchanged(const PlanInput& in, const Layout& l) {
   }
   EXPECT_EQ(got.checkpointing, l.checkpointing) << c.command;
   EXPECT_EQ(cfg.run.dtype, "bf16");
+  // The planned tokens, the data to fill in.
+  const int64_t per_step = l.global_batch() * in.model.seq_len;
+  EXPECT_EQ(cfg.train.steps, static_cast<int64_t>((in.tokens + per_step - 1) / per_step)) << c.command;
+  EXPECT_EQ(cfg.data.source, "files") << c.command;
+  EXPECT_NE(c.fill_in.find("CORPUS = your training data"), std::string::npos) << c.fill_in;
+  EXPECT_NE(c.fill_in.find("TOKENIZER = a tokenizer file of 32000 tokens"), std::string::npos) << c.fill_in;
 }
 
 TEST(PlanCommand, TheBestLayoutsCommandRunsItUnchanged) {
@@ -101,6 +123,18 @@ TEST(PlanCommand, TheBestLayoutsCommandRunsItUnchanged) {
   expect_runs_unchanged(input(cfg, 8), three);
   EXPECT_EQ(train_command(input(cfg, 16), pp).command.rfind("srun -N 2 --ntasks-per-node 8 forge train", 0), 0u);
   fs::remove(cfg);
+}
+
+// A config that names its own data keeps it: nothing to fill in.
+TEST(PlanCommand, AConfigWithItsDataNeedsNothingFilledIn) {
+  PlanInput in = input(llama_config(), 8);
+  in.data_given = true;
+  Layout ddp;
+  ddp.dp = 8, ddp.micro_batch = 2, ddp.grad_accum = 1;
+  const TrainCommand c = train_command(in, ddp);
+  EXPECT_EQ(c.fill_in, "");
+  EXPECT_EQ(c.command.find("--data."), std::string::npos) << c.command;
+  EXPECT_NE(c.command.find("--train.steps=30518 "), std::string::npos) << c.command;  // 1e9 / (16 x 2048), up
 }
 
 TEST(PlanCommand, LayoutsForgeTrainDoesNotRunAreSaid) {

@@ -1,6 +1,7 @@
 // The forge train command of a planned layout (contract in command.h).
 #include "forge/plan/command.h"
 
+#include <cmath>
 #include <sstream>
 
 namespace forge::plan {
@@ -27,6 +28,18 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
     os << " --model.vocab_size=" << m.vocab_size << " --model.block_size=" << m.block_size;
     if (gpt) os << " --model.bias=" << (m.bias ? "true" : "false");
   }
+  TrainCommand c;
+  if (!in.data_given) {  // the config's data (random tokens, for the model's shape) is not the run's
+    os << " --data.source=files --data.files=CORPUS --data.tokenizer=TOKENIZER";
+    c.fill_in = "CORPUS = your training data: text files, a directory, .jsonl or token shards (docs/train.md, "
+                "[data]);\n    TOKENIZER = a tokenizer file of " + std::to_string(m.vocab_size) +
+                " tokens: a Hugging Face tokenizer.json, tiktoken or sentencepiece (docs/tokenizers.md)";
+  }
+  const int64_t tokens_per_step = l.global_batch() * m.seq_len;
+  const int64_t steps = tokens_per_step > 0 && in.tokens > 0
+                            ? static_cast<int64_t>(std::ceil(in.tokens / static_cast<double>(tokens_per_step)))
+                            : 0;
+  if (steps > 0) os << " --train.steps=" << steps;
   os << " --train.seq_len=" << m.seq_len << " --train.batch_size=" << l.global_batch()
      << " --train.grad_accum=" << l.grad_accum;
   if (l.tp > 1) os << " --dist.tp=" << l.tp << (l.sequence_parallel ? " --dist.sequence_parallel=true" : "");
@@ -39,7 +52,6 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
                       : in.setup.precision == Precision::bf16 ? "bf16"
                                                               : "f32";
   os << " --run.dtype=" << dtype;
-  TrainCommand c;
   c.command = os.str();
   // What forge train refuses today (train/config_checks.cpp), said rather than printed as if it ran.
   if (l.zero == 3 && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";

@@ -35,6 +35,9 @@ struct PlanInput {
   Layout layout;
   double mfu = 0.4;             // utilisation of the compute (model FLOPs / peak while computing)
   CostInputs cost;
+  // The config names its training data (forge plan --config with data.source = "files"): the
+  // run command uses it; otherwise the command has CORPUS and TOKENIZER to fill in.
+  bool data_given = false;
 };
 
 // A cluster of `gpus` GPUs of one kind with the catalogue's links: NVLink (or the vendor's

@@ -241,7 +241,9 @@ std::string format_search(const PlanInput& in, const SearchResult& s, size_t top
     os << "\n  (forge plan with these flags, without --search, prints its full breakdown)\n";
     const TrainCommand cmd = train_command(in, best.layout);
     if (cmd.unsupported.empty()) {
-      os << "  run it:\n    " << cmd.command << "\n\n";
+      os << "  run it:\n    " << cmd.command << "\n";
+      if (!cmd.fill_in.empty()) os << "  with\n    " << cmd.fill_in << "\n";
+      os << "\n";
     } else {
       os << "  forge train does not run this layout yet (" << cmd.unsupported << "); its command once it does:\n    "
          << cmd.command << "\n\n";
