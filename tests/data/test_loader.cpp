@@ -181,6 +181,37 @@ TEST(TokenSampler, SequentialCoversEveryTargetOnce) {
   EXPECT_EQ(n, 6);
 }
 
+// data.order = "sequential": the windows of SequentialWindows in order, full batches only, then
+// again from the first; resumable at any batch, also across an epoch's end.
+TEST(TokenSampler, SequentialTrainingWindowsGoRoundInOrder) {
+  TempDir dir;
+  const auto ranges = whole_shards({position_shard(dir, "a", 1001), position_shard(dir, "b", 337, 5000)});
+  SequentialTrainWindows train(ranges, 4, 50);
+  EXPECT_EQ(train.batches_per_epoch(), 6);  // 26 windows: the last 2 dropped
+  SequentialWindows plain(ranges, 4, 50, /*drop_last=*/true);
+  std::vector<Batch> epoch;
+  while (auto b = plain.next()) epoch.push_back(*b);
+  ASSERT_EQ(epoch.size(), 6u);
+  std::vector<SamplerState> states;
+  for (int64_t k = 0; k < 15; ++k) {  // two epochs and a half
+    states.push_back(train.state());
+    const Batch b = *train.next();
+    expect_same(b, epoch[static_cast<size_t>(k % 6)]);
+  }
+  EXPECT_EQ(train.state().position, 15);
+  EXPECT_EQ(train.state().epoch, 2);
+  EXPECT_EQ(ints(epoch[0].inputs)[0], 0);  // the first window starts at the first token
+  // Restored at any batch (the epoch's first, its last, the middle), the next batches are the same.
+  for (int64_t at : {0, 5, 6, 9, 12}) {
+    SequentialTrainWindows resumed(ranges, 4, 50);
+    resumed.set_state(states[static_cast<size_t>(at)]);
+    for (int64_t k = at; k < 15; ++k) expect_same(*resumed.next(), epoch[static_cast<size_t>(k % 6)]);
+  }
+  // Fewer windows than one batch: an error naming the fix.
+  EXPECT_NE(error_of([&] { SequentialTrainWindows(ranges, 64, 50); }).find("fewer than one micro-batch of 64"),
+            std::string::npos);
+}
+
 // A source that counts its batches and can fail or be slow on demand.
 class ScriptedSource : public BatchSource {
  public:

@@ -183,6 +183,35 @@ void SequentialWindows::set_state(const SamplerState& s) {
   position_ = s.position;
 }
 
+// ---- sequential training windows ---------------------------------------------------------
+
+SequentialTrainWindows::SequentialTrainWindows(std::vector<TokenRange> ranges, int64_t batch_size, int64_t seq_len)
+    : windows_(std::move(ranges), batch_size, seq_len, /*drop_last=*/true),
+      batch_size_(batch_size),
+      batches_per_epoch_(windows_.num_batches()) {
+  FORGE_CHECK(batches_per_epoch_ > 0, "data.order = \"sequential\": the training data hold ", windows_.num_windows(),
+              " window(s) of train.seq_len + 1 = ", seq_len + 1, " tokens, fewer than one micro-batch of ", batch_size,
+              "; add data or lower train.batch_size / train.seq_len");
+}
+
+std::optional<Batch> SequentialTrainWindows::next() {
+  if (drawn_ % batches_per_epoch_ == 0) windows_.reset();  // an epoch's first batch
+  std::optional<Batch> b = windows_.next();
+  FORGE_CHECK(b.has_value(), "SequentialTrainWindows: no batch at position ", drawn_);  // (cannot happen)
+  ++drawn_;
+  return b;
+}
+
+SamplerState SequentialTrainWindows::state() const {
+  return {.seed = 0, .rng_offset = 0, .position = drawn_, .epoch = drawn_ / batches_per_epoch_};
+}
+
+void SequentialTrainWindows::set_state(const SamplerState& s) {
+  FORGE_CHECK(s.position >= 0, "SequentialTrainWindows::set_state: position ", s.position, " is negative");
+  drawn_ = s.position;
+  windows_.set_state({.seed = 0, .rng_offset = 0, .position = (drawn_ % batches_per_epoch_) * batch_size_, .epoch = 0});
+}
+
 // ---- the prefetching loader --------------------------------------------------------------
 
 DataLoader::DataLoader(std::unique_ptr<BatchSource> source, int64_t prefetch) : source_(std::move(source)) {

@@ -135,6 +135,28 @@ class SequentialWindows : public BatchSource {
   int64_t position_ = 0;  // next window
 };
 
+// Training windows in order (a run's data.order = "sequential"): the windows of
+// SequentialWindows, batch after batch, the partial batch at the end of the ranges dropped, then
+// again from the first (the next epoch). The order is the same on every machine and layout (a
+// data-parallel rank trains on its rows of each global micro-batch), so another trainer reading
+// the same shards can follow it token for token: window k of the run is tokens
+// [begin + j·T, begin + j·T + T] of the range holding window k % windows-per-epoch.
+// State: position = batches drawn since the first, epoch = epochs completed.
+class SequentialTrainWindows : public BatchSource {
+ public:
+  SequentialTrainWindows(std::vector<TokenRange> ranges, int64_t batch_size, int64_t seq_len);
+  std::optional<Batch> next() override;
+  SamplerState state() const override;
+  void set_state(const SamplerState& state) override;
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+
+ private:
+  SequentialWindows windows_;
+  int64_t batch_size_;
+  int64_t batches_per_epoch_;
+  int64_t drawn_ = 0;
+};
+
 class DataLoader {
  public:
   // Starts the worker; `prefetch` (>= 1) is the most batches made ahead of the consumer.

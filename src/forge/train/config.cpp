@@ -561,25 +561,27 @@ std::string config_to_toml(const RunConfig& cfg) {
   return os.str();
 }
 
-std::vector<std::string> resolve_data_files(const DataSection& data) {
-  FORGE_CHECK(!data.files.empty(),
-              "data.files is empty: list the text files to train on (files, glob patterns or directories), e.g. "
-              "data.files = [\"/usr/share/games/fortunes\"]");
+namespace {
+
+// Files, glob patterns and directories (their files, not recursive) of `specs` (the key `key`),
+// without data.exclude's, empty files found by a pattern, and repeats.
+std::vector<std::string> resolve_files(const std::vector<std::string>& specs, const std::vector<std::string>& exclude,
+                                       const std::string& key) {
   std::vector<std::string> out;
   auto add_expanded = [&](std::vector<std::string> found, const std::string& spec) {
     std::sort(found.begin(), found.end());
     size_t kept = 0;
     std::error_code ec;
     for (const auto& p : found) {
-      if (!fs::is_regular_file(p, ec) || excluded(p, data.exclude)) continue;
+      if (!fs::is_regular_file(p, ec) || excluded(p, exclude)) continue;
       if (fs::file_size(p, ec) == 0 || ec) continue;  // empty files found by a pattern are skipped
       out.push_back(p);
       ++kept;
     }
-    FORGE_CHECK(kept > 0, "data.files: '", spec, "' gives no non-empty file",
-                data.exclude.empty() ? "" : " (after data.exclude)", "; fix the path or pattern");
+    FORGE_CHECK(kept > 0, key + ": '", spec, "' gives no non-empty file",
+                exclude.empty() ? "" : " (after data.exclude)", "; fix the path or pattern");
   };
-  for (const auto& spec : data.files) {
+  for (const auto& spec : specs) {
     std::error_code ec;
     if (has_glob_chars(spec)) {
       glob_t g{};
@@ -588,19 +590,19 @@ std::vector<std::string> resolve_data_files(const DataSection& data) {
       if (rc == 0)
         for (size_t i = 0; i < g.gl_pathc; ++i) found.emplace_back(g.gl_pathv[i]);
       globfree(&g);
-      FORGE_CHECK(!found.empty(), "data.files: pattern '", spec, "' matches no file; fix the pattern");
+      FORGE_CHECK(!found.empty(), key + ": pattern '", spec, "' matches no file; fix the pattern");
       add_expanded(std::move(found), spec);
     } else if (fs::is_directory(spec, ec)) {
       std::vector<std::string> found;
       for (const auto& e : fs::directory_iterator(spec, ec)) found.push_back(e.path().string());
-      FORGE_CHECK(!ec, "data.files: cannot list directory '", spec, "': ", ec.message());
+      FORGE_CHECK(!ec, key + ": cannot list directory '", spec, "': ", ec.message());
       add_expanded(std::move(found), spec);
     } else {
-      FORGE_CHECK(fs::exists(spec, ec), "data.files: '", spec, "' does not exist; fix the path in data.files",
+      FORGE_CHECK(fs::exists(spec, ec), key + ": '", spec, "' does not exist; fix the path in " + key,
                   spec.rfind("/usr/share/games/fortunes", 0) == 0 ? " (install Debian's 'fortunes' package: scripts/install-deps.sh)" : "");
-      FORGE_CHECK(fs::is_regular_file(spec, ec), "data.files: '", spec, "' is not a regular file");
-      FORGE_CHECK(fs::file_size(spec, ec) > 0, "data.files: '", spec,
-                  "' is empty (0 bytes); remove it from data.files or give a file with text");
+      FORGE_CHECK(fs::is_regular_file(spec, ec), key + ": '", spec, "' is not a regular file");
+      FORGE_CHECK(fs::file_size(spec, ec) > 0, key + ": '", spec,
+                  "' is empty (0 bytes); remove it from " + key + " or give a file with text");
       out.push_back(spec);
     }
   }
@@ -609,6 +611,20 @@ std::vector<std::string> resolve_data_files(const DataSection& data) {
   for (const auto& p : out)
     if (std::find(unique.begin(), unique.end(), p) == unique.end()) unique.push_back(p);
   return unique;
+}
+
+}  // namespace
+
+std::vector<std::string> resolve_data_files(const DataSection& data) {
+  FORGE_CHECK(!data.files.empty(),
+              "data.files is empty: list the text files to train on (files, glob patterns or directories), e.g. "
+              "data.files = [\"/usr/share/games/fortunes\"]");
+  return resolve_files(data.files, data.exclude, "data.files");
+}
+
+std::vector<std::string> resolve_val_files(const DataSection& data) {
+  if (data.val_files.empty()) return {};
+  return resolve_files(data.val_files, data.exclude, "data.val_files");
 }
 
 std::string check_run_device_syntax(const std::string& device) {

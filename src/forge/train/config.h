@@ -78,6 +78,10 @@ struct DataSection {
   std::string tokenizer;           // any tokenizer file (docs/tokenizers.md); "" trains one on the data
   int64_t vocab_size = 1024;       // the vocabulary of a tokenizer trained on the fly
   double val_fraction = 0.1;       // the last part of each file held out for validation
+  std::vector<std::string> val_files;  // validation data of their own (as data.files: text or token shards);
+                                   // data.files then train whole and val_fraction is not used
+  std::string order = "random";    // training windows: "random" (seeded, with replacement) | "sequential"
+                                   // (in order, non-overlapping, epoch after epoch: data::SequentialTrainWindows)
   std::string shards_dir;          // where token shards go ("" : <run dir>/data)
   std::string text_key = "text";   // .jsonl corpora: the key of each line's text (Note [documents])
   std::string eos_token = "auto";  // appended after every document: "auto" = the tokenizer's, "" = none
@@ -236,6 +240,8 @@ std::string config_to_toml(const RunConfig& cfg);
 // path that does not exist, a pattern that matches nothing, an explicitly listed empty
 // file, or no non-empty file at all.
 std::vector<std::string> resolve_data_files(const DataSection& data);
+// data.val_files expanded as data.files are (empty when it is); throws naming data.val_files.
+std::vector<std::string> resolve_val_files(const DataSection& data);
 
 // run.device: "auto" is the first GPU when one is visible, else the CPU; "cpu", "cuda" and
 // "cuda:N" name a device. parse_run_device checks the spelling only (an error names run.device

@@ -233,6 +233,10 @@ void validate(const RunConfig& c) {
                 "' is unknown; use \"files\" (data.files) or \"random\" (random tokens)",
                 suggest_choice(d.source, {"files", "random"}));
     FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
+    FORGE_CHECK(d.order == "random" || d.order == "sequential", "data.order = '", d.order,
+                "' is unknown; use \"random\" or \"sequential\"", suggest_choice(d.order, {"random", "sequential"}));
+    FORGE_CHECK(d.val_files.empty() || d.source == "files", "data.val_files is set with data.source = \"", d.source,
+                "\" (random tokens have no validation); remove data.val_files or use data.source = \"files\"");
     FORGE_CHECK(!d.text_key.empty(), "data.text_key is empty; give the key of each .jsonl line's text, e.g. \"text\"");
     std::error_code ec;
     if (d.source == "random") {
@@ -250,7 +254,10 @@ void validate(const RunConfig& c) {
                   "' does not exist; give a tokenizer file (forge's, a Hugging Face tokenizer.json, tiktoken "
                   "ranks or a sentencepiece .model: docs/tokenizers.md), or \"\" to train one");
     }
-    if (d.source == "files") resolve_data_files(d);
+    if (d.source == "files") {
+      resolve_data_files(d);
+      resolve_val_files(d);
+    }
   } else {
     FORGE_CHECK(d.max_train_samples >= 0, "data.max_train_samples must be >= 0 (0 = all), got ", d.max_train_samples);
     FORGE_CHECK(d.max_test_samples >= 0, "data.max_test_samples must be >= 0 (0 = all), got ", d.max_test_samples);

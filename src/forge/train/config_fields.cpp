@@ -97,6 +97,12 @@ const std::vector<Field>& fields() {
                   ".model (docs/tokenizers.md); \"\" = train one on data.files"),
       FORGE_FIELD(data, vocab_size, "vocabulary of the tokenizer trained on the fly (>= 256)"),
       FORGE_FIELD(data, val_fraction, "the last fraction of each file held out for validation, in [0, 1)"),
+      FORGE_FIELD(data, val_files,
+                  "validation data of their own, as data.files (text, or token shards when data.files are shards): "
+                  "data.files then train whole and data.val_fraction is not used"),
+      FORGE_FIELD(data, order,
+                  "the training windows: \"random\" (seeded, with replacement) or \"sequential\" (in order, "
+                  "non-overlapping, epoch after epoch: another trainer reading the same shards can follow it)"),
       FORGE_FIELD(data, shards_dir, "where the token shards go; \"\" = <run dir>/data"),
       FORGE_FIELD(data, text_key, "*.jsonl and *.jsonl.gz files: the key of each line's text (one document per line)"),
       FORGE_FIELD(data, eos_token,

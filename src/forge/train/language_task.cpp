@@ -45,6 +45,15 @@ class LanguageTask final : public Task {
     // Note [pre-encoded corpora] (run_data.h): shards are trained on as they are; a tokenizer
     // only when data.tokenizer names one (or the checkpoint's run kept one).
     shard_files_ = pre_encoded_shards(files);
+    // data.val_files: of the same kind as data.files (both shards, or both text for the tokenizer).
+    val_inputs_ = resolve_val_files(cfg_.data);
+    if (!val_inputs_.empty()) {
+      val_shard_files_ = pre_encoded_shards(val_inputs_);
+      FORGE_CHECK(val_shard_files_.empty() == shard_files_.empty(), "data.val_files are ",
+                  val_shard_files_.empty() ? "text files" : "token shards", " but data.files are ",
+                  shard_files_.empty() ? "text files" : "token shards",
+                  "; give both as text, or both as token shards of one tokenizer (forge tokenize encode)");
+    }
     if (ck) resume_tok_ = ck_path.parent_path().parent_path() / kTokenizerFile;
     if (!shard_files_.empty()) {
       std::error_code ec;
@@ -120,7 +129,18 @@ class LanguageTask final : public Task {
     }
     shards_ = data::open_shards(shard_paths);
     if (!shard_files_.empty()) check_shard_vocabulary(shards_, cfg_.model.vocab_size, log);
-    split_ = data::split_train_val(shards_, cfg_.data.val_fraction);
+    if (val_inputs_.empty()) {
+      split_ = data::split_train_val(shards_, cfg_.data.val_fraction);
+    } else {  // data.val_files: validation shards of their own; data.files train whole
+      const std::vector<std::string> val_paths =
+          !val_shard_files_.empty()
+              ? val_shard_files_
+              : prepare_shards(cfg_, *tok_, val_inputs_, log, data_shards_dir(cfg_).string() + "_val");
+      val_shards_ = data::open_shards(val_paths);
+      if (!val_shard_files_.empty()) check_shard_vocabulary(val_shards_, cfg_.model.vocab_size, log);
+      split_ = {data::whole_shards(shards_), data::whole_shards(val_shards_)};
+      log << "data: validation on data.val_files (" << val_paths.size() << " shard(s)); data.files train whole\n";
+    }
     // Note [global batch]: B sequences per optimizer step over every rank, drawn as K global
     // micro-batches of B / K; each data-parallel rank trains on its B / (K * dp) rows of each.
     const int64_t T = cfg_.train.seq_len, micro = cfg_.train.batch_size / cfg_.train.grad_accum;
@@ -131,9 +151,13 @@ class LanguageTask final : public Task {
                 train_tokens_, " training tokens in ", shards_.size(),
                 " file(s)); lower train.seq_len or add text to data.files");
     val_windows_.emplace(split_.val, micro, T);
-    FORGE_CHECK(!has_val() || val_windows_->num_windows() > 0, "data.val_fraction = ", cfg_.data.val_fraction,
+    FORGE_CHECK(!has_val() || val_windows_->num_windows() > 0,
+                val_inputs_.empty() ? "data.val_fraction = " + fixed(cfg_.data.val_fraction, 3) : "data.val_files",
                 " leaves no validation window of train.seq_len + 1 = ", T + 1, " tokens (", val_tokens_,
-                " validation tokens); raise data.val_fraction or lower train.seq_len");
+                " validation tokens); ", val_inputs_.empty() ? "raise data.val_fraction" : "add validation data",
+                " or lower train.seq_len");
+    // data.order: random windows (Note [Data RNG]), or every window in order, epoch after epoch.
+    if (cfg_.data.order == "sequential") return std::make_unique<data::SequentialTrainWindows>(split_.train, micro, T);
     return std::make_unique<data::RandomWindowSampler>(split_.train, micro, T,
                                                         static_cast<uint64_t>(cfg_.run.seed) ^ kDataSeedSalt);
   }
@@ -223,7 +247,7 @@ class LanguageTask final : public Task {
               std::to_string(s.examples) + ")";
     }
   }
-  bool has_val() const { return cfg_.data.val_fraction > 0; }
+  bool has_val() const { return cfg_.data.val_fraction > 0 || !val_inputs_.empty(); }
   int64_t width() const { return nn::transformer_shape(cfg_.model).d_model; }
   // The mean cross-entropy per target token of the first eval.batches validation windows (the
   // same windows every time).
@@ -236,9 +260,11 @@ class LanguageTask final : public Task {
   const bool rank0_;
   std::shared_ptr<const data::Tokenizer> tok_;
   std::vector<std::string> shard_files_;  // Note [pre-encoded corpora]: data.files as shards
+  std::vector<std::string> val_inputs_;       // data.val_files, resolved
+  std::vector<std::string> val_shard_files_;  // ... when they are shards already encoded
   std::optional<fs::path> resume_tok_;
   LanguageModel model_;
-  std::vector<std::shared_ptr<const data::TokenShard>> shards_;
+  std::vector<std::shared_ptr<const data::TokenShard>> shards_, val_shards_;
   data::TrainValRanges split_;
   std::optional<data::SequentialWindows> val_windows_;
   int64_t train_tokens_ = 0, val_tokens_ = 0;

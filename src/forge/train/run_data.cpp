@@ -122,9 +122,17 @@ std::shared_ptr<const data::Tokenizer> load_or_train_tokenizer(const RunConfig& 
   return tok;
 }
 
+fs::path data_shards_dir(const RunConfig& cfg) {
+  return cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+}
+
 std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log) {
-  const fs::path dir = cfg.data.shards_dir.empty() ? fs::path(cfg.run_dir()) / "data" : fs::path(cfg.data.shards_dir);
+  return prepare_shards(cfg, tok, files, log, data_shards_dir(cfg));
+}
+
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
+                                        const std::vector<std::string>& files, std::ostream& log, const fs::path& dir) {
   json want = {{"format", "forge-shards"}, {"tokenizer", fnv1a_hex(tok.serialized())}, {"files", files_fingerprint(files)}};
   // (Note [documents]: how the files become documents changes the shards.)
   if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;

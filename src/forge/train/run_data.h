@@ -46,9 +46,15 @@ std::string fnv1a_hex(const std::string& s);
 std::shared_ptr<const data::Tokenizer> load_or_train_tokenizer(const RunConfig& cfg, const std::vector<std::string>& files,
                                            const std::optional<std::filesystem::path>& resume_tokenizer,
                                            std::ostream& log);
-// The shards of `files` under `tok` (see above), made or reused.
+// The shards of `files` under `tok` (see above), made or reused, in data_shards_dir(cfg) or `dir`.
 std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                         const std::vector<std::string>& files, std::ostream& log);
+std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokenizer& tok,
+                                        const std::vector<std::string>& files, std::ostream& log,
+                                        const std::filesystem::path& dir);
+// Where the run's token shards go: data.shards_dir, or <run dir>/data. data.val_files' shards go
+// beside it, in the same name with "_val" added.
+std::filesystem::path data_shards_dir(const RunConfig& cfg);
 // Note [pre-encoded corpora]: when every file of data.files is a token shard (forge's, llm.c's
 // or Megatron-LM's: data/shards.h, Note [token shard formats]), the corpus is already encoded:
 // the files are the shards, read as they are (no tokenizer is trained; a Megatron .bin's .idx

@@ -633,7 +633,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     }
     if (!ok && !last) continue;  // a skipped step neither evaluates nor checkpoints (the end still evaluates)
     if (eval_now) {
+      const auto t_eval = Clock::now();
       Evaluation e = task->evaluate(*strategy, step);
+      e.record["eval_s"] = seconds_since(t_eval);
       result.evals.push_back({step, e.loss});
       log << e.line << std::endl;
       e.record["step"] = step;
@@ -704,7 +706,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     }
     log << "\n";
   }
+  const auto t_finish = Clock::now();
   task->finish(*strategy, evaluates, step, units_per_s, result, final_record, log);
+  final_record["eval_s"] = seconds_since(t_finish);  // the last evaluation (and the bigram baseline)
   const fs::path final_dir = cfg.checkpoint.at_end ? checkpoint_now(step) : fs::path();
   writer.wait();  // the last checkpoint is on disk before the run reports done
   report_written();
