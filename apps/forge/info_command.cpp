@@ -54,6 +54,7 @@ void print_table(const bench::HostInfo& h, const bench::GpuSystemInfo& g) {
                                                    " (shared by " + std::to_string(c.cpus_per_instance) + " CPUs)");
   print_row("memory", bytes_str(h.memory_bytes));
   print_row("OpenMP wait policy", wait_policy_description());
+  print_row("thread binding", thread_binding_description());
 
   std::printf("\nCUDA\n");
   print_row("forge built with CUDA", g.cuda_build ? "yes" : "no");
@@ -181,6 +182,7 @@ int run_info() {
     j["host"] = bench::to_json(host);
     j["forge_version"] = FORGE_VERSION;
     j["host"]["omp_wait_policy"] = wait_policy_description();
+    j["host"]["thread_binding"] = thread_binding_description();
     std::cout << j.dump(2) << "\n";
     return 0;
   }

@@ -24,4 +24,15 @@ std::string wait_policy_description() {
   return std::string(policy) + " (OMP_WAIT_POLICY)";
 }
 
+std::string thread_binding_description() {
+  const char* bind = std::getenv("OMP_PROC_BIND");
+  const char* places = std::getenv("OMP_PLACES");
+  if (bind == nullptr && places == nullptr)
+    return "none (forge's default: threads unbound; OMP_PROC_BIND / OMP_PLACES to bind)";
+  std::string s;
+  if (bind != nullptr) s += std::string("OMP_PROC_BIND=") + bind;
+  if (places != nullptr) s += std::string(s.empty() ? "" : ", ") + "OMP_PLACES=" + places;
+  return s + " (the environment's)";
+}
+
 }  // namespace forge::app

@@ -19,4 +19,9 @@ void apply_threading_defaults(char** argv);
 // "passive (forge's default; OMP_WAIT_POLICY chooses)" or "active (OMP_WAIT_POLICY)".
 std::string wait_policy_description();
 
+// Thread binding: forge binds nothing itself (binding OpenMP's threads measured 0.76x on 2 cores:
+// OpenBLAS's threads then compete with them; docs/environment.md); "none (...)", or the
+// environment's OMP_PROC_BIND / OMP_PLACES.
+std::string thread_binding_description();
+
 }  // namespace forge::app

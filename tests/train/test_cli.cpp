@@ -284,6 +284,14 @@ TEST_F(CliTest, CliForgeChoosesThePassiveOpenMpWaitPolicyItself) {
   const CliRun json = run_forge({"info", "--json"}, Stderr::dropped);
   EXPECT_EQ(nlohmann::json::parse(json.out)["host"]["omp_wait_policy"].get<std::string>().rfind("passive (forge's", 0), 0u)
       << json.out;
+  // Threads are left unbound unless the environment binds them (docs/environment.md).
+  if (std::getenv("OMP_PROC_BIND") == nullptr && std::getenv("OMP_PLACES") == nullptr) {
+    EXPECT_NE(chosen.out.find("thread binding         none (forge's default"), std::string::npos) << chosen.out;
+  }
+  const CliRun bound = run_forge({"info"}, Stderr::merged, {{"OMP_PROC_BIND", "close"}, {"OMP_PLACES", "cores"}});
+  EXPECT_NE(bound.out.find("thread binding         OMP_PROC_BIND=close, OMP_PLACES=cores (the environment's)"),
+            std::string::npos)
+      << bound.out;
   const CliRun kept = run_forge({"info"}, Stderr::merged, {{"OMP_WAIT_POLICY", "active"}});
   EXPECT_NE(kept.out.find("OpenMP wait policy     active (OMP_WAIT_POLICY)"), std::string::npos) << kept.out;
   // The re-executed forge is the same program with the same arguments.
