@@ -22,6 +22,7 @@ MODEL=${MODEL:-gpt2}
 FORGE=${FORGE:-build-gpu/forge}
 [ -x "$FORGE" ] || FORGE=build/forge
 SMOKE=${SMOKE:-0}
+PY=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0
 case $MODEL in
   gpt2)  CONFIG=configs/gpt2-124m.toml;  TOK=gpt2;   STEPS=${STEPS:-5000}; BATCH=${BATCH:-16}; SEQ=${SEQ:-1024}
@@ -35,6 +36,7 @@ WARMUP=${WARMUP:-250}
 EVAL_EVERY=${EVAL_EVERY:-250}
 EVAL_BATCHES=${EVAL_BATCHES:-40}
 PEERS=${PEERS:-compile}
+[ "$SMOKE" = 1 ] && PEERS=${SMOKE_PEERS:-eager}  # (old CPU PyTorch builds have no torch.compile)
 RAW=${RAW:-/tmp/convergence-$MODEL}
 TRAIN_GLOB="$CORPUS/$TOK/train/shard_*.bin"
 VAL_GLOB="$CORPUS/$TOK/val/shard_*.bin"
@@ -44,7 +46,7 @@ compgen -G "$VAL_GLOB" >/dev/null || { echo "convergence/run.sh: no shards at $V
 mkdir -p "$RAW"
 
 # The vocabulary: the tokenizer's, padded to a multiple of 64 for GPT-2 (the tuned configs' 50304).
-VOCAB=$(python3 -c "
+VOCAB=$("$PY" -c "
 import json,sys
 t=json.load(open('$TOKFILE'))
 ids=[v for v in t['model']['vocab'].values()]+[a['id'] for a in t.get('added_tokens',[])]
@@ -59,7 +61,7 @@ if [ "$SMOKE" = 1 ]; then  # a tiny model on the CPU: the pipeline's check, not 
 fi
 
 echo "== initial weights ($TITLE, vocabulary $VOCAB)"
-python3 benchmarks/convergence/init_weights.py --config "$CONFIG" --out "$RAW/init" --tokenizer "$TOKFILE" \
+"$PY" benchmarks/convergence/init_weights.py --config "$CONFIG" --out "$RAW/init" --tokenizer "$TOKFILE" \
   --vocab_size "$VOCAB" "${SIZE[@]}"
 
 echo "== forge"
@@ -78,7 +80,7 @@ fi
 
 for mode in $PEERS; do
   echo "== PyTorch ($mode)"
-  python3 benchmarks/convergence/reference.py --config "$CONFIG" --init "$RAW/init" --train "$TRAIN_GLOB" \
+  "$PY" benchmarks/convergence/reference.py --config "$CONFIG" --init "$RAW/init" --train "$TRAIN_GLOB" \
     --val "$VAL_GLOB" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --eval-every "$EVAL_EVERY" \
     --eval-batches "$EVAL_BATCHES" --mode "$mode" --out "$RAW/ref_$mode.jsonl" "${DEVICE_ARGS[@]}"
 done
@@ -87,7 +89,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | 
 GPU=${GPU:-cpu}
 SECTION="$RAW/convergence_${MODEL}.md"
 for mode in $PEERS; do
-  python3 benchmarks/convergence/report.py --forge "$RAW/forge/metrics.jsonl" --ref "$RAW/ref_$mode.jsonl" \
+  "$PY" benchmarks/convergence/report.py --forge "$RAW/forge/metrics.jsonl" --ref "$RAW/ref_$mode.jsonl" \
     --title "$TITLE, $STEPS steps of $BATCH x $SEQ (PyTorch: $mode)" --out "$RAW/section_$mode.md" \
     --svg "$RAW/convergence_${MODEL}_${mode}.svg" --json "$RAW/summary_$mode.json"
 done

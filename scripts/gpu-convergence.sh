@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU session of the convergence runs (benchmarks/convergence/README.md), in phases, each one
+# call of the GPU tool on one warm machine: the corpus travels as xz parts of at most 40 MB
+# (scripts/corpus/build-corpus.sh --pack), under the 64 MiB a call may carry, and stays there in
+# ignored directories between calls.
+#
+#   PHASE=build   scripts/gpu-check.sh BUILD_ONLY=1 (carry .deps and the first parts)
+#   PHASE=corpus  build-corpus.sh --unpack .corpus-pack --out .corpus: checksums, reassembly,
+#                 forge tokenize (GPT-2, LLaMA-3), every invariant checked (carry the other parts
+#                 and .fixtures/tokenizers)
+#   PHASE=gpt2    benchmarks/convergence/run.sh MODEL=gpt2 (forge, then PyTorch; RAW in .convergence/)
+#   PHASE=llama   the same for LLaMA 0.85B
+#   PHASE=report  the sections written so far, to $OUT
+# STEPS, PEERS, ... pass through to run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PACK=${PACK:-.corpus-pack}
+CORPUS=${CORPUS:-$PWD/.corpus}
+OUT=${OUT:-/tmp/gpu-convergence-out}
+mkdir -p "$OUT"
+case ${PHASE:?PHASE=build, corpus, gpt2, llama or report} in
+  build)
+    BUILD_ONLY=1 JOBS=${JOBS:-16} scripts/gpu-check.sh >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    tail -3 "$OUT/build.log"
+    ls -la "$PACK" 2>/dev/null || true ;;
+  corpus)
+    ls -la "$PACK"
+    scripts/corpus/build-corpus.sh --unpack "$PACK" --out "$CORPUS" --forge build-gpu/forge \
+      --tokenizers .fixtures/tokenizers 2>&1 | tail -15 ;;
+  gpt2|llama)
+    MODEL=$PHASE CORPUS="$CORPUS" RAW="$PWD/.convergence/$PHASE" FORGE=build-gpu/forge OUT="$OUT" \
+      benchmarks/convergence/run.sh ;;
+  report)
+    cat .convergence/*/convergence_*.md ;;
+  *) echo "gpu-convergence.sh: PHASE=$PHASE: use build, corpus, gpt2, llama or report" >&2; exit 2 ;;
+esac
