@@ -113,6 +113,9 @@ def main():
     ap.add_argument("--mode", choices=["eager", "compile"], default="compile")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True, help="metrics, one JSON object per line")
+    ap.add_argument("--save-final", default="", help="write the final state_dict here (parity.py compares it)")
+    ap.add_argument("--decay-embeddings", action="store_true",
+                    help="a deliberate mistake for parity.py's negative control: weight decay on the embeddings too")
     a = ap.parse_args()
 
     import tomllib
@@ -133,8 +136,9 @@ def main():
     model = torch_peer.build(s)
     model.load_state_dict(init["state_dict"])
     model.to(dev).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in torch_peer.EMBEDDINGS]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in torch_peer.EMBEDDINGS)]
+    embeddings = () if a.decay_embeddings else torch_peer.EMBEDDINGS
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in embeddings]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in embeddings)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(opt_cfg.get("weight_decay", 0.1))},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(float(opt_cfg.get("beta1", 0.9)), float(opt_cfg.get("beta2", 0.95))),
@@ -207,6 +211,8 @@ def main():
             record({"step": step + 1, "val_loss": v, "elapsed_s": t - start - eval_s})
             eval_s += time.perf_counter() - t
     out.close()
+    if a.save_final:
+        torch.save({"state_dict": model.state_dict(), "shape": s}, a.save_final)
 
 
 if __name__ == "__main__":
