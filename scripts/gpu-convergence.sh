@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU session of the convergence runs (benchmarks/convergence/README.md), in phases, each one
 # call of the GPU tool on one warm machine: the corpus travels as xz parts of at most 40 MB
-# (scripts/corpus/build-corpus.sh --pack), under the 64 MiB a call may carry, and stays there in
+# (scripts/corpus/build-corpus.sh --pack into data/corpus/pack), under the 64 MiB a call may carry, and stays there in
 # ignored directories between calls.
 #
 #   PHASE=build   scripts/gpu-check.sh BUILD_ONLY=1 (carry .deps and the first parts)
-#   PHASE=corpus  build-corpus.sh --unpack .corpus-pack --out .corpus: checksums, reassembly,
+#   PHASE=corpus  build-corpus.sh --unpack data/corpus/pack --out .corpus: checksums, reassembly,
 #                 forge tokenize (GPT-2, LLaMA-3), every invariant checked (carry the other parts
 #                 and .fixtures/tokenizers)
 #   PHASE=gpt2    benchmarks/convergence/run.sh MODEL=gpt2 (forge, then PyTorch; RAW in .convergence/)
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-PACK=${PACK:-.corpus-pack}
+PACK=${PACK:-data/corpus/pack}
 CORPUS=${CORPUS:-$PWD/.corpus}
 OUT=${OUT:-/tmp/gpu-convergence-out}
 mkdir -p "$OUT"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The corpus script on a small slice (a ctest, tests/CMakeLists.txt: corpus_slice; docs/corpus.md):
+# every step of a build (apt-get download, extract, convert, deduplicate, split, shuffle, jsonl,
+# forge tokenize with GPT-2's and LLaMA-3's tokenizers, manifest, check) on about 4 MB of
+# manpages and libc6-dev; then a second build from the same .debs must give identical files
+# (reproducible), pack -> unpack -> re-tokenize must give them again, and a corrupted shard or
+# text file must fail the check. Needs the network (Debian's mirror) and the tokenizer fixtures
+# (scripts/fetch-tokenizer-fixtures.sh, which `make test` runs).
+#   scripts/corpus/test-corpus.sh FORGE_BINARY [SLICE_MB]
+set -euo pipefail
+FORGE=${1:?usage: test-corpus.sh FORGE_BINARY [SLICE_MB]}
+SLICE=${2:-4}
+B="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/build-corpus.sh"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "test-corpus: FAILED: $*" >&2; exit 1; }
+t0=$(date +%s)
+
+bash "$B" --slice "$SLICE" --out "$T/a" --forge "$FORGE"
+bash "$B" --slice "$SLICE" --out "$T/b" --forge "$FORGE" --cache "$T/a/debs"
+bash "$B" --check "$T/b" --compare "$T/a"
+cmp "$T/a/manifest.json" "$T/b/manifest.json" || fail "two builds of the same packages wrote different manifests"
+
+# Transport: parts of 1 MiB (several), verified, reassembled and re-tokenized: the same shards.
+bash "$B" --pack "$T/a" --pack-dir "$T/pack" --part-size 1M
+[ "$(ls "$T/pack"/corpus.tar.xz.part-* | wc -l)" -ge 2 ] || fail "expected several pack parts"
+bash "$B" --unpack "$T/pack" --out "$T/c" --forge "$FORGE"
+cmp "$T/a/manifest.json" "$T/c/manifest.json" || fail "the unpacked corpus's manifest differs"
+
+# The check must catch damage (and say what): one byte of a shard, then one of the text.
+expect_failure() {  # expect_failure MESSAGE COMMAND...: the command must fail, printing MESSAGE
+  local msg=$1; shift
+  if "$@" > "$T/out.txt" 2>&1; then fail "passed, but should have failed: $*"; fi
+  grep -qF -- "$msg" "$T/out.txt" || { cat "$T/out.txt" >&2; fail "failed without saying '$msg': $*"; }
+}
+cp -r "$T/c" "$T/d"
+printf 'x' | dd of="$T/d/gpt2/train/shard_00000.bin" bs=1 seek=1000 conv=notrunc status=none
+expect_failure "gpt2/train/shard_00000.bin: size or SHA-256 differs" bash "$B" --check "$T/d"
+printf 'x' | dd of="$T/c/text/val.jsonl" bs=1 seek=100 conv=notrunc status=none
+expect_failure "text/val.jsonl: size or SHA-256 differs" bash "$B" --check "$T/c"
+# A damaged part must be refused before anything is unpacked.
+printf 'x' | dd of="$T/pack/corpus.tar.xz.part-000" bs=1 seek=10 conv=notrunc status=none
+expect_failure "missing or corrupt" bash "$B" --unpack "$T/pack" --out "$T/e" --forge "$FORGE"
+[ ! -e "$T/e" ] || fail "a corrupt pack was unpacked into $T/e"
+
+echo "test-corpus: passed in $(( $(date +%s) - t0 )) s"
