@@ -30,7 +30,7 @@ packages=(
 )
 # What the tests and benchmarks add (make test).
 test_packages=(
-  libgtest-dev googletest    # unit tests (GoogleTest through CTest)
+  libgtest-dev libgmock-dev googletest  # unit tests (GoogleTest and GoogleMock through CTest)
   libbenchmark-dev           # CPU micro-benchmarks (benchmarks/cpu)
   dataset-fashion-mnist      # the CNN demo and its tests (configs/fashion-mnist.toml)
   python3 python3-numpy python3-torch   # reference checks against PyTorch
