@@ -24,8 +24,9 @@ What it mirrors of `forge train ... --data.order=sequential --data.val_files=...
   f32 master weights: the two differ by bf16 rounding, which is what the comparison measures).
 
 Writes one JSON line per step ({"step", "loss", "lr", "grad_norm", "elapsed_s"}) and per
-validation ({"step", "val_loss", "elapsed_s"}); elapsed_s counts training time only (from the
-first step, compilation included; validation passes excluded), as forge's records do.
+validation ({"step", "val_loss", "elapsed_s"}); elapsed_s counts from the script's start (model
+build, loading and compilation included) and leaves the validation passes out; forge's records
+count from its start too and give each pass's eval_s, which report.py subtracts.
 """
 import argparse
 import glob
@@ -117,6 +118,7 @@ def main():
     ap.add_argument("--decay-embeddings", action="store_true",
                     help="a deliberate mistake for parity.py's negative control: weight decay on the embeddings too")
     a = ap.parse_args()
+    start = time.perf_counter()  # start-up counts, as forge's elapsed_s counts its own (model, data, graphs)
 
     import tomllib
     with open(a.config, "rb") as f:
@@ -181,7 +183,7 @@ def main():
     # The host reads step k's loss after queueing step k + 1 (torch_peer.py's and forge's deferred
     # read), so the device does not drain between steps; a validation pass drains it (its time is
     # left out of elapsed_s).
-    start, eval_s, pending = time.perf_counter(), 0.0, None
+    eval_s, pending = 0.0, None
 
     def read(p):
         n, loss_t, norm_t, cur = p
