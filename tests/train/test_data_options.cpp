@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "forge/data/shards.h"
+#include "forge/telemetry/metrics.h"
 #include "forge/train/config.h"
 #include "forge/train/trainer.h"
 #include "testing/tensor_testing.h"
@@ -52,6 +53,16 @@ TEST_F(DataOptions, ValFilesAreTheValidationAndDataFilesTrainWhole) {
   ASSERT_TRUE(fs::is_regular_file(val_dir / "shard_00000.bin")) << val_dir;
   EXPECT_EQ(held.val_tokens, data::TokenShard((val_dir / "shard_00000.bin").string()).size());
   EXPECT_TRUE(std::isfinite(held.final_val_loss));
+  // Every training record says how long its steps waited for data (data_wait_ms).
+  int records = 0;
+  for (const auto& j : telemetry::read_jsonl(fs::path(held.run_dir) / "metrics.jsonl")) {
+    if (!j.contains("tokens_per_s") || j.contains("final")) continue;
+    ++records;
+    ASSERT_TRUE(j.contains("data_wait_ms")) << j.dump();
+    EXPECT_GE(j["data_wait_ms"].get<double>(), 0.0);
+    EXPECT_LE(j["data_wait_ms"].get<double>(), j["ms_per_step"].get<double>() + 1000.0) << j.dump();
+  }
+  EXPECT_GE(records, 1);
   EXPECT_NE(held.final_val_loss, split.final_val_loss);
 
   // Pre-encoded shards for both: the same validation loss as from the text.

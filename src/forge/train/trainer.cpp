@@ -362,6 +362,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   data::DataLoader loader(std::move(source), 4);
   double train_seconds = 0.0, interval_seconds = 0.0;
   int64_t interval_steps = 0, interval_units = 0, units_this_call = 0;
+  // The time the loop waited for the data loader's batches since the last record (data_wait_ms:
+  // near 0 while the loader's prefetching thread keeps ahead of the steps).
+  double interval_data_wait = 0.0;
   // Training units (tokens, images) seen by the run, across resumes.
   int64_t units_done = ck && ck->extra.is_object() ? ck->extra.value(units.name, int64_t{0}) : 0;
   // The run's training time before this start (its checkpoint's extra.elapsed_s): the records'
@@ -538,6 +541,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
           << std::endl;
       json rec = {{"step", q.step}, {"loss", loss_value}, {"lr", q.lr}, {"grad_norm", gnorm}, {units.name + "_per_s", rate},
                   {"ms_per_step", 1e3 * interval_seconds / static_cast<double>(interval_steps)},
+                  {"data_wait_ms", 1e3 * interval_data_wait / static_cast<double>(interval_steps)},
                   {units.name, units_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
@@ -558,6 +562,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       interval_seconds = 0.0;
       interval_steps = 0;
       interval_units = 0;
+      interval_data_wait = 0.0;
     }
     return true;
   };
@@ -585,7 +590,9 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     for (int64_t k = 0; k < K; ++k) {
       static const char* data_label = intern_memory_owner("data");
       const MemoryOwner owner(data_label);
+      const auto t_data = Clock::now();
       auto batch = loader.next();
+      interval_data_wait += seconds_since(t_data);
       FORGE_CHECK(batch.has_value(), "train: the data loader ended unexpectedly at step ", step + 1);
       step_units += batch->targets.numel();
       micro_batches.push_back(std::move(*batch));
