@@ -87,6 +87,22 @@ TEST(LaunchOutput, DifferentErrorsStayApartAndARankKeepsItsOrder) {
   EXPECT_EQ(p.err, "[rank 0] forge: error: first\n[rank 0] after the error, on rank 0\n[rank 1] forge: error: second\n");
 }
 
+// Flushing a line first flushes the earlier held lines of its ranks, and theirs: a chain.
+TEST(LaunchOutput, HeldLinesOfARankComeOutInOrderThroughAChain) {
+  Printed p;
+  LaunchOutput o = make(p, 4);
+  const auto t = Clock::now();
+  o.line(0, true, "forge: error: a", t);  // rank 0
+  o.line(1, true, "forge: error: b", t);  // rank 1
+  o.line(1, true, "forge: error: c", t);  // rank 1, then rank 0 joins it
+  o.line(0, true, "forge: error: c", t);
+  o.line(0, false, "rank 0 goes on", t);  // flushes c (ranks 0, 1), which needs a and b first
+  EXPECT_EQ(p.err, "[rank 0] forge: error: a\n[rank 1] forge: error: b\n[ranks 0, 1] forge: error: c\n");
+  EXPECT_EQ(p.out, "[rank 0] rank 0 goes on\n");
+  o.finish();
+  EXPECT_EQ(p.err, "[rank 0] forge: error: a\n[rank 1] forge: error: b\n[ranks 0, 1] forge: error: c\n");
+}
+
 TEST(LaunchOutput, WithoutThePrefix) {
   Printed p;
   LaunchOutput o({.prefix = false, .world = 2}, [&p](bool, const std::string& text) { p.out += text; });

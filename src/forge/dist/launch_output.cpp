@@ -144,20 +144,28 @@ void LaunchOutput::rank_line(int rank, bool is_err, std::string_view text, Clock
       return;
     }
   }
-  held_.push_back({std::string(text), is_err, {rank}, now});
+  held_.push_back({std::string(text), is_err, {rank}, now, next_id_++});
 }
 
 void LaunchOutput::flush_held(size_t i) {
-  // The earlier held lines of these ranks come out first (each rank's lines keep their order).
-  for (size_t j = 0; j < i;) {
-    bool shared = false;
-    for (int r : held_[j].ranks) shared |= held_[i].ranks.count(r) > 0;
-    if (!shared) {
-      ++j;
-      continue;
+  // The earlier held lines of these ranks come out first (each rank's lines keep their order);
+  // flushing one may flush others before it, so the line is found again by its id each time.
+  const uint64_t id = held_[i].id;
+  auto index = [&] {
+    size_t k = 0;
+    while (held_[k].id != id) ++k;
+    return k;
+  };
+  for (;;) {
+    i = index();
+    size_t j = 0;
+    for (; j < i; ++j) {
+      bool shared = false;
+      for (int r : held_[j].ranks) shared |= held_[i].ranks.count(r) > 0;
+      if (shared) break;
     }
+    if (j == i) break;
     flush_held(j);
-    --i;
   }
   Held h = std::move(held_[i]);
   held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));

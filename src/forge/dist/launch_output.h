@@ -15,6 +15,7 @@
 // processes exited with non-zero status" / "mpirun noticed that process rank R ... exited on
 // signal S" become first_failure(), which the launcher names in its own one line.
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -66,6 +67,7 @@ class LaunchOutput {
     bool is_err = false;
     std::set<int> ranks;
     Clock::time_point since;
+    uint64_t id = 0;  // which line this is (texts repeat)
   };
   void rank_line(int rank, bool is_err, std::string_view text, Clock::time_point now);
   void flush_held(size_t i);
@@ -79,6 +81,7 @@ class LaunchOutput {
   Options opt_;
   Sink sink_;
   std::vector<Held> held_;
+  uint64_t next_id_ = 0;
   std::vector<std::pair<std::string, std::set<int>>> printed_;  // held lines already printed
   std::map<std::pair<int, bool>, std::string> partial_;  // (rank, stderr): a line's pieces so far
   bool in_block_ = false;
