@@ -30,6 +30,9 @@ mkdir -p "$ROOT/src"
 mount --bind "$REPO" "$ROOT/src"
 mount -o remount,bind,ro "$ROOT/src"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# An installed Debian has /etc/hosts naming its host; debootstrap writes none, and without it every
+# mpirun of the tests waits for name lookups to time out (tens of seconds each).
+[ -f "$ROOT/etc/hosts" ] || cp /etc/hosts "$ROOT/etc/hosts"
 
 # This host's network may inspect TLS with a CA of its own (installed in its system store, and
 # NODE_EXTRA_CA_CERTS for npm): the chroot gets the same trust, and nothing else of the host.
