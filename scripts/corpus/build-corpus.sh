@@ -153,6 +153,18 @@ for p in m["packages"]:
 PY
 }
 
+# Stale package lists (a machine whose lists predate a security update ask for a .deb the mirror
+# no longer has): refresh them once, as scripts/install-deps.sh would, when this user may.
+REFRESHED=0
+refresh_lists() {
+  [ "$REFRESHED" = 0 ] || return 1
+  REFRESHED=1
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo -n true 2>/dev/null || return 1; sudo="sudo -n"; fi
+  say "refreshing apt's package lists (apt-get update) once"
+  $sudo apt-get update -q >/dev/null 2>&1
+}
+
 fetch() {
   local pkg spec uri file size sum have version pin_sum
   mkdir -p "$CACHE"
@@ -165,7 +177,11 @@ fetch() {
       spec="$pkg=$version"
     fi
     # 'URI' FILE SIZE SHA256:HEX, the candidate (or pinned) version the apt lists know.
-    if ! uri=$(apt-get download --print-uris "$spec" 2>&1 | grep "^'" | tail -1) || [ -z "$uri" ]; then
+    uri=$(apt-get download --print-uris "$spec" 2>&1 | grep "^'" | tail -1) || true
+    if [ -z "$uri" ] && refresh_lists; then
+      uri=$(apt-get download --print-uris "$spec" 2>&1 | grep "^'" | tail -1) || true
+    fi
+    if [ -z "$uri" ]; then
       die "apt-get cannot find $spec: the package lists are missing or stale (run: sudo apt-get update), or the" \
           "sources lack Debian bookworm main (/etc/apt/sources.list.d/); with --pin, the mirror may no longer have that version"
     fi
@@ -179,6 +195,11 @@ fetch() {
       say "downloading $spec ($((size / 1000)) kB)"
       rm -f "$CACHE/$file"
       (cd "$CACHE" && apt-get download -q "$spec" 2>&1 | grep -v -e '^Get:' -e 'unsandboxed' -e '^Fetched' || true)
+      if [ ! -f "$CACHE/$file" ] && [ -z "$PIN" ] && refresh_lists; then  # the lists named a .deb now gone
+        read -r _ file size sum <<< "$(apt-get download --print-uris "$spec" 2>&1 | grep "^'" | tail -1)"
+        sum=${sum#SHA256:}
+        (cd "$CACHE" && apt-get download -q "$spec" 2>&1 | grep -v -e '^Get:' -e 'unsandboxed' -e '^Fetched' || true)
+      fi
       [ -f "$CACHE/$file" ] || die "apt-get download $spec did not write $CACHE/$file (network? run: sudo apt-get update)"
       have=$(sha256sum "$CACHE/$file" | cut -d' ' -f1)
       [ "$have" = "$sum" ] || die "$CACHE/$file: SHA-256 $have, apt's lists say $sum"
