@@ -9,9 +9,11 @@
 #                 forge tokenize (GPT-2, LLaMA-3), every invariant checked (carry the other parts
 #                 and .fixtures/tokenizers)
 #   PHASE=gpt2    benchmarks/convergence/run.sh MODEL=gpt2 (forge, then PyTorch; RAW in .convergence/)
-#   PHASE=llama   the same for LLaMA 0.85B
+#   PHASE=gpt2-forge, gpt2-ref: its stages apart (initial weights and forge; PyTorch and the report),
+#                 for calls of at most 10 minutes
+#   PHASE=llama, llama-forge, llama-ref: the same for LLaMA 0.85B
 #   PHASE=report  the sections written so far, to $OUT
-# STEPS, PEERS, ... pass through to run.sh.
+# PHASE may list several ("corpus gpt2-forge"), run in order. STEPS, PEERS, ... pass through to run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -20,7 +22,8 @@ PACK=${PACK:-data/corpus/pack}
 CORPUS=${CORPUS:-$PWD/.corpus}
 OUT=${OUT:-/tmp/gpu-convergence-out}
 mkdir -p "$OUT"
-case ${PHASE:?PHASE=build, corpus, gpt2, llama or report} in
+for phase in ${PHASE:?PHASE=build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref or report}; do
+case $phase in
   build)
     BUILD_ONLY=1 JOBS=${JOBS:-16} scripts/gpu-check.sh >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     tail -3 "$OUT/build.log"
@@ -29,10 +32,13 @@ case ${PHASE:?PHASE=build, corpus, gpt2, llama or report} in
     ls -la "$PACK"
     scripts/corpus/build-corpus.sh --unpack "$PACK" --out "$CORPUS" --forge build-gpu/forge \
       --tokenizers .fixtures/tokenizers 2>&1 | tail -15 ;;
-  gpt2|llama)
-    MODEL=$PHASE CORPUS="$CORPUS" RAW="$PWD/.convergence/$PHASE" FORGE=build-gpu/forge OUT="$OUT" \
+  gpt2|llama|gpt2-forge|llama-forge|gpt2-ref|llama-ref)
+    model=${phase%%-*}
+    case $phase in *-forge) stages="init forge" ;; *-ref) stages="ref report" ;; *) stages="init forge ref report" ;; esac
+    MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model" FORGE=build-gpu/forge OUT="$OUT" \
       benchmarks/convergence/run.sh ;;
   report)
     cat .convergence/*/convergence_*.md ;;
-  *) echo "gpu-convergence.sh: PHASE=$PHASE: use build, corpus, gpt2, llama or report" >&2; exit 2 ;;
+  *) echo "gpu-convergence.sh: PHASE=$phase: use build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref or report" >&2; exit 2 ;;
 esac
+done

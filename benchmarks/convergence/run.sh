@@ -12,7 +12,8 @@
 # Raw files go to RAW (default /tmp/convergence-<model>); the section and the plot to
 # benchmarks/results/ (and $OUT when set: the GPU tool brings those back).
 #
-# Variables: MODEL (gpt2 | llama), STEPS, BATCH, SEQ, WARMUP, EVAL_EVERY, EVAL_BATCHES, FORGE
+# Variables: STAGES (default "init forge ref report": a GPU call of at most 10 minutes can run them
+# apart, the later ones reading RAW), MODEL (gpt2 | llama), STEPS, BATCH, SEQ, WARMUP, EVAL_EVERY, EVAL_BATCHES, FORGE
 # (default build-gpu/forge), RAW, PEERS ("compile", or "eager compile"), SMOKE=1 (a tiny model on
 # the CPU: the scripts' own check, no figures).
 set -euo pipefail
@@ -60,11 +61,20 @@ if [ "$SMOKE" = 1 ]; then  # a tiny model on the CPU: the pipeline's check, not 
   EVAL_BATCHES=4
 fi
 
+STAGES=${STAGES:-init forge ref report}
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+for s in $STAGES; do
+  case $s in init|forge|ref|report) ;; *) echo "convergence/run.sh: STAGES: unknown stage '$s' (init forge ref report)" >&2; exit 2 ;; esac
+done
+
+if has_stage init; then
 echo "== initial weights ($TITLE, vocabulary $VOCAB)"
 "$PY" benchmarks/convergence/init_weights.py --config "$CONFIG" --out "$RAW/init" --tokenizer "$TOKFILE" \
   --vocab_size "$VOCAB" "${SIZE[@]}"
+fi
+[ -d "$RAW/init" ] || { echo "convergence/run.sh: no initial weights at $RAW/init: run the init stage first" >&2; exit 1; }
 
-echo "== forge"
+has_stage forge && echo "== forge"
 FORGE_ARGS=(--model.init_from="$RAW/init" --data.source=files --data.files="$TRAIN_GLOB" --data.val_files="$VAL_GLOB"
   --data.order=sequential --train.steps="$STEPS" --train.batch_size="$BATCH" --train.seq_len="$SEQ"
   --train.log_every=1 --schedule.warmup_steps="$WARMUP" --eval.every="$EVAL_EVERY" --eval.batches="$EVAL_BATCHES"
@@ -75,16 +85,19 @@ if [ "$SMOKE" = 1 ]; then  # init_weights.py --tiny's shape
   if [ "$MODEL" = gpt2 ]; then FORGE_ARGS+=(--model.n_embd=64); else
     FORGE_ARGS+=(--model.dim=64 --model.n_kv_head=2 --model.ffn_hidden=160); fi
 fi
+if has_stage forge; then
 "$FORGE" train "$CONFIG" "${FORGE_ARGS[@]}" 2>&1 | tee "$RAW/forge.log" | grep -E "^(step|eval|val|done|forge)" | \
   awk 'NR % 20 == 1 || /eval|done|error/'
+fi
 
-for mode in $PEERS; do
+has_stage ref && for mode in $PEERS; do
   echo "== PyTorch ($mode)"
   "$PY" benchmarks/convergence/reference.py --config "$CONFIG" --init "$RAW/init" --train "$TRAIN_GLOB" \
     --val "$VAL_GLOB" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --eval-every "$EVAL_EVERY" \
     --eval-batches "$EVAL_BATCHES" --mode "$mode" --out "$RAW/ref_$mode.jsonl" "${DEVICE_ARGS[@]}"
 done
 
+has_stage report || exit 0
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '_' || true)
 GPU=${GPU:-cpu}
 SECTION="$RAW/convergence_${MODEL}.md"
