@@ -12,6 +12,7 @@
 #   PHASE=gpt2-forge, gpt2-ref: its stages apart (initial weights and forge; PyTorch and the report),
 #                 for calls of at most 10 minutes
 #   PHASE=llama, llama-forge, llama-ref: the same for LLaMA 0.85B
+#   PHASE=data    benchmarks/convergence/data_path.sh: a corpus of >= 1B tokens, data wait, resume
 #   PHASE=report  the sections written so far, to $OUT
 # PHASE may list several ("corpus gpt2-forge"), run in order. STEPS, PEERS, ... pass through to run.sh.
 set -euo pipefail
@@ -22,7 +23,7 @@ PACK=${PACK:-data/corpus/pack}
 CORPUS=${CORPUS:-$PWD/.corpus}
 OUT=${OUT:-/tmp/gpu-convergence-out}
 mkdir -p "$OUT"
-for phase in ${PHASE:?PHASE=build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref or report}; do
+for phase in ${PHASE:?PHASE=build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref, data or report}; do
 case $phase in
   build)
     BUILD_ONLY=1 JOBS=${JOBS:-16} scripts/gpu-check.sh >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -37,8 +38,10 @@ case $phase in
     case $phase in *-forge) stages="init forge" ;; *-ref) stages="ref report" ;; *) stages="init forge ref report" ;; esac
     MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model" FORGE=build-gpu/forge OUT="$OUT" \
       benchmarks/convergence/run.sh ;;
+  data)
+    CORPUS="$CORPUS" FORGE=build-gpu/forge OUT="$OUT" RAW="$PWD/.convergence/data" benchmarks/convergence/data_path.sh ;;
   report)
     cat .convergence/*/convergence_*.md ;;
-  *) echo "gpu-convergence.sh: PHASE=$phase: use build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref or report" >&2; exit 2 ;;
+  *) echo "gpu-convergence.sh: PHASE=$phase: use build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref, data or report" >&2; exit 2 ;;
 esac
 done
