@@ -267,6 +267,11 @@ def read_debs(path: Path) -> dict[str, dict]:
     return out
 
 
+def in_validation(sha: str, nbytes: int, modulus: int, max_bytes: int) -> bool:
+    """The split: validation iff int(sha256, 16) % modulus == 0 and the text is at most max_bytes."""
+    return int(sha, 16) % modulus == 0 and nbytes <= max_bytes
+
+
 def shuffle_key(seed: str, sha: str) -> str:
     return hashlib.sha256(f"{seed}:{sha}".encode()).hexdigest()
 
@@ -311,8 +316,12 @@ def cmd_collect(a: argparse.Namespace) -> None:
         keep = cap(docs, int(a.slice * MB))
         docs = [d for d in docs if d.sha in keep]
 
-    val = [d for d in docs if int(d.sha, 16) % a.val_modulus == 0]
-    train = [d for d in docs if int(d.sha, 16) % a.val_modulus != 0]
+    # Validation: a sample of the documents by hash, without the long ones (more than --val-max-kb):
+    # in a few hundred documents one long file (a table-heavy manual, a generated header) would be
+    # most of the validation tokens, and the loss on it says little of the corpus (Note in docs/corpus.md).
+    val_max = int(a.val_max_kb * 1024)
+    val = [d for d in docs if in_validation(d.sha, len(d.data), a.val_modulus, val_max)]
+    train = [d for d in docs if not in_validation(d.sha, len(d.data), a.val_modulus, val_max)]
     train.sort(key=lambda d: shuffle_key(a.seed, d.sha))
     val.sort(key=lambda d: shuffle_key(a.seed, d.sha))
     if not train or not val:
@@ -394,11 +403,13 @@ def cmd_collect(a: argparse.Namespace) -> None:
         "mode": "slice" if a.slice is not None else "full",
         "options": {"slice_mb": a.slice, "code_mb": a.code_mb, "max_file_mb": a.max_file_mb,
                     "min_doc_bytes": a.min_doc_bytes,
-                    "train_file_mb": a.train_file_mb, "val_modulus": a.val_modulus, "shuffle_seed": a.seed},
+                    "train_file_mb": a.train_file_mb, "val_modulus": a.val_modulus, "val_max_kb": a.val_max_kb,
+                    "shuffle_seed": a.seed},
         "notes": {
             "bytes": "bytes of the documents' text in UTF-8 (the JSON Lines files are larger: JSON escapes)",
             "dedup": "exact SHA-256 of a document's text; of equal documents the one whose source sorts first is kept",
-            "val": f"a document is in validation when int(sha256, 16) % {a.val_modulus} == 0",
+            "val": f"a document is in validation when int(sha256, 16) % {a.val_modulus} == 0 and its text is at "
+                   f"most {a.val_max_kb:g} KiB",
             "shuffle": f"training documents ordered by sha256(\"{a.seed}:\" + the document's sha256)",
             "utf8": "files that are not valid UTF-8 are skipped (not decoded with replacement)",
         },
@@ -616,7 +627,8 @@ def cmd_check(a: argparse.Namespace) -> None:
       directories hold no other file;
     - every JSON Lines line is {"text", "source"}, its text's SHA-256 is the one documents.tsv
       gives for that line, no document appears twice, and validation and training share none;
-    - a document is in validation exactly when int(sha256, 16) % val_modulus == 0;
+    - a document is in validation exactly when int(sha256, 16) % val_modulus == 0 and it is at most
+      val_max_kb KiB;
     - the document and byte counts add up to the manifest's;
     - every tokenizer has tokens in both splits, one end-of-text token per document in each shard,
       and at least --min-tokens tokens in all (the first tokenizer is the one --min-tokens counts);
@@ -642,6 +654,8 @@ def cmd_check(a: argparse.Namespace) -> None:
     index = read_index(out)
     seen: dict[str, tuple[str, str]] = {}  # sha256 -> (file, split)
     mod = m["options"]["val_modulus"]
+    val_max_kb = m["options"].get("val_max_kb", float("inf"))  # (manifests before the option had none)
+    val_max = val_max_kb * 1024
     counts = {"train": [0, 0], "val": [0, 0]}
     for tf in m["text_files"]:
         rows = index.get(Path(tf["path"]).name, [])
@@ -662,9 +676,10 @@ def cmd_check(a: argparse.Namespace) -> None:
                     what = "a duplicate" if seen[sha][1] == tf["split"] else "validation and training overlap"
                     die(f"{tf['path']}:{n}: document {sha[:12]} appears twice (also in {seen[sha][0]}): {what}")
                 seen[sha] = (tf["path"], tf["split"])
-                in_val = int(sha, 16) % mod == 0
+                in_val = in_validation(sha, len(data), mod, val_max)
                 if in_val != (tf["split"] == "val"):
-                    die(f"{tf['path']}:{n}: document {sha[:12]} is in the wrong split (val iff sha256 % {mod} == 0)")
+                    die(f"{tf['path']}:{n}: document {sha[:12]} is in the wrong split "
+                        f"(val iff sha256 % {mod} == 0 and at most {val_max_kb:g} KiB)")
                 counts[tf["split"]][0] += 1
                 counts[tf["split"]][1] += len(data)
         if n != len(rows) or n != tf["documents"]:
@@ -727,7 +742,9 @@ def main() -> None:
     p.add_argument("--max-file-mb", type=float, default=1.0, help="skip files larger than this (default 1)")
     p.add_argument("--min-doc-bytes", type=int, default=64, help="skip documents shorter than this (default 64)")
     p.add_argument("--train-file-mb", type=float, default=100.0, help="largest train_NNN.jsonl (default 100)")
-    p.add_argument("--val-modulus", type=int, default=200, help="val iff int(sha256, 16) %% N == 0 (default 200)")
+    p.add_argument("--val-modulus", type=int, default=100, help="val iff int(sha256, 16) %% N == 0 (default 100)")
+    p.add_argument("--val-max-kb", type=float, default=64.0,
+                   help="and the document is at most this many KiB (default 64; longer ones train)")
     p.add_argument("--seed", default="forge-corpus-v1", help="the shuffle's seed")
     p = sub.add_parser("tokens", help="count the shards' tokens into manifest.json")
     p.add_argument("out")
