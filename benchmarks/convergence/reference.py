@@ -113,6 +113,13 @@ def main():
     ap.add_argument("--eval-batches", type=int, default=40)
     ap.add_argument("--mode", choices=["eager", "compile"], default="compile")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--params", choices=["f32", "bf16", "bf16-grid"], default="f32",
+                    help="f32: f32 parameters under bf16 autocast (PyTorch's usual recipe); bf16: forge's recipe "
+                         "emulated - the forward and backward run on a bf16 copy of f32 master weights (so the "
+                         "embeddings, norms and residual stream are bf16), gradients copied to the master, AdamW "
+                         "on the master, the copy rounded from it after each step. On a CPU the copy holds the "
+                         "bf16-rounded values in f32 (the arithmetic stays f32); bf16-grid: bf16 with the masters "
+                         "first rounded to bf16, as forge's AdamW creates them from the bf16 parameters")
     ap.add_argument("--out", required=True, help="metrics, one JSON object per line")
     ap.add_argument("--save-final", default="", help="write the final state_dict here (parity.py compares it)")
     ap.add_argument("--decay-embeddings", action="store_true",
@@ -146,7 +153,25 @@ def main():
                             lr=lr, betas=(float(opt_cfg.get("beta1", 0.9)), float(opt_cfg.get("beta2", 0.95))),
                             eps=float(opt_cfg.get("eps", 1e-8)), **({"fused": True} if cuda else {}))
     clip = float(opt_cfg.get("grad_clip", 1.0))
-    step_fn = torch.compile(model) if a.mode == "compile" else model
+    # --params bf16: `work` runs forward and backward; `model` holds the f32 master weights.
+    work = model
+    if a.params in ("bf16", "bf16-grid"):
+        work = torch_peer.build(s).to(dev).train()
+        if cuda:
+            work.to(torch.bfloat16)
+        masters = list(model.parameters())
+        copies = list(work.parameters())
+
+        def round_copy():
+            with torch.no_grad():
+                for c, m in zip(copies, masters):
+                    c.copy_(m.to(torch.bfloat16).to(c.dtype))
+        if a.params == "bf16-grid":
+            with torch.no_grad():
+                for m in masters:
+                    m.copy_(m.to(torch.bfloat16).float())
+        round_copy()
+    step_fn = torch.compile(work) if a.mode == "compile" else work
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda)
 
     train = Windows(shards(a.train), a.seq)
@@ -159,16 +184,16 @@ def main():
         val_batches = min(val_batches, a.eval_batches)
 
     def validation():
-        model.eval()
+        work.eval()
         total_loss, tokens = 0.0, 0
         with torch.no_grad(), amp:
             for b in range(val_batches):
                 rows = min(a.batch, len(val.index) - b * a.batch)
                 x, y = val.batch(b * a.batch, rows, dev)
-                loss = model(x, y)  # eager (a partial last batch would recompile); mean over rows x seq
+                loss = work(x, y)  # eager (a partial last batch would recompile); mean over rows x seq
                 total_loss += float(loss) * y.numel()
                 tokens += y.numel()
-        model.train()
+        work.train()
         return total_loss / tokens
 
     out = open(a.out, "w")
@@ -177,7 +202,7 @@ def main():
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
-    record({"config": a.config, "mode": a.mode, "steps": a.steps, "batch": a.batch, "seq": a.seq,
+    record({"config": a.config, "mode": a.mode, "params": a.params, "steps": a.steps, "batch": a.batch, "seq": a.seq,
             "torch": torch.__version__, "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
             "train_windows": len(train.index), "val_windows": len(val.index), "val_batches": val_batches})
     # The host reads step k's loss after queueing step k + 1 (torch_peer.py's and forge's deferred
@@ -199,9 +224,15 @@ def main():
         with amp:
             loss = step_fn(x, y)
         loss.backward()
+        if work is not model:
+            for c, m in zip(copies, masters):
+                m.grad = c.grad.float()
+                c.grad = None
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip > 0 else torch.zeros(())
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if work is not model:
+            round_copy()
         if pending is not None:
             read(pending)
         pending = (step + 1, loss.detach(), norm.detach(), cur)

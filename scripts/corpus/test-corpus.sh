@@ -5,8 +5,11 @@
 # manpages and libc6-dev; then a second build from the same .debs must give identical files
 # (reproducible), pack -> unpack -> re-tokenize must give them again, and a corrupted shard or
 # text file must fail the check. Needs the network (Debian's mirror) and the tokenizer fixtures
-# (scripts/fetch-tokenizer-fixtures.sh, which `make test` runs).
-#   scripts/corpus/test-corpus.sh FORGE_BINARY [SLICE_MB]
+# (scripts/fetch-tokenizer-fixtures.sh, which `make test` runs). With TORCH_PYTHON (a Python with
+# torch), the convergence benchmark's scripts then run on the slice (benchmarks/convergence/run.sh
+# SMOKE=1, a tiny model on the CPU, in two calls of its stages): forge and PyTorch in f32 must meet
+# every bound of the report.
+#   [TORCH_PYTHON=python3] scripts/corpus/test-corpus.sh FORGE_BINARY [SLICE_MB]
 set -euo pipefail
 FORGE=${1:?usage: test-corpus.sh FORGE_BINARY [SLICE_MB]}
 SLICE=${2:-4}
@@ -42,5 +45,19 @@ expect_failure "text/val.jsonl: size or SHA-256 differs" bash "$B" --check "$T/c
 printf 'x' | dd of="$T/pack/corpus.tar.xz.part-000" bs=1 seek=10 conv=notrunc status=none
 expect_failure "missing or corrupt" bash "$B" --unpack "$T/pack" --out "$T/e" --forge "$FORGE"
 [ ! -e "$T/e" ] || fail "a corrupt pack was unpacked into $T/e"
+
+if [ -n "${TORCH_PYTHON:-}" ]; then
+  R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/benchmarks/convergence/run.sh"
+  for stages in "init forge" "ref report"; do
+    SMOKE=1 STAGES=$stages CORPUS="$T/a" FORGE="$FORGE" PYTHON="$TORCH_PYTHON" RAW="$T/conv" OUT="" bash "$R" \
+      > "$T/conv.log" 2>&1 || { cat "$T/conv.log" >&2; fail "benchmarks/convergence/run.sh (STAGES=$stages) failed"; }
+  done
+  "$TORCH_PYTHON" - "$T/conv/summary_eager.json" <<'PY' || fail "the convergence report's bounds on the slice"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["bounds_met"] and abs(s["final_rel"]) < 1e-4, s
+print(f"test-corpus: convergence smoke: final validation loss {s['final_rel']:+.2e} relative, bounds met")
+PY
+fi
 
 echo "test-corpus: passed in $(( $(date +%s) - t0 )) s"
