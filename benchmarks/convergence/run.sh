@@ -14,7 +14,8 @@
 #
 # Variables: STAGES (default "init forge ref report": a GPU call of at most 10 minutes can run them
 # apart, the later ones reading RAW), MODEL (gpt2 | llama), STEPS, BATCH, SEQ, WARMUP, EVAL_EVERY, EVAL_BATCHES, FORGE
-# (default build-gpu/forge), RAW, PEERS ("compile", or "eager compile"), SMOKE=1 (a tiny model on
+# (default build-gpu/forge), RAW, PEERS ("compile", or "eager compile"; MODE:PARAMS passes
+# reference.py --params, e.g. "compile compile:bf16 compile:bf16-grid"), SMOKE=1 (a tiny model on
 # the CPU: the scripts' own check, no figures).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -75,7 +76,7 @@ fi
 [ -d "$RAW/init" ] || { echo "convergence/run.sh: no initial weights at $RAW/init: run the init stage first" >&2; exit 1; }
 
 has_stage forge && echo "== forge"
-FORGE_ARGS=(--model.init_from="$RAW/init" --data.source=files --data.files="$TRAIN_GLOB" --data.val_files="$VAL_GLOB"
+FORGE_ARGS=(--model.init_from="$RAW/init" --model.vocab_size="$VOCAB" --data.source=files --data.files="$TRAIN_GLOB" --data.val_files="$VAL_GLOB"
   --data.order=sequential --train.steps="$STEPS" --train.batch_size="$BATCH" --train.seq_len="$SEQ"
   --train.log_every=1 --schedule.warmup_steps="$WARMUP" --eval.every="$EVAL_EVERY" --eval.batches="$EVAL_BATCHES"
   --eval.bigram_baseline=false --checkpoint.every=0 --checkpoint.interval_minutes=0 --checkpoint.at_end=false
@@ -90,21 +91,25 @@ if has_stage forge; then
   awk 'NR % 20 == 1 || /eval|done|error/'
 fi
 
-has_stage ref && for mode in $PEERS; do
-  echo "== PyTorch ($mode)"
+tag_of() { echo "${1/:/_}"; }  # compile:bf16 -> compile_bf16 (file names)
+has_stage ref && for peer in $PEERS; do
+  mode=${peer%%:*}; params=f32; [[ $peer == *:* ]] && params=${peer#*:}
+  echo "== PyTorch ($mode, $params parameters)"
   "$PY" benchmarks/convergence/reference.py --config "$CONFIG" --init "$RAW/init" --train "$TRAIN_GLOB" \
     --val "$VAL_GLOB" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --warmup "$WARMUP" --eval-every "$EVAL_EVERY" \
-    --eval-batches "$EVAL_BATCHES" --mode "$mode" --out "$RAW/ref_$mode.jsonl" "${DEVICE_ARGS[@]}"
+    --eval-batches "$EVAL_BATCHES" --mode "$mode" --params "$params" --out "$RAW/ref_$(tag_of "$peer").jsonl" \
+    "${DEVICE_ARGS[@]}"
 done
 
 has_stage report || exit 0
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '_' || true)
 GPU=${GPU:-cpu}
 SECTION="$RAW/convergence_${MODEL}.md"
-for mode in $PEERS; do
-  "$PY" benchmarks/convergence/report.py --forge "$RAW/forge/metrics.jsonl" --ref "$RAW/ref_$mode.jsonl" \
-    --title "$TITLE, $STEPS steps of $BATCH x $SEQ (PyTorch: $mode)" --out "$RAW/section_$mode.md" \
-    --svg "$RAW/convergence_${MODEL}_${mode}.svg" --json "$RAW/summary_$mode.json"
+for peer in $PEERS; do
+  tag=$(tag_of "$peer")
+  "$PY" benchmarks/convergence/report.py --forge "$RAW/forge/metrics.jsonl" --ref "$RAW/ref_$tag.jsonl" \
+    --title "$TITLE, $STEPS steps of $BATCH x $SEQ (PyTorch: $peer)" --out "$RAW/section_$tag.md" \
+    --svg "$RAW/convergence_${MODEL}_${tag}.svg" --json "$RAW/summary_$tag.json"
 done
 cat "$RAW"/section_*.md > "$SECTION"
 if [ "$SMOKE" != 1 ]; then

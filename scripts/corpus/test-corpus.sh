@@ -48,16 +48,19 @@ expect_failure "missing or corrupt" bash "$B" --unpack "$T/pack" --out "$T/e" --
 
 if [ -n "${TORCH_PYTHON:-}" ]; then
   R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/benchmarks/convergence/run.sh"
-  for stages in "init forge" "ref report"; do
-    SMOKE=1 STAGES=$stages CORPUS="$T/a" FORGE="$FORGE" PYTHON="$TORCH_PYTHON" RAW="$T/conv" OUT="" bash "$R" \
-      > "$T/conv.log" 2>&1 || { cat "$T/conv.log" >&2; fail "benchmarks/convergence/run.sh (STAGES=$stages) failed"; }
-  done
-  "$TORCH_PYTHON" - "$T/conv/summary_eager.json" <<'PY' || fail "the convergence report's bounds on the slice"
+  for model in gpt2 llama; do
+    for stages in "init forge" "ref report"; do
+      SMOKE=1 MODEL=$model STAGES=$stages CORPUS="$T/a" FORGE="$FORGE" PYTHON="$TORCH_PYTHON" RAW="$T/conv_$model" \
+        OUT="" bash "$R" > "$T/conv.log" 2>&1 ||
+        { cat "$T/conv.log" >&2; fail "benchmarks/convergence/run.sh (MODEL=$model STAGES=$stages) failed"; }
+    done
+    "$TORCH_PYTHON" - "$T/conv_$model/summary_eager.json" "$model" <<'PY' || fail "the convergence report's bounds ($model)"
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["bounds_met"] and abs(s["final_rel"]) < 1e-4, s
-print(f"test-corpus: convergence smoke: final validation loss {s['final_rel']:+.2e} relative, bounds met")
+print(f"test-corpus: convergence smoke ({sys.argv[2]}): final validation loss {s['final_rel']:+.2e} relative, bounds met")
 PY
+  done
 fi
 
 echo "test-corpus: passed in $(( $(date +%s) - t0 )) s"
