@@ -22,6 +22,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -329,6 +331,65 @@ TEST_F(DataParallelTrain, HalfPrecisionWithLossScalingTrainsUnderDataParallelism
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("run.dtype = \"f16\" with dist.offload_optimizer = true is not supported"), std::string::npos)
       << bad.out;
+}
+
+// Note [masters from the f32 initial weights] (train/strategy.h) in every data-parallel layout:
+// one bf16 AdamW step at a learning rate far below half the bf16 spacing of most weights moves a
+// weight only where its f32 master, seeded from the f32 initialisation, sits close enough to a
+// rounding boundary; each rank seeds the masters of its own pieces (ZeRO), or the offloaded CPU
+// masters; tensor parallelism its slices, pipeline parallelism its stage's parameters. So DDP,
+// ZeRO-1/2/3, the offloaded optimizer, tp = 2 and pp = 2 end the step with the one-process
+// run's weights; masters started from the bf16 weights (debug.masters_from_rounded, the negative
+// control) move a different set.
+TEST_F(DataParallelTrain, Bf16MastersStartFromTheF32WeightsInEveryLayout) {
+  auto bf16 = [](std::vector<std::string> a) {
+    for (const char* o : {"--run.dtype=bf16", "--optim.lr=2e-6", "--schedule.kind=constant", "--schedule.warmup_steps=0",
+                          "--schedule.min_lr=0", "--checkpoint.at_end=true"})
+      a.push_back(o);
+    return a;
+  };
+  // Elements of the final weights that differ from the one-process run's, and all elements.
+  auto differing = [&](const std::string& name) {
+    const auto want = final_params(root_ / "masters_single"), got = final_params(root_ / name);
+    EXPECT_EQ(got.size(), want.size()) << name;
+    std::map<std::string, forge::Tensor> by_name(got.begin(), got.end());
+    int64_t diff = 0, all = 0;
+    for (const auto& [n, w] : want) {
+      EXPECT_TRUE(by_name.count(n)) << name << ": no " << n;
+      if (!by_name.count(n)) continue;
+      const auto a = by_name.at(n).to(forge::DType::f32).to_vector<float>(), b = w.to(forge::DType::f32).to_vector<float>();
+      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) diff += a[i] != b[i];
+      all += static_cast<int64_t>(b.size());
+    }
+    return std::pair{diff, all};
+  };
+  const ShellRun single = runs.run_single(bf16(base_args(root_, "masters_single", 1, "adamw")));
+  ASSERT_EQ(single.status, 0) << single.out;
+  EXPECT_NE(single.out.find("master weights: f32, from the initial weights"), std::string::npos) << single.out;
+  for (const auto& [name, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"masters_ddp", {"--dist.zero_stage=0"}},
+           {"masters_zero1", {"--dist.zero_stage=1"}},
+           {"masters_zero2", {"--dist.zero_stage=2"}},
+           {"masters_zero3", {"--dist.zero_stage=3"}},
+           {"masters_zero2_offload", {"--dist.zero_stage=2", "--dist.offload_optimizer=true"}},
+           {"masters_tp2", {"--dist.tp=2"}},
+           {"masters_pp2", {"--dist.pp=2"}}}) {
+    auto args = bf16(base_args(root_, name, 1, "adamw"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ShellRun r = runs.run_mpi(2, args);
+    ASSERT_EQ(r.status, 0) << name << "\n" << r.out;
+    const auto [diff, all] = differing(name);
+    std::cout << name << ": " << diff << " of " << all << " weights differ from one process's\n";
+    EXPECT_LE(diff * 1000, all) << name << ": " << diff << " of " << all << " weights differ from one process's";
+  }
+  // The negative control, in one process: a different set of weights moved.
+  auto rounded = bf16(base_args(root_, "masters_rounded", 1, "adamw"));
+  rounded.push_back("--debug.masters_from_rounded=true");
+  const ShellRun r = runs.run_single(rounded);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto [diff, all] = differing("masters_rounded");
+  std::cout << "masters_rounded: " << diff << " of " << all << " weights differ from one process's\n";
+  EXPECT_GE(diff * 200, all) << diff << " of " << all << " weights differ: the control should move far more";
 }
 
 // LeNet on a slice of Fashion-MNIST through the same loop and strategies: 599 training images in

@@ -141,6 +141,9 @@ class DataParallel {
   // state is missing.
   void load_piece_state(const std::function<Tensor(const ShardPiece&, const std::string&)>& lookup,
                         const std::function<int64_t(const ShardPiece&)>& step_of);
+  // Before the first step: the f32 masters of this rank's pieces from f32_of(parameter name)
+  // (ShardedOptimizer::seed_masters; Note [masters from the f32 initial weights], train/strategy.h).
+  void seed_masters(const std::function<Tensor(const std::string&)>& f32_of) { optimizer_->seed_masters(f32_of); }
   // Number of optimizer step() calls (skipped ones included).
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }

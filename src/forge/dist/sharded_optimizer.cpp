@@ -9,6 +9,7 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
+#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/optim/clip.h"
 
@@ -141,6 +142,22 @@ ShardedOptimizer::ShardedOptimizer(DpState& st, GradientBuckets& grads, const st
                                    : grads_.owned(p.bucket).narrow(0, p.offset + pieces_[k].lo - r * b.shard, n);
     piece_grad_views_.push_back(g);
     piece_views_[k].set_grad(g);
+  }
+}
+
+void ShardedOptimizer::seed_masters(const std::function<Tensor(const std::string&)>& f32_of) {
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const ShardPiece& piece = pieces_[k];
+    const Tensor whole = f32_of(piece.param);
+    if (!whole.defined()) continue;
+    const Tensor part = whole.detach().reshape({-1}).narrow(0, piece.lo, piece.hi - piece.lo);
+    Tensor& target = piece_params_[k];
+    if (target.dtype() == DType::f32) {  // offloaded: the CPU master is the optimizer's parameter
+      if (!piece_views_[k].is_same(target)) target.copy_(ops::to(part, target.device(), DType::f32));
+    } else if (optimizer_) {
+      optimizer_->seed_state(target, "master", part);
+    }
   }
 }
 

@@ -67,6 +67,11 @@ class ShardedOptimizer {
 
   // The optimizer over this rank's pieces (null when it owns none): CUDA graph hooks (train/graphed_step.h).
   optim::Optimizer* local_optimizer() const { return optimizer_.get(); }
+  // Note [masters from the f32 initial weights] (train/strategy.h): before the first step, the
+  // f32 master of every owned piece from f32_of(name) (the parameter's f32 values, whole
+  // local tensor, any device; undefined: leave the piece alone): the optimizer's state of a
+  // 16-bit piece, or, offloaded, the CPU master itself.
+  void seed_masters(const std::function<Tensor(const std::string&)>& f32_of);
 
  private:
   struct OffloadSlice {

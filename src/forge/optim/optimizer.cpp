@@ -167,8 +167,9 @@ void Optimizer::step(const Tensor& skip_if) {
       const int64_t k = slot++;
       const Tensor grad = param.grad();
       if (!grad.defined()) continue;
-      // The state a first update creates (zeros) would be created again by every replay.
-      FORGE_CHECK(!graph_capturing_ || state_.count(param.impl()) != 0, name_,
+      // The state a first update creates (zeros) would be created again by every replay (a
+      // seeded state, seed_state, is not yet complete either).
+      FORGE_CHECK(!graph_capturing_ || (state_.count(param.impl()) != 0 && state_.at(param.impl()).step > 0), name_,
                   ": a parameter's first update cannot be captured in a CUDA graph (its state would be made anew "
                   "at every replay); run one step before capturing");
       ParamState& s = state_[param.impl()];
@@ -319,6 +320,28 @@ void Optimizer::fold_skipped_steps() const {
 void Optimizer::zero_grad() {
   for (const ParamGroup& g : groups_)
     for (const Tensor& p : g.params) p.zero_grad();
+}
+
+bool Optimizer::seed_state(const Tensor& p, const std::string& name, const Tensor& value) {
+  const ParamGroup* group = nullptr;
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& t : g.params)
+      if (t.is_same(p)) group = &g;
+  FORGE_CHECK(group != nullptr, name_, ": seed_state: the tensor of shape ", p.shape(), " is not a parameter of this optimizer");
+  bool kept = false;
+  for (const StateSpec& spec : state_specs(*group, p)) kept = kept || spec.name == name;
+  if (!kept) return false;
+  FORGE_CHECK(value.defined() && value.numel() == p.numel() && is_floating(value.dtype()), name_, ": seed_state: '",
+              name, "' needs ", p.numel(), " floating-point elements, got ", value.defined() ? value.numel() : 0);
+  ParamState& s = state_[p.impl()];
+  FORGE_CHECK(s.step == 0, name_, ": seed_state: the parameter was updated already (", s.step, " step(s))");
+  if (!s.param.defined()) s.param = p;
+  NoGradGuard no_grad;
+  const DType dt = state_dtype(p, name);
+  const Tensor v = value.detach().reshape(p.shape());
+  // A copy of its own (to() returns its input when nothing changes).
+  s.tensors[name] = (v.device() == p.device() && v.dtype() == dt) ? ops::clone(v) : ops::contiguous(ops::to(v, p.device(), dt));
+  return true;
 }
 
 const ParamState* Optimizer::state(const Tensor& p) const {

@@ -157,6 +157,13 @@ class Optimizer {
   // The state of parameter `p`, or null before its first update. Folds in the updates a
   // device flag skipped (a device-to-host copy when there are any).
   const ParamState* state(const Tensor& p) const;
+  // Before p's first update: its state tensor `name` starts as `value` (any device and
+  // floating dtype, p's number of elements) instead of what the first update would make,
+  // copied to p's device in the optimizer's state dtype. What it is for: AdamW's f32 master
+  // of a 16-bit parameter from the f32 weights the parameter was rounded from (Note [bf16
+  // master weights], adamw.h). False (nothing done) when the optimizer keeps no state `name`
+  // for p (SGD has no master); throws for a p not in the groups or a p already updated.
+  bool seed_state(const Tensor& p, const std::string& name, const Tensor& value);
   // Number of step() calls so far, skipped ones included (restored by load_state_dict).
   int64_t step_count() const { return step_count_; }
 

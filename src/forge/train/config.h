@@ -23,7 +23,7 @@
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, interval_minutes, keep_last, at_end, async
 //   [dist]       tp, sequence_parallel, pp, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
-//   [debug]      skip_reductions, abort_at, hang_at (switches that change what a run computes,
+//   [debug]      skip_reductions, abort_at, hang_at, masters_from_rounded (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
 //
 // The schema is one table (config_keys()): each key has a type (integer, float, boolean,
@@ -165,6 +165,8 @@ struct DebugSection {
   bool skip_reductions = false;    // data parallel: no gradient or loss reduction at all (the run is WRONG; measures what the rest costs)
   std::string abort_at;            // "<rank>:<step>": that rank aborts at the start of that step (failure tests)
   std::string hang_at;             // "<rank>:<step>": that rank stops there without exiting (stuck-peer tests)
+  bool masters_from_rounded = false;  // 16-bit runs: masters from the rounded parameters, not the f32 initial weights
+                                      // (Note [masters from the f32 initial weights]; A/B measurements)
 };
 
 struct RunConfig {

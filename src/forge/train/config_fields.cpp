@@ -197,6 +197,11 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(debug, abort_at, "\"<rank>:<step>\": that rank aborts at the start of that step (failure tests)"),
       FORGE_FIELD(debug, hang_at,
                   "\"<rank>:<step>\": that rank stops at the start of that step without exiting (stuck-peer tests)"),
+      FORGE_FIELD(debug, masters_from_rounded,
+                  "16-bit runs: start AdamW's f32 master weights from the 16-bit parameters (as forge did before "
+                  "2026-12 and Megatron-LM does) instead of the f32 weights they were rounded from; the first "
+                  "updates below half a bf16 spacing are then lost (Note [masters from the f32 initial weights] in "
+                  "src/forge/train/strategy.h). For A/B measurements"),
   };
   return table;
 }

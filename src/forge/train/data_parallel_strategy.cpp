@@ -72,6 +72,10 @@ class DataParallelStrategy final : public Strategy {
         << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";
   }
 
+  void seed_master_weights(const std::function<Tensor(const std::string&)>& f32_of) override {
+    dp_->seed_masters(f32_of);
+  }
+
   std::string describe() const override { return "layout: " + layout_.describe(); }
 
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {

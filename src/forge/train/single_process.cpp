@@ -3,6 +3,7 @@
 // loss and unscales the gradients; the checkpoint holds the whole optimizer state
 // (optimizer.safetensors) and the loss scale (extra.loss_scaler).
 #include <optional>
+#include <unordered_map>
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
@@ -28,6 +29,18 @@ class SingleProcess final : public Strategy {
   }
 
   std::string describe() const override { return "layout: one process on " + device_.str(); }
+
+  void seed_master_weights(const std::function<Tensor(const std::string&)>& f32_of) override {
+    std::unordered_map<const TensorImpl*, std::string> name_of;
+    for (const auto& [name, t] : model_.module->named_parameters()) name_of.emplace(t.impl(), name);
+    for (const auto& g : optimizer_->param_groups())
+      for (const Tensor& p : g.params) {
+        if (p.dtype() == DType::f32) continue;
+        auto it = name_of.find(p.impl());
+        if (it == name_of.end()) continue;
+        if (const Tensor v = f32_of(it->second); v.defined()) optimizer_->seed_state(p, "master", v);
+      }
+  }
 
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
     for (auto& g : optimizer_->param_groups()) g.lr = lr;

@@ -29,6 +29,7 @@
 //                        group (train/pipeline_strategy.cpp, train/pipeline_model.h)
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,25 @@ class Strategy {
   // Restores the optimizer (and loss-scaler) state of a checkpoint written by any layout. The
   // model's weights were loaded before the strategy was made (they are whole in every checkpoint).
   virtual void load_checkpoint(const io::CheckpointData& ck, const std::filesystem::path& ck_path) = 0;
+
+  // Note [masters from the f32 initial weights]
+  // A 16-bit run's parameters are rounded from f32 weights: the random initialisation's (made
+  // in f32 on the CPU) or model.init_from's. AdamW keeps an f32 master of each 16-bit
+  // parameter (Note [bf16 master weights], optim/adamw.h); made from the parameter at its
+  // first update, it would start on the bf16 grid, and an update smaller than half the bf16
+  // spacing of a weight (2^-9 of |w|: 4e-5 for a weight of 0.02, where the first warmup
+  // steps' lr is 1e-6 to 1e-5) would round back to the same weight, step after step, until
+  // the updates add up past it. From the f32 weights instead, each master sits somewhere in
+  // its rounding interval and the same small update moves the share of weights it carries
+  // across a rounding boundary: on average, the update. Measured (GPT-2 124M, init_from, lr
+  // warmup 2.4e-6 per step): the loss after the first update was 10.886 on the grid against
+  // 10.715 for PyTorch's f32 parameters under autocast; reproduced on the CPU and gone with
+  // masters from f32 (benchmarks/results/convergence_NVIDIA_H200.md). On a fresh 16-bit run the
+  // trainer keeps the f32 weights (local: after the tensor-parallel split) until the strategy
+  // exists, then seeds the masters from them here: every layout, each rank its own pieces
+  // (ZeRO), the CPU master itself when offloaded. f32 runs have no masters: nothing to do.
+  // f32_of(name): the parameter's f32 values (its local shape), undefined when there are none.
+  virtual void seed_master_weights(const std::function<Tensor(const std::string&)>& f32_of) = 0;
 
   // ---- CUDA graphs: the hooks of GraphedStep (Note [the step as a CUDA graph], train/graphed_step.h)
   // Why this layout's train_step cannot be captured ("" when it can).

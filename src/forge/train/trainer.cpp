@@ -14,6 +14,7 @@
 #include <ostream>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "forge/core/allocator.h"
 #include "forge/core/env.h"
@@ -254,7 +255,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     FORGE_CHECK(!rank0_failed(false), "train: rank 0 failed to prepare the run (its error says why); rank ",
                 denv.rank, " stops too");
   std::unique_ptr<data::BatchSource> source;
-  std::optional<io::NamedTensors> init_weights;  // model.init_from's, on a fresh run
+  size_t init_tensors = 0;                           // model.init_from's, loaded on a fresh run
+  std::unordered_map<std::string, Tensor> f32_init;  // Note [masters from the f32 initial weights]
   bool finished = false;
   try {
     task->prepare_data(ck, ck_path, log);
@@ -266,6 +268,18 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       const MemoryOwner owner("parameters");  // Note [memory owners]
       Model& m = task->model();
       split_model_for_layout(cfg, layout, mesh, m, log);
+      if (!ck && !cfg.model.init_from.empty()) {
+        // In f32, before the cast: the same 16-bit weights as loading after it, and the f32
+        // values stay for the masters (below).
+        const io::NamedTensors w = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
+        m.load_whole_state(w);
+        init_tensors = w.size();
+      }
+      // Note [masters from the f32 initial weights] (strategy.h): the f32 weights a fresh 16-bit
+      // run's parameters are rounded from, kept (the storage the cast leaves) until the strategy
+      // has seeded its masters.
+      if (!ck && dtype != DType::f32 && !cfg.debug.masters_from_rounded)
+        for (const auto& [name, t] : m.module->named_parameters()) f32_init.emplace(name, t.detach());
       m.module->to(device, dtype);
       if (ck) {
         try {
@@ -276,8 +290,6 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                       (ck_path / "state.json").string(), ")");
         }
         task->check_resume(*ck, ck_path);
-      } else if (!cfg.model.init_from.empty()) {
-        init_weights = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
       }
       source = task->train_batches(log);
     }
@@ -313,17 +325,25 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     step = ck->step;
     if (rank0)
       if (const std::string w = telemetry::truncate_jsonl_after_step(metrics_path, step); !w.empty()) log << w << "\n";
-  } else if (init_weights) {
-    model.load_whole_state(*init_weights);
-    log << "init_from: " << cfg.model.init_from << " (" << init_weights->size()
-        << " tensors; step 0, a fresh optimizer)\n";
-    init_weights.reset();
+  } else if (init_tensors > 0) {
+    log << "init_from: " << cfg.model.init_from << " (" << init_tensors << " tensors; step 0, a fresh optimizer)\n";
   }
   const std::unique_ptr<Strategy> strategy = [&] {
     const MemoryOwner owner("parameters: the strategy's copies and buffers");  // (master weights, ZeRO shards, buckets)
     return make_strategy(cfg, layout, mesh, model, dtype, log);
   }();
   if (ck) strategy->load_checkpoint(*ck, ck_path);
+  if (!f32_init.empty()) {
+    strategy->seed_master_weights([&](const std::string& name) {
+      auto it = f32_init.find(name);
+      return it == f32_init.end() ? Tensor() : it->second;
+    });
+    f32_init.clear();
+    log << "master weights: f32, from the initial weights (" << (init_tensors > 0 ? "model.init_from" : "the seeded "
+        "initialisation") << "), not from their " << dtype_name(dtype) << " rounding\n";
+  } else if (!ck && dtype != DType::f32) {
+    log << "master weights: from the " << dtype_name(dtype) << " parameters (debug.masters_from_rounded)\n";
+  }
   log << strategy->describe() << "\n";
   const bool evaluates = strategy->evaluates();
   result.start_step = step;
