@@ -12,7 +12,7 @@
 # Raw files go to RAW (default /tmp/convergence-<model>); the section and the plot to
 # benchmarks/results/ (and $OUT when set: the GPU tool brings those back).
 #
-# Variables: STAGES (default "init forge ref report": a GPU call of at most 10 minutes can run them
+# Variables: FORGE_EXTRA (more forge overrides), STAGES (default "init forge ref report": a GPU call of at most 10 minutes can run them
 # apart, the later ones reading RAW), MODEL (gpt2 | llama), STEPS, BATCH, SEQ, WARMUP, EVAL_EVERY, EVAL_BATCHES, FORGE
 # (default build-gpu/forge), RAW, PEERS ("compile", or "eager compile"; MODE:PARAMS passes
 # reference.py --params, e.g. "compile compile:bf16 compile:bf16-grid"), SMOKE=1 (a tiny model on
@@ -28,9 +28,9 @@ PY=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0
 case $MODEL in
   gpt2)  CONFIG=configs/gpt2-124m.toml;  TOK=gpt2;   STEPS=${STEPS:-5000}; BATCH=${BATCH:-16}; SEQ=${SEQ:-1024}
-         TITLE="GPT-2 124M"; EXTRA=() ;;
+         TITLE="GPT-2 124M" ;;
   llama) CONFIG=configs/llama-0.85b.toml; TOK=${LLAMA_TOK:-llama3}; STEPS=${STEPS:-2000}; BATCH=${BATCH:-4}
-         SEQ=${SEQ:-2048}; TITLE="LLaMA 0.85B"; EXTRA=() ;;
+         SEQ=${SEQ:-2048}; TITLE="LLaMA 0.85B" ;;
   *) echo "convergence/run.sh: MODEL=$MODEL: use gpt2 or llama" >&2; exit 2 ;;
 esac
 if [ "$SMOKE" = 1 ]; then STEPS=${SMOKE_STEPS:-20}; BATCH=4; SEQ=32; WARMUP=${WARMUP:-5}; EVAL_EVERY=${EVAL_EVERY:-10}; fi
@@ -86,6 +86,9 @@ if [ "$SMOKE" = 1 ]; then  # init_weights.py --tiny's shape
   if [ "$MODEL" = gpt2 ]; then FORGE_ARGS+=(--model.n_embd=64); else
     FORGE_ARGS+=(--model.dim=64 --model.n_kv_head=2 --model.ffn_hidden=160); fi
 fi
+# FORGE_EXTRA: more overrides (e.g. --debug.masters_from_rounded=true for an A/B run in another RAW).
+read -r -a EXTRA_ARGS <<< "${FORGE_EXTRA:-}"
+FORGE_ARGS+=("${EXTRA_ARGS[@]}")
 if has_stage forge; then
 "$FORGE" train "$CONFIG" "${FORGE_ARGS[@]}" 2>&1 | tee "$RAW/forge.log" | grep -E "^(step|eval|val|done|forge)" | \
   awk 'NR % 20 == 1 || /eval|done|error/'

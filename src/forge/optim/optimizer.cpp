@@ -337,6 +337,8 @@ bool Optimizer::seed_state(const Tensor& p, const std::string& name, const Tenso
   FORGE_CHECK(s.step == 0, name_, ": seed_state: the parameter was updated already (", s.step, " step(s))");
   if (!s.param.defined()) s.param = p;
   NoGradGuard no_grad;
+  static const char* label = intern_memory_owner("optimizer");  // Note [memory owners]: as step()'s state
+  const MemoryOwner owner(label);
   const DType dt = state_dtype(p, name);
   const Tensor v = value.detach().reshape(p.shape());
   // A copy of its own (to() returns its input when nothing changes).
@@ -363,7 +365,8 @@ StateDict Optimizer::state_dict() const {
     sd.scalars[group_key(gi, "weight_decay")] = require(g.weight_decay, "weight_decay", gi);
     for (const auto& [name, value] : hyper_params(g)) sd.scalars[group_key(gi, name)] = value;
     for (const Tensor& p : g.params) {
-      if (const ParamState* s = state(p)) {
+      // (A state with no update yet, a seeded master alone (seed_state), is not state to restore.)
+      if (const ParamState* s = state(p); s != nullptr && s->step > 0) {
         sd.scalars[state_key(k, "step")] = static_cast<double>(s->step);
         for (const auto& [name, t] : s->tensors) sd.tensors[state_key(k, name)] = t;
       }

@@ -154,8 +154,9 @@ class Optimizer {
   // do not add or remove parameters after the first step.
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // The state of parameter `p`, or null before its first update. Folds in the updates a
-  // device flag skipped (a device-to-host copy when there are any).
+  // The state of parameter `p`, or null before its first update (or its seeded state alone:
+  // seed_state, step 0). Folds in the updates a device flag skipped (a device-to-host copy
+  // when there are any). state_dict() leaves out the states of step 0.
   const ParamState* state(const Tensor& p) const;
   // Before p's first update: its state tensor `name` starts as `value` (any device and
   // floating dtype, p's number of elements) instead of what the first update would make,
