@@ -16,10 +16,13 @@
 #include <vector>
 
 #include "forge/forge.h"
+#include "optim_testing.h"
 #include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
+
+using optim_testing::param;
 
 using forge::testing::error_of;
 using forge::testing::vals;
@@ -34,12 +37,6 @@ std::vector<double> wavy(size_t n, double phase, double scale = 1.0) {
   std::vector<double> g(n);
   for (size_t i = 0; i < n; ++i) g[i] = scale * std::sin(1.3 * static_cast<double>(i) + phase) + 0.05 * phase;
   return g;
-}
-
-Tensor param(const std::vector<double>& v, DType dtype) {
-  Tensor t = from_vector<double>(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype});
-  t.requires_grad_(true);
-  return t;
 }
 
 // Two identical sets of parameters of `dtype` (the last one never gets a gradient).

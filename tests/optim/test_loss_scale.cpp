@@ -13,10 +13,14 @@
 
 #include "forge/forge.h"
 #include "forge/optim/loss_scale.h"
+#include "optim_testing.h"
 #include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
+
+using optim_testing::param;
+using optim_testing::set_grad;
 
 using forge::testing::error_of;
 using forge::testing::vals;
@@ -27,16 +31,6 @@ using ::testing::HasSubstr;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-Tensor param(const std::vector<double>& v, DType dtype) {
-  Tensor t = from_vector<double>(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype});
-  t.requires_grad_(true);
-  return t;
-}
-
-void set_grad(const Tensor& p, const std::vector<double>& g) {
-  p.set_grad(from_vector<double>(g, p.shape(), {.dtype = p.dtype()}));
-}
 
 // torch._amp_update_scale_, transcribed.
 struct ScalerRef {

@@ -21,10 +21,14 @@
 #include <vector>
 
 #include "forge/forge.h"
+#include "optim_testing.h"
 #include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
+
+using optim_testing::param;
+using optim_testing::set_grad;
 
 using forge::testing::error_of;
 using forge::testing::vals;
@@ -44,16 +48,6 @@ Tensor f64(const std::vector<double>& v, const Shape& shape) { return from_vecto
 Tensor f64(const std::vector<double>& v) { return f64(v, {static_cast<int64_t>(v.size())}); }
 
 // A leaf parameter (requires grad) holding `v`, converted to `dtype`.
-Tensor param(const std::vector<double>& v, DType dtype = DType::f64) {
-  Tensor t = from_vector<double>(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype});
-  t.requires_grad_(true);
-  return t;
-}
-
-void set_grad(const Tensor& p, const std::vector<double>& g) {
-  p.set_grad(from_vector<double>(g, p.shape(), {.dtype = p.dtype()}));
-}
-
 void expect_near_rel(const std::vector<double>& got, const std::vector<double>& want, double rtol) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)

@@ -17,10 +17,14 @@
 #include "forge/backends/optim_functors.h"
 #include "forge/core/convert.h"
 #include "forge/forge.h"
+#include "optim_testing.h"
 #include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
+
+using optim_testing::param;
+using optim_testing::set_grad;
 
 using forge::testing::error_of;
 using forge::testing::vals;
@@ -32,16 +36,6 @@ using ::testing::HasSubstr;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-Tensor param(const std::vector<double>& v, DType dtype = DType::f64) {
-  Tensor t = from_vector<double>(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype});
-  t.requires_grad_(true);
-  return t;
-}
-
-void set_grad(const Tensor& p, const std::vector<double>& g) {
-  p.set_grad(from_vector<double>(g, p.shape(), {.dtype = p.dtype()}));
-}
 
 std::vector<double> wavy(size_t n, double phase, double scale = 1.0) {
   std::vector<double> g(n);

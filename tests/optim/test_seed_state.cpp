@@ -8,25 +8,19 @@
 #include <vector>
 
 #include "forge/forge.h"
+#include "optim_testing.h"
 #include "testing/tensor_testing.h"
 
 namespace forge {
 namespace {
 
+using optim_testing::param;
+using optim_testing::set_grad;
+
 using forge::testing::error_of;
 using forge::testing::vals;
 using optim::AdamW;
 using optim::SGD;
-
-Tensor param(const std::vector<double>& v, DType dtype) {
-  Tensor t = from_vector<double>(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype});
-  t.requires_grad_(true);
-  return t;
-}
-
-void set_grad(const Tensor& p, const std::vector<double>& g) {
-  p.set_grad(from_vector<double>(g, p.shape(), {.dtype = p.dtype()}));
-}
 
 // Optimizer::seed_state (Note [masters from the f32 initial weights], train/strategy.h): a bf16
 // parameter's master starts from the given f32 values, off the bf16 grid; the first update
