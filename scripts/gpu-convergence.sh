@@ -14,7 +14,10 @@
 #   PHASE=llama, llama-forge, llama-ref: the same for LLaMA 0.85B
 #   PHASE=data    benchmarks/convergence/data_path.sh: a corpus of >= 1B tokens, data wait, resume
 #   PHASE=report  the sections written so far, to $OUT
-# PHASE may list several ("corpus gpt2-forge"), run in order. STEPS, PEERS, ... pass through to run.sh.
+# PHASE may list several ("corpus gpt2-forge"), run in order. STEPS, PEERS, FORGE_EXTRA, ... pass
+# through to run.sh; VARIANT=name keeps a run apart (.convergence/<model>_<name>), e.g. the A/B run
+#   VARIANT=rounded FORGE_EXTRA=--debug.masters_from_rounded=true PHASE=gpt2-forge
+# then report.py --forge .convergence/gpt2_rounded/forge/metrics.jsonl --ref .convergence/gpt2/ref_compile.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -36,8 +39,8 @@ case $phase in
   gpt2|llama|gpt2-forge|llama-forge|gpt2-ref|llama-ref)
     model=${phase%%-*}
     case $phase in *-forge) stages="init forge" ;; *-ref) stages="ref report" ;; *) stages="init forge ref report" ;; esac
-    MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model" FORGE=build-gpu/forge OUT="$OUT" \
-      benchmarks/convergence/run.sh ;;
+    MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model${VARIANT:+_$VARIANT}" FORGE=build-gpu/forge \
+      OUT="$OUT" benchmarks/convergence/run.sh ;;
   data)
     CORPUS="$CORPUS" FORGE=build-gpu/forge OUT="$OUT" RAW="$PWD/.convergence/data" benchmarks/convergence/data_path.sh ;;
   report)
