@@ -22,12 +22,14 @@ import glob
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from safetensors_np import load_safetensors  # noqa: E402
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,19 +56,10 @@ def run(cmd, **kw):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        if h["dtype"] != "F32":
-            sys.exit(f"parity.py: {path}: {name} is {h['dtype']}, expected F32")
-        b, e = h["data_offsets"]
-        out[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(h["shape"])
-    return out
+    try:
+        return load_safetensors(path, dtypes={"F32"})
+    except ValueError as e:
+        sys.exit(f"parity.py: {e}")
 
 
 def jsonl(path):

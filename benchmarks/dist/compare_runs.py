@@ -4,31 +4,12 @@ latest checkpoint (model.safetensors). Prints one JSON object:
   {"losses": n, "loss_max_rel": ..., "param_max_rel": ..., "worst_param": name}
 where a parameter's error is max|a - b| / max|b| over its tensor (as tests/train/test_data_parallel.cpp).
 Usage: compare_runs.py RUN_DIR REFERENCE_RUN_DIR"""
-import glob, json, os, struct, sys
+import glob, json, os, sys
 
 import numpy as np
 
-DT = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        if v["dtype"] == "BF16":
-            raw = np.frombuffer(data[a:b], dtype=np.uint16).astype(np.uint32) << 16
-            arr = raw.view(np.float32)
-        else:
-            arr = np.frombuffer(data[a:b], dtype=DT[v["dtype"]])
-        out[name] = arr.astype(np.float64).reshape(v["shape"])
-    return out
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from safetensors_np import load_safetensors  # noqa: E402
 
 def losses(run):
     out = {}
