@@ -27,7 +27,14 @@ DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 RAW=${RAW:-/tmp/data-path}
 export NCCL_NVLS_ENABLE=0
+# BIG is this script's own directory: made here with a marker; one without it (and not empty) is
+# refused, so nothing that another tool wrote is overwritten or trained on.
+if [ -d "$BIG" ] && [ -n "$(ls -A "$BIG")" ] && [ ! -f "$BIG/.forge-data-path" ]; then
+  echo "data_path.sh: $BIG is not empty and was not made by data_path.sh; give BIG=<a new directory>" >&2
+  exit 2
+fi
 mkdir -p "$BIG" "$RAW"
+touch "$BIG/.forge-data-path"
 
 # The corpus: COPIES copies of each training shard, written, synced and dropped from the cache.
 "$PY" - "$CORPUS/gpt2/train" "$BIG" "$COPIES" <<'PY'
@@ -41,7 +48,8 @@ for c in range(copies):
     for s in shards:
         out = os.path.join(dst, f"shard_c{c}_{os.path.basename(s)[6:]}")
         if not os.path.exists(out) or os.path.getsize(out) != os.path.getsize(s):
-            shutil.copyfile(s, out)
+            shutil.copyfile(s, out + ".tmp")  # whole or not at all: a killed copy leaves only a .tmp
+            os.replace(out + ".tmp", out)
         total += os.path.getsize(out)
 for f in glob.glob(os.path.join(dst, "shard_*.bin")):
     fd = os.open(f, os.O_RDONLY)
