@@ -51,6 +51,15 @@ std::string plan_error(const LaunchOptions& o) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// The launcher's line on the first rank to fail under mpirun: `named` when Open MPI's report names
+// the rank, which it does not always do (about 1 job in 20 here); then the line says so, with
+// mpirun's exit code (the failing rank's).
+bool says_first_failure(const std::string& log, const std::string& named, int code) {
+  return contains(log, named) ||
+         contains(log, "a rank exited with a non-zero code first (Open MPI's report did not name it; the ranks' last "
+                       "lines above may); mpirun stopped the job and exited with code " + std::to_string(code));
+}
+
 struct Ran {
   int status = -1;
   std::string output;  // the ranks' lines
@@ -406,7 +415,8 @@ TEST_F(LaunchCli, ATrainingErrorComesOutOnce) {
   EXPECT_EQ(n, 1u) << r.out;
   EXPECT_TRUE(contains(r.out, "[ranks 0, 1] forge: error: model.n_head = 5 does not divide model.n_embd = 128"))
       << r.out;
-  EXPECT_TRUE(contains(r.out, "exited with code 1 first; mpirun stopped the job and exited with code 1")) << r.out;
+  EXPECT_TRUE(says_first_failure(r.out, "exited with code 1 first; mpirun stopped the job and exited with code 1", 1))
+      << r.out;
   EXPECT_FALSE(contains(r.out, "Primary job")) << r.out;
   EXPECT_FALSE(contains(r.out, "-----")) << r.out;
 }
@@ -594,7 +604,8 @@ TEST_F(LaunchMpi, ARankThatFails) {
   EXPECT_NE(r.status, 0) << r.log << r.output;
   EXPECT_LT(r.seconds, 15.0);
   // One line of the launcher names the rank; mpirun's framed blocks saying the same are dropped.
-  EXPECT_TRUE(contains(r.log, "forge launch: rank 1 exited with code 3 first; mpirun stopped the job")) << r.log;
+  EXPECT_TRUE(says_first_failure(r.log, "forge launch: rank 1 exited with code 3 first; mpirun stopped the job", 3))
+      << r.log;
   EXPECT_FALSE(contains(r.output, "Primary job")) << r.output;
   EXPECT_FALSE(contains(r.output, "mpirun detected")) << r.output;
   EXPECT_FALSE(contains(r.output, "------")) << r.output;
@@ -611,7 +622,7 @@ TEST_F(LaunchMpi, AnErrorEveryRankPrintsComesOutOnce) {
   size_t n = 0;
   for (size_t i = r.output.find("forge: error"); i != std::string::npos; i = r.output.find("forge: error", i + 1)) ++n;
   EXPECT_EQ(n, 1u) << r.output;
-  EXPECT_TRUE(contains(r.log, "exited with code 1 first; mpirun stopped the job")) << r.log;
+  EXPECT_TRUE(says_first_failure(r.log, "exited with code 1 first; mpirun stopped the job", 1)) << r.log;
 }
 
 }  // namespace

@@ -144,10 +144,27 @@ TEST(LaunchOutput, OpenMpiBlocksThatRestateTheLauncherAreDropped) {
     o.line(-1, true, l);
   o.finish();
   EXPECT_EQ(p.err, "");
+  EXPECT_TRUE(o.a_rank_failed());
   ASSERT_TRUE(o.first_failure().has_value());
   EXPECT_EQ(o.first_failure()->rank, 1);
   EXPECT_EQ(o.first_failure()->exit_code, 3);
   EXPECT_EQ(o.first_failure()->signal, 0);
+}
+
+// Open MPI sometimes ends a job with the "Primary job" block alone (seen 2 times in 40 here):
+// no rank is named, but a rank failed - still dropped, and still known.
+TEST(LaunchOutput, OpenMpiPrimaryJobBlockAloneSaysARankFailed) {
+  Printed p;
+  LaunchOutput o = make(p, 2, true);
+  const std::string dashes(74, '-');
+  EXPECT_FALSE(o.a_rank_failed());
+  for (const std::string& l : {dashes, std::string("Primary job  terminated normally, but 1 process returned"),
+                               std::string("a non-zero exit code. Per user-direction, the job has been aborted."), dashes})
+    o.line(-1, true, l);
+  o.finish();
+  EXPECT_EQ(p.err, "");
+  EXPECT_TRUE(o.a_rank_failed());
+  EXPECT_FALSE(o.first_failure().has_value());
 }
 
 TEST(LaunchOutput, OpenMpiSignalBlockAndOtherBlocks) {

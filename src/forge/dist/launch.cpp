@@ -681,6 +681,10 @@ int run_attempt(const LaunchOptions& opt, const LaunchPlan& plan, const SignalSc
           << (f->signal > 0 ? " was killed by signal " + std::to_string(f->signal) + " (" + signal_name(f->signal) + ")"
                             : " exited with code " + std::to_string(f->exit_code))
           << " first; mpirun stopped the job and " << mpirun_failed << std::endl;
+    else if (out.a_rank_failed())
+      log << "a rank exited with a non-zero code first (Open MPI's report did not name it; the ranks' last lines "
+             "above may); mpirun stopped the job and "
+          << mpirun_failed << std::endl;
     else
       log << "mpirun " << mpirun_failed << std::endl;
   }

@@ -219,8 +219,10 @@ void LaunchOutput::end_block() {
   block_.clear();
   // "Primary job  terminated normally, but 1 process returned a non-zero exit code. Per
   // user-direction, the job has been aborted.": the launcher says which rank, and how.
-  if (all.find("terminated normally, but") != std::string::npos && all.find("non-zero exit code") != std::string::npos)
+  if (all.find("terminated normally, but") != std::string::npos && all.find("non-zero exit code") != std::string::npos) {
+    a_rank_failed_ = true;
     return;
+  }
   // "mpirun detected that one or more processes exited with non-zero status ... Process name:
   // [[J,1],R]  Exit code: C"
   if (all.find("exited with non-zero status") != std::string::npos) {
