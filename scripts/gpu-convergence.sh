@@ -18,6 +18,11 @@
 # through to run.sh; VARIANT=name keeps a run apart (.convergence/<model>_<name>), e.g. the A/B run
 #   VARIANT=rounded FORGE_EXTRA=--debug.masters_from_rounded=true PHASE=gpt2-forge
 # then report.py --forge .convergence/gpt2_rounded/forge/metrics.jsonl --ref .convergence/gpt2/ref_compile.jsonl.
+# Where a gap between the curves comes from, both sides in f32 (TF32 matrix products), shorter:
+#   STEPS=1500 VARIANT=f32 FORGE_EXTRA="--run.dtype=f32 --run.allow_tf32=true" PHASE=gpt2-forge
+#   STEPS=1500 VARIANT=f32 PEERS="compile:f32-full compile" PHASE=gpt2-ref
+# and forge's bf16 with its fusions off (FORGE_GELU_FUSION=0 FORGE_FUSED_CLASSIFIER=0 ... in the
+# environment, --run.attention=composed --run.cuda_graph=false in FORGE_EXTRA) as another VARIANT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0

@@ -113,8 +113,10 @@ def main():
     ap.add_argument("--eval-batches", type=int, default=40)
     ap.add_argument("--mode", choices=["eager", "compile"], default="compile")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--params", choices=["f32", "bf16", "bf16-grid"], default="f32",
-                    help="f32: f32 parameters under bf16 autocast (PyTorch's usual recipe); bf16: forge's recipe "
+    ap.add_argument("--params", choices=["f32", "f32-full", "bf16", "bf16-grid"], default="f32",
+                    help="f32: f32 parameters under bf16 autocast (PyTorch's usual recipe); f32-full: f32 "
+                         "parameters and f32 arithmetic, no autocast (TF32 matrix products on a GPU: the peer of "
+                         "forge's --run.dtype=f32 --run.allow_tf32=true); bf16: forge's recipe "
                          "emulated - the forward and backward run on a bf16 copy of f32 master weights (so the "
                          "embeddings, norms and residual stream are bf16), gradients copied to the master, AdamW "
                          "on the master, the copy rounded from it after each step. On a CPU the copy holds the "
@@ -172,7 +174,7 @@ def main():
                     m.copy_(m.to(torch.bfloat16).float())
         round_copy()
     step_fn = torch.compile(work) if a.mode == "compile" else work
-    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda)
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda and a.params != "f32-full")
 
     train = Windows(shards(a.train), a.seq)
     val = Windows(shards(a.val), a.seq)
