@@ -25,7 +25,7 @@ packages=(
   libpcre2-dev               # tokenizer files: Hugging Face / tiktoken pre-tokenizer regexes
   libutf8proc-dev            # tokenizer files: Unicode normalizers (NFC, ...)
   libsentencepiece-dev       # tokenizer files: sentencepiece .model
-  libopenmpi-dev openmpi-bin # forge::dist on CPU tensors and multi-node start-up (mpirun)
+  libopenmpi-dev openmpi-bin # forge::parallel on CPU tensors and multi-node start-up (mpirun)
   fortunes                   # the demo corpus (configs/tiny.toml)
 )
 # What the tests and benchmarks add (make test).

@@ -15,7 +15,7 @@
 #include "forge/io/atomic_file.h"
 #include "forge/io/hf_checkpoint.h"
 #include "forge/io/output_guard.h"
-#include "forge/dist/env.h"
+#include "forge/parallel/env.h"
 #include "forge/train/config.h"
 #include <nlohmann/json.hpp>
 
@@ -32,7 +32,7 @@ int run_train(const TrainArgs& args) {
   std::vector<std::string> overrides = args.overrides;
   if (!args.device.empty()) overrides.push_back("--run.device=" + args.device);
   const train::RunConfig cfg = train::load_config(args.config, overrides);
-  if (dist::launch_env().rank == 0)  // once per job
+  if (parallel::launch_env().rank == 0)  // once per job
     for (const auto& key : train::ignored_model_keys(cfg))
       std::cerr << "forge train: note: " << key << " is ignored: model.type = \"" << cfg.model.type
                 << "\" does not read it (docs/train.md, [model], says which type reads which key)\n";
@@ -40,7 +40,7 @@ int run_train(const TrainArgs& args) {
     std::cout << train::config_to_toml(cfg);
     return 0;
   }
-  if (dist::launch_env().rank == 0)  // the job's header once, as its log (rank 0 speaks for the job)
+  if (parallel::launch_env().rank == 0)  // the job's header once, as its log (rank 0 speaks for the job)
     std::cout << "forge train " << args.config << " -> " << cfg.run_dir() << "\n";
   train::TrainOptions opt;
   opt.resume = args.resume;

@@ -1,4 +1,4 @@
-// forge launch: the command line of dist::launch (src/forge/dist/launch.h).
+// forge launch: the command line of parallel::launch (src/forge/parallel/launch.h).
 #include "launch_command.h"
 
 #include <CLI/CLI.hpp>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "forge/dist/launch.h"
+#include "forge/parallel/launch.h"
 
 namespace forge::app {
 
@@ -79,11 +79,11 @@ CLI::App* add_launch_command(CLI::App& app) {
 }
 
 int run_launch(CLI::App& launch) {
-  dist::LaunchOptions opt;
+  parallel::LaunchOptions opt;
   opt.nproc_per_node = g_args.nproc;
-  opt.device = dist::parse_launch_device(g_args.device);
-  opt.bind = dist::parse_bind_mode(g_args.bind);
-  opt.spawn = dist::parse_spawn_mode(g_args.spawn);
+  opt.device = parallel::parse_launch_device(g_args.device);
+  opt.bind = parallel::parse_bind_mode(g_args.bind);
+  opt.spawn = parallel::parse_spawn_mode(g_args.spawn);
   opt.grace_seconds = g_args.grace_seconds;
   opt.stop_timeout = g_args.stop_timeout;
   opt.max_restarts = g_args.max_restarts;
@@ -92,7 +92,7 @@ int run_launch(CLI::App& launch) {
   opt.command = g_command;
   for (const auto& a : launch.remaining())  // CLI11 leaves the `--` separator there
     if (a != "--") opt.command.push_back(a);
-  return dist::launch(opt, std::cerr);
+  return parallel::launch(opt, std::cerr);
 }
 
 }  // namespace forge::app

@@ -1,5 +1,5 @@
 #pragma once
-// `forge launch`: starts the ranks of a job on this host (src/forge/dist/launch.h,
+// `forge launch`: starts the ranks of a job on this host (src/forge/parallel/launch.h,
 // docs/dist.md "Launching").
 namespace CLI {
 class App;

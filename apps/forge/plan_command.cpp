@@ -8,12 +8,13 @@
 #include <string>
 
 #include "forge/core/error.h"
-#include "forge/dist/layout.h"
+#include "forge/parallel/layout.h"
 #include "forge/plan/cpu_device.h"
 #include "forge/plan/names.h"
 #include "forge/plan/plan.h"
 #include "forge/plan/report.h"
 #include "forge/train/config.h"
+#include "forge/train/run_model_spec.h"
 
 namespace forge::app {
 
@@ -87,7 +88,7 @@ plan::ModelSpec model_from_config(const std::string& path, const std::vector<std
                 ") and model.vocab_size = 0 takes the tokenizer's size; give --vocab");
     std::cerr << "forge plan: note: " << msg << " (ignored: plan reads only the model and batch)\n";
   }
-  return plan::from_run_config(cfg_out);
+  return train::model_spec_of(cfg_out);
 }
 
 int64_t pow2_at_most(double v) {
@@ -218,7 +219,7 @@ int run_plan(const std::vector<std::string>& overrides) {
               ") need --config");
   ModelSpec m;
   int64_t default_batch = 0, default_micro_batch = 0, default_grad_accum = 0;
-  dist::Layout config_layout;  // a config's own [dist] keys: the defaults of --tp, --pp, --zero, --offload
+  parallel::Layout config_layout;  // a config's own [dist] keys: the defaults of --tp, --pp, --zero, --offload
   double default_tokens = 0;
   bool cpu_config = false, config_checkpointing = false, data_given = false;
   const bool shape_given = a.given("--layers") || a.given("--width") || a.given("--heads");

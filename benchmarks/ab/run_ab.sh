@@ -70,7 +70,7 @@ build)
   sides="base head"; [ "${SAME:-0}" = 1 ] && sides=head
   for t in $sides; do
     src=$([ $t = base ] && echo "$AB/base" || echo "$ROOT")
-    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_dist_tests forge_hf_parity"
+    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_parallel_tests forge_hf_parity"
     ( cmake -S "$src" -B "$OB/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
         -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc $args > "$OB/configure-$t.log" 2>&1 &&
       cmake --build "$OB/$t" -j "$JOBS" --target $targets > "$OB/build-$t.log" 2>&1

@@ -1,4 +1,4 @@
-// LLaMA-3 rope scaling (ops/rope_scaling.h, Note [llama3 rope scaling]) against values worked out
+// LLaMA-3 rope scaling (backends/rope_functors.h, Note [llama3 rope scaling]) against values worked out
 // by hand, and ops::rope with it against a rotation written out here. (Gradients and the CUDA
 // kernel: the op table's "rope" llama3 case, tests/ops/op_cases_attention.cpp, and CudaRope.)
 #include <gtest/gtest.h>
@@ -27,9 +27,9 @@ const double kScaled[4] = {1.0, 0.037606030930863933, 0.00052484616099295470, 6.
 TEST(RopeScaling, Llama3FrequenciesMatchTheHandComputedBands) {
   for (int64_t i = 0; i < 4; ++i) {
     SCOPED_TRACE(i);
-    EXPECT_NEAR(ops::rope_frequency(i, 8, 500000.0, kLlama3), kScaled[i], 1e-15 * std::max(1.0, kScaled[i]) + 1e-20);
+    EXPECT_NEAR(fn::rope_frequency(i, 8, 500000.0, kLlama3), kScaled[i], 1e-15 * std::max(1.0, kScaled[i]) + 1e-20);
     // Without scaling: the plain theta^(-2i/D).
-    EXPECT_DOUBLE_EQ(ops::rope_frequency(i, 8, 500000.0, ops::RopeScaling::none()), std::pow(500000.0, -i / 4.0));
+    EXPECT_DOUBLE_EQ(fn::rope_frequency(i, 8, 500000.0, ops::RopeScaling::none()), std::pow(500000.0, -i / 4.0));
   }
   EXPECT_FALSE(ops::RopeScaling::none().enabled());
   EXPECT_TRUE(kLlama3.enabled());

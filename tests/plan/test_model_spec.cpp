@@ -11,6 +11,7 @@
 #include "forge/nn/llama.h"
 #include "forge/plan/model_spec.h"
 #include "forge/train/config.h"
+#include "forge/train/run_model_spec.h"
 #include "forge/train/trainer.h"
 
 namespace forge::plan {
@@ -115,7 +116,7 @@ TEST(PlanParams, FromRunConfigAgreesWithTheTrainersModel) {
     cfg.model.n_kv_head = 0;
     cfg.model.ffn_hidden = 0;
     cfg.train.seq_len = 32;
-    const ModelSpec m = from_run_config(cfg);
+    const ModelSpec m = train::model_spec_of(cfg);
     if (type == "llama") {
       EXPECT_EQ(m.ffn_hidden, 288);
     }
@@ -130,9 +131,9 @@ TEST(PlanParams, VocabularyFromTheDataSectionWhenModelSaysZero) {
   train::RunConfig cfg;
   cfg.model.vocab_size = 0;
   cfg.data.vocab_size = 1024;
-  EXPECT_EQ(from_run_config(cfg).vocab_size, 1024);
+  EXPECT_EQ(train::model_spec_of(cfg).vocab_size, 1024);
   cfg.model.type = "lenet";
-  EXPECT_THROW(from_run_config(cfg), Error);
+  EXPECT_THROW(train::model_spec_of(cfg), Error);
 }
 
 TEST(PlanParams, StagesPartitionTheParameters) {

@@ -77,7 +77,7 @@ TEST_F(PlanCli, ReadsAForgeConfigWithOverrides) {
   EXPECT_EQ(j["training"]["precision"], "fp32");
   j = json_of({"plan", "--config", cfg.string(), "--model.n_layer=2", "--gpu", "cpu", "--peak-tflops", "0.1", "--json"});
   EXPECT_EQ(j["model"]["n_layer"], 2);
-  // The config's layout keys are the plan's defaults (one layout type, dist::Layout), and
+  // The config's layout keys are the plan's defaults (one layout type, parallel::Layout), and
   // train.batch_size is the global batch: 2 micro-batches of 4 on one GPU, or of 2 on each of two.
   j = json_of({"plan", "--config", cfg.string(), "--dist.zero_stage=2", "--dist.offload_optimizer=true",
                "--train.grad_accum=2", "--gpu", "cpu", "--peak-tflops", "0.1", "--json"});

@@ -15,6 +15,7 @@
 #include "forge/plan/gpu_catalog.h"
 #include "forge/train/config.h"
 #include "forge/train/layout.h"
+#include "forge/train/run_model_spec.h"
 
 namespace forge::plan {
 namespace {
@@ -54,7 +55,7 @@ Parsed parse(const std::string& cmd) {
 
 PlanInput input(const fs::path& config, int64_t gpus) {
   PlanInput in;
-  in.model = from_run_config(train::load_config(config.string()));
+  in.model = train::model_spec_of(train::load_config(config.string()));
   in.model.name = config.string();
   in.global_batch = 16;
   in.cluster = make_cluster(find_gpu("h100"), gpus);
@@ -84,7 +85,7 @@ void expect_runs_unchanged(const PlanInput& in, const Layout& l) {
   const Parsed p = parse(filled(c.command));
   EXPECT_EQ(p.ranks, l.dp * l.tp * l.pp) << c.command;
   const train::RunConfig cfg = train::load_config(p.config, p.overrides);  // throws on a bad key
-  const dist::Layout got = train::run_layout(cfg, static_cast<int>(p.ranks));
+  const parallel::Layout got = train::run_layout(cfg, static_cast<int>(p.ranks));
   EXPECT_EQ(got.dp, l.dp) << c.command;
   EXPECT_EQ(got.tp, l.tp) << c.command;
   EXPECT_EQ(got.pp, l.pp) << c.command;
@@ -114,12 +115,12 @@ TEST(PlanCommand, TheBestLayoutsCommandRunsItUnchanged) {
   tp.dp = 2, tp.tp = 4, tp.sequence_parallel = true, tp.micro_batch = 2, tp.grad_accum = 4;
   expect_runs_unchanged(input(cfg, 8), tp);
   Layout pp;
-  pp.dp = 4, pp.pp = 4, pp.micro_batch = 1, pp.grad_accum = 4, pp.zero = 2, pp.schedule = dist::PipelineSchedule::gpipe,
-  pp.checkpointing = dist::Checkpointing::full;
+  pp.dp = 4, pp.pp = 4, pp.micro_batch = 1, pp.grad_accum = 4, pp.zero = 2, pp.schedule = parallel::PipelineSchedule::gpipe,
+  pp.checkpointing = parallel::Checkpointing::full;
   expect_runs_unchanged(input(cfg, 16), pp);  // two hosts of 8: srun
   Layout three;
   three.dp = 2, three.tp = 2, three.pp = 2, three.sequence_parallel = true, three.micro_batch = 2, three.grad_accum = 4,
-  three.zero = 1, three.schedule = dist::PipelineSchedule::zb_h1;
+  three.zero = 1, three.schedule = parallel::PipelineSchedule::zb_h1;
   expect_runs_unchanged(input(cfg, 8), three);
   EXPECT_EQ(train_command(input(cfg, 16), pp).command.rfind("srun -N 2 --ntasks-per-node 8 forge train", 0), 0u);
   fs::remove(cfg);
@@ -142,7 +143,7 @@ TEST(PlanCommand, LayoutsForgeTrainDoesNotRunAreSaid) {
   Layout l;
   l.dp = 2, l.tp = 1, l.pp = 4, l.micro_batch = 2, l.grad_accum = 4, l.zero = 3;
   EXPECT_NE(train_command(input(cfg, 8), l).unsupported.find("ZeRO-3"), std::string::npos);
-  l.zero = 0, l.tp = 1, l.pp = 1, l.dp = 8, l.grad_accum = 1, l.checkpointing = dist::Checkpointing::selective;
+  l.zero = 0, l.tp = 1, l.pp = 1, l.dp = 8, l.grad_accum = 1, l.checkpointing = parallel::Checkpointing::selective;
   EXPECT_NE(train_command(input(cfg, 8), l).unsupported.find("selective"), std::string::npos);
   fs::remove(cfg);
 }

@@ -179,12 +179,12 @@ TEST(PlanTime, PipelineBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_NEAR(t.bubble / pipeline, bubble_fraction(4, in.layout.grad_accum), 1e-12);
   // ZB-H1 leaves kZbH1BubbleShare of the fill and drain (what forge measured), the interleaved
   // schedule 1 / v of it.
-  in.layout.schedule = dist::PipelineSchedule::zb_h1;
+  in.layout.schedule = parallel::PipelineSchedule::zb_h1;
   EXPECT_NEAR(step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens).bubble, t.bubble * kZbH1BubbleShare,
               1e-12);
   EXPECT_GT(kZbH1BubbleShare, 1.0 / 3.0);
   EXPECT_LT(kZbH1BubbleShare, 1.0);
-  in.layout.schedule = dist::PipelineSchedule::interleaved;
+  in.layout.schedule = parallel::PipelineSchedule::interleaved;
   in.layout.virtual_stages = 4;
   EXPECT_NEAR(step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens).bubble, t.bubble / 4, 1e-12);
 }
@@ -387,7 +387,7 @@ TEST(PlanJson, PlanAndSearchCarryTheirKeys) {
   // Interleaved (2 chunks): the first stage's warm-up runs P more chunk forwards than 1F1B's,
   // so it holds more; the count comes from the schedule.
   PlanInput il = piped;
-  il.layout.schedule = dist::PipelineSchedule::interleaved;
+  il.layout.schedule = parallel::PipelineSchedule::interleaved;
   il.layout.virtual_stages = 2;
   const nlohmann::json ji = plan_json(il, evaluate(il));
   EXPECT_GT(ji["memory"]["per_stage"][0]["subtotal"].get<double>(), jp["memory"]["per_stage"][0]["subtotal"].get<double>());
@@ -395,7 +395,7 @@ TEST(PlanJson, PlanAndSearchCarryTheirKeys) {
   // ZB-H1: the stages that owe weight gradients across other work (all but the first: stage s
   // lags s) hold more than under 1F1B, the later the more; the first holds the same.
   PlanInput zb = piped;
-  zb.layout.schedule = dist::PipelineSchedule::zb_h1;
+  zb.layout.schedule = parallel::PipelineSchedule::zb_h1;
   const nlohmann::json jz = plan_json(zb, evaluate(zb));
   EXPECT_DOUBLE_EQ(jz["memory"]["per_stage"][0]["subtotal"].get<double>(), jp["memory"]["per_stage"][0]["subtotal"].get<double>());
   for (int s = 1; s < 4; ++s) {

@@ -57,7 +57,7 @@ TEST_F(CliTest, CliTrainDeviceFlagIsRunDevice) {
 }
 
 // A layout this world cannot hold is refused before any work (no run directory), naming the
-// world size and the fix (dist::Mesh::carve through train::run_layout).
+// world size and the fix (parallel::Mesh::carve through train::run_layout).
 TEST_F(CliTest, CliTensorParallelOnOneProcessIsRefusedBeforeAnyWork) {
   const CliRun r = run_forge({"train", config, "--dist.tp=2"});
   EXPECT_EQ(r.status, 1) << r.out;

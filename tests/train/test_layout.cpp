@@ -1,5 +1,5 @@
 // train::run_layout: the config's [dist] and [train] keys against the world size, as the one
-// dist::Layout type `forge plan` prices; every check names the key and the fix, before any work.
+// parallel::Layout type `forge plan` prices; every check names the key and the fix, before any work.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -35,7 +35,7 @@ TEST(RunLayout, DataParallelDegreeAndMicroBatchFollowTheGlobalBatch) {
   c.train.grad_accum = 2;
   c.dist.zero_stage = 2;
   c.dist.offload_optimizer = true;
-  const dist::Layout l = run_layout(c, 4);
+  const parallel::Layout l = run_layout(c, 4);
   EXPECT_EQ(l.dp, 4);
   EXPECT_EQ(l.tp, 1);
   EXPECT_EQ(l.pp, 1);
@@ -105,12 +105,12 @@ TEST(RunLayout, PipelineParallelismSplitsTheWorldIntoPpTimesDp) {
   RunConfig c = gpt();
   c.dist.pp = 2;
   c.dist.pp_schedule = "gpipe";
-  const dist::Layout l = run_layout(c, 4);
+  const parallel::Layout l = run_layout(c, 4);
   EXPECT_EQ(l.pp, 2);
   EXPECT_EQ(l.dp, 2);
-  EXPECT_EQ(l.schedule, dist::PipelineSchedule::gpipe);
+  EXPECT_EQ(l.schedule, parallel::PipelineSchedule::gpipe);
   c.dist.pp_schedule = "1f1b";
-  EXPECT_EQ(run_layout(c, 4).schedule, dist::PipelineSchedule::one_f_one_b);
+  EXPECT_EQ(run_layout(c, 4).schedule, parallel::PipelineSchedule::one_f_one_b);
 }
 
 // dist.tp > 1 is a layout: tp x dp ranks, the micro-batch split over dp only, sequence
@@ -119,7 +119,7 @@ TEST(RunLayout, TensorParallelismSplitsTheWorldIntoTpTimesDp) {
   RunConfig c = gpt();
   c.dist.tp = 2;
   c.dist.sequence_parallel = true;
-  const dist::Layout l = run_layout(c, 4);
+  const parallel::Layout l = run_layout(c, 4);
   EXPECT_EQ(l.tp, 2);
   EXPECT_EQ(l.dp, 2);
   EXPECT_TRUE(l.sequence_parallel);

@@ -67,7 +67,7 @@ class DeferredGrads {
 
 // While alive, the linears recorded on this thread without a queue of their own (ops::linear)
 // queue their weight gradients on `queue`: a pipeline stage's forward under ZB-H1, whose W pass
-// runs the queue after the B pass (Note [pipeline schedules], dist/pipeline_schedule.h).
+// runs the queue after the B pass (Note [pipeline schedules], parallel/pipeline_schedule.h).
 class DeferWeightGrads {
  public:
   explicit DeferWeightGrads(std::shared_ptr<DeferredGrads> queue);

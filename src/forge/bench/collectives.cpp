@@ -6,9 +6,9 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
-#include "forge/dist/env.h"
-#include "forge/dist/world.h"
 #include "forge/ops/creation.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/world.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/device_info.h"
 #endif
@@ -49,12 +49,12 @@ using Clock = std::chrono::steady_clock;
 
 // One measurement: `iters` operations after `warmup`, timed from a barrier to the host seeing
 // the last one complete; the slowest rank's mean.
-double time_op(dist::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor& b, int warmup, int iters) {
+double time_op(parallel::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor& b, int warmup, int iters) {
   const int W = pg.size(), r = pg.rank();
-  auto once = [&]() -> dist::WorkPtr {
-    if (op == "all_reduce") return pg.all_reduce(a, dist::ReduceOp::sum);
+  auto once = [&]() -> parallel::WorkPtr {
+    if (op == "all_reduce") return pg.all_reduce(a, parallel::ReduceOp::sum);
     if (op == "all_gather") return pg.all_gather(a, b);        // a: W*n, b: n
-    if (op == "reduce_scatter") return pg.reduce_scatter(b, a, dist::ReduceOp::sum);  // a: W*n in, b: n out
+    if (op == "reduce_scatter") return pg.reduce_scatter(b, a, parallel::ReduceOp::sum);  // a: W*n in, b: n out
     if (op == "all_to_all") return pg.all_to_all(b, a);  // a: W blocks in, b: W blocks out
     if (op == "broadcast") return pg.broadcast(a, 0);
     // send_recv: pairs (0,1), (2,3), ...; one iteration is a message each way, so the time per
@@ -70,7 +70,7 @@ double time_op(dist::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor&
   };
   const bool cpu = pg.device().is_cpu();  // MPI: in-place operations on one buffer may not overlap
   auto run = [&](int n) {
-    dist::WorkPtr last;
+    parallel::WorkPtr last;
     for (int i = 0; i < n; ++i) {
       last = once();
       if (last && cpu) last->synchronize();
@@ -91,7 +91,7 @@ double time_op(dist::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor&
   if (op == "send_recv") us /= 2;
   Tensor t = full({1}, us, {.dtype = DType::f64, .device = Device::cpu()});
   if (!cpu) t = t.to(pg.device());
-  pg.all_reduce(t, dist::ReduceOp::max)->synchronize();
+  pg.all_reduce(t, parallel::ReduceOp::max)->synchronize();
   return t.to(Device::cpu()).item();
 }
 
@@ -102,10 +102,10 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
   FORGE_CHECK(opt.iters > 0 && opt.warmup >= 0, "bench collectives: --iters must be > 0 and --warmup >= 0");
   std::vector<std::string> ops = opt.ops.empty() ? collective_ops() : opt.ops;
   for (const auto& op : ops) (void)busbw_factor(op, 1);  // unknown names fail before any work
-  const dist::LaunchEnv env = dist::launch_env();
+  const parallel::LaunchEnv env = parallel::launch_env();
   Device device = opt.device;
   if (device.is_cuda()) device = Device::cuda(env.local_rank);
-  auto pg = dist::world() ? dist::world() : dist::init_world(env, device);
+  auto pg = parallel::world() ? parallel::world() : parallel::init_world(env, device);
   NoGradGuard no_grad;
 
   CollectivesReport rep;
@@ -114,7 +114,7 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
   rep.device = device.str();
   rep.world = pg->size();
   rep.rank = pg->rank();
-  rep.launcher = dist::launcher_name(env.launcher);
+  rep.launcher = parallel::launcher_name(env.launcher);
 #ifdef FORGE_WITH_CUDA
   if (device.is_cuda()) rep.device_name = cuda::device_properties(device.index).name;
 #endif

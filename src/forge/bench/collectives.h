@@ -1,5 +1,5 @@
 #pragma once
-// `forge bench collectives` (docs/bench.md): what forge's own dist::ProcessGroup reaches — NCCL
+// `forge bench collectives` (docs/bench.md): what forge's own parallel::ProcessGroup reaches — NCCL
 // between GPUs, MPI between CPU ranks — for all_reduce, all_gather, reduce_scatter, broadcast
 // and send/recv, over message sizes (8 B .. 1 GiB on GPUs), following nccl-tests' conventions:
 //
@@ -64,7 +64,7 @@ struct CollectivesReport {
   std::vector<std::string> notes;
 };
 
-// Collective over the world (dist::init_world from the launch environment, once).
+// Collective over the world (parallel::init_world from the launch environment, once).
 CollectivesReport run_collectives(const CollectivesOptions& opt);
 nlohmann::json to_json(const CollectivesReport& r);
 

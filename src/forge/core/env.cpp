@@ -25,7 +25,7 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // The table: every FORGE_* switch forge reads, in alphabetical order. A new switch is a row
 // here, a line in docs/environment.md and, if it changes results, a config key instead.
 // (Not here: FORGE_LAUNCHER, FORGE_NCCL_ID, FORGE_RESTART_COUNT and FORGE_LAUNCH_STOP_SIGNAL,
-// forge launch's plumbing to its ranks, dist/env.h and dist/launch.h; the result-changing switches that are config keys instead: debug.skip_reductions,
+// forge launch's plumbing to its ranks, parallel/env.h and parallel/launch.h; the result-changing switches that are config keys instead: debug.skip_reductions,
 // debug.abort_at, debug.hang_at, run.allow_tf32 for forge train; FORGE_GEMM_TUNING is the default of
 // programs that do not set it, forge train takes run.gemm_tuning.) The table and the kept values are never destroyed: a read may come from a
 // static destructor.

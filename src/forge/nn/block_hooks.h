@@ -1,6 +1,6 @@
 #pragma once
 // BlockHooks: what a model calls around each of its transformer blocks, so that a wrapper can
-// act per block without the model knowing about it. ZeRO-3 (dist::DataParallel,
+// act per block without the model knowing about it. ZeRO-3 (parallel::DataParallel,
 // Note [ZeRO-3]) gathers a block's sharded parameters in before_block and releases them in
 // after_block, which also wraps the block's outputs so that backward reaching them gathers the
 // parameters again before any of the block's backward runs.

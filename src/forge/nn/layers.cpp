@@ -198,7 +198,7 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
     return o_proj->forward(y);
   }
   // T from the projections, not x: a sequence-parallel projection gathers the sequence that x
-  // holds a slice of (dist/tensor_parallel.h).
+  // holds a slice of (parallel/tensor_parallel.h).
   const Tensor qp = q_proj->forward(x);
   const int64_t B = qp.size(0), T = qp.size(1);
   auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };

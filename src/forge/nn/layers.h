@@ -9,7 +9,7 @@
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/linear.h"
 #include "forge/nn/module.h"
-#include "forge/ops/rope_scaling.h"
+#include "forge/ops/rope.h"
 
 namespace forge::nn {
 
@@ -23,7 +23,7 @@ class Embedding : public Module {
   virtual Tensor attend(const Tensor& x) const;
   // x + forward(positions): a position table added to the token embeddings x (*, T, dim) of
   // positions (T). A sequence-parallel table looks up the positions of the tokens x holds
-  // (Note [sequence-parallel shards] in dist/tensor_parallel.h).
+  // (Note [sequence-parallel shards] in parallel/tensor_parallel.h).
   virtual Tensor add_to(const Tensor& x, const Tensor& positions) const;
   int64_t num, dim;
   Tensor weight;
@@ -99,7 +99,7 @@ class CausalSelfAttention : public Module {
 // grouped-query heads (n_kv_head divides n_head), rotary position embedding on q and k. The
 // layer computes local_heads = q_proj's out_features / head_dim query heads over
 // local_kv_heads = k_proj's out_features / head_dim key-value heads (n_head and n_kv_head
-// unless the spec shards them). `rope_scaling`: LLaMA-3's frequency scaling (ops/rope_scaling.h).
+// unless the spec shards them). `rope_scaling`: LLaMA-3's frequency scaling (backends/rope_functors.h).
 class LlamaAttention : public Module {
  public:
   LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {},

@@ -26,7 +26,7 @@ struct LlamaConfig {
   int64_t ffn_hidden = 11008;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  ops::RopeScaling rope_scaling;  // LLaMA-3's frequency scaling (ops/rope_scaling.h); none by default
+  ops::RopeScaling rope_scaling;  // LLaMA-3's frequency scaling (backends/rope_functors.h); none by default
   double init_std = 0.02;
   bool checkpoint_activations = false;
   // Throws forge::Error naming the model.<key>: the registry's rules for model.type = "llama"

@@ -31,7 +31,7 @@ struct ModelConfig {
   int64_t dim = 128;               // LLaMA width
   int64_t ffn_hidden = 0;          // LLaMA SwiGLU width (0: 8·dim/3 rounded up to a multiple of 32)
   double rope_theta = 10000.0;     // LLaMA
-  std::string rope_scaling;        // LLaMA: "" (none) | "llama3" (Note [llama3 rope scaling], ops/rope_scaling.h)
+  std::string rope_scaling;        // LLaMA: "" (none) | "llama3" (Note [llama3 rope scaling], backends/rope_functors.h)
   double rope_factor = 8.0;        // llama3: how much longer the context gets
   double rope_low_freq_factor = 1.0;   // llama3: wavelengths above original_context / this are divided by factor
   double rope_high_freq_factor = 4.0;  // llama3: wavelengths below original_context / this are unchanged

@@ -37,7 +37,7 @@
 
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/model_config.h"
-#include "forge/ops/rope_scaling.h"
+#include "forge/ops/rope.h"
 
 namespace forge::nn {
 

@@ -32,7 +32,7 @@
 #include <string>
 
 #include "forge/core/tensor.h"
-#include "forge/ops/rope_scaling.h"
+#include "forge/ops/rope.h"
 
 namespace forge::ops {
 

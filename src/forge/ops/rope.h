@@ -14,13 +14,16 @@
 // sincos: Note [CUDA rope precision]).
 //
 // `scaling` rescales the frequencies theta^(-2i/D) by wavelength band, as LLaMA-3.1 and later do
-// (Note [llama3 rope scaling], ops/rope_scaling.h); the default is none.
+// (Note [llama3 rope scaling], backends/rope_functors.h); the default is none.
 #include <cstdint>
 
+#include "forge/backends/rope_functors.h"
 #include "forge/core/tensor.h"
-#include "forge/ops/rope_scaling.h"
 
 namespace forge::ops {
+
+// The frequencies' parameters: the kernels' shared math (backends/rope_functors.h), the type the ops take.
+using RopeScaling = fn::RopeScaling;
 
 Tensor rope(const Tensor& x, int64_t position_offset = 0, double theta = 10000.0,
             const RopeScaling& scaling = RopeScaling::none());

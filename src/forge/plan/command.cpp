@@ -44,7 +44,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
      << " --train.grad_accum=" << l.grad_accum;
   if (l.tp > 1) os << " --dist.tp=" << l.tp << (l.sequence_parallel ? " --dist.sequence_parallel=true" : "");
   if (l.pp > 1) os << " --dist.pp=" << l.pp << " --dist.pp_schedule=" << schedule_name(l.schedule);
-  if (l.pp > 1 && l.schedule == dist::PipelineSchedule::interleaved) os << " --dist.pp_virtual_stages=" << l.virtual_stages;
+  if (l.pp > 1 && l.schedule == parallel::PipelineSchedule::interleaved) os << " --dist.pp_virtual_stages=" << l.virtual_stages;
   if (l.zero > 0) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";
   if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";

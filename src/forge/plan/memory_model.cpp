@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "forge/core/error.h"
-#include "forge/dist/pipeline_schedule.h"
+#include "forge/parallel/pipeline_schedule.h"
 #include "forge/plan/names.h"
 
 namespace forge::plan {
@@ -107,7 +107,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
     // than 1F1B's (Note [pipeline schedules]). As micro-batches of the whole stage: chunks / v.
     double chunk_in_flight = 0;
     if (l.chunks() > 1 && p > 1 && l.grad_accum % p == 0) {
-      chunk_in_flight = static_cast<double>(dist::pp::max_in_flight(dist::pp::schedule(
+      chunk_in_flight = static_cast<double>(parallel::pp::max_in_flight(parallel::pp::schedule(
           l.schedule, static_cast<int>(p), static_cast<int>(i), l.grad_accum, static_cast<int>(l.chunks()))));
       r.in_flight = static_cast<int64_t>(std::ceil(chunk_in_flight / static_cast<double>(l.chunks())));
     }
@@ -124,8 +124,8 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
     // the first stage): the lagging stage held 2.2 GB more than under 1F1B (15.1 GB against
     // 12.9), the other none; this term gives 2.2 GB for one owed micro-batch of its 9 blocks.
     if (l.schedule == Schedule::zb_h1 && p > 1) {
-      const int64_t owed = std::max<int64_t>(0, dist::pp::max_weights_owed(dist::pp::schedule(
-                                                    dist::PipelineSchedule::zb_h1, static_cast<int>(p),
+      const int64_t owed = std::max<int64_t>(0, parallel::pp::max_weights_owed(parallel::pp::schedule(
+                                                    parallel::PipelineSchedule::zb_h1, static_cast<int>(p),
                                                     static_cast<int>(i), l.grad_accum)) - 1);
       const double tt = static_cast<double>(t), hr = static_cast<double>(m.d_model) / (sp ? tt : 1.0);
       const double ad = static_cast<double>(m.n_head * m.head_dim()) / tt;
@@ -159,7 +159,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
     } else {
       // forge: in one process zero_grad() frees the gradients, so they exist at the backward's
       // start only when micro-batches accumulate. Any other layout trains through
-      // dist::DataParallel, whose gradient buckets (ZeRO 0/1: every gradient; 2/3: the owned
+      // parallel::DataParallel, whose gradient buckets (ZeRO 0/1: every gradient; 2/3: the owned
       // slices) persist across steps (grad_buckets.h). With checkpointing the peak can come
       // later, while the last block is recomputed (the head's activations are gone, its
       // gradients and one block's are there).

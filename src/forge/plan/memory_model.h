@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "forge/dist/layout.h"
+#include "forge/parallel/layout.h"
 #include "forge/plan/activations.h"
 #include "forge/plan/gpu_catalog.h"
 #include "forge/plan/model_spec.h"
@@ -22,12 +22,12 @@
 namespace forge::plan {
 
 enum class Optimizer { adamw, sgd };
-// The layout `forge plan` prices is the one `forge train` runs (dist/layout.h).
-using dist::Layout;
-using dist::Checkpointing;
-using Schedule = dist::PipelineSchedule;
-using dist::checkpointing_name;
-using dist::schedule_name;
+// The layout `forge plan` prices is the one `forge train` runs (parallel/layout.h).
+using parallel::Layout;
+using parallel::Checkpointing;
+using Schedule = parallel::PipelineSchedule;
+using parallel::checkpointing_name;
+using parallel::schedule_name;
 const char* optimizer_name(Optimizer o);
 Optimizer parse_optimizer(const std::string& s);
 Checkpointing parse_checkpointing(const std::string& s);

@@ -4,10 +4,8 @@
 #include <sstream>
 
 #include "forge/core/error.h"
-#include "forge/data/bpe.h"
 #include "forge/nn/model_registry.h"
 #include "forge/plan/names.h"
-#include "forge/train/config.h"
 
 namespace forge::plan {
 
@@ -146,17 +144,13 @@ const Preset& find_preset(const std::string& name) {
               "; or give --config FILE.toml, or the shape with --arch --layers --width --heads ...)");
 }
 
-ModelSpec from_run_config(const train::RunConfig& cfg) {
-  nn::ModelConfig m = cfg.model;
+ModelSpec from_model_config(const nn::ModelConfig& m, int64_t seq_len, const std::string& source) {
   const nn::ModelFamily* family = nn::find_model_family(m.type);
-  FORGE_CHECK(family == nullptr || family->is_transformer(), "forge plan: model.type = '", m.type, "' in ",
-              cfg.source.empty() ? std::string("the config") : cfg.source,
+  FORGE_CHECK(family == nullptr || family->is_transformer(), "forge plan: model.type = '", m.type, "' in ", source,
               " is not a language model; plan covers ", nn::model_type_list(/*transformers_only=*/true, " and "));
-  if (m.vocab_size == 0) {
-    m.vocab_size = cfg.data.tokenizer.empty() ? cfg.data.vocab_size  // the tokenizer the trainer trains on the fly
-                                              : data::load_tokenizer(cfg.data.tokenizer)->vocab_size();
-  }
-  const ModelSpec s = spec_of(cfg.source.empty() ? "config" : cfg.source, nn::transformer_shape(m), cfg.train.seq_len);
+  FORGE_CHECK(m.vocab_size > 0, "forge plan: model.vocab_size = ", m.vocab_size, " in ", source,
+              ": give the vocabulary's size (or a tokenizer that sets it)");
+  const ModelSpec s = spec_of(source, nn::transformer_shape(m), seq_len);
   s.validate();
   return s;
 }

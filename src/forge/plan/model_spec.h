@@ -23,10 +23,6 @@
 
 #include "forge/nn/model_registry.h"
 
-namespace forge::train {
-struct RunConfig;
-}
-
 namespace forge::plan {
 
 // The block layouts and the architecture are nn's (nn/model_registry.h): a run config's model
@@ -60,11 +56,11 @@ const std::vector<Preset>& presets();
 // 'llama2-7b'?") and all presets.
 const Preset& find_preset(const std::string& name);
 
-// The [model] and [train] sections of a forge run config (train/config.h): the architecture is
-// the model family's shape (nn::transformer_shape), plus train.seq_len. model.vocab_size = 0
-// resolves like the trainer does: the tokenizer's size (data.tokenizer's JSON, or
-// data.vocab_size for a tokenizer trained on the fly).
-ModelSpec from_run_config(const train::RunConfig& cfg);
+// A language model's [model] section with its vocabulary resolved (model.vocab_size > 0), trained at
+// `seq_len` tokens: the architecture is the model family's shape (nn::transformer_shape). `source`
+// names where the section comes from in errors. A run config's shape, model.vocab_size = 0 resolved
+// as the trainer resolves it, is train::model_spec_of (train/run_model_spec.h).
+ModelSpec from_model_config(const nn::ModelConfig& m, int64_t seq_len, const std::string& source);
 
 // ---- parameters -------------------------------------------------------------------------------
 

@@ -4,11 +4,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "forge/backends/device_runtime.h"
 #include "forge/core/error.h"
 #include "forge/plan/gpu_catalog.h"
-#ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/device_info.h"
-#endif
 
 namespace forge::telemetry {
 namespace {
@@ -49,12 +47,7 @@ double transformer_flops_per_token(double matmul_params, int64_t n_layer, int64_
          12.0 * static_cast<double>(n_layer) * static_cast<double>(seq_len) * static_cast<double>(width);
 }
 
-std::string device_name(Device device) {
-#ifdef FORGE_WITH_CUDA
-  if (device.is_cuda()) return cuda::device_properties(device.index).name;
-#endif
-  return device.is_cpu() ? "cpu" : device.str();
-}
+std::string device_name(Device device) { return runtime::device_name(device); }
 
 std::optional<double> device_peak_flops(Device device, DType dtype) {
   if (!device.is_cuda()) return std::nullopt;

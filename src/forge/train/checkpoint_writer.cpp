@@ -6,7 +6,7 @@
 #include <system_error>
 
 #include "forge/core/error.h"
-#include "forge/dist/sharded_state.h"
+#include "forge/parallel/sharded_state.h"
 
 namespace forge::train {
 
@@ -46,7 +46,7 @@ CheckpointJob checkpoint_job(const fs::path& run_dir, int64_t step, int64_t keep
 CheckpointTiming write_checkpoint_job(const CheckpointJob& job, double wait_s) {
   const auto t0 = Clock::now();
   if (job.shard)
-    dist::write_optimizer_shard(job.staging / job.shard->file, job.shard->pieces, job.shard->state, job.shard->steps,
+    parallel::write_optimizer_shard(job.staging / job.shard->file, job.shard->pieces, job.shard->state, job.shard->steps,
                                 job.step);
   if (job.publish) {
     wait_for_files(job.publish->move_in, wait_s, job.step);

@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "forge/core/tensor.h"
-#include "forge/dist/dp_state.h"
 #include "forge/io/checkpoint.h"
+#include "forge/parallel/dp_state.h"
 
 namespace forge::train {
 
@@ -44,11 +44,11 @@ struct CheckpointJob {
   std::filesystem::path dir;      // <run dir>/checkpoints/step_N
   std::filesystem::path staging;  // where the ranks' shard files meet (Note [data-parallel checkpoints])
   int64_t keep_last = 1;
-  // This rank's optimizer state by parameter ranges (dist/sharded_state.h), written as
+  // This rank's optimizer state by parameter ranges (parallel/sharded_state.h), written as
   // staging / file.
   struct Shard {
     std::string file;
-    std::vector<dist::ShardPiece> pieces;
+    std::vector<parallel::ShardPiece> pieces;
     std::vector<std::map<std::string, Tensor>> state;
     std::vector<int64_t> steps;
   };

@@ -1,5 +1,5 @@
 // DataParallelStrategy: DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group of
-// the mesh, on dist::DataParallel (dist/data_parallel.h: gradient buckets reduced while backward
+// the mesh, on parallel::DataParallel (parallel/data_parallel.h: gradient buckets reduced while backward
 // runs, the optimizer state sharded by parameter ranges, block parameters sharded and gathered
 // around each block). Its step:
 //   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch of
@@ -15,14 +15,14 @@
 #include <unordered_map>
 
 #include "forge/core/error.h"
-#include "forge/dist/data_parallel.h"
-#include "forge/dist/env.h"
-#include "forge/dist/sharded_state.h"
 #include "forge/io/atomic_file.h"
-#include "forge/optim/clip.h"
-#include "forge/optim/loss_scale.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/loss.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
+#include "forge/parallel/data_parallel.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/sharded_state.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
 #include "forge/train/tensor_parallel_model.h"
@@ -36,7 +36,7 @@ namespace {
 
 class DataParallelStrategy final : public Strategy {
  public:
-  DataParallelStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+  DataParallelStrategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
     group_ = strategy_detail::data_parallel_group(mesh);
@@ -47,10 +47,10 @@ class DataParallelStrategy final : public Strategy {
       for (const auto& [n, t] : model.module->named_parameters())
         if (t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
     }
-    dp_ = std::make_unique<dist::DataParallel>(
+    dp_ = std::make_unique<parallel::DataParallel>(
         trainable, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay),
         [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
-        dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+        parallel::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
                                   .offload_optimizer = cfg.dist.offload_optimizer,
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = model.block_of,
@@ -62,9 +62,9 @@ class DataParallelStrategy final : public Strategy {
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
-    const dist::LaunchEnv env = dist::launch_env();
+    const parallel::LaunchEnv env = parallel::launch_env();
     if (split_) log << "mesh: " << mesh.describe() << "\n";
-    log << "data parallel: " << group_->size() << " rank(s) (" << dist::launcher_name(env.launcher) << ", "
+    log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), "
         << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero))
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
@@ -123,7 +123,7 @@ class DataParallelStrategy final : public Strategy {
       // rank's backward ran, and the spinning kernel's SMs cost backward ~0.6 ms a step on two
       // H200s (benchmarks/results/dist_NVIDIA_H200.md, section 2).
       mean_loss = mean_loss.contiguous();
-      group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
+      group_->all_reduce(mean_loss, parallel::ReduceOp::avg)->wait();
     }
     return strategy_detail::finish_data_parallel_step(*dp_, scaler_ ? &*scaler_ : nullptr, cfg_.optim.grad_clip,
                                                       mean_loss, phases);
@@ -140,7 +140,7 @@ class DataParallelStrategy final : public Strategy {
   // Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
   // every rank (ZeRO-1/2 shard only the optimizer; ZeRO-3's blocks are gathered one at a time
   // and rank 0 keeps a CPU copy), so rank 0 writes model.safetensors, the same file whatever the
-  // stage; the optimizer is saved by parameter ranges (dist/sharded_state.h), one shard file per rank
+  // stage; the optimizer is saved by parameter ranges (parallel/sharded_state.h), one shard file per rank
   // (DDP: rank 0's alone). Every rank writes its file into a staging directory next to the
   // checkpoint (a name prune_checkpoints treats as a temporary); rank 0 then moves them into
   // the checkpoint it publishes with replace_directory_atomic, so the checkpoint appears
@@ -166,7 +166,7 @@ class DataParallelStrategy final : public Strategy {
 
   CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
                                     int64_t keep_last) override {
-    dist::ProcessGroup& pg = *dp_->group();
+    parallel::ProcessGroup& pg = *dp_->group();
     // The job's rank 0 (under tensor parallelism the data-parallel group's rank 0 is one per
     // tensor-parallel rank).
     const bool rank0 = pg.rank() == 0 && (!split_ || split_->group()->rank() == 0);
@@ -254,18 +254,18 @@ class DataParallelStrategy final : public Strategy {
 
  private:
   const RunConfig cfg_;
-  const dist::Layout layout_;
+  const parallel::Layout layout_;
   Model& model_;
   Device device_;
-  dist::ProcessGroupPtr group_;
-  std::shared_ptr<const dist::tp::SplitModel> split_;  // tensor parallelism: the model's split, or null
-  std::unique_ptr<dist::DataParallel> dp_;
+  parallel::ProcessGroupPtr group_;
+  std::shared_ptr<const parallel::tp::SplitModel> split_;  // tensor parallelism: the model's split, or null
+  std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<optim::LossScaler> scaler_;
 };
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                              Model& model, DType dtype, std::ostream& log) {
   return std::make_unique<DataParallelStrategy>(cfg, layout, mesh, model, dtype, log);
 }

@@ -78,7 +78,7 @@ void normalize_in_place(Tensor& images, const Normalization& norm) {
 
 class ImageTask final : public Task {
  public:
-  ImageTask(RunConfig& cfg, const dist::Layout& layout) : cfg_(cfg), dp_(layout.dp) {}
+  ImageTask(RunConfig& cfg, const parallel::Layout& layout) : cfg_(cfg), dp_(layout.dp) {}
 
   Units units() const override { return {"images", "img"}; }
   DType compute_dtype(Device) const override { return DType::f32; }  // the config refuses other dtypes
@@ -252,7 +252,7 @@ class ImageTask final : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> make_image_task(RunConfig& cfg, const dist::Layout& layout, bool) {
+std::unique_ptr<Task> make_image_task(RunConfig& cfg, const parallel::Layout& layout, bool) {
   return std::make_unique<ImageTask>(cfg, layout);
 }
 

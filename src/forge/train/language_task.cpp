@@ -12,9 +12,9 @@
 #include "forge/nn/model_registry.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
+#include "forge/train/evaluate.h"
 #include "forge/train/language_model.h"
 #include "forge/train/layout.h"
-#include "forge/train/evaluate.h"
 #include "forge/train/run_data.h"
 #include "forge/train/task.h"
 
@@ -272,7 +272,7 @@ class LanguageTask final : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> make_language_task(RunConfig& cfg, const dist::Layout&, bool rank0) {
+std::unique_ptr<Task> make_language_task(RunConfig& cfg, const parallel::Layout&, bool rank0) {
   return std::make_unique<LanguageTask>(cfg, rank0);
 }
 

@@ -1,8 +1,8 @@
 #include "forge/train/layout.h"
 
 #include "forge/core/error.h"
-#include "forge/dist/mesh.h"
 #include "forge/nn/model_registry.h"
+#include "forge/parallel/mesh.h"
 
 namespace forge::train {
 
@@ -13,9 +13,9 @@ void check_vocab_splits(const RunConfig& cfg, int64_t vocab_size) {
               "model.vocab_size to a multiple of ", tp, " (e.g. ", (vocab_size + tp - 1) / tp * tp, ") or lower dist.tp");
 }
 
-dist::Layout run_layout(const RunConfig& cfg, int world_size) {
+parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   const int tp = static_cast<int>(cfg.dist.tp), pp = static_cast<int>(cfg.dist.pp);
-  const dist::Mesh mesh = dist::Mesh::carve(world_size, 0, tp, pp);  // 1.
+  const parallel::Mesh mesh = parallel::Mesh::carve(world_size, 0, tp, pp);  // 1.
   const auto& m = cfg.model;
   if (cfg.is_language_model()) {                                     // 2.
     const nn::TransformerShape shape = nn::transformer_shape(m);    // kv-heads and FFN width resolved
@@ -36,22 +36,22 @@ dist::Layout run_layout(const RunConfig& cfg, int world_size) {
                 " model chunks need at least as many blocks, but model.n_layer = ", m.n_layer,
                 "; lower dist.pp_virtual_stages");
   }
-  dist::Layout l;
+  parallel::Layout l;
   l.dp = mesh.dp();
   l.tp = tp;
   l.pp = pp;
   l.zero = static_cast<int>(cfg.dist.zero_stage);
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
-  l.schedule = cfg.dist.pp_schedule == "gpipe"   ? dist::PipelineSchedule::gpipe
-               : cfg.dist.pp_schedule == "zb-h1"       ? dist::PipelineSchedule::zb_h1
-               : cfg.dist.pp_schedule == "interleaved" ? dist::PipelineSchedule::interleaved
-                                                       : dist::PipelineSchedule::one_f_one_b;
+  l.schedule = cfg.dist.pp_schedule == "gpipe"   ? parallel::PipelineSchedule::gpipe
+               : cfg.dist.pp_schedule == "zb-h1"       ? parallel::PipelineSchedule::zb_h1
+               : cfg.dist.pp_schedule == "interleaved" ? parallel::PipelineSchedule::interleaved
+                                                       : parallel::PipelineSchedule::one_f_one_b;
   l.virtual_stages = cfg.dist.pp_virtual_stages;
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");
-  l.checkpointing = m.checkpoint_activations ? dist::Checkpointing::full : dist::Checkpointing::none;
+  l.checkpointing = m.checkpoint_activations ? parallel::Checkpointing::full : parallel::Checkpointing::none;
   {                                                                  // 3.
     const int64_t K = cfg.train.grad_accum, B = cfg.train.batch_size;
     FORGE_CHECK(B % (l.dp * K) == 0, "train.batch_size = ", B, " is not divisible by the world size ", world_size,

@@ -17,11 +17,11 @@
 #include <string>
 
 #include "forge/core/tensor.h"
-#include "forge/dist/tensor_parallel_state.h"
 #include "forge/io/checkpoint.h"
 #include "forge/nn/block_hooks.h"
 #include "forge/nn/module.h"
 #include "forge/ops/loss.h"
+#include "forge/parallel/tensor_parallel_state.h"
 
 namespace forge::train {
 
@@ -39,9 +39,9 @@ struct Model {
   std::function<void(std::shared_ptr<nn::BlockHooks>)> set_block_hooks;
   std::function<int(const std::string&)> block_of;
   // Tensor parallelism (train/tensor_parallel_model.h): how the module's tensors split the whole
-  // model's (dist/tensor_parallel_state.h); null when the module is the whole model. forward
+  // model's (parallel/tensor_parallel_state.h); null when the module is the whole model. forward
   // then returns this rank's slice of the logits; loss is the whole batch's.
-  std::shared_ptr<const dist::tp::SplitModel> split;
+  std::shared_ptr<const parallel::tp::SplitModel> split;
   // Pipeline parallelism (train/pipeline_model.h): the stage this rank runs; null when it runs the
   // whole model. The module then holds only the stage's tensors (the others are empty).
   struct Stage {

@@ -3,37 +3,33 @@
 
 #include <filesystem>
 
+#include "forge/backends/device_runtime.h"
 #include "forge/core/error.h"
-#include "forge/dist/env.h"
 #include "forge/io/atomic_file.h"
+#include "forge/parallel/env.h"
 #include "forge/plan/cpu_device.h"
 #include "forge/plan/gpu_catalog.h"
 #include "forge/plan/memory_model.h"
 #include "forge/plan/model_spec.h"
 #include "forge/telemetry/mfu.h"
 #include "forge/train/layout.h"
-
-#ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/device_info.h"
-#endif
+#include "forge/train/run_model_spec.h"
 
 namespace forge::train {
 
 namespace fs = std::filesystem;
 
-plan::PlanInput plan_input_of_run(const RunConfig& cfg, const dist::Layout& layout, Device device, int world_size) {
+plan::PlanInput plan_input_of_run(const RunConfig& cfg, const parallel::Layout& layout, Device device, int world_size) {
   plan::PlanInput in;
-  in.model = plan::from_run_config(cfg);
+  in.model = model_spec_of(cfg);
   plan::GpuSpec gpu = plan::cpu_device(0);
   if (device.is_cuda()) {
-#ifdef FORGE_WITH_CUDA
     // The driver's name ("NVIDIA H200") to the catalogue's entry, as the MFU figure finds it.
-    const std::string name = cuda::device_properties(static_cast<int>(device.index)).name;
+    const std::string name = runtime::device_name(device);
     const std::optional<std::string> entry = telemetry::catalogue_name(name);
     FORGE_CHECK(entry.has_value(), "forge plan's catalogue has no entry for the GPU '", name,
                 "'; forge plan --list-gpus lists those it has");
     gpu = plan::find_gpu(*entry);
-#endif
   }
   in.cluster = plan::make_cluster(gpu, world_size);
   const DType dt = resolve_run_dtype(cfg.run.dtype, device);
@@ -85,8 +81,8 @@ nlohmann::json oom_report(const OutOfMemoryError& e, const RunConfig& cfg) {
     const fs::path resolved = fs::path(cfg.run_dir()) / "config.toml";
     std::error_code ec;
     const RunConfig run = fs::exists(resolved, ec) ? load_config(resolved.string(), {}) : cfg;
-    const dist::LaunchEnv env = dist::launch_env();
-    const dist::Layout layout = run_layout(run, env.world_size);
+    const parallel::LaunchEnv env = parallel::launch_env();
+    const parallel::Layout layout = run_layout(run, env.world_size);
     Device device = resolve_run_device(run.run.device);
     if (device.is_cuda() && env.world_size > 1) device = Device::cuda(env.local_rank);
     const plan::PlanInput in = plan_input_of_run(run, layout, device, env.world_size);
@@ -112,7 +108,7 @@ std::string write_oom_report(const OutOfMemoryError& e, const RunConfig& cfg) {
     const fs::path dir(cfg.run_dir());
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const fs::path path = dir / ("oom_snapshot.rank" + std::to_string(dist::launch_env().rank) + ".json");
+    const fs::path path = dir / ("oom_snapshot.rank" + std::to_string(parallel::launch_env().rank) + ".json");
     io::write_file_atomic(path, oom_report(e, cfg).dump(2) + "\n");
     return path.string();
   } catch (...) {

@@ -13,7 +13,7 @@
 
 #include "forge/core/device.h"
 #include "forge/core/memory_owner.h"
-#include "forge/dist/layout.h"
+#include "forge/parallel/layout.h"
 #include "forge/plan/plan.h"
 #include "forge/train/config.h"
 
@@ -23,7 +23,7 @@ namespace forge::train {
 // `device` (the catalogue's entry for a GPU's name, forge's CPU model for the CPU) with
 // world_size GPUs; what `forge plan --config <run>/config.toml --gpu <that GPU> --gpus <world>`
 // plans. Throws forge::Error when the GPU is not in the catalogue.
-plan::PlanInput plan_input_of_run(const RunConfig& cfg, const dist::Layout& layout, Device device, int world_size);
+plan::PlanInput plan_input_of_run(const RunConfig& cfg, const parallel::Layout& layout, Device device, int world_size);
 
 // The snapshot as JSON (error, request, owner, allocator, live bytes by owner; "plan": the
 // prediction's memory per GPU, or "plan_error" saying why there is none).

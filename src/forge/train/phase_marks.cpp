@@ -8,15 +8,12 @@
 #include <sstream>
 #include <vector>
 
-#ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/memory.h"
-#include "forge/backends/cuda/stream.h"
-#endif
+#include "forge/backends/device_runtime.h"
 
 namespace forge::train {
 
 namespace {
-[[maybe_unused]] std::string fixed3(double v) {  // (used by the CUDA build alone)
+std::string fixed3(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.3f", v);
   return buf;
@@ -24,9 +21,7 @@ namespace {
 }  // namespace
 
 struct PhaseMarks::Events {
-#ifdef FORGE_WITH_CUDA
-  std::deque<std::vector<cuda::Event>> steps;
-#endif
+  std::deque<std::vector<runtime::Event>> steps;
 };
 
 PhaseMarks::PhaseMarks(Device device, bool on)
@@ -36,13 +31,12 @@ PhaseMarks::~PhaseMarks() = default;
 
 void PhaseMarks::mark(int i) {
   if (trace_) trace_->mark(i);
-#ifdef FORGE_WITH_CUDA
   if (!on_) return;
   auto& steps = events_->steps;
   if (i == 0) {
     ++started_;
     if (started_ == kFirst + 1) {  // the measured steps begin: allocator and host-wait baselines
-      const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
+      const MemoryStats m = runtime::memory_stats(device_);
       allocs0_ = m.num_device_allocs + m.num_device_frees;
       waited_ = 0.0;
     }
@@ -51,14 +45,10 @@ void PhaseMarks::mark(int i) {
   }
   if (steps.empty() || static_cast<int>(steps.back().size()) != i) return;  // out of order: ignored
   steps.back().emplace_back(true);
-  steps.back().back().record(cuda::Stream::current(static_cast<int>(device_.index)));
-#else
-  (void)i;
-#endif
+  steps.back().back().record(device_);
 }
 
 std::string PhaseMarks::report() {
-#ifdef FORGE_WITH_CUDA
   if (!on_) return {};
   fold(/*keep=*/1);
   if (n_ == 0) return {};
@@ -71,22 +61,18 @@ std::string PhaseMarks::report() {
   os << "phases (FORGE_TRAIN_PHASES, mean ms per step over " << n_ << " steps): ";
   for (int i = 0; i < kMarks; ++i) os << (i ? ", " : "") << names[i] << " " << fixed3(sum_[static_cast<size_t>(i)] / n);
   os << "; total " << fixed3(total / n);
-  const MemoryStats m = cuda::memory_stats(static_cast<int>(device_.index));
+  const MemoryStats m = runtime::memory_stats(device_);
   os << "; host waited " << fixed3(1e3 * waited_ / static_cast<double>(started_ - kFirst))
      << " ms per step for the device; cudaMalloc/cudaFree calls during these steps: "
      << m.num_device_allocs + m.num_device_frees - allocs0_;
   return os.str();
-#else
-  return {};
-#endif
 }
 
 void PhaseMarks::fold(size_t keep) {
-#ifdef FORGE_WITH_CUDA
   auto& steps = events_->steps;
   while (steps.size() > keep && steps.size() >= 2) {
     const auto& m = steps[0];
-    const cuda::Event& next = steps[1].empty() ? m.front() : steps[1].front();
+    const runtime::Event& next = steps[1].empty() ? m.front() : steps[1].front();
     const int64_t index = started_ - static_cast<int64_t>(steps.size()) + 1;  // 1-based step of steps[0]
     if (index > kFirst && m.size() == kMarks && !steps[1].empty()) {
       next.synchronize();
@@ -97,9 +83,6 @@ void PhaseMarks::fold(size_t keep) {
     }
     steps.pop_front();
   }
-#else
-  (void)keep;
-#endif
 }
 
 }  // namespace forge::train

@@ -5,16 +5,17 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
-#include "forge/dist/pipeline_schedule.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/nn/model_registry.h"
-#include "forge/plan/model_spec.h"
 #include "forge/ops/creation.h"
+#include "forge/parallel/pipeline_schedule.h"
+#include "forge/plan/model_spec.h"
 #include "forge/telemetry/metrics.h"
+#include "forge/train/run_model_spec.h"
 
 namespace forge::train {
 
-void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+void stage_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log) {
   if (layout.pp == 1) return;
   FORGE_CHECK(cfg.is_language_model(), "dist.pp = ", layout.pp, " splits a GPT or LLaMA; model.type = '",
@@ -30,9 +31,9 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
   // The blocks of each (virtual) stage: dist.pp_layers when given (only without virtual stages),
   // else balanced by forge plan's cost per block and head (Note [balanced pipeline stages]).
   const std::vector<int64_t> given =
-      !cfg.dist.pp_layers.empty() ? cfg.dist.pp_layers : plan::stage_layers(plan::from_run_config(cfg), virtual_stages);
+      !cfg.dist.pp_layers.empty() ? cfg.dist.pp_layers : plan::stage_layers(model_spec_of(cfg), virtual_stages);
   for (int c = 0; c < v; ++c)
-    st->chunks.push_back(dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index, given));
+    st->chunks.push_back(parallel::pp::stage_blocks(lm->num_blocks(), virtual_stages, c * st->stages + st->index, given));
   std::tie(st->begin, st->end) = st->chunks.front();
   const bool tied = nn::transformer_shape(cfg.model).tied_head();
   // Who holds what: a block's tensors its stage; the others (embeddings, final norm, head) the
@@ -46,7 +47,7 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
     bool last_too = false;
     if (block >= 0) {
       for (int j = 0; j < virtual_stages; ++j) {
-        const auto [b, e] = dist::pp::stage_blocks(lm->num_blocks(), virtual_stages, j, given);
+        const auto [b, e] = parallel::pp::stage_blocks(lm->num_blocks(), virtual_stages, j, given);
         if (block >= b && block < e) owner = j % st->stages;
       }
     } else {
@@ -76,7 +77,7 @@ void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
     }
   }
   model.stage = st;
-  log << "pipeline parallel: " << layout.pp << " stages (" << dist::schedule_name(layout.schedule) << "), stage "
+  log << "pipeline parallel: " << layout.pp << " stages (" << parallel::schedule_name(layout.schedule) << "), stage "
       << st->index << " runs blocks [" << st->begin << ", " << st->end << ")";
   for (size_t c = 1; c < st->chunks.size(); ++c) log << ", [" << st->chunks[c].first << ", " << st->chunks[c].second << ")";
   log << (st->first() ? " and the embeddings" : "")

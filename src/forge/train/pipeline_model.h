@@ -6,15 +6,15 @@
 // (GPT's tied head: the last stage holds a copy of wte, Model::Stage::tied).
 #include <iosfwd>
 
-#include "forge/dist/layout.h"
-#include "forge/dist/mesh.h"
+#include "forge/parallel/layout.h"
+#include "forge/parallel/mesh.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 
 namespace forge::train {
 
 // For pp > 1: sets model.stage and empties the tensors other stages hold. A no-op for pp = 1.
-void stage_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+void stage_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log);
 
 }  // namespace forge::train

@@ -2,7 +2,7 @@
 // ZeRO-1/2) on each stage's data-parallel group, and with tensor parallelism within each stage
 // (3D: the stage's model split over its tp group, train/tensor_parallel_model.h). Each rank holds one stage of the model
 // (train/pipeline_model.h); a step runs its micro-batches through the stages in the order of the
-// schedule (Note [pipeline schedules], dist/pipeline_schedule.h):
+// schedule (Note [pipeline schedules], parallel/pipeline_schedule.h):
 //   forward of micro-batch m: the first stage embeds this rank's rows, any other receives the
 //     activations (B, T, C) from the stage before; the stage runs its blocks; the last stage
 //     computes the loss / K, any other sends its output to the next stage.
@@ -24,19 +24,19 @@
 #include "forge/autograd/deferred.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
-#include "forge/dist/data_parallel.h"
-#include "forge/dist/env.h"
-#include "forge/dist/pipeline_schedule.h"
-#include "forge/dist/sharded_state.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/nn/model_registry.h"
-#include "forge/optim/clip.h"
-#include "forge/optim/loss_scale.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
+#include "forge/optim/clip.h"
+#include "forge/optim/loss_scale.h"
+#include "forge/parallel/data_parallel.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/pipeline_schedule.h"
+#include "forge/parallel/sharded_state.h"
 #include "forge/train/run_checkpoint.h"
 #include "forge/train/strategy.h"
 #include "forge/train/tensor_parallel_model.h"
@@ -50,7 +50,7 @@ namespace {
 
 class PipelineStrategy final : public Strategy {
  public:
-  PipelineStrategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model, DType dtype,
+  PipelineStrategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model, DType dtype,
                    std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()), dtype_(dtype), world_(mesh.world()) {
     FORGE_CHECK(model.stage != nullptr, "PipelineStrategy: the model has no pipeline stage (train/pipeline_model.h)");
@@ -103,10 +103,10 @@ class PipelineStrategy final : public Strategy {
     }
     const std::string tied = stage_->tied;
     const auto split = split_;
-    dp_ = std::make_unique<dist::DataParallel>(
+    dp_ = std::make_unique<parallel::DataParallel>(
         trainable, optim::decay_groups(trainable, cfg.optim.weight_decay),
         [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
-        dist::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+        parallel::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
                                   .offload_optimizer = false,
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = nullptr,
@@ -121,7 +121,7 @@ class PipelineStrategy final : public Strategy {
         << group_->size() << " data-parallel rank(s) ("
         << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero)) << "); "
         << layout.grad_accum << " micro-batch(es) of " << layout.micro_batch << " row(s) per step ("
-        << dist::schedule_name(layout.schedule) << ")\n";
+        << parallel::schedule_name(layout.schedule) << ")\n";
   }
 
   void seed_master_weights(const std::function<Tensor(const std::string&)>& f32_of) override {
@@ -139,23 +139,23 @@ class PipelineStrategy final : public Strategy {
     const int prev = (s_rank - 1 + P) % P, next = (s_rank + 1) % P;
     auto slot = [v](int64_t m, int c) { return static_cast<size_t>(m * v + c); };
     std::vector<Tensor> inputs(static_cast<size_t>(K * v)), outputs(static_cast<size_t>(K * v));
-    std::vector<std::pair<Tensor, dist::WorkPtr>> sends;
+    std::vector<std::pair<Tensor, parallel::WorkPtr>> sends;
     Tensor loss_sum;
     phases.mark(0);
     // ZB-H1 (Note [pipeline schedules]): each micro-batch's linears queue their weight gradients
     // (W) during its forward; B computes the rest; W runs the queue later. The data-parallel
     // reduction then happens once, after every pass (begin/end_backward without a sync around
     // each pass, one synchronising pair at the end).
-    const bool split_w = layout_.schedule == dist::PipelineSchedule::zb_h1;
+    const bool split_w = layout_.schedule == parallel::PipelineSchedule::zb_h1;
     std::vector<std::shared_ptr<autograd::DeferredGrads>> weights(static_cast<size_t>(K));
-    const std::vector<dist::pp::Action> actions = dist::pp::schedule(layout_.schedule, P, s_rank, K, v);
+    const std::vector<parallel::pp::Action> actions = parallel::pp::schedule(layout_.schedule, P, s_rank, K, v);
     size_t last_backward = 0;  // the step's last backward: the data-parallel reduction runs there
     for (size_t i = 0; i < actions.size(); ++i)
-      if (actions[i].op == dist::pp::Op::backward) last_backward = i;
+      if (actions[i].op == parallel::pp::Op::backward) last_backward = i;
     for (size_t i = 0; i < actions.size(); ++i) {
-      const dist::pp::Action& a = actions[i];
+      const parallel::pp::Action& a = actions[i];
       const auto m = static_cast<size_t>(a.micro);
-      if (a.op == dist::pp::Op::weight) {
+      if (a.op == parallel::pp::Op::weight) {
         // (Every stage runs at least one block's linears: an empty queue means they were not queued.)
         FORGE_CHECK(weights[m] && !weights[m]->empty(), "pipeline: the W pass of micro-batch ", a.micro,
                     " has no queued weight gradients");
@@ -168,7 +168,7 @@ class PipelineStrategy final : public Strategy {
       const int j = a.chunk * P + s_rank;  // the virtual stage
       const size_t k = slot(a.micro, a.chunk);
       const data::Batch mb = rows_of(micro_batches[m]);
-      if (a.op == dist::pp::Op::forward) {
+      if (a.op == parallel::pp::Op::forward) {
         std::optional<autograd::DeferWeightGrads> defer;
         if (split_w) defer.emplace(weights[m] = std::make_shared<autograd::DeferredGrads>());
         nn::Stream s;
@@ -221,15 +221,15 @@ class PipelineStrategy final : public Strategy {
     // its gradient.
     if (tied_group_) {
       for (auto& [n, g] : dp_->named_grads())
-        if (n == stage_->tied && g.defined()) tied_group_->all_reduce(g, dist::ReduceOp::sum)->wait();
+        if (n == stage_->tied && g.defined()) tied_group_->all_reduce(g, parallel::ReduceOp::sum)->wait();
     }
     // The loss of the global batch: the last stage's, summed over the pipeline (the others add
     // zero), averaged over the data-parallel group.
     Tensor mean_loss = stage_->last() ? (K == 1 ? loss_sum : loss_sum / static_cast<double>(K))
                                       : zeros({}, {.dtype = DType::f32, .device = device_});
     mean_loss = mean_loss.contiguous();
-    pp_->all_reduce(mean_loss, dist::ReduceOp::sum)->wait();
-    if (group_->size() > 1) group_->all_reduce(mean_loss, dist::ReduceOp::avg)->wait();
+    pp_->all_reduce(mean_loss, parallel::ReduceOp::sum)->wait();
+    if (group_->size() > 1) group_->all_reduce(mean_loss, parallel::ReduceOp::avg)->wait();
     return strategy_detail::finish_data_parallel_step(*dp_, scaler_ ? &*scaler_ : nullptr, cfg_.optim.grad_clip,
                                                       mean_loss, phases);
   }
@@ -269,7 +269,7 @@ class PipelineStrategy final : public Strategy {
     }
     model_.module->train(was_training);
     Tensor l = full({1}, loss_sum, {.dtype = DType::f64, .device = device_});
-    pp_->all_reduce(l, dist::ReduceOp::sum)->wait();
+    pp_->all_reduce(l, parallel::ReduceOp::sum)->wait();
     sums.loss_sum = l.item();
     FORGE_CHECK(sums.count > 0, "evaluate: no evaluation batch");
     return sums;
@@ -364,32 +364,32 @@ class PipelineStrategy final : public Strategy {
   }
   // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C), or
   // this rank's slice of the sequence (rows, T / tp, C) under sequence parallelism.
-  Tensor receive(dist::ProcessGroup& link, const data::Batch& mb, int from) const {
+  Tensor receive(parallel::ProcessGroup& link, const data::Batch& mb, int from) const {
     Tensor t = empty({mb.inputs.size(0), mb.inputs.size(1) / seq_parts_, width_}, {.dtype = dtype_, .device = device_});
     link.recv(t, from)->wait();
     return t;
   }
 
   const RunConfig cfg_;
-  const dist::Layout layout_;
+  const parallel::Layout layout_;
   Model& model_;
   Device device_;
   DType dtype_;
-  dist::ProcessGroupPtr world_, pp_, group_, tied_group_, norm_group_;
-  dist::ProcessGroupPtr forward_, backward_;  // Note [pipeline links]
+  parallel::ProcessGroupPtr world_, pp_, group_, tied_group_, norm_group_;
+  parallel::ProcessGroupPtr forward_, backward_;  // Note [pipeline links]
   std::shared_ptr<const Model::Stage> stage_;
-  std::shared_ptr<const dist::tp::SplitModel> split_;  // tensor parallelism within each stage, or null
+  std::shared_ptr<const parallel::tp::SplitModel> split_;  // tensor parallelism within each stage, or null
   int tp_rank_ = 0;
   int64_t seq_parts_ = 1;  // sequence parallelism: the activations between stages are T / tp long
   std::shared_ptr<nn::CausalLM> lm_;
   int64_t width_ = 0;
-  std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<optim::LossScaler> scaler_;
 };
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {
   return std::make_unique<PipelineStrategy>(cfg, layout, mesh, model, dtype, log);
 }

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "forge/dist/launch.h"
+#include "forge/parallel/launch.h"
 
 namespace forge::train {
 
 // The exit code of a run stopped by a signal or run.time_limit after writing its checkpoint.
-using dist::kStoppedExitCode;
+using parallel::kStoppedExitCode;
 inline constexpr double kSameSignalWindow = 1.0;  // seconds
 
 // What the ranks agree on at a step (the largest proposal wins).

@@ -144,9 +144,9 @@ const json& checkpoint_optimizer_record(const io::CheckpointData& ck, const fs::
   return o;
 }
 
-dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const fs::path& ck_path,
+parallel::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const fs::path& ck_path,
                                          const std::vector<std::pair<std::string, Tensor>>& slots) {
-  dist::RangedState rs;
+  parallel::RangedState rs;
   if (ck.extra.is_object() && ck.extra.contains("dist")) {
     for (const auto& f : ck.extra["dist"].value("files", json::array())) {
       const fs::path file = ck_path / f.get<std::string>();
@@ -172,7 +172,7 @@ void restore_optimizer(optim::Optimizer& opt, const io::CheckpointData& ck, cons
   const json& o = checkpoint_optimizer_record(ck, ck_path, opt.name());
   if (ck.extra.contains("dist")) {
     // Written by a data-parallel run: reassemble every parameter's state from the shards.
-    const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, slots);
+    const parallel::RangedState rs = ranged_optimizer_state(ck, ck_path, slots);
     optim::StateDict sd = opt.state_dict();  // the group scalars of this optimizer
     for (auto it = sd.scalars.begin(); it != sd.scalars.end();)
       it = it->first.rfind("state.", 0) == 0 ? sd.scalars.erase(it) : std::next(it);

@@ -2,7 +2,7 @@
 // What checkpoints of language-model runs share, whatever the layout that writes them
 // (Note [data-parallel checkpoints] in train/data_parallel_strategy.cpp): finding a checkpoint,
 // the optimizer a config makes, its state slots by parameter name, and the optimizer state of a
-// checkpoint by parameter ranges (dist/sharded_state.h), so that any layout resumes any other.
+// checkpoint by parameter ranges (parallel/sharded_state.h), so that any layout resumes any other.
 #include <filesystem>
 #include <iosfwd>
 #include <memory>
@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "forge/dist/sharded_state.h"
 #include "forge/io/checkpoint.h"
 #include "forge/nn/module.h"
 #include "forge/optim/loss_scale.h"
 #include "forge/optim/optimizer.h"
+#include "forge/parallel/sharded_state.h"
 #include "forge/train/config.h"
 
 namespace forge::train {
@@ -80,7 +80,7 @@ const nlohmann::json& checkpoint_optimizer_record(const io::CheckpointData& ck, 
                                                   const std::string& want);
 // The optimizer state of a checkpoint by parameter ranges: the shard files of a data-parallel
 // run (extra.dist.files), or a single process's optimizer.safetensors.
-dist::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const std::filesystem::path& ck_path,
+parallel::RangedState ranged_optimizer_state(const io::CheckpointData& ck, const std::filesystem::path& ck_path,
                                          const std::vector<std::pair<std::string, Tensor>>& slots);
 // Restores a whole-model optimizer from any checkpoint (one process's, or reassembled from a
 // data-parallel run's shards).

@@ -3,9 +3,9 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
-#include "forge/ops/join.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
+#include "forge/ops/join.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
 #include "forge/optim/clip.h"
@@ -24,7 +24,7 @@ io::NamedTensors host_copies(const std::vector<std::pair<std::string, Tensor>>& 
   return io::NamedTensors(std::move(out));
 }
 
-CheckpointJob::Shard shard_job(std::string file, std::vector<dist::ShardPiece> pieces,
+CheckpointJob::Shard shard_job(std::string file, std::vector<parallel::ShardPiece> pieces,
                                const std::vector<std::map<std::string, Tensor>>& state, std::vector<int64_t> steps,
                                uint64_t& bytes) {
   CheckpointJob::Shard s{.file = std::move(file), .pieces = std::move(pieces), .state = {}, .steps = std::move(steps)};
@@ -90,13 +90,13 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
   return ops::stack(figures);
 }
 
-dist::ProcessGroupPtr data_parallel_group(const dist::Mesh& mesh) {
+parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh) {
   FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
   if (mesh.dp_group()) return mesh.dp_group();
-  return mesh.dp() == mesh.world_size() ? mesh.world() : dist::group_of_one(mesh.world());
+  return mesh.dp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
 }
 
-Tensor finish_data_parallel_step(dist::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
+Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
                                  const Tensor& mean_loss, PhaseMarks& phases) {
   // Note [one sync per step]: norm, clip, skip decision and update all run on the device.
   const Tensor norm = scaler ? dp.unscale_grads(*scaler) : dp.grad_norm();
@@ -116,14 +116,14 @@ Tensor finish_data_parallel_step(dist::DataParallel& dp, optim::LossScaler* scal
 }  // namespace strategy_detail
 
 std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model, DType dtype);
-std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                              Model& model, DType dtype, std::ostream& log);
-std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log);
 
-bool needs_process_group(const dist::Layout& layout) { return layout.gpus() > 1 || layout.zero > 0; }
+bool needs_process_group(const parallel::Layout& layout) { return layout.gpus() > 1 || layout.zero > 0; }
 
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {
   // Pipeline parallelism (with data parallelism on each stage's group).
   if (layout.pp > 1) return make_pipeline(cfg, layout, mesh, model, dtype, log);

@@ -13,7 +13,7 @@
 //
 // A strategy owns:
 //   - the wrapping of the model and the optimizer (one optimizer over the whole model, or
-//     dist::DataParallel's buckets, sharded optimizer state and sharded parameters);
+//     parallel::DataParallel's buckets, sharded optimizer state and sharded parameters);
 //   - one optimizer step over its micro-batches: this rank's rows of each global micro-batch,
 //     forward, loss, backward (gradient accumulation, the reductions), the global gradient norm,
 //     f16 loss scaling, clipping, the non-finite skip and the update;
@@ -23,7 +23,7 @@
 // Implementations (make_strategy picks one from the layout):
 //   SingleProcess        one process, no dist (train/single_process.cpp)
 //   DataParallelStrategy DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group, on
-//                        dist::DataParallel, and tensor parallelism on a split model
+//                        parallel::DataParallel, and tensor parallelism on a split model
 //                        (train/data_parallel_strategy.cpp, train/tensor_parallel_model.h)
 //   PipelineStrategy     pipeline parallelism with DDP / ZeRO-1/2 on each stage's data-parallel
 //                        group (train/pipeline_strategy.cpp, train/pipeline_model.h)
@@ -38,11 +38,11 @@
 
 #include "forge/core/tensor.h"
 #include "forge/data/loader.h"
-#include "forge/dist/data_parallel.h"
-#include "forge/dist/layout.h"
-#include "forge/dist/mesh.h"
 #include "forge/io/checkpoint.h"
 #include "forge/optim/loss_scale.h"
+#include "forge/parallel/data_parallel.h"
+#include "forge/parallel/layout.h"
+#include "forge/parallel/mesh.h"
 #include "forge/train/checkpoint_writer.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
@@ -142,11 +142,11 @@ class Strategy {
 // mesh's data-parallel group; one process without ZeRO trains through SingleProcess, without a
 // process group or MPI. Both write checkpoints in the one format (Note [resharding]), so a run
 // moves between them on --resume. `log` gets what rank 0 should say.
-std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh,
+std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log);
 
 // Whether `layout` trains through a process group (Note [data-parallel runs]): several ranks, or ZeRO.
-bool needs_process_group(const dist::Layout& layout);
+bool needs_process_group(const parallel::Layout& layout);
 
 // Shared pieces of the implementations.
 namespace strategy_detail {
@@ -156,7 +156,7 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
 // Host copies (ops::host_copy) of named tensors, their bytes added to `bytes`.
 io::NamedTensors host_copies(const std::vector<std::pair<std::string, Tensor>>& tensors, uint64_t& bytes);
 // A CheckpointJob's optimizer shard, its state host copies (bytes added to `bytes`).
-CheckpointJob::Shard shard_job(std::string file, std::vector<dist::ShardPiece> pieces,
+CheckpointJob::Shard shard_job(std::string file, std::vector<parallel::ShardPiece> pieces,
                                const std::vector<std::map<std::string, Tensor>>& state, std::vector<int64_t> steps,
                                uint64_t& bytes);
 // Strategy::evaluate on one model replica.
@@ -165,11 +165,11 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
 // The data-parallel group of a layout on `mesh`: the mesh's, the world when dp spans it, or a
 // group of one when tensor or pipeline parallelism spans the world (collective then).
-dist::ProcessGroupPtr data_parallel_group(const dist::Mesh& mesh);
-// The end of a step on dist::DataParallel, after backward and the loss's reductions: the global
+parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh);
+// The end of a step on parallel::DataParallel, after backward and the loss's reductions: the global
 // norm (f16: unscaled, the overflow agreed), clipping at grad_clip, the non-finite skip, the
 // update, the figures (train_step's return value) and zero_grad.
-Tensor finish_data_parallel_step(dist::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
+Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,
                                  const Tensor& mean_loss, PhaseMarks& phases);
 }  // namespace strategy_detail
 

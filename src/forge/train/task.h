@@ -34,8 +34,8 @@
 #include "forge/core/device.h"
 #include "forge/core/dtype.h"
 #include "forge/data/loader.h"
-#include "forge/dist/layout.h"
 #include "forge/io/checkpoint.h"
+#include "forge/parallel/layout.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 #include "forge/train/strategy.h"
@@ -109,9 +109,9 @@ class Task {
 // The task of cfg.model.type. It may resolve keys of `cfg` (model.vocab_size from the tokenizer;
 // data.val_fraction = 0 for random tokens), which must outlive it. `layout` is the run's (checked);
 // `rank0`: this process writes the shared files (tokenizer, shards) and the bigram baseline.
-std::unique_ptr<Task> make_task(RunConfig& cfg, const dist::Layout& layout, bool rank0);
+std::unique_ptr<Task> make_task(RunConfig& cfg, const parallel::Layout& layout, bool rank0);
 
-std::unique_ptr<Task> make_language_task(RunConfig& cfg, const dist::Layout& layout, bool rank0);
-std::unique_ptr<Task> make_image_task(RunConfig& cfg, const dist::Layout& layout, bool rank0);
+std::unique_ptr<Task> make_language_task(RunConfig& cfg, const parallel::Layout& layout, bool rank0);
+std::unique_ptr<Task> make_image_task(RunConfig& cfg, const parallel::Layout& layout, bool rank0);
 
 }  // namespace forge::train

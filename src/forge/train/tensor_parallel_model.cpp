@@ -7,12 +7,12 @@
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
+#include "forge/nn/model_registry.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/view.h"
-#include "forge/dist/tensor_parallel.h"
-#include "forge/nn/model_registry.h"
-#include "forge/dist/env.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/tensor_parallel.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/train/language_model.h"
 #include "forge/train/pipeline_model.h"
@@ -21,16 +21,16 @@
 namespace forge::train {
 
 namespace {
-void split_tensor_parallel(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                            std::ostream& log) {
   FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
               cfg.model.type, "' trains with dist.tp = 1");
-  const dist::ProcessGroupPtr& g = mesh.tp_group();
+  const parallel::ProcessGroupPtr& g = mesh.tp_group();
   FORGE_CHECK(g != nullptr && g->size() == layout.tp, "tensor parallelism: the mesh has no tensor-parallel group of ",
               layout.tp, " ranks attached");
   // Megatron keeps a tensor-parallel group inside one host (its all-reduces run on every layer,
   // over NVLink there); a group that crosses hosts works but is slow: said, not refused.
-  const dist::LaunchEnv env = dist::launch_env();
+  const parallel::LaunchEnv env = parallel::launch_env();
   if (env.local_world_size < layout.tp)
     log << "warning: dist.tp = " << layout.tp << " is larger than the " << env.local_world_size
         << " rank(s) of this host: the tensor-parallel collectives cross hosts (slow); keep dist.tp <= the GPUs "
@@ -41,8 +41,8 @@ void split_tensor_parallel(const RunConfig& cfg, const dist::Layout& layout, con
   for (const auto& [name, t] : model.module->state_dict()) whole.emplace(name, t);
   const int64_t whole_count = model.module->num_parameters();
   LanguageModel split =
-      build_language_model(cfg, dist::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()));
-  auto s = std::make_shared<dist::tp::SplitModel>(*split.module, g, layout.sequence_parallel);
+      build_language_model(cfg, parallel::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()));
+  auto s = std::make_shared<parallel::tp::SplitModel>(*split.module, g, layout.sequence_parallel);
   s->load_whole(*split.module, whole);
   whole.clear();
   model.module = split.module;
@@ -61,7 +61,7 @@ void split_tensor_parallel(const RunConfig& cfg, const dist::Layout& layout, con
 
 }  // namespace
 
-void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+void split_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log) {
   // Tensor parallelism first (the split model is rebuilt from the whole one), then this rank's
   // pipeline stage of it.
@@ -80,10 +80,10 @@ std::vector<std::pair<std::string, Tensor>> gather_whole_model(const Model& mode
   return out;
 }
 
-WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataParallel& dp, bool keep) {
+WholeOptimizerState gather_whole_optimizer(const Model& model, const parallel::DataParallel& dp, bool keep) {
   FORGE_CHECK(model.split != nullptr, "gather_whole_optimizer: the model is not split");
   NoGradGuard no_grad;
-  const dist::ProcessGroupPtr& g = dp.group();
+  const parallel::ProcessGroupPtr& g = dp.group();
   const bool sharded = dp.options().zero_stage > 0 && g->size() > 1;
   const auto& pieces = dp.pieces();
   const auto state = dp.piece_state();
@@ -98,8 +98,8 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
         Tensor flag = ops::narrow(has, 0, i, 1);
         ops::fill_(flag, 1.0);
       }
-  g->all_reduce(has, dist::ReduceOp::max)->wait();
-  if (model.split->group()) model.split->group()->all_reduce(has, dist::ReduceOp::max)->wait();
+  g->all_reduce(has, parallel::ReduceOp::max)->wait();
+  if (model.split->group()) model.split->group()->all_reduce(has, parallel::ReduceOp::max)->wait();
   const std::vector<double> have = has.to_vector<double>();
   WholeOptimizerState out;
   for (const auto& [name, p] : model.module->named_parameters()) {
@@ -111,7 +111,7 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
     for (size_t k = 0; k < pieces.size(); ++k)
       if (pieces[k].param == name) mine.push_back(k), step = std::max(step, steps[k]);
     Tensor step_t = full({1}, static_cast<double>(step), {.dtype = DType::f32, .device = dev});
-    if (sharded) g->all_reduce(step_t, dist::ReduceOp::max)->wait();
+    if (sharded) g->all_reduce(step_t, parallel::ReduceOp::max)->wait();
     std::map<std::string, Tensor> whole_state;
     for (int i = 0; i < 4; ++i) {
       if (have[static_cast<size_t>(i)] == 0) continue;
@@ -123,7 +123,7 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
         Tensor dst = ops::narrow(local, 0, pieces[k].lo, pieces[k].hi - pieces[k].lo);
         ops::copy_(dst, it->second.to(dev, DType::f32));
       }
-      if (sharded) g->all_reduce(local, dist::ReduceOp::sum)->wait();
+      if (sharded) g->all_reduce(local, parallel::ReduceOp::sum)->wait();
       const Tensor whole = model.split->whole_of(name, local.reshape(p.shape()));
       if (keep) whole_state[kNames[i]] = whole.reshape({-1}).to(Device::cpu()).clone();
     }
@@ -135,32 +135,32 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataP
   return out;
 }
 
-void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist::RangedState& rs) {
+void load_split_optimizer(const Model& model, parallel::DataParallel& dp, const parallel::RangedState& rs) {
   FORGE_CHECK(model.split != nullptr, "load_split_optimizer: the model is not split");
-  const dist::tp::SplitModel& s = *model.split;
+  const parallel::tp::SplitModel& s = *model.split;
   dp.load_piece_state(
-      [&](const dist::ShardPiece& p, const std::string& n) -> Tensor {
-        const dist::tp::ParamSplit& ps = s.at(p.param);
+      [&](const parallel::ShardPiece& p, const std::string& n) -> Tensor {
+        const parallel::tp::ParamSplit& ps = s.at(p.param);
         const Tensor whole = rs.get(p.param, n, 0, ps.whole_numel());
         if (!whole.defined()) return whole;
         return s.local_of(p.param, whole.reshape(ps.whole_shape)).reshape({-1}).narrow(0, p.lo, p.hi - p.lo).contiguous();
       },
-      [&](const dist::ShardPiece& p) { return rs.step(p.param, 0, s.at(p.param).whole_numel()); });
+      [&](const parallel::ShardPiece& p) { return rs.step(p.param, 0, s.at(p.param).whole_numel()); });
 }
 
-void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, dist::DataParallel& dp,
+void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, parallel::DataParallel& dp,
                                    optim::LossScaler* scaler, const io::CheckpointData& ck,
                                    const std::filesystem::path& ck_path) {
   const std::string optimizer_class = optimizer_class_name(cfg);  // (named: g++ 13's -Wdangling-reference)
   const nlohmann::json& o = checkpoint_optimizer_record(ck, ck_path, optimizer_class);
   // (A one-process checkpoint names its optimizer slots by the whole model's parameters in the
   // optimizer's order; a pipeline stage's module has every name, its other stages' tensors empty.)
-  const dist::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg, *model.module));
+  const parallel::RangedState rs = ranged_optimizer_state(ck, ck_path, optimizer_slots(cfg, *model.module));
   if (model.split) {
     load_split_optimizer(model, dp, rs);
   } else {
-    dp.load_piece_state([&](const dist::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
-                        [&](const dist::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
+    dp.load_piece_state([&](const parallel::ShardPiece& p, const std::string& n) { return rs.get(p.param, n, p.lo, p.hi); },
+                        [&](const parallel::ShardPiece& p) { return rs.step(p.param, p.lo, p.hi); });
   }
   dp.set_step_count(static_cast<int64_t>(o["scalars"].value("step", 0.0)));
   if (scaler) restore_loss_scaler(*scaler, ck);

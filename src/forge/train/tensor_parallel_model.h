@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "forge/dist/data_parallel.h"
-#include "forge/dist/layout.h"
-#include "forge/dist/sharded_state.h"
 #include "forge/io/checkpoint.h"
 #include "forge/optim/loss_scale.h"
-#include "forge/dist/mesh.h"
+#include "forge/parallel/data_parallel.h"
+#include "forge/parallel/layout.h"
+#include "forge/parallel/mesh.h"
+#include "forge/parallel/sharded_state.h"
 #include "forge/train/config.h"
 #include "forge/train/model.h"
 
@@ -25,7 +25,7 @@ namespace forge::train {
 // this rank's pipeline stage (train/pipeline_model.h); for tp > 1 it splits `model` (a language
 // model: train/language_model.h) over mesh.tp_group(), with sequence parallelism when the layout
 // says so, and sets model.split; otherwise it leaves it alone.
-void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, const dist::Mesh& mesh, Model& model,
+void split_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log);
 
 // ---- checkpoints of a tensor-parallel run -----------------------------------------------------
@@ -33,7 +33,7 @@ void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
 // Note [tensor-parallel checkpoints]
 // ----------------------------------
 // A tensor-parallel run writes the checkpoint every other layout writes (Note [resharding] in
-// dist/sharded_state.h): model.safetensors with the whole model's tensors, and the optimizer
+// parallel/sharded_state.h): model.safetensors with the whole model's tensors, and the optimizer
 // state by ranges of the whole parameters, here one range per parameter in one file. The ranks
 // of the first data-parallel replica gather each tensor over their tensor-parallel group
 // (SplitModel::whole_of), the optimizer state first assembled over the data-parallel group
@@ -47,22 +47,22 @@ void split_model_for_layout(const RunConfig& cfg, const dist::Layout& layout, co
 std::vector<std::pair<std::string, Tensor>> gather_whole_model(const Model& model);
 
 struct WholeOptimizerState {
-  std::vector<dist::ShardPiece> pieces;                 // one per parameter: [0, its whole numel)
+  std::vector<parallel::ShardPiece> pieces;                 // one per parameter: [0, its whole numel)
   std::vector<std::map<std::string, Tensor>> state;     // 1-D, on the CPU
   std::vector<int64_t> steps;
 };
 // The optimizer state of `dp` over the whole model (over the stage's parameters under pipeline
 // parallelism). Collective over dp's group and the tensor-parallel group; filled where `keep` is
 // true (empty elsewhere).
-WholeOptimizerState gather_whole_optimizer(const Model& model, const dist::DataParallel& dp, bool keep);
+WholeOptimizerState gather_whole_optimizer(const Model& model, const parallel::DataParallel& dp, bool keep);
 
 // Restores `dp`'s pieces of a split model from the whole-parameter ranges of `rs`.
-void load_split_optimizer(const Model& model, dist::DataParallel& dp, const dist::RangedState& rs);
+void load_split_optimizer(const Model& model, parallel::DataParallel& dp, const parallel::RangedState& rs);
 
-// Strategy::load_checkpoint of the layouts on dist::DataParallel (data, tensor and pipeline
+// Strategy::load_checkpoint of the layouts on parallel::DataParallel (data, tensor and pipeline
 // parallel): the optimizer state of any layout's checkpoint into `dp`'s pieces (cut from whole
 // parameters for a split model), its step count, and the f16 loss scale.
-void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, dist::DataParallel& dp,
+void load_data_parallel_checkpoint(const RunConfig& cfg, const Model& model, parallel::DataParallel& dp,
                                    optim::LossScaler* scaler, const io::CheckpointData& ck,
                                    const std::filesystem::path& ck_path);
 

@@ -2,6 +2,7 @@
 // directory, the task's data and model (train/task.h) and the strategy (train/strategy.h) are
 // prepared in order, then each step draws its micro-batches, lets the strategy train on them,
 // and reads the step's figures one step later.
+#include "forge/backends/device_runtime.h"
 #include "forge/train/trainer.h"
 
 #include <algorithm>
@@ -16,14 +17,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "forge/bench/gpu_sampler.h"
+#include "forge/bench/top.h"
 #include "forge/core/allocator.h"
 #include "forge/core/env.h"
 #include "forge/core/error.h"
 #include "forge/core/memory_owner.h"
-#include "forge/dist/env.h"
-#include "forge/dist/mesh.h"
-#include "forge/dist/numa.h"
-#include "forge/dist/world.h"
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
 #include "forge/io/run_lock.h"
@@ -32,11 +31,13 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/optim/schedule.h"
-#include "forge/bench/gpu_sampler.h"
-#include "forge/bench/top.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/mesh.h"
+#include "forge/parallel/numa.h"
+#include "forge/parallel/world.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/telemetry/tensorboard.h"
 #include "forge/telemetry/mfu.h"
+#include "forge/telemetry/tensorboard.h"
 #include "forge/train/checkpoint_writer.h"
 #include "forge/train/graphed_step.h"
 #include "forge/train/hf_model.h"
@@ -45,16 +46,13 @@
 #include "forge/train/oom_report.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/preemption.h"
-#include "forge/train/step_trace.h"
 #include "forge/train/run_checkpoint.h"
+#include "forge/train/step_trace.h"
 #include "forge/train/strategy.h"
-#include "forge/train/tensor_parallel_model.h"
 #include "forge/train/task.h"
+#include "forge/train/tensor_parallel_model.h"
 #ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/device_info.h"
-#include "forge/backends/cuda/matmul.h"
-#include "forge/backends/cuda/memory.h"
-#include "forge/backends/cuda/stream.h"
+#include "forge/backends/cuda/matmul.h"  // the GEMM tuning's figures in the log
 #endif
 
 namespace forge::train {
@@ -79,21 +77,9 @@ std::string fixed(double v, int digits = 4) {
   return buf;
 }
 
-int64_t peak_memory(Device d) {
-#ifdef FORGE_WITH_CUDA
-  if (d.is_cuda()) return cuda::memory_stats(d.index).peak_allocated;
-#endif
-  (void)d;
-  return cpu_memory_stats().peak_allocated;
-}
+int64_t peak_memory(Device d) { return runtime::memory_stats(d).peak_allocated; }
 
-void reset_peak_memory(Device d) {
-#ifdef FORGE_WITH_CUDA
-  if (d.is_cuda()) return cuda::reset_peak_memory_stats(d.index);
-#endif
-  (void)d;
-  reset_cpu_peak_memory();
-}
+void reset_peak_memory(Device d) { runtime::reset_peak_memory(d); }
 
 // Note [deferred step read]: a step's loss, gradient norm and skip flag are read on the
 // host one step late. The values are copied into pinned memory right after the update is
@@ -111,28 +97,22 @@ void reset_peak_memory(Device d) {
 class StepReadback {
  public:
   explicit StepReadback(const Tensor& values) {
-#ifdef FORGE_WITH_CUDA
     if (values.is_cuda()) {
       host_ = values.contiguous().to(Device::cpu(), /*non_blocking=*/true);
-      ready_.record(cuda::Stream::current(static_cast<int>(values.device().index)));
+      ready_.record(values.device());
       return;
     }
-#endif
     host_ = values;
   }
   // Waits for this step's values only (not for the work queued after them).
   std::vector<double> get() const {
-#ifdef FORGE_WITH_CUDA
     ready_.synchronize();
-#endif
     return host_.to_vector<double>();
   }
 
  private:
   Tensor host_;
-#ifdef FORGE_WITH_CUDA
-  cuda::Event ready_;
-#endif
+  runtime::Event ready_;  // never recorded (complete) on the CPU
 };
 
 // Note [preemption]: every step each rank proposes a StepVerdict and the ranks act on the
@@ -143,14 +123,14 @@ class StepReadback {
 // step, so they checkpoint or stop at the same step.
 class StepAgreement {
  public:
-  StepAgreement(dist::ProcessGroupPtr pg, bool deferred) : pg_(std::move(pg)), deferred_(deferred) {}
+  StepAgreement(parallel::ProcessGroupPtr pg, bool deferred) : pg_(std::move(pg)), deferred_(deferred) {}
 
   // This rank's proposal for the step just queued; returns the verdict to act on now (deferred:
   // the previous step's agreement; go_on before there is one).
   StepVerdict propose(StepVerdict mine) {
     if (!pg_ || pg_->size() == 1) return mine;  // nothing to agree on
     Tensor t = full({1}, static_cast<double>(mine), {.dtype = DType::f32, .device = pg_->device()});
-    pg_->all_reduce(t, dist::ReduceOp::max)->wait();
+    pg_->all_reduce(t, parallel::ReduceOp::max)->wait();
     StepReadback agreed(t);
     if (!deferred_) return verdict_of(agreed);
     std::optional<StepReadback> previous = std::move(pending_);
@@ -163,7 +143,7 @@ class StepAgreement {
     const double v = r.get()[0];
     return v >= 2 ? StepVerdict::stop : v >= 1 ? StepVerdict::checkpoint : StepVerdict::go_on;
   }
-  dist::ProcessGroupPtr pg_;
+  parallel::ProcessGroupPtr pg_;
   bool deferred_;
   std::optional<StepReadback> pending_;
 };
@@ -173,10 +153,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   RunConfig cfg = cfg_in;
   const fs::path run_dir = cfg.run_dir();
   // 0. This process's place in the job and the layout (train/layout.h), checked before any work.
-  const dist::LaunchEnv denv = dist::launch_env();
+  const parallel::LaunchEnv denv = parallel::launch_env();
   const int world_size = denv.world_size;
   const bool rank0 = denv.rank == 0;
-  const dist::Layout layout = run_layout(cfg, world_size);
+  const parallel::Layout layout = run_layout(cfg, world_size);
   // Note [data-parallel runs]: several ranks, or ZeRO on one, train through a process group.
   const bool distributed = needs_process_group(layout);
   std::ostream null_log(nullptr);
@@ -193,7 +173,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const fs::path metrics_path = run_dir / "metrics.jsonl";
   // Note [preemption]: from here on SIGTERM, SIGINT and run.preempt_signal stop the run after a
   // step, with a checkpoint.
-  const char* relayed = std::getenv("FORGE_LAUNCH_STOP_SIGNAL");  // forge launch over mpirun (dist/launch.h)
+  const char* relayed = std::getenv("FORGE_LAUNCH_STOP_SIGNAL");  // forge launch over mpirun (parallel/launch.h)
   const StopSignals stop_signals({parse_stop_signal(cfg.run.preempt_signal, "run.preempt_signal"),
                                   relayed ? parse_stop_signal(relayed, "FORGE_LAUNCH_STOP_SIGNAL") : 0});
   const double time_limit_s = parse_duration(cfg.run.time_limit, "run.time_limit");
@@ -229,16 +209,16 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
   // choice, which depends on the shapes alone, never on a timing.
   ops::set_gemm_tuning(cfg.run.gemm_tuning == "cached" && !cfg.run.deterministic);
-  dist::ProcessGroupPtr pg;
-  dist::Mesh mesh = dist::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
+  parallel::ProcessGroupPtr pg;
+  parallel::Mesh mesh = parallel::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
   if (distributed) {
     // Threads and host memory of this rank near its GPU (or spread over the nodes for CPU
-    // ranks), before the data loader's thread starts (dist/numa.h; FORGE_BIND=none|numa|auto).
+    // ranks), before the data loader's thread starts (parallel/numa.h; FORGE_BIND=none|numa|auto).
     if (denv.distributed()) {
-      const auto bound = dist::bind_current_rank(denv, device, dist::bind_mode_from_env());
+      const auto bound = parallel::bind_current_rank(denv, device, parallel::bind_mode_from_env());
       if (bound.bound) log << "numa: " << bound.message << "\n";
     }
-    pg = dist::world() ? dist::world() : dist::init_world(denv, device);
+    pg = parallel::world() ? parallel::world() : parallel::init_world(denv, device);
     mesh.attach(pg);
   }
   // Rank 0 prepares the task's shared files (tokenizer, shards) first; the other ranks wait for it,
@@ -248,7 +228,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   auto rank0_failed = [&](bool failed) {
     if (!pg) return failed;
     Tensor flag = full({1}, failed ? 1.0 : 0.0, {.dtype = DType::f32, .device = device});
-    pg->all_reduce(flag, dist::ReduceOp::max)->wait();
+    pg->all_reduce(flag, parallel::ReduceOp::max)->wait();
     return flag.item() != 0.0;
   };
   if (!rank0)
@@ -457,16 +437,14 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // telemetry.gpu_sampling: NVML read off this thread every 100 ms (bench/gpu_sampler.h), summed up
   // in each progress record; Note [idle share].
   std::unique_ptr<bench::GpuSampler> gpu_sampler;
-#ifdef FORGE_WITH_CUDA
   if (device.is_cuda() && cfg.telemetry.gpu_sampling) {
-    gpu_sampler = std::make_unique<bench::GpuSampler>(cuda::device_properties(device.index).pci_bus_id, device.index);
+    gpu_sampler = std::make_unique<bench::GpuSampler>(runtime::pci_bus_id(device), device.index);
     if (!gpu_sampler->ok()) {
       rank_log << "telemetry: no NVML sample of the GPU (NVML or the device not found): device activity not recorded"
                << std::endl;
       gpu_sampler.reset();
     }
   }
-#endif
   int64_t activity_records = 0;
   if (device.is_cuda())
     log << "device: " << device.str() << " (" << telemetry::device_name(device) << "), " << dtype_name(dtype)
@@ -480,7 +458,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // at the start of that step (the failure tests of data-parallel jobs: the launcher must end the
   // job, never hang; the others' collectives must time out, Note [MPI timeout]). Only in a job's
   // first attempt: after `forge launch --max-restarts` restarts it, the run goes on.
-  const bool first_attempt = dist::restart_count() == 0;
+  const bool first_attempt = parallel::restart_count() == 0;
   const auto abort_at = first_attempt ? parse_rank_step(cfg.debug.abort_at, "debug.abort_at") : std::nullopt;
   const auto hang_at = first_attempt ? parse_rank_step(cfg.debug.hang_at, "debug.hang_at") : std::nullopt;
   PhaseMarks phases(device, env::flag("FORGE_TRAIN_PHASES"));
@@ -752,7 +730,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
 
 }  // namespace
 
-std::unique_ptr<Task> make_task(RunConfig& cfg, const dist::Layout& layout, bool rank0) {
+std::unique_ptr<Task> make_task(RunConfig& cfg, const parallel::Layout& layout, bool rank0) {
   if (cfg.is_language_model()) return make_language_task(cfg, layout, rank0);
   return make_image_task(cfg, layout, rank0);
 }

@@ -5,7 +5,7 @@
 //
 // The files of train/, one concern each:
 //   config        the run config: schema, TOML, overrides; config_checks: validate()
-//   layout        the config's [dist] and [train] keys as a dist::Layout, checked against the world
+//   layout        the config's [dist] and [train] keys as a parallel::Layout, checked against the world
 //   task          Task: what a kind of model changes (language_task: GPT/LLaMA; image_task: LeNet)
 //   run_data      tokenizer, token shards, random tokens, the bigram baseline
 //   model, language_model  what the loop and strategies need of a model; GPT / LLaMA behind it

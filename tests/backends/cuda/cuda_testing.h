@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "forge/dist/nccl_group.h"
 #include "forge/forge.h"
+#include "forge/parallel/nccl_group.h"
 
 // Without a GPU the test reports SKIPPED (never passed).
 #define FORGE_SKIP_WITHOUT_GPU() \
@@ -150,11 +150,11 @@ inline Pair make_operand(Layout layout, Domain domain, DType dtype, uint64_t see
 // Runs fn(rank, group) for ranks 0 and 1 of a new NCCL group, each on its own thread and GPU (as
 // two processes would), and waits for both. An exception on a rank is a test failure naming it.
 // The caller skips first when fewer than two GPUs are visible.
-inline void on_two_gpus(const std::function<void(int rank, const dist::ProcessGroupPtr& group)>& fn) {
-  const std::string id = dist::new_nccl_id_hex();
+inline void on_two_gpus(const std::function<void(int rank, const parallel::ProcessGroupPtr& group)>& fn) {
+  const std::string id = parallel::new_nccl_id_hex();
   auto rank_main = [&](int r) {
     try {
-      fn(r, dist::make_nccl_group(id, r, 2, r));
+      fn(r, parallel::make_nccl_group(id, r, 2, r));
     } catch (const std::exception& e) {
       ADD_FAILURE() << "rank " << r << ": " << e.what();
     }

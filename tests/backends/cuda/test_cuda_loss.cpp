@@ -104,7 +104,7 @@ TEST_P(CudaCrossEntropy, ThreeDimLogitsAndAnUnalignedVocabulary) {
 }
 
 // The pieces of the vocabulary-parallel loss (Note [fused vocabulary-parallel cross-entropy] in
-// dist/tensor_parallel.cpp): the per-row forward, and the backward over one slice of the classes
+// parallel/tensor_parallel.cpp): the per-row forward, and the backward over one slice of the classes
 // (class_start), targets of other slices getting the softmax term only, ignored rows zero.
 TEST_P(CudaCrossEntropy, RowsAndTheBackwardOfASliceOfTheClasses) {
   FORGE_SKIP_WITHOUT_GPU();

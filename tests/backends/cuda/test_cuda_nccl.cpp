@@ -1,4 +1,4 @@
-// forge::dist on NCCL (dist/nccl_group.cpp): a world of one process on cuda:0
+// forge::parallel on NCCL (parallel/nccl_group.cpp): a world of one process on cuda:0
 // (every operation, avg included, through init_world and directly), and, with two or more
 // GPUs, a group of two ranks in one process (one thread per rank and GPU, as two processes
 // would run them), sub-groups included.
@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
-#include "forge/dist/nccl_group.h"
 #include "forge/backends/cuda/stream.h"
-#include "forge/dist/world.h"
 #include "forge/forge.h"
+#include "forge/parallel/nccl_group.h"
+#include "forge/parallel/world.h"
 
-namespace forge::dist {
+namespace forge::parallel {
 namespace {
 
 std::vector<double> values(uint64_t seed, int rank, int64_t n, DType dtype) {
@@ -252,14 +252,14 @@ TEST(NcclGroup, WorldOfOne) {
 
 TEST(NcclGroup, Ids) {
   FORGE_SKIP_WITHOUT_GPU();
-  const std::string id = dist::new_nccl_id_hex();
+  const std::string id = parallel::new_nccl_id_hex();
   EXPECT_EQ(id.size(), 256u);
-  EXPECT_NO_THROW(dist::check_nccl_id_hex(id, "test"));
-  EXPECT_NE(dist::new_nccl_id_hex(), id);
-  EXPECT_THROW(dist::check_nccl_id_hex("abc", "test"), Error);
-  EXPECT_THROW(dist::check_nccl_id_hex(std::string(256, 'g'), "test"), Error);
-  EXPECT_FALSE(dist::nccl_version().empty());
-  auto g = dist::make_nccl_group(id, 0, 1, 0);
+  EXPECT_NO_THROW(parallel::check_nccl_id_hex(id, "test"));
+  EXPECT_NE(parallel::new_nccl_id_hex(), id);
+  EXPECT_THROW(parallel::check_nccl_id_hex("abc", "test"), Error);
+  EXPECT_THROW(parallel::check_nccl_id_hex(std::string(256, 'g'), "test"), Error);
+  EXPECT_FALSE(parallel::nccl_version().empty());
+  auto g = parallel::make_nccl_group(id, 0, 1, 0);
   check_group(*g, 7);
 }
 
@@ -290,4 +290,4 @@ TEST(NcclGroup, TwoRanksTwoGpus) {
 }
 
 }  // namespace
-}  // namespace forge::dist
+}  // namespace forge::parallel

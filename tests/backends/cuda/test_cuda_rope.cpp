@@ -69,7 +69,7 @@ TEST_P(CudaRope, MatchesTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaRope, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
-// LLaMA-3 scaling (ops/rope_scaling.h): the device's frequency table is the host's formula.
+// LLaMA-3 scaling (backends/rope_functors.h): the device's frequency table is the host's formula.
 TEST(CudaRope, Llama3ScalingMatchesTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
   const ops::RopeScaling s{.factor = 32.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 8192.0};

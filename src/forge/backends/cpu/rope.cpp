@@ -10,7 +10,7 @@
 
 namespace forge::cpu {
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
           bool inverse) {
   FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() && out.is_contiguous() &&
                   x.size(3) % 2 == 0,
@@ -18,12 +18,12 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
               " -> ", out.shape());
   if (x.numel() == 0) return;
   const int64_t len = x.size(2), D = x.size(3), half = D / 2;  // len: T of (B, H, T, D)
-  // cos/sin of angle_ti = (offset + t) * freq_i (ops/rope_scaling.h), (T, half) row-major.
+  // cos/sin of angle_ti = (offset + t) * freq_i (backends/rope_functors.h), (T, half) row-major.
   std::vector<double> cs(static_cast<size_t>(len * half)), sn(static_cast<size_t>(len * half));
   {
     std::vector<double> freq(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
-      freq[static_cast<size_t>(i)] = ops::rope_frequency(i, D, theta, scaling);
+      freq[static_cast<size_t>(i)] = fn::rope_frequency(i, D, theta, scaling);
     const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for if (len * half >= kParallelGrain / 8)
     for (int64_t t = 0; t < len; ++t)

@@ -4,7 +4,7 @@
 //   x, out (B, H, T, D), D even, h = D / 2
 //   pos_t   = position_offset + t
 //   freq_i  = theta^(-2i / D),   angle_ti = pos_t * freq_i,   i in [0, h)
-//             (rescaled by band with llama3 `scaling`: ops/rope_scaling.h)
+//             (rescaled by band with llama3 `scaling`: backends/rope_functors.h)
 //   out[..., t, i]     = x[..., t, i] cos(angle_ti) - x[..., t, i + h] sin(angle_ti)
 //   out[..., t, i + h] = x[..., t, i + h] cos(angle_ti) + x[..., t, i] sin(angle_ti)
 // i.e. each pair (i, i + h) is rotated by angle_ti, which is x * cos + rotate_half(x) * sin
@@ -19,12 +19,12 @@
 // Threads: (b, h, t) rows are split across OpenMP threads.
 #include <cstdint>
 
+#include "forge/backends/rope_functors.h"
 #include "forge/core/tensor.h"
-#include "forge/ops/rope_scaling.h"
 
 namespace forge::cpu {
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
           bool inverse);
 
 }  // namespace forge::cpu

@@ -20,7 +20,7 @@
 // captured: CUDA refuses it and capture_end throws, naming the error. The capture mode is
 // thread-local: other threads (a data loader, NCCL's) are unaffected.
 //
-// Internal to backends/cuda/, dist/ and train/ (it includes the CUDA runtime headers).
+// Internal to backends/cuda/, parallel/ and train/ (it includes the CUDA runtime headers).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

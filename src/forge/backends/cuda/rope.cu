@@ -2,7 +2,7 @@
 //
 // Math (HF "rotate_half" layout; x, out (B, H, T, D), h = D / 2, i in [0, h)):
 //   freq_i   = theta^(-2i / D)                          (f64, the CPU's expression:
-//              ops::rope_frequency, llama3 `scaling` included)
+//              fn::rope_frequency, llama3 `scaling` included)
 //   angle_ti = (position_offset + t) * freq_i           (f64)
 //   out[..., t, i]     = x[..., t, i] cos(angle_ti) - x[..., t, i + h] sin(angle_ti)
 //   out[..., t, i + h] = x[..., t, i + h] cos(angle_ti) + x[..., t, i] sin(angle_ti)
@@ -70,11 +70,11 @@ template <class A> __device__ __forceinline__ void cos_sin(double angle, A& c, A
 template <class A>
 __global__ void __launch_bounds__(kBlockSize)
     rope_table_kernel(A* __restrict__ cos_t, A* __restrict__ sin_t, int64_t len, int64_t half, int64_t D,
-                      double theta, ops::RopeScaling scaling, int64_t position_offset) {
+                      double theta, fn::RopeScaling scaling, int64_t position_offset) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= len * half) return;
   const int64_t t = k / half, i = k - t * half;
-  const double angle = static_cast<double>(position_offset + t) * ops::rope_frequency(i, D, theta, scaling);
+  const double angle = static_cast<double>(position_offset + t) * fn::rope_frequency(i, D, theta, scaling);
   cos_sin<A>(angle, cos_t[k], sin_t[k]);
 }
 
@@ -196,7 +196,7 @@ struct TableKey {
   int device;
   int64_t len, D;
   double theta;
-  ops::RopeScaling scaling;
+  fn::RopeScaling scaling;
   DType dtype;
   bool operator<(const TableKey& o) const {
     return std::tie(device, len, D, theta, scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
@@ -215,7 +215,7 @@ std::map<TableKey, std::pair<Tensor, Tensor>>& tables() {
 // The (len, half) cos and sin tables of a call: cached for position 0 outside captures.
 template <class A>
 std::pair<Tensor, Tensor> rope_tables(int device, cudaStream_t stream, int64_t len, int64_t D, double theta,
-                                      const ops::RopeScaling& scaling, int64_t position_offset) {
+                                      const fn::RopeScaling& scaling, int64_t position_offset) {
   const int64_t half = D / 2;
   const DType table_dtype = std::is_same_v<A, double> ? DType::f64 : DType::f32;
   auto make = [&] {
@@ -239,7 +239,7 @@ std::pair<Tensor, Tensor> rope_tables(int device, cudaStream_t stream, int64_t l
 
 }  // namespace
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
           bool inverse) {
   FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() &&
                   (out.size(3) <= 1 || out.stride(3) == 1) && x.size(3) % 2 == 0,

@@ -5,12 +5,12 @@
 // declaration; the kernel is in rope.cu.
 #include <cstdint>
 
+#include "forge/backends/rope_functors.h"
 #include "forge/core/tensor.h"
-#include "forge/ops/rope_scaling.h"
 
 namespace forge::cuda {
 
-void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const ops::RopeScaling& scaling,
+void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
           bool inverse);
 
 }  // namespace forge::cuda

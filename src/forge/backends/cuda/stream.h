@@ -11,7 +11,7 @@
 //     ... all-reduce grads ...
 //   }
 //
-// Internal to backends/cuda/ and dist/ (it includes the CUDA runtime headers).
+// Internal to backends/cuda/ and parallel/ (it includes the CUDA runtime headers).
 //
 // The default current stream of every device is its legacy default stream (nullptr), as
 // in PyTorch: every launch and copy is ordered with every other on the device, including

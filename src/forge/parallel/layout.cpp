@@ -1,0 +1,30 @@
+#include "forge/parallel/layout.h"
+
+#include <sstream>
+
+namespace forge::parallel {
+
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
+}
+
+const char* schedule_name(PipelineSchedule s) {
+  switch (s) {
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::zb_h1: return "zb-h1";
+    case PipelineSchedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+std::string Layout::describe() const {
+  std::ostringstream os;
+  os << "dp " << dp << ", tp " << tp << (sequence_parallel && tp > 1 ? " (+sp)" : "") << ", pp " << pp;
+  if (pp > 1 && schedule == PipelineSchedule::gpipe) os << " (gpipe)";
+  os << ", micro-batch " << micro_batch << " x " << grad_accum << ", ZeRO-" << zero << (offload ? " + offload" : "")
+     << ", checkpointing " << checkpointing_name(checkpointing);
+  return os.str();
+}
+
+}  // namespace forge::parallel

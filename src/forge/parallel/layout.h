@@ -1,0 +1,41 @@
+#pragma once
+// Layout: how a training job is laid out over its GPUs (or CPU ranks): the data-, tensor- and
+// pipeline-parallel degrees, the micro-batching, the ZeRO stage, offload, activation
+// checkpointing and the pipeline schedule. One type for both sides:
+//   - `forge plan` prices a Layout (plan/memory_model.h, plan/time_model.h, plan/plan.h);
+//   - `forge train` derives the Layout of its run from the config (train/layout.h) and
+//     carves the world into a parallel::Mesh from it (parallel/mesh.h).
+//
+// Degrees: gpus() = dp * tp * pp ranks; the mesh orders them tp innermost, then pp, dp
+// outermost (Megatron's order: a tensor-parallel group shares a host's NVLink).
+// Batch: global_batch() = dp * micro_batch * grad_accum sequences per optimizer step
+// (micro_batch is per data-parallel rank).
+#include <cstdint>
+#include <string>
+
+namespace forge::parallel {
+
+enum class Checkpointing { none, selective, full };
+enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1, interleaved };
+const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
+const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
+
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t micro_batch = 1;   // sequences per micro-batch on one data-parallel rank
+  int64_t grad_accum = 1;    // micro-batches per optimizer step per data-parallel rank
+  int zero = 0;              // ZeRO stage 0..3 over the data-parallel group
+  bool offload = false;      // optimizer state and step on the host (ZeRO-Offload)
+  Checkpointing checkpointing = Checkpointing::none;
+  bool sequence_parallel = false;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
+  int64_t gpus() const { return dp * tp * pp; }
+  // Model chunks per pipeline rank: virtual_stages under the interleaved schedule, else 1.
+  int64_t chunks() const { return schedule == PipelineSchedule::interleaved && virtual_stages > 1 ? virtual_stages : 1; }
+  int64_t global_batch() const { return dp * micro_batch * grad_accum; }
+  // "dp 8, tp 1, pp 1, micro-batch 4 x 32, ZeRO-1, checkpointing full"
+  std::string describe() const;
+};
+
+}  // namespace forge::parallel
