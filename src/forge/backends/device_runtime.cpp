@@ -14,11 +14,13 @@
 
 namespace forge::runtime {
 
+#ifndef FORGE_WITH_CUDA
 namespace {
 [[noreturn]] void no_cuda(Device d, const char* what) {
   FORGE_THROW(what, ": ", d.str(), " is a CUDA device and this forge was built without CUDA (FORGE_CUDA=ON builds it)");
 }
 }  // namespace
+#endif
 
 MemoryStats memory_stats(Device d) {
   if (d.is_cuda()) {
