@@ -11,18 +11,16 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
                            ProcessGroupPtr group, DataParallelOptions options)
     : options_(options) {
   FORGE_CHECK(group != nullptr, "DataParallel: no process group");
-  FORGE_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "DataParallel: zero_stage = ", options_.zero_stage,
-              " is not supported; use 0 (DDP), 1, 2 or 3");
-  FORGE_CHECK(!options_.offload_optimizer || options_.zero_stage >= 1,
-              "DataParallel: offload_optimizer needs zero_stage = 1, 2 or 3 (the offloaded optimizer is the sharded one)");
-  FORGE_CHECK(options_.zero_stage != 3 || options_.block_of != nullptr,
-              "DataParallel: zero_stage = 3 needs options.block_of (which block each parameter belongs to)");
+  FORGE_CHECK(!options_.offload_optimizer || options_.sharding.optimizer_state(),
+              "DataParallel: offload_optimizer needs a sharded optimizer (ZeRO-1, 2 or 3: the offloaded optimizer is the sharded one)");
+  FORGE_CHECK(!options_.sharding.parameters() || options_.block_of != nullptr,
+              "DataParallel: ZeRO-3 needs options.block_of (which block each parameter belongs to)");
   FORGE_CHECK(options_.bucket_mb > 0, "DataParallel: bucket_mb must be > 0, got ", options_.bucket_mb);
   FORGE_CHECK(!named_params.empty(), "DataParallel: no parameters");
-  FORGE_CHECK(!options_.skip_reductions || options_.zero_stage <= 1,
+  FORGE_CHECK(!options_.skip_reductions || !options_.sharding.gradients(),
               "DataParallel: skip_reductions (debug.skip_reductions, a diagnostic) works with DDP and ZeRO-1 only");
   st_.group = std::move(group);
-  st_.zero_stage = options_.zero_stage;
+  st_.sharding = options_.sharding;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;
   FORGE_CHECK(!options_.norm_group || options_.norm_weight, "DataParallel: norm_group needs norm_weight");
@@ -37,12 +35,12 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
     FORGE_CHECK(t.device() == st_.device, "DataParallel: parameter '", name, "' is on ", t.device().str(), ", not ",
                 st_.device.str());
     FORGE_CHECK(t.is_contiguous(), "DataParallel: parameter '", name, "' is not contiguous");
-    const int block = options_.zero_stage == 3 ? options_.block_of(name) : -1;
+    const int block = options_.sharding.parameters() ? options_.block_of(name) : -1;
     st_.params.push_back({name, t, -1, block, 0, t.numel()});
   }
   build_buckets(st_, options_.bucket_mb);
   buckets_ = std::make_unique<GradientBuckets>(st_);
-  if (options_.zero_stage == 3) shards_ = std::make_unique<BlockShards>(st_);
+  if (options_.sharding.parameters()) shards_ = std::make_unique<BlockShards>(st_);
   optimizer_ = std::make_unique<ShardedOptimizer>(st_, *buckets_, groups, make_optimizer,
                                                   [this](int bucket) { return shards_->shard(bucket); });
   buckets_->on_final = [this](int bucket) {
@@ -66,7 +64,7 @@ void DataParallel::broadcast_parameters() {
   NoGradGuard no_grad;
   std::vector<WorkPtr> works;
   for (auto& p : st_.params)
-    if (p.block < 0 || options_.zero_stage != 3) works.push_back(st_.group->broadcast(p.t.detach(), 0));
+    if (p.block < 0 || !options_.sharding.parameters()) works.push_back(st_.group->broadcast(p.t.detach(), 0));
   for (auto& w : works) w->wait();
 }
 

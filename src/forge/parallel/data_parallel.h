@@ -9,7 +9,7 @@
 //   BlockShards      (block_shards.h)       ZeRO-3: block parameters sharded, gathered per block
 // DDP uses the first (and the second over whole parameters), ZeRO-1/2 the first two, ZeRO-3 all three.
 //
-//   parallel::DataParallel dp(named_params, groups, make_optimizer, world, {.zero_stage = 2});
+//   parallel::DataParallel dp(named_params, groups, make_optimizer, world, {.sharding = parallel::Sharding::zero2()});
 //   dp.broadcast_parameters();                      // rank 0's weights everywhere
 //   for each step:
 //     dp.set_lr(schedule.lr_at(step));
@@ -66,7 +66,7 @@
 namespace forge::parallel {
 
 struct DataParallelOptions {
-  int zero_stage = 0;              // 0 (DDP), 1, 2, 3
+  Sharding sharding;               // DDP, ZeRO-1, 2, 3 (parallel/sharding.h)
   bool offload_optimizer = false;  // stages 1-3: the optimizer on the CPU
   double bucket_mb = 25.0;         // bucket size in MB (1e6 bytes) of gradients
   // Stage 3: the block (unit of sharding) of a parameter, by name; -1 keeps it whole on every

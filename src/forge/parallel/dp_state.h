@@ -20,6 +20,7 @@
 
 #include "forge/core/tensor.h"
 #include "forge/parallel/process_group.h"
+#include "forge/parallel/sharding.h"
 
 namespace forge::parallel {
 
@@ -52,7 +53,7 @@ struct DpState {
   std::vector<DpParam> params;
   std::vector<DpBucket> buckets;
   ProcessGroupPtr group;
-  int zero_stage = 0;
+  Sharding sharding;
   bool offload = false;
   bool skip_reductions = false;
   // Tensor parallelism (DataParallelOptions::norm_group): the gradient norm's other group and

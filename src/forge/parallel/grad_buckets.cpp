@@ -54,7 +54,7 @@ void build_buckets(DpState& st, double bucket_mb) {
 }
 
 GradientBuckets::GradientBuckets(DpState& st) : st_(st), state_(st.buckets.size()) {
-  if (st_.zero_stage >= 2) {  // Note [ZeRO-2 staging buffers]
+  if (st_.sharding.gradients()) {  // Note [ZeRO-2 staging buffers]
     const DType dt = st_.buckets.front().dtype;
     int64_t most = 0;
     for (const auto& b : st_.buckets)
@@ -78,14 +78,14 @@ GradientBuckets::~GradientBuckets() {
 
 Tensor GradientBuckets::owned_slice(int bucket) const {
   const DpBucket& b = st_.buckets[static_cast<size_t>(bucket)];
-  return st_.zero_stage == 1 ? full(bucket).narrow(0, st_.rank() * b.shard, b.shard) : owned(bucket);
+  return !st_.sharding.gradients() ? full(bucket).narrow(0, st_.rank() * b.shard, b.shard) : owned(bucket);
 }
 
 void GradientBuckets::allocate_for_sharded_optimizer() {
   for (size_t i = 0; i < state_.size(); ++i) {
     const DpBucket& b = st_.buckets[i];
-    if (st_.zero_stage == 1) state_[i].grads = zeros_on(b.padded, b.dtype, st_.device);
-    else if (st_.zero_stage >= 2) state_[i].owned = zeros_on(b.shard, b.dtype, st_.device);
+    if (st_.sharding.gradients()) state_[i].owned = zeros_on(b.shard, b.dtype, st_.device);
+    else state_[i].grads = zeros_on(b.padded, b.dtype, st_.device);  // ZeRO-1: the whole bucket
   }
 }
 
@@ -108,7 +108,7 @@ void GradientBuckets::attach_bucket_grads() {
 }
 
 void GradientBuckets::zero_pending_grads(int bucket) {
-  if (st_.zero_stage >= 2) return;
+  if (st_.sharding.gradients()) return;
   NoGradGuard no_grad;
   const DpBucket& b = st_.buckets[static_cast<size_t>(bucket)];
   const Tensor& grads = state_[static_cast<size_t>(bucket)].grads;
@@ -121,12 +121,12 @@ void GradientBuckets::zero_pending_grads(int bucket) {
 void GradientBuckets::begin_backward(bool sync) {
   FORGE_CHECK(!in_backward_, "DataParallel::begin_backward: the previous micro-step's end_backward() was not called");
   for (auto& b : state_) FORGE_CHECK(b.work == nullptr, "DataParallel::begin_backward: a reduction is still pending");
-  if (st_.zero_stage <= 1 && !grads_attached_) attach_bucket_grads();
-  if (st_.zero_stage >= 2 && !grads_attached_) {
+  if (!st_.sharding.gradients() && !grads_attached_) attach_bucket_grads();
+  if (st_.sharding.gradients() && !grads_attached_) {
     for (auto& b : state_) b.owned_fresh = true;
     grads_attached_ = true;
   }
-  sync_ = sync || st_.zero_stage >= 2;
+  sync_ = sync || st_.sharding.gradients();
   last_micro_step_ = sync;
   in_backward_ = true;
   next_to_launch_ = 0;
@@ -140,7 +140,7 @@ void GradientBuckets::on_grad_ready(int param_index) {
   if (!in_backward_) return;
   DpParam& p = st_.params[static_cast<size_t>(param_index)];
   Bucket& b = state_[static_cast<size_t>(p.bucket)];
-  if (st_.zero_stage >= 2) {
+  if (st_.sharding.gradients()) {
     NoGradGuard no_grad;
     const Tensor& g = p.t.grad();
     if (g.defined()) {
@@ -186,7 +186,7 @@ void GradientBuckets::launch_ready_buckets() {
     ++next_to_launch_;
     // ZeRO-2: fold the reduced slice of the bucket two back into the owned gradients now, so
     // its output buffer is not held until the end of backward.
-    if (st_.zero_stage >= 2 && next_to_launch_ >= 3) finish(next_to_launch_ - 3);
+    if (st_.sharding.gradients() && next_to_launch_ >= 3) finish(next_to_launch_ - 3);
   }
 }
 
@@ -200,13 +200,13 @@ void GradientBuckets::launch(int index) {
   }
   if (trace::sink()) {  // a traced step (core/trace_range.h): when each bucket's collective starts
     static std::vector<const char*> names[2];
-    auto& n = names[st_.zero_stage <= 1 ? 0 : 1];
+    auto& n = names[!st_.sharding.gradients() ? 0 : 1];
     while (n.size() <= static_cast<size_t>(index))
-      n.push_back(intern_memory_owner(std::string(st_.zero_stage <= 1 ? "all-reduce" : "reduce-scatter") +
+      n.push_back(intern_memory_owner(std::string(!st_.sharding.gradients() ? "all-reduce" : "reduce-scatter") +
                                       " bucket " + std::to_string(n.size())));
     trace::instant(n[static_cast<size_t>(index)]);
   }
-  if (st_.zero_stage <= 1) {
+  if (!st_.sharding.gradients()) {
     b.work = st_.group->all_reduce(b.grads, ReduceOp::avg);
   } else {
     if (!b.grads.defined()) b.grads = zeros_on(lay.padded, lay.dtype, st_.device);
@@ -222,7 +222,7 @@ void GradientBuckets::finish(int index) {
   if (!b.work) return;
   b.work->wait();
   b.work = nullptr;
-  if (st_.zero_stage >= 2) {
+  if (st_.sharding.gradients()) {
     NoGradGuard no_grad;
     if (b.owned_fresh) b.owned.copy_(b.rs_out);
     else b.owned.add_(b.rs_out);

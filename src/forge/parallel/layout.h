@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "forge/parallel/sharding.h"
+
 namespace forge::parallel {
 
 enum class Checkpointing { none, selective, full };
@@ -24,13 +26,15 @@ struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t micro_batch = 1;   // sequences per micro-batch on one data-parallel rank
   int64_t grad_accum = 1;    // micro-batches per optimizer step per data-parallel rank
-  int zero = 0;              // ZeRO stage 0..3 over the data-parallel group
+  int zero = 0;              // ZeRO stage 0..3 over the data-parallel group (as forge plan enumerates them)
   bool offload = false;      // optimizer state and step on the host (ZeRO-Offload)
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
   int64_t gpus() const { return dp * tp * pp; }
+  // What the data-parallel group shards: ask this, not the stage's number.
+  Sharding sharding() const { return Sharding::from_stage(zero, "the layout's ZeRO stage"); }
   // Model chunks per pipeline rank: virtual_stages under the interleaved schedule, else 1.
   int64_t chunks() const { return schedule == PipelineSchedule::interleaved && virtual_stages > 1 ? virtual_stages : 1; }
   int64_t global_batch() const { return dp * micro_batch * grad_accum; }

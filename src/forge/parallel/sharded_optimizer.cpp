@@ -34,7 +34,7 @@ ShardedOptimizer::ShardedOptimizer(DpState& st, GradientBuckets& grads, const st
   std::unordered_map<const TensorImpl*, int> index_of;
   for (size_t i = 0; i < st_.params.size(); ++i) index_of[st_.params[i].t.impl()] = static_cast<int>(i);
   std::vector<optim::ParamGroup> piece_groups;
-  if (st_.zero_stage == 0) {
+  if (!st_.sharding.optimizer_state()) {
     // DDP: the whole optimizer on every rank, over the parameters themselves.
     for (const auto& g : groups) {
       optim::ParamGroup pg = g;
@@ -138,8 +138,8 @@ ShardedOptimizer::ShardedOptimizer(DpState& st, GradientBuckets& grads, const st
     const DpParam& p = st_.params[static_cast<size_t>(param_by_name.at(pieces_[k].param))];
     const DpBucket& b = st_.buckets[static_cast<size_t>(p.bucket)];
     const int64_t n = pieces_[k].hi - pieces_[k].lo;
-    Tensor g = st_.zero_stage == 1 ? grads_.full(p.bucket).narrow(0, p.offset + pieces_[k].lo, n)
-                                   : grads_.owned(p.bucket).narrow(0, p.offset + pieces_[k].lo - r * b.shard, n);
+    Tensor g = !st_.sharding.gradients() ? grads_.full(p.bucket).narrow(0, p.offset + pieces_[k].lo, n)
+                                         : grads_.owned(p.bucket).narrow(0, p.offset + pieces_[k].lo - r * b.shard, n);
     piece_grad_views_.push_back(g);
     piece_views_[k].set_grad(g);
   }
@@ -198,7 +198,7 @@ void ShardedOptimizer::start_grad_download(int bucket) {
 }
 
 std::vector<Tensor> ShardedOptimizer::norm_tensors() const {
-  if (st_.zero_stage >= 2) return piece_views_;
+  if (st_.sharding.gradients()) return piece_views_;
   std::vector<Tensor> ts;
   for (const auto& p : st_.params) ts.push_back(p.t);
   return ts;
@@ -206,7 +206,7 @@ std::vector<Tensor> ShardedOptimizer::norm_tensors() const {
 
 std::vector<std::string> ShardedOptimizer::norm_names() const {
   std::vector<std::string> names;
-  if (st_.zero_stage >= 2) {
+  if (st_.sharding.gradients()) {
     for (const auto& p : pieces_) names.push_back(p.param);
   } else {
     for (const auto& p : st_.params) names.push_back(p.name);
@@ -237,7 +237,7 @@ Tensor ShardedOptimizer::weighted_square_norm() const {
 
 Tensor ShardedOptimizer::global_norm(Tensor sq) const {
   sq = sq.contiguous();
-  if (st_.zero_stage >= 2) st_.group->all_reduce(sq, ReduceOp::sum)->wait();
+  if (st_.sharding.gradients()) st_.group->all_reduce(sq, ReduceOp::sum)->wait();
   if (st_.norm_group) st_.norm_group->all_reduce(sq, ReduceOp::sum)->wait();
   return sq.pow(0.5);
 }
@@ -245,7 +245,7 @@ Tensor ShardedOptimizer::global_norm(Tensor sq) const {
 Tensor ShardedOptimizer::grad_norm() {
   NoGradGuard no_grad;
   if (st_.norm_weight) return global_norm(weighted_square_norm());
-  if (st_.zero_stage <= 1) return optim::total_grad_norm(norm_tensors());
+  if (!st_.sharding.gradients()) return optim::total_grad_norm(norm_tensors());
   Tensor local = piece_views_.empty() ? zeros({}, {.dtype = DType::f32, .device = st_.device})
                                       : optim::total_grad_norm(piece_views_);
   Tensor sq = (local * local).contiguous();
@@ -263,12 +263,12 @@ Tensor ShardedOptimizer::unscale_grads(optim::LossScaler& scaler) {
     scaler.unscale_(norm_tensors());
     const Tensor norm = global_norm(weighted_square_norm());
     Tensor found = scaler.found_non_finite();
-    if (st_.zero_stage >= 2) st_.group->all_reduce(found, ReduceOp::max)->wait();
+    if (st_.sharding.gradients()) st_.group->all_reduce(found, ReduceOp::max)->wait();
     if (st_.norm_group) st_.norm_group->all_reduce(found, ReduceOp::max)->wait();
     return norm;
   }
   // DDP, ZeRO-1: the reduced gradients are whole and the same on every rank, so is their check.
-  if (st_.zero_stage <= 1) return scaler.unscale_(norm_tensors());
+  if (!st_.sharding.gradients()) return scaler.unscale_(norm_tensors());
   // ZeRO-2/3: each rank unscales the slices it owns; the norm and the overflow flag go global.
   const Tensor local = scaler.unscale_(piece_views_);
   Tensor sq = (local * local).contiguous();
@@ -291,8 +291,8 @@ void ShardedOptimizer::clip_grads(double max_norm, const Tensor& norm) {
   // inside the update]: AdamW on a GPU scales each gradient as it loads it; no clip pass). A
   // DataParallel given optimizer groups that leave out some parameters clips them all first, as
   // before. ZeRO-1/2/3 clip the gradients (views of the buckets) first; offload clips in step().
-  if (st_.zero_stage == 0 && optimizer_ && clip_in_update_) optimizer_->clip_next_step(max_norm, norm);
-  else if (st_.zero_stage == 0) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
+  if (!st_.sharding.optimizer_state() && optimizer_ && clip_in_update_) optimizer_->clip_next_step(max_norm, norm);
+  else if (!st_.sharding.optimizer_state()) optim::clip_grads_with_norm_(norm_tensors(), max_norm, norm);
   else if (!piece_views_.empty()) optim::clip_grads_with_norm_(piece_views_, max_norm, norm);
 }
 
@@ -319,7 +319,7 @@ void ShardedOptimizer::step(const Tensor& skip_if) {
   } else if (optimizer_) {
     optimizer_->step(skip_if);
   }
-  if (st_.zero_stage == 0) return;
+  if (!st_.sharding.optimizer_state()) return;
   // All-gather every bucket's owned slice into every rank's parameters; two buckets in flight.
   std::unordered_map<std::string, int> param_by_name;
   for (size_t i = 0; i < st_.params.size(); ++i) param_by_name[st_.params[i].name] = static_cast<int>(i);

@@ -13,6 +13,7 @@
 #include "forge/data/idx.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/attention.h"
+#include "forge/parallel/sharding.h"
 #include "forge/train/config.h"
 #include "forge/train/preemption.h"
 #include "forge/train/step_trace.h"
@@ -50,6 +51,8 @@ std::string suggest_choice(const std::string& value, const std::vector<std::stri
 }
 
 void validate(const RunConfig& c) {
+  // What the data-parallel group shards (dist.zero_stage, checked here first: the checks below ask it).
+  const parallel::Sharding zero = parallel::Sharding::from_stage(c.dist.zero_stage);
   // [run]
   FORGE_CHECK(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
               "run.name must be a non-empty name without '/', got '", c.run.name, "'");
@@ -134,7 +137,7 @@ void validate(const RunConfig& c) {
   if (!c.eval.tasks.empty()) {
     FORGE_CHECK(lm && c.data.source != "random", "eval.tasks scores a language model on text: it needs model.type = "
                 "\"gpt\" or \"llama\" and a tokenizer (data.files, not data.source = \"random\")");
-    FORGE_CHECK(c.dist.tp == 1 && c.dist.pp == 1 && c.dist.zero_stage <= 2, "eval.tasks runs on a whole model on each "
+    FORGE_CHECK(c.dist.tp == 1 && c.dist.pp == 1 && !zero.parameters(), "eval.tasks runs on a whole model on each "
                 "rank; dist.tp = ", c.dist.tp, ", dist.pp = ", c.dist.pp, ", dist.zero_stage = ", c.dist.zero_stage,
                 " split it: score the checkpoints with forge eval --tasks instead");
     std::error_code ec;
@@ -149,12 +152,10 @@ void validate(const RunConfig& c) {
               "checkpoint.interval_minutes must be >= 0 (0 = none by time), got ", c.checkpoint.interval_minutes);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
   // [dist]
-  FORGE_CHECK(c.dist.zero_stage >= 0 && c.dist.zero_stage <= 3, "dist.zero_stage must be 0, 1, 2 or 3, got ",
-              c.dist.zero_stage);
-  FORGE_CHECK(c.dist.zero_stage != 3 || lm,
+  FORGE_CHECK(!zero.parameters() || lm,
               "dist.zero_stage = 3 shards the blocks of a GPT or LLaMA; model.type = '", c.model.type,
               "' has none: use dist.zero_stage = 2");
-  FORGE_CHECK(!c.dist.offload_optimizer || c.dist.zero_stage >= 1,
+  FORGE_CHECK(!c.dist.offload_optimizer || zero.optimizer_state(),
               "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
               c.dist.bucket_mb);
@@ -198,10 +199,10 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp_virtual_stages == 1 || c.train.grad_accum % c.dist.pp == 0, "the interleaved pipeline "
               "schedule needs train.grad_accum (", c.train.grad_accum, ") a multiple of dist.pp = ", c.dist.pp,
               "; choose train.grad_accum accordingly");
-  FORGE_CHECK(c.dist.pp_schedule != "zb-h1" || c.dist.zero_stage <= 1, "dist.pp_schedule = \"zb-h1\" with "
+  FORGE_CHECK(c.dist.pp_schedule != "zb-h1" || !zero.gradients(), "dist.pp_schedule = \"zb-h1\" with "
               "dist.zero_stage = ", c.dist.zero_stage, " is not supported (ZeRO-2 reduces each micro-batch's "
               "gradients as they arrive; ZB-H1's weight passes arrive out of step); use dist.zero_stage = 0 or 1");
-  FORGE_CHECK(c.dist.pp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.pp = ", c.dist.pp,
+  FORGE_CHECK(c.dist.pp == 1 || !zero.parameters(), "dist.zero_stage = 3 with dist.pp = ", c.dist.pp,
               " is not supported (each stage holds only its blocks already); use dist.zero_stage = 0, 1 or 2");
   FORGE_CHECK(c.dist.pp == 1 || !c.dist.offload_optimizer, "dist.offload_optimizer = true with dist.pp = ", c.dist.pp,
               " is not supported yet; set dist.offload_optimizer = false");
@@ -210,7 +211,7 @@ void validate(const RunConfig& c) {
               "model.dropout = 0");
   FORGE_CHECK(!c.dist.sequence_parallel || c.dist.tp > 1, "dist.sequence_parallel = true splits the sequence over "
               "the tensor-parallel ranks; it needs dist.tp > 1 (got dist.tp = ", c.dist.tp, ")");
-  FORGE_CHECK(c.dist.tp == 1 || c.dist.zero_stage <= 2, "dist.zero_stage = 3 with dist.tp = ", c.dist.tp,
+  FORGE_CHECK(c.dist.tp == 1 || !zero.parameters(), "dist.zero_stage = 3 with dist.tp = ", c.dist.tp,
               " is not supported (ZeRO-3 gathers whole blocks; tensor parallelism splits them); use dist.zero_stage "
               "= 0, 1 or 2 on the data-parallel groups");
   FORGE_CHECK(c.dist.tp == 1 || c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.tp = ",
@@ -220,7 +221,7 @@ void validate(const RunConfig& c) {
               " is not divisible by dist.tp = ", c.dist.tp, " (sequence parallelism splits each sequence evenly); "
               "choose train.seq_len a multiple of ", c.dist.tp);
   // [debug]
-  FORGE_CHECK(!c.debug.skip_reductions || c.dist.zero_stage <= 1,
+  FORGE_CHECK(!c.debug.skip_reductions || !zero.gradients(),
               "debug.skip_reductions = true works with dist.zero_stage = 0 or 1 only (ZeRO-2/3 own their gradients "
               "through the reduce-scatter)");
   parse_rank_step(c.debug.abort_at, "debug.abort_at");

@@ -50,7 +50,7 @@ class DataParallelStrategy final : public Strategy {
     dp_ = std::make_unique<parallel::DataParallel>(
         trainable, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay),
         [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
-        parallel::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+        parallel::DataParallelOptions{.sharding = layout.sharding(),
                                   .offload_optimizer = cfg.dist.offload_optimizer,
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = model.block_of,
@@ -66,7 +66,7 @@ class DataParallelStrategy final : public Strategy {
     if (split_) log << "mesh: " << mesh.describe() << "\n";
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), "
-        << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero))
+        << layout.sharding().name()
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
         << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";
@@ -132,7 +132,7 @@ class DataParallelStrategy final : public Strategy {
   // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward
   // gathers the blocks: collectives), and rank 0 reports it. Under tensor parallelism the ranks of
   // the first replica evaluate together (the split forward is collective over them).
-  bool evaluates() const override { return group_->rank() == 0 || layout_.zero == 3; }
+  bool evaluates() const override { return group_->rank() == 0 || layout_.sharding().parameters(); }
   EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
     return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
   }
@@ -151,12 +151,12 @@ class DataParallelStrategy final : public Strategy {
   // DDP, ZeRO-1 and -2 without tensor parallelism (the others gather first: not reserved).
   std::vector<size_t> checkpoint_host_bytes() const override {
     std::vector<size_t> bytes;
-    if (split_ || dp_->options().zero_stage == 3) return bytes;
+    if (split_ || dp_->options().sharding.parameters()) return bytes;
     auto add = [&](const Tensor& t) {
       if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
     };
     const bool rank0 = dp_->group()->rank() == 0;
-    if (dp_->options().zero_stage > 0 || rank0)
+    if (dp_->options().sharding.optimizer_state() || rank0)
       for (const auto& piece : dp_->piece_state())
         for (const auto& [name, t] : piece) add(t);
     if (rank0)
@@ -173,7 +173,7 @@ class DataParallelStrategy final : public Strategy {
     CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
     job.staging = checkpoint_staging(job.dir, step, /*create=*/rank0);
     pg.barrier()->synchronize();  // the staging directory exists before any rank's writer uses it
-    const bool sharded = dp_->options().zero_stage > 0 && !split_;
+    const bool sharded = dp_->options().sharding.optimizer_state() && !split_;
     auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Note [tensor-parallel checkpoints]: the first replica gathers the whole model and optimizer
     // state over its tensor-parallel group; rank 0 writes them as one file.
@@ -188,7 +188,7 @@ class DataParallelStrategy final : public Strategy {
     }
     // ZeRO-3: the blocks' parameters gathered (collective), copied to rank 0's memory.
     std::unordered_map<std::string, Tensor> gathered;
-    if (dp_->options().zero_stage == 3)
+    if (dp_->options().sharding.parameters())
       dp_->for_each_full_parameter([&](const std::string& name, const Tensor& t) {
         if (rank0) gathered[name] = ops::host_copy(t);
       });
@@ -211,7 +211,7 @@ class DataParallelStrategy final : public Strategy {
       }
       if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
       d.extra["dist"] = {{"world_size", pg.size()},
-                         {"zero_stage", dp_->options().zero_stage},
+                         {"zero_stage", dp_->options().sharding.stage()},
                          {"tp", split_ ? split_->group()->size() : 1},
                          {"sequence_parallel", split_ && split_->sequence_parallel()},
                          {"offload_optimizer", dp_->options().offload_optimizer},
@@ -226,7 +226,7 @@ class DataParallelStrategy final : public Strategy {
   // captured yet.
   std::string graph_blocker() const override {
     if (split_) return "tensor parallelism's step is not captured yet";
-    if (layout_.zero != 0) return "ZeRO-" + std::to_string(layout_.zero) + "'s sharded step is not captured yet";
+    if (layout_.sharding().optimizer_state()) return layout_.sharding().name() + "'s sharded step is not captured yet";
     return "";
   }
   void begin_graph_capture() override {

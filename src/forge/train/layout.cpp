@@ -40,7 +40,7 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.dp = mesh.dp();
   l.tp = tp;
   l.pp = pp;
-  l.zero = static_cast<int>(cfg.dist.zero_stage);
+  l.zero = parallel::Sharding::from_stage(cfg.dist.zero_stage).stage();
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
   l.schedule = cfg.dist.pp_schedule == "gpipe"   ? parallel::PipelineSchedule::gpipe

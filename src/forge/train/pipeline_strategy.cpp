@@ -88,7 +88,7 @@ class PipelineStrategy final : public Strategy {
     // GPT's tied embedding: its two copies' gradients summed between the first and the last stage
     // of each pipeline (a group per data-parallel position; collective over the world).
     if (!stage_->tied.empty()) {
-      FORGE_CHECK(cfg.dist.zero_stage <= 1, "dist.zero_stage = ", cfg.dist.zero_stage, " with dist.pp = ", layout.pp,
+      FORGE_CHECK(!layout.sharding().gradients(), "dist.zero_stage = ", layout.zero, " with dist.pp = ", layout.pp,
                   " and a head tied to the embedding (GPT) is not supported yet (the two stages shard the "
                   "embedding's gradient differently); use dist.zero_stage = 0 or 1");
       for (int d = 0; d < mesh.dp(); ++d)
@@ -106,7 +106,7 @@ class PipelineStrategy final : public Strategy {
     dp_ = std::make_unique<parallel::DataParallel>(
         trainable, optim::decay_groups(trainable, cfg.optim.weight_decay),
         [this](std::vector<optim::ParamGroup> groups) { return make_optimizer_for(cfg_, std::move(groups)); }, group_,
-        parallel::DataParallelOptions{.zero_stage = static_cast<int>(cfg.dist.zero_stage),
+        parallel::DataParallelOptions{.sharding = layout.sharding(),
                                   .offload_optimizer = false,
                                   .bucket_mb = cfg.dist.bucket_mb,
                                   .block_of = nullptr,
@@ -119,7 +119,7 @@ class PipelineStrategy final : public Strategy {
     if (dtype == DType::f16) scaler_.emplace(device_);
     log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "
         << group_->size() << " data-parallel rank(s) ("
-        << (layout.zero == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(layout.zero)) << "); "
+        << layout.sharding().name() << "); "
         << layout.grad_accum << " micro-batch(es) of " << layout.micro_batch << " row(s) per step ("
         << parallel::schedule_name(layout.schedule) << ")\n";
   }
@@ -287,7 +287,7 @@ class PipelineStrategy final : public Strategy {
     CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
     job.staging = checkpoint_staging(job.dir, step, /*create=*/rank0);
     world_->barrier()->synchronize();  // the staging directory exists before any rank's writer uses it
-    const bool sharded = dp_->options().zero_stage > 0 && !split_;
+    const bool sharded = dp_->options().sharding.optimizer_state() && !split_;
     auto file_of = [](int r) { return optimizer_shard_name(r); };
     // Who writes an optimizer file: every rank (ZeRO), or each stage's first data-parallel rank
     // (DDP); with tensor parallelism each stage's first replica gathers its state over the group
@@ -340,7 +340,7 @@ class PipelineStrategy final : public Strategy {
       }
       if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
       d.extra["dist"] = {{"world_size", world_->size()},
-                         {"zero_stage", dp_->options().zero_stage},
+                         {"zero_stage", dp_->options().sharding.stage()},
                          {"offload_optimizer", false},
                          {"pp", stage_->stages},
                          {"tp", layout_.tp},

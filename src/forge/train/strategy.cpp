@@ -121,7 +121,7 @@ std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const paralle
 std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log);
 
-bool needs_process_group(const parallel::Layout& layout) { return layout.gpus() > 1 || layout.zero > 0; }
+bool needs_process_group(const parallel::Layout& layout) { return layout.gpus() > 1 || layout.sharding().optimizer_state(); }
 
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log) {

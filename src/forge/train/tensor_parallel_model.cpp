@@ -84,7 +84,7 @@ WholeOptimizerState gather_whole_optimizer(const Model& model, const parallel::D
   FORGE_CHECK(model.split != nullptr, "gather_whole_optimizer: the model is not split");
   NoGradGuard no_grad;
   const parallel::ProcessGroupPtr& g = dp.group();
-  const bool sharded = dp.options().zero_stage > 0 && g->size() > 1;
+  const bool sharded = dp.options().sharding.optimizer_state() && g->size() > 1;
   const auto& pieces = dp.pieces();
   const auto state = dp.piece_state();
   const auto steps = dp.piece_steps();
