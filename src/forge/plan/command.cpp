@@ -45,7 +45,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   if (l.tp > 1) os << " --dist.tp=" << l.tp << (l.sequence_parallel ? " --dist.sequence_parallel=true" : "");
   if (l.pp > 1) os << " --dist.pp=" << l.pp << " --dist.pp_schedule=" << schedule_name(l.schedule);
   if (l.pp > 1 && l.schedule == parallel::PipelineSchedule::interleaved) os << " --dist.pp_virtual_stages=" << l.virtual_stages;
-  if (l.zero > 0) os << " --dist.zero_stage=" << l.zero;
+  if (l.sharding().optimizer_state()) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";
   if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";
   const char* dtype = in.setup.precision == Precision::fp16   ? "f16"
@@ -54,7 +54,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   os << " --run.dtype=" << dtype;
   c.command = os.str();
   // What forge train refuses today (train/config_checks.cpp), said rather than printed as if it ran.
-  if (l.zero == 3 && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
+  if (l.sharding().parameters() && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
   else if (l.offload && (l.tp > 1 || l.pp > 1)) c.unsupported = "an offloaded optimizer with tensor or pipeline parallelism";
   else if (l.checkpointing == Checkpointing::selective) c.unsupported = "selective activation checkpointing (forge checkpoints whole blocks)";
   else if (in.setup.precision == Precision::fp8 || in.setup.precision == Precision::tf32)

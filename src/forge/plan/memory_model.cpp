@@ -136,10 +136,10 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       r.weights_owed_bytes = static_cast<double>(owed) * static_cast<double>(layers) * width * bp.activation * tokens;
     }
     const double stored = stored_blocks + head_copies * head + r.weights_owed_bytes;
-    r.params = P * bp.param / (l.zero >= 3 ? dd : 1.0);
-    const double grads_all = P * bp.grad / (l.zero >= 2 ? dd : 1.0);
-    r.optimizer = l.offload ? 0.0 : P * bp.optimizer / (l.zero >= 1 ? dd : 1.0);
-    r.host_bytes = l.offload ? P * bp.optimizer / (l.zero >= 1 ? dd : 1.0) : 0.0;
+    r.params = P * bp.param / (l.sharding().parameters() ? dd : 1.0);
+    const double grads_all = P * bp.grad / (l.sharding().gradients() ? dd : 1.0);
+    r.optimizer = l.offload ? 0.0 : P * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0);
+    r.host_bytes = l.offload ? P * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0) : 0.0;
     r.layer_full = layer_full;
     r.layer_checkpointed = layer_ckpt;
     r.layer_selective = layer_selective;
@@ -171,7 +171,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
         const double head_params = last ? static_cast<double>(m.vocab_size * m.d_model) / static_cast<double>(t) : 0.0;
         const double partial = persistent || l.grad_accum > 1 ? grads_all
                                                 : (head_params + static_cast<double>(layer_parameters_per_gpu(m, t))) *
-                                                      bp.grad / (l.zero >= 2 ? dd : 1.0);
+                                                      bp.grad / (l.sharding().gradients() ? dd : 1.0);
         phase_b = stored_blocks + recompute + partial;
       }
       const double phase_c = grads_all;  // the optimizer step
@@ -195,7 +195,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
 
     // Communication buffers.
     if (d > 1) {
-      if (l.zero >= 3) {
+      if (l.sharding().parameters()) {
         const double layer_p = static_cast<double>(layer_parameters_per_gpu(m, t));
         r.comm_buffers += 2.0 * layer_p * bp.param + layer_p * bp.grad;  // gathered current + prefetched layer, its grads
       } else {

@@ -99,7 +99,7 @@ std::string layout_problem(const PlanInput& in, const Layout& l) {
     return os.str();
   }
   if (l.zero < 0 || l.zero > 3) return "ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(l.zero);
-  if (l.zero >= 2 && l.pp > 1)
+  if (l.sharding().gradients() && l.pp > 1)
     return "ZeRO-" + std::to_string(l.zero) +
            " with pipeline parallelism is not supported (gradients would be reduce-scattered after every "
            "micro-batch; DeepSpeed and Megatron allow only ZeRO-1 with pp > 1)";

@@ -116,15 +116,15 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
      << with_commas(mem.params_on_gpu) << " parameters)\n";
   Table mt({true, true, true});
   mt.row({"", unit, ""});
-  mt.row({"parameters", B(mem.params), prec + ", " + fixed(bp.param, 0) + " B/param" + (l.zero >= 3 ? " / dp " + fixed(dd, 0) : "")});
+  mt.row({"parameters", B(mem.params), prec + ", " + fixed(bp.param, 0) + " B/param" + (l.sharding().parameters() ? " / dp " + fixed(dd, 0) : "")});
   mt.row({"gradients", B(mem.grads),
-          fixed(bp.grad, 0) + " B/param" + (l.zero >= 2 ? " / dp " + fixed(dd, 0) : "") +
+          fixed(bp.grad, 0) + " B/param" + (l.sharding().gradients() ? " / dp " + fixed(dd, 0) : "") +
               (in.setup.activations.model == ActivationModel::forge && mem.grads < mem.params_on_gpu * bp.grad * 0.99
                    ? " (those alive at the peak)"
                    : "")});
   mt.row({"optimizer state", B(mem.optimizer),
           l.offload ? "offloaded: " + B(mem.host_bytes) + " " + unit + " in host memory"
-                    : fixed(bp.optimizer, 0) + " B/param" + (l.zero >= 1 ? " / dp " + fixed(dd, 0) : "")});
+                    : fixed(bp.optimizer, 0) + " B/param" + (l.sharding().optimizer_state() ? " / dp " + fixed(dd, 0) : "")});
   mt.row({"activations", B(mem.activations),
           std::to_string(mem.layers_on_stage) + " layers x " + std::to_string(mem.in_flight) +
               " micro-batch(es) in flight, checkpointing " + checkpointing_name(l.checkpointing)});

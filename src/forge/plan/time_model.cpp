@@ -179,7 +179,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   }
 
   // Optimizer step.
-  const double shard = P / (l.zero >= 1 ? static_cast<double>(d) : 1.0);
+  const double shard = P / (l.sharding().optimizer_state() ? static_cast<double>(d) : 1.0);
   const double touched = optimizer_bytes_touched(bp);
   if (l.offload) {
     r.offload = shard * (bp.grad + bp.param) / (c.pcie_gbs * 1e9 * c.link_efficiency) + shard * touched / (c.host_gbs * 1e9);
