@@ -2,7 +2,6 @@
 // directory, the task's data and model (train/task.h) and the strategy (train/strategy.h) are
 // prepared in order, then each step draws its micro-batches, lets the strategy train on them,
 // and reads the step's figures one step later.
-#include "forge/backends/device_runtime.h"
 #include "forge/train/trainer.h"
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "forge/backends/device_runtime.h"
 #include "forge/bench/gpu_sampler.h"
 #include "forge/bench/top.h"
 #include "forge/core/allocator.h"
