@@ -38,7 +38,8 @@ struct PlanArgs {
   bool dropout = false;
   double margin = -1, reserve_gb = -1;
   // layout
-  int64_t dp = 0, tp = 0, pp = 0, virtual_stages = 2;
+  int64_t dp = 0, tp = 0, pp = 0, cp = 0, virtual_stages = 2;
+  std::string cp_kind;
   int zero = 0;
   bool offload = false, sp = true;
   // cost
@@ -146,9 +147,11 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_option("--margin", a.margin, "allocator margin, a fraction of the memory (default 0.10 on GPUs, 0 on the CPU)");
   c->add_option("--reserve-gb", a.reserve_gb, "memory outside the allocator: CUDA context, workspaces (default 1; CPU 0)");
 
-  c->add_option("--dp", a.dp, "data-parallel degree (default: gpus / (tp x pp))");
+  c->add_option("--dp", a.dp, "data-parallel degree (default: gpus / (tp x pp x cp))");
   c->add_option("--tp", a.tp, "tensor-parallel degree (default 1)");
   c->add_option("--pp", a.pp, "pipeline stages (default 1)");
+  c->add_option("--cp", a.cp, "context-parallel degree: GPUs that each hold 1/cp of every sequence (default: a config's dist.cp, else 1)");
+  c->add_option("--cp-kind", a.cp_kind, "context parallelism's attention: ring or ulysses (default: a config's dist.cp_kind, else ring)");
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 over the data-parallel group")->capture_default_str();
   c->add_flag("--offload", a.offload, "optimizer state and step in host memory (ZeRO-Offload)");
   c->add_option("--checkpointing", a.checkpointing, "activation checkpointing: none, selective or full");
@@ -238,6 +241,8 @@ int run_plan(const std::vector<std::string>& overrides) {
     default_micro_batch = cfg.train.batch_size / std::max<int64_t>(1, cfg.train.grad_accum);
     config_layout.tp = cfg.dist.tp;
     config_layout.pp = cfg.dist.pp;
+    config_layout.cp = cfg.dist.cp;
+    config_layout.cp_kind = cfg.dist.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring;
     config_layout.zero = static_cast<int>(cfg.dist.zero_stage);
     config_layout.offload = cfg.dist.offload_optimizer;
     config_layout.sequence_parallel = cfg.dist.sequence_parallel;
@@ -335,9 +340,13 @@ int run_plan(const std::vector<std::string>& overrides) {
   FORGE_CHECK(!a.given("--tp") || a.tp >= 1, "--tp must be >= 1, got ", a.tp);
   FORGE_CHECK(!a.given("--pp") || a.pp >= 1, "--pp must be >= 1, got ", a.pp);
   FORGE_CHECK(!a.given("--dp") || a.dp >= 1, "--dp must be >= 1, got ", a.dp);
+  FORGE_CHECK(!a.given("--cp") || a.cp >= 1, "--cp must be >= 1, got ", a.cp);
+  FORGE_CHECK(!a.given("--cp-kind") || a.cp_kind == "ring" || a.cp_kind == "ulysses", "--cp-kind '", a.cp_kind,
+              "' is unknown; use ring or ulysses");
   const int64_t tp = a.given("--tp") ? a.tp : config_layout.tp, pp = a.given("--pp") ? a.pp : config_layout.pp;
+  const int64_t cp = a.given("--cp") ? a.cp : config_layout.cp;
   int64_t gpus = a.gpus;
-  if (!a.given("--gpus")) gpus = a.given("--dp") ? a.dp * tp * pp : tp * pp;
+  if (!a.given("--gpus")) gpus = (a.given("--dp") ? a.dp : 1) * tp * pp * cp;
   FORGE_CHECK(gpus >= 1, "--gpus must be >= 1, got ", gpus);
   in.cluster = make_cluster(gpu, gpus, a.gpus_per_node);
   if (a.given("--nvlink")) in.cluster.intra_gbs = a.nvlink, in.cluster.intra_name = "NVLink";
@@ -403,6 +412,9 @@ int run_plan(const std::vector<std::string>& overrides) {
   Layout l;
   l.tp = tp;
   l.pp = pp;
+  l.cp = cp;
+  l.cp_kind = a.given("--cp-kind") ? (a.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring)
+                                   : config_layout.cp_kind;
   l.zero = a.given("--zero") ? a.zero : config_layout.zero;
   l.offload = a.given("--offload") ? a.offload : config_layout.offload;
   // Sequence parallelism: --sp / --no-sp, else a config's dist.sequence_parallel, else on.
@@ -444,7 +456,7 @@ int run_plan(const std::vector<std::string>& overrides) {
     return 0;
   }
 
-  l.dp = a.given("--dp") ? a.dp : std::max<int64_t>(1, gpus / (tp * pp));
+  l.dp = a.given("--dp") ? a.dp : std::max<int64_t>(1, gpus / (tp * pp * cp));
   l.micro_batch = a.given("--micro-batch") ? a.micro_batch : default_micro_batch > 0 ? default_micro_batch : 1;
   // A config's micro-batches split over its data-parallel ranks when the batch allows it.
   if (!a.given("--micro-batch") && !a.given("--grad-accum") && default_grad_accum > 0 && !a.given("--batch") &&

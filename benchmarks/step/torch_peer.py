@@ -49,6 +49,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +172,10 @@ class Llama(nn.Module):
         cos, sin = self.cos[:T], self.sin[:T]
         x = self.embed_tokens(idx)
         for b in self.layers:
-            x = b(x, cos, sin)
+            if getattr(self, "checkpoint_blocks", False):  # --checkpoint: each block recomputed in backward
+                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)
+            else:
+                x = b(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
 
@@ -267,6 +271,9 @@ def main():
     ap.add_argument("--sp", action="store_true", help="with --tp: sequence parallelism (norms on sequence shards)")
     ap.add_argument("--fsdp", choices=["", "zero2", "zero3"], default="",
                     help="under torchrun: FSDP2 (fully_shard) instead of DDP; zero3 reshards after the forward")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="LLaMA: activation checkpointing of every block (torch.utils.checkpoint, non-reentrant), "
+                         "as forge's model.checkpoint_activations")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -308,6 +315,10 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
 
     model = build(s).to(dev)
+    if a.checkpoint:
+        if s["type"] != "llama":
+            raise SystemExit("torch_peer.py: --checkpoint is for a LLaMA")
+        model.checkpoint_blocks = True
     n_params = sum(p.numel() for p in model.parameters())
     if tp > 1:
         model = tensor_parallel(model, tp, a.sp, dev)

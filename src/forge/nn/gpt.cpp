@@ -142,7 +142,7 @@ Stream GPT::embed(const Tensor& idx) const {
   FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
   const int64_t T = idx.size(1);
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
-  Tensor pos = arange(T, {.dtype = DType::i64, .device = idx.device()});
+  const Tensor pos = layer_spec.position_ids(T, idx.device());  // context parallelism: the rank's positions
   return {drop->forward(wpe->add_to(wte->forward(idx), pos)), Tensor()};  // (B, T, C)
 }
 

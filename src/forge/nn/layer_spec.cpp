@@ -2,6 +2,7 @@
 
 #include "forge/nn/layers.h"
 #include "forge/nn/linear.h"
+#include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
 
 namespace forge::nn {
@@ -47,6 +48,27 @@ std::shared_ptr<Embedding> LayerSpec::make_embedding(int64_t num, int64_t dim, E
 
 Tensor LayerSpec::cross_entropy(const Tensor& logits, const Tensor& targets) const {
   return loss ? loss(logits, targets) : ops::cross_entropy(logits, targets);
+}
+
+std::vector<PositionRange> LayerSpec::position_ranges(int64_t length) const {
+  if (!positions) return {{0, length}};
+  std::vector<PositionRange> r = positions(length);
+  int64_t n = 0;
+  for (const PositionRange& p : r) {
+    FORGE_CHECK(p.start >= 0 && p.length >= 0, "LayerSpec: a position range [", p.start, ", +", p.length, ") is negative");
+    n += p.length;
+  }
+  FORGE_CHECK(n == length, "LayerSpec: the position ranges cover ", n, " positions of a local sequence of ", length);
+  return r;
+}
+
+Tensor LayerSpec::position_ids(int64_t length, Device device) const {
+  if (!positions) return arange(length, {.dtype = DType::i64, .device = device});
+  std::vector<int64_t> ids;
+  ids.reserve(static_cast<size_t>(length));
+  for (const PositionRange& p : position_ranges(length))
+    for (int64_t i = 0; i < p.length; ++i) ids.push_back(p.start + i);
+  return from_vector(ids, {length}).to(device);
 }
 
 }  // namespace forge::nn

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "forge/core/tensor.h"
 
@@ -56,6 +57,12 @@ enum class EmbeddingRole {
 const char* to_string(LinearRole role);
 const char* to_string(EmbeddingRole role);
 
+// Context parallelism (parallel/context_parallel.h): a rank holds some positions of each
+// sequence, as ranges of the whole sequence in the order the rank's tokens come.
+struct PositionRange {
+  int64_t start = 0, length = 0;
+};
+
 struct LayerSpec {
   // (in_features, out_features, bias, role) -> the linear to register under the role's name.
   using LinearFactory = std::function<std::shared_ptr<Linear>(int64_t in, int64_t out, bool bias, LinearRole role)>;
@@ -66,14 +73,30 @@ struct LayerSpec {
   // slices across the tensor-parallel group without gathering them.
   using LossFunction = std::function<Tensor(const Tensor& logits, const Tensor& targets)>;
 
+  // (this rank's sequence length) -> the whole-sequence positions of its tokens, ranges in order.
+  using PositionFunction = std::function<std::vector<PositionRange>(int64_t local_length)>;
+  // Causal self-attention of this rank's positions against the whole sequence: q (B, H, t, D),
+  // k and v (B, Hkv, t, D) of the rank's t positions (those of `positions`) -> (B, H, t, D). The
+  // function gets the rest of the sequence's keys and values itself (a collective).
+  using AttentionFunction = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+
   LinearFactory linear;        // empty: nn::Linear
   EmbeddingFactory embedding;  // empty: nn::Embedding
   LossFunction loss;           // empty: ops::cross_entropy
+  // Context parallelism: both set, or neither (the whole sequence on every rank: positions
+  // 0..T-1 and the fused causal attention).
+  PositionFunction positions;
+  AttentionFunction attention;
 
   // What the models call: the factory's module (checked to exist), or the plain layer.
   std::shared_ptr<Linear> make_linear(int64_t in, int64_t out, bool bias, LinearRole role) const;
   std::shared_ptr<Embedding> make_embedding(int64_t num, int64_t dim, EmbeddingRole role) const;
   Tensor cross_entropy(const Tensor& logits, const Tensor& targets) const;
+  // The positions of a local sequence of `length` tokens: positions(length), checked to cover
+  // `length` tokens in all; {0, length} without context parallelism.
+  std::vector<PositionRange> position_ranges(int64_t length) const;
+  // The positions as a (length,) i64 tensor on `device`.
+  Tensor position_ids(int64_t length, Device device) const;
 };
 
 }  // namespace forge::nn

@@ -113,6 +113,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias,
   c_proj = register_module("c_proj", spec.make_linear(dim, dim, bias, LinearRole::attention_out));
   resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
   local_heads = heads_of(*c_attn, 3, head_dim, "CausalSelfAttention", LinearRole::attention_qkv);
+  attention = spec.attention;
   check_in_features(*c_attn, dim, "CausalSelfAttention", LinearRole::attention_qkv, "the model width");
   check_in_features(*c_proj, local_heads * head_dim, "CausalSelfAttention", LinearRole::attention_out,
                     "the attention's output width (its local heads x head size)");
@@ -121,6 +122,15 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias,
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const int64_t H = local_heads;
+  if (attention) {  // context parallelism: the spec's attention over the whole sequence
+    const Tensor qkv = c_attn->forward(x);
+    const int64_t B = qkv.size(0), T = qkv.size(1), D = head_dim;
+    auto heads = [&](int64_t part) {
+      return ops::transpose(ops::reshape(ops::narrow(qkv, 2, part * H * D, H * D), {B, T, H, D}), 1, 2);
+    };
+    const Tensor y = attention(heads(0), heads(1), heads(2));  // (B, H, T, D)
+    return resid_drop->forward(c_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D})));
+  }
   // q, k, v heads straight from the fused projection (Note [packed QKV attention]).
   const Tensor y = ops::qkv_attention(c_attn->forward(x), H, true);  // (B, T, 3 H D) -> (B, T, H D)
   return resid_drop->forward(c_proj->forward(y));
@@ -176,6 +186,10 @@ LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, d
   check_in_features(*o_proj, local_heads * head_dim, layer, LinearRole::attention_out,
                     "the attention's output width (its local heads x head size)");
   check_out_features(*o_proj, dim, layer, LinearRole::attention_out, "the model width");
+  FORGE_CHECK(static_cast<bool>(spec.positions) == static_cast<bool>(spec.attention), layer,
+              ": a layer spec sets both positions and attention (context parallelism) or neither");
+  context.positions = spec.positions;
+  context.attention = spec.attention;
 }
 
 // With FORGE_PACKED_QKV=1, three plain Linears without bias (not split by tensor parallelism)
@@ -191,6 +205,27 @@ bool LlamaAttention::packed_qkv() const {
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
+  if (context.attention) {  // context parallelism: rope at the whole sequence's positions
+    const Tensor qp = q_proj->forward(x);
+    const int64_t B = qp.size(0), T = qp.size(1);
+    const std::vector<PositionRange> ranges = context.position_ranges(T);
+    auto rotate = [&](const Tensor& t) {  // (B, h, T, D)
+      if (ranges.size() == 1) return ops::rope(t, position_offset + ranges[0].start, rope_theta, rope_scaling);
+      TensorList parts;
+      int64_t at = 0;
+      for (const PositionRange& r : ranges) {
+        parts.push_back(ops::rope(ops::narrow(t, 2, at, r.length), position_offset + r.start, rope_theta, rope_scaling));
+        at += r.length;
+      }
+      return ops::cat(parts, 2);
+    };
+    auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
+    const Tensor q = rotate(heads(qp, local_heads));
+    const Tensor k = rotate(heads(k_proj->forward(x), local_kv_heads));
+    const Tensor v = heads(v_proj->forward(x), local_kv_heads);
+    const Tensor y = context.attention(q, k, v);  // (B, H, T, D)
+    return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
+  }
   if (packed_qkv()) {
     const Tensor w = ops::cat({q_proj->weight, k_proj->weight, v_proj->weight}, 0);
     const Tensor y = ops::qkv_rope_attention(ops::linear(x, w), local_heads, local_kv_heads, position_offset,

@@ -93,6 +93,9 @@ class CausalSelfAttention : public Module {
   int64_t dim, n_head, head_dim, local_heads;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
+  // Context parallelism: the spec's attention over the whole sequence (empty: the fused
+  // attention of the local sequence, which is then the whole).
+  LayerSpec::AttentionFunction attention;
 };
 
 // LLaMA attention: q/k/v/o projections without bias (roles attention_q/k/v/out),
@@ -113,6 +116,9 @@ class LlamaAttention : public Module {
   double rope_theta;
   ops::RopeScaling rope_scaling;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  // Context parallelism: the spec's positions and attention (LayerSpec; empty: the whole
+  // sequence is local, from position_offset).
+  LayerSpec context;
   // Whether forward runs q, k and v as one GEMM and ops::qkv_rope_attention (FORGE_PACKED_QKV,
   // plain Linears without bias: Note [packed LLaMA attention]).
   bool packed_qkv() const;

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "forge/autograd/grad_mode.h"
 #include "forge/autograd/node.h"
 #include "forge/backends/cpu/attention.h"
 #include "forge/backends/cpu/rope.h"
@@ -162,6 +163,53 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return TensorList{dq, dk, dv};
   }, {qd, kd, vd, md, od, lse});
   return out;
+}
+
+// Note [attention blocks] (attention.h).
+AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  check_inputs(q, k, v, scale, Tensor());
+  NoGradGuard no_grad;
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Dv = v.size(3);
+  const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const TensorOptions opt{.dtype = q.dtype(), .device = q.device()};
+  AttentionBlock r;
+  r.lse = empty({B, H, T}, {.dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = q.device()});
+  r.out = empty({B, H, T, Dv}, opt);
+  if (!q.is_cpu()) {
+    FORGE_ON_CUDA("attention_block_forward",
+                  cuda::attention_forward(q.detach(), k.detach(), v.detach(), Tensor(), causal, c, r.out, r.lse));
+    return r;
+  }
+  cpu::attention_forward(readable(q.detach()), readable(k.detach()), readable(v.detach()), Tensor(), causal, c, r.out,
+                         r.lse);
+  return r;
+}
+
+AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  check_inputs(q, k, v, scale, Tensor());
+  NoGradGuard no_grad;
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Dv = v.size(3);
+  FORGE_CHECK(dout.shape() == Shape({B, H, T, Dv}) && out.shape() == dout.shape() && lse.shape() == Shape({B, H, T}),
+              "attention_block_backward: dout ", dout.shape(), ", out ", out.shape(), " and lse ", lse.shape(),
+              " do not fit q ", q.shape(), " and v ", v.shape());
+  const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const DType lse_dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor l = contiguous(lse.to(lse_dtype));
+  const Tensor o = out.to(q.dtype());
+  AttentionBlockGrads g;
+  g.dq = empty(q.shape(), {.dtype = q.dtype(), .device = q.device()});
+  g.dk = empty(k.shape(), {.dtype = k.dtype(), .device = k.device()});
+  g.dv = empty(v.shape(), {.dtype = v.dtype(), .device = v.device()});
+  if (!q.is_cpu()) {
+    FORGE_ON_CUDA("attention_block_backward", cuda::attention_backward(dout.to(q.dtype()), q.detach(), k.detach(),
+                                                                       v.detach(), Tensor(), o, l, causal, c, g.dq,
+                                                                       g.dk, g.dv));
+    return g;
+  }
+  cpu::attention_backward(readable(dout.to(q.dtype())), readable(q.detach()), readable(k.detach()),
+                          readable(v.detach()), Tensor(), contiguous(o), l, causal, c, g.dq, g.dk, g.dv);
+  return g;
 }
 
 // Note [packed QKV attention]

@@ -56,6 +56,30 @@ bool deterministic();
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double scale = 0.0, const Tensor& mask = {});
 
+// Note [attention blocks]: attention assembled from pieces (ring attention across the ranks of
+// a context-parallel group, parallel/context_parallel.h) runs the kernels on one (query block,
+// key block) pair at a time, without autograd, and combines the pieces itself:
+//   attention_block_forward   the block's output (q's dtype) and its rows' logsumexp (f32; f64
+//                             for f64 inputs); a row with no allowed key: output 0, lse -inf
+//   attention_block_backward  dq, dk, dv of the block, given the upstream gradient and the
+//                             output and logsumexp of the WHOLE attention (the pieces combined):
+//                             then p = exp(s - lse) is the row's true probability and
+//                             delta = dO . out the true one, so the block's gradients are its
+//                             exact share of the whole's (dq summed over the key blocks, dk and
+//                             dv over the query blocks).
+// Shapes and conventions are scaled_dot_product_attention's (no mask; causal bottom-right).
+// `out` and `lse` may be any tensors of the block's row shapes (copied when the kernel cannot
+// read them in place); dq, dk, dv come back in q's, k's and v's dtype.
+struct AttentionBlock {
+  Tensor out;  // (B, H, T, Dv)
+  Tensor lse;  // (B, H, T)
+};
+AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0);
+struct AttentionBlockGrads {
+  Tensor dq, dk, dv;
+};
+AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& out, const Tensor& lse, bool causal, double scale = 0.0);
 // Multi-head attention straight from a fused QKV projection:
 //   qkv (B, T, 3 C) = [q | k | v] along the last dim, C = n_head * D  ->  (B, T, C)
 // the same values as splitting qkv into three (B, T, n_head, D) head views, attending

@@ -21,6 +21,7 @@ const char* schedule_name(PipelineSchedule s) {
 std::string Layout::describe() const {
   std::ostringstream os;
   os << "dp " << dp << ", tp " << tp << (sequence_parallel && tp > 1 ? " (+sp)" : "") << ", pp " << pp;
+  if (cp > 1) os << ", cp " << cp << " (" << (cp_kind == ContextKind::ring ? "ring" : "ulysses") << ")";
   if (pp > 1 && schedule == PipelineSchedule::gpipe) os << " (gpipe)";
   os << ", micro-batch " << micro_batch << " x " << grad_accum << ", ZeRO-" << zero << (offload ? " + offload" : "")
      << ", checkpointing " << checkpointing_name(checkpointing);

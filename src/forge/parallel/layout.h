@@ -6,8 +6,9 @@
 //   - `forge train` derives the Layout of its run from the config (train/layout.h) and
 //     carves the world into a parallel::Mesh from it (parallel/mesh.h).
 //
-// Degrees: gpus() = dp * tp * pp ranks; the mesh orders them tp innermost, then pp, dp
-// outermost (Megatron's order: a tensor-parallel group shares a host's NVLink).
+// Degrees: gpus() = dp * tp * pp * cp ranks; the mesh orders them tp innermost, then cp, pp, dp
+// outermost (Megatron's order: a tensor-parallel group shares a host's NVLink; parallel/mesh.h).
+// The cp ranks of a replica train the same rows, each on its part of every sequence.
 // Batch: global_batch() = dp * micro_batch * grad_accum sequences per optimizer step
 // (micro_batch is per data-parallel rank).
 #include <cstdint>
@@ -19,11 +20,15 @@ namespace forge::parallel {
 
 enum class Checkpointing { none, selective, full };
 enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1, interleaved };
+// Context parallelism's attention (parallel/context_parallel.h): K/V around a ring, or all-to-all over heads.
+enum class ContextKind { ring, ulysses };
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
 const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
 
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1;
+  int64_t cp = 1;            // context parallelism: ranks that each hold 1/cp of every sequence
+  ContextKind cp_kind = ContextKind::ring;
   int64_t micro_batch = 1;   // sequences per micro-batch on one data-parallel rank
   int64_t grad_accum = 1;    // micro-batches per optimizer step per data-parallel rank
   int zero = 0;              // ZeRO stage 0..3 over the data-parallel group (as forge plan enumerates them)
@@ -32,7 +37,7 @@ struct Layout {
   bool sequence_parallel = false;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
-  int64_t gpus() const { return dp * tp * pp; }
+  int64_t gpus() const { return dp * tp * pp * cp; }
   // What the data-parallel group shards: ask this, not the stage's number.
   Sharding sharding() const { return Sharding::from_stage(zero, "the layout's ZeRO stage"); }
   // Model chunks per pipeline rank: virtual_stages under the interleaved schedule, else 1.

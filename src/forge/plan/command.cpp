@@ -44,6 +44,8 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
      << " --train.grad_accum=" << l.grad_accum;
   if (l.tp > 1) os << " --dist.tp=" << l.tp << (l.sequence_parallel ? " --dist.sequence_parallel=true" : "");
   if (l.pp > 1) os << " --dist.pp=" << l.pp << " --dist.pp_schedule=" << schedule_name(l.schedule);
+  if (l.cp > 1)
+    os << " --dist.cp=" << l.cp << (l.cp_kind == parallel::ContextKind::ulysses ? " --dist.cp_kind=ulysses" : "");
   if (l.pp > 1 && l.schedule == parallel::PipelineSchedule::interleaved) os << " --dist.pp_virtual_stages=" << l.virtual_stages;
   if (l.sharding().optimizer_state()) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";

@@ -53,7 +53,11 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
   ActivationOptions ao = setup.activations;
   ao.act_bytes = bp.activation;
   const SavedTensors saved = saved_tensors(m, ao, l.tp);
-  const int64_t b = l.micro_batch, s = m.seq_len, t = l.tp, p = l.pp, d = l.dp;
+  // Context parallelism: each GPU holds seq_len / cp positions of every sequence (activations per
+  // token are the same: attention keeps no (s, s) scores), and the data-parallel sharding spans
+  // dp x cp ranks (parallel/mesh.h).
+  const int64_t b = l.micro_batch, s = m.seq_len / std::max<int64_t>(1, l.cp), t = l.tp, p = l.pp,
+                d = l.dp * std::max<int64_t>(1, l.cp);
   const bool sp = l.sequence_parallel && t > 1;
   const bool forge_model = ao.model == ActivationModel::forge;
   const double layer_full = activation_bytes(saved.layer, b, s, t, sp);
@@ -201,6 +205,12 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       } else {
         r.comm_buffers += 2.0 * std::min(setup.bucket_bytes, grads_all);  // a bucket reducing, one filling
       }
+    }
+    // Ring attention: the key/value block held, the one arriving, and in backward their f32
+    // gradient accumulators (one travelling, one arriving).
+    if (l.cp > 1 && l.cp_kind == parallel::ContextKind::ring) {
+      const double kv = static_cast<double>(b * s * 2 * std::max<int64_t>(1, m.n_kv_head / t) * m.head_dim());
+      r.comm_buffers += 2.0 * kv * bp.activation + 2.0 * kv * 4.0;
     }
     const double hidden_bytes = static_cast<double>(b * s * m.d_model) * bp.activation;
     if (sp) r.comm_buffers += hidden_bytes;  // one layer input all-gathered

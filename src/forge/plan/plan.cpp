@@ -61,10 +61,25 @@ std::string layout_problem(const PlanInput& in, const Layout& l) {
   std::ostringstream os;
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.micro_batch < 1 || l.grad_accum < 1)
     return "dp, tp, pp, micro-batch and grad-accum must all be >= 1";
+  if (l.cp < 1) return "cp must be >= 1";
   if (l.gpus() != in.cluster.gpus) {
-    os << "dp x tp x pp = " << l.dp << " x " << l.tp << " x " << l.pp << " = " << l.gpus() << " GPUs, but --gpus is "
-       << in.cluster.gpus;
+    os << "dp x tp x pp" << (l.cp > 1 ? " x cp" : "") << " = " << l.dp << " x " << l.tp << " x " << l.pp;
+    if (l.cp > 1) os << " x " << l.cp;
+    os << " = " << l.gpus() << " GPUs, but --gpus is " << in.cluster.gpus;
     return os.str();
+  }
+  if (l.cp > 1) {
+    if (m.seq_len % (2 * l.cp) != 0) {
+      os << "seq " << m.seq_len << " does not cut into 2 x cp = " << 2 * l.cp << " equal chunks (context parallelism)";
+      return os.str();
+    }
+    if (l.pp > 1) return "cp with pp > 1 is not supported by forge train yet";
+    const int64_t heads = m.n_head / l.tp, kv = std::max<int64_t>(1, m.n_kv_head / l.tp);
+    if (l.cp_kind == parallel::ContextKind::ulysses && (heads % l.cp != 0 || kv % l.cp != 0)) {
+      os << "ulysses gives each of cp = " << l.cp << " GPUs a share of the " << heads << " query and " << kv
+         << " key/value heads per tensor-parallel rank, which do not divide; use --cp-kind ring";
+      return os.str();
+    }
   }
   if (in.cluster.gpu.is_cpu && l.gpus() != 1) return "the cpu device plans one process: use --gpus 1 (dp = tp = pp = 1)";
   if (m.n_head % l.tp != 0) {
@@ -168,11 +183,12 @@ SearchResult search(const PlanInput& in, const SearchSpace& fixed) {
     ckpts.insert(ckpts.begin() + 1, Checkpointing::selective);
 
   SearchResult out;
+  const int64_t cpn = std::max<int64_t>(1, in.layout.cp);  // context parallelism: as given, not searched
   for (int64_t t : pick(fixed.tp, tps)) {
-    if (n % t != 0) continue;
-    for (int64_t p : pick(fixed.pp, divisors(n / t))) {
-      if ((n / t) % p != 0) continue;
-      const int64_t d = n / t / p;
+    if (n % (t * cpn) != 0) continue;
+    for (int64_t p : pick(fixed.pp, divisors(n / t / cpn))) {
+      if ((n / t / cpn) % p != 0) continue;
+      const int64_t d = n / t / p / cpn;
       if (fixed.dp && *fixed.dp != d) continue;
       // Micro-batches that divide the batch per data-parallel rank (the others are not layouts
       // of this batch); when there is none the layout is rejected once, with the reason.
@@ -237,6 +253,8 @@ json layout_json(const Layout& l) {
           {"offload", l.offload},
           {"checkpointing", checkpointing_name(l.checkpointing)},
           {"sequence_parallel", l.sequence_parallel},
+          {"cp", l.cp},
+          {"cp_kind", l.cp_kind == parallel::ContextKind::ulysses ? "ulysses" : "ring"},
           {"schedule", schedule_name(l.schedule)},
           {"gpus", l.gpus()}};
 }
@@ -338,6 +356,7 @@ json plan_json(const PlanInput& in, const PlanResult& r) {
                {"recompute", t.recompute},
                {"tp_comm", t.tp_comm},
                {"pp_p2p", t.pp_p2p},
+               {"cp_comm", t.cp_comm},
                {"bubble", t.bubble},
                {"bubble_fraction", bubble_fraction(r.layout.pp, r.layout.grad_accum)},
                {"dp_comm", t.dp_comm},

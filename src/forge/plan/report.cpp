@@ -154,6 +154,9 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   line("compute", t.compute, "model FLOPs at MFU " + pct(in.mfu, 0) + ", " + std::to_string(l.grad_accum) + " micro-batches");
   if (t.recompute > 0) line("recomputation", t.recompute, "checkpointing " + std::string(checkpointing_name(l.checkpointing)));
   if (l.tp > 1) line("tensor-parallel", t.tp_comm, "all-reduces over " + t.tp_link.name);
+  if (l.cp > 1)
+    line(l.cp_kind == parallel::ContextKind::ring ? "context ring (exposed)" : "context all-to-all", t.cp_comm,
+         (l.cp_kind == parallel::ContextKind::ring ? "K/V blocks over " : "all-to-alls over ") + t.cp_link.name);
   if (l.pp > 1) {
     line("pipeline send/recv", t.pp_p2p, t.pp_link.name);
     const double share = l.schedule == Schedule::zb_h1         ? 1.0 / 3.0

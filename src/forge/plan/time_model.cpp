@@ -68,11 +68,15 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   FORGE_CHECK(mfu > 0 && mfu <= 1, "--mfu must be in (0, 1], got ", mfu);
   const BytesPerParam bp = bytes_per_param(setup.precision, setup.optimizer);
   const FlopsPerToken F = flops_per_token(m);
-  const int64_t t = l.tp, p = l.pp, d = l.dp, mb = l.grad_accum;
+  // Context parallelism (l.cp > 1): each GPU computes seq_len / cp tokens of every sequence (the
+  // attention FLOPs per token stay the whole sequence's), and the data-parallel reduction spans
+  // dp x cp ranks, consecutive after the tensor-parallel ones (cp needs pp = 1).
+  const int64_t cpn = std::max<int64_t>(1, l.cp);
+  const int64_t t = l.tp, p = l.pp, d = l.dp * cpn, mb = l.grad_accum;
   const bool sp = l.sequence_parallel && t > 1;
   const double peak = c.gpu.peak_flops(setup.precision);
   const double rate = peak * mfu;
-  const double tokens_mb = static_cast<double>(l.micro_batch * m.seq_len);
+  const double tokens_mb = static_cast<double>(l.micro_batch * m.seq_len) / static_cast<double>(cpn);
   const double hidden_bytes = tokens_mb * static_cast<double>(m.d_model) * bp.activation;
   const std::vector<int64_t> rank_blocks = rank_layers(m, p, l.chunks());  // Note [balanced pipeline stages]
   const double tt = static_cast<double>(t);
@@ -82,12 +86,13 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.tp_link = group_link(c, t, 1);
   r.dp_link = group_link(c, d, t);
   r.pp_link = group_link(c, p, t * d);
+  r.cp_link = group_link(c, cpn, t);
   if (p > 1 && r.pp_link.crosses_nodes) {  // a send goes through one NIC
     r.pp_link.bandwidth = std::min(c.intra_gbs, c.inter_gbs) * 1e9 * c.link_efficiency;
     r.pp_link.name = "network x1 NIC";
   }
 
-  double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0;
+  double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0, w_cp = 0;
   int64_t max_stage_params = 0;
   for (int64_t i = 0; i < p; ++i) {
     const bool first = i == 0, last = i == p - 1;
@@ -119,11 +124,33 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
       const double msgs = (first ? 0.0 : 1.0) + (last ? 0.0 : 1.0);
       p2p = msgs * (hidden_bytes / (sp ? tt : 1.0) / r.pp_link.bandwidth + r.pp_link.latency);
     }
-    const double stage = compute + recompute + tp + p2p;
+    double cpt = 0;
+    if (cpn > 1) {
+      // Per layer: the ring sends cp - 1 key/value blocks forward, and in backward cp - 1 again
+      // with cp f32 gradient accumulators, each overlapped with the attention of the block held;
+      // Ulysses runs four all-to-alls each way (q, k, v, output), none hidden.
+      const double hd = static_cast<double>(m.head_dim());
+      const double kv_w = static_cast<double>(std::max<int64_t>(1, m.n_kv_head / t)) * hd;
+      const double q_w = static_cast<double>(m.n_head / t) * hd;
+      const double n1 = static_cast<double>(cpn - 1);
+      double per_layer = 0;
+      if (l.cp_kind == parallel::ContextKind::ring) {
+        const double kv_bytes = tokens_mb * 2.0 * kv_w * bp.activation;
+        const double bytes = 2.0 * n1 * kv_bytes + static_cast<double>(cpn) * kv_bytes * 4.0 / bp.activation;
+        const double comm = bytes / r.cp_link.bandwidth + (3.0 * n1 + 1.0) * r.cp_link.latency;
+        const double attention = tokens_mb * 3.0 * F.attention_forward / tt / rate;
+        per_layer = std::max(0.0, comm - attention);
+      } else {
+        const double bytes = 2.0 * n1 / static_cast<double>(cpn) * tokens_mb * (2.0 * q_w + 2.0 * kv_w) * bp.activation;
+        per_layer = bytes / r.cp_link.bandwidth + 8.0 * r.cp_link.latency;
+      }
+      cpt = static_cast<double>(layers) * per_layer;
+    }
+    const double stage = compute + recompute + tp + p2p + cpt;
     if (stage > worst) {
       worst = stage;
       r.stage = i;
-      w_compute = compute, w_recompute = recompute, w_tp = tp, w_p2p = p2p;
+      w_compute = compute, w_recompute = recompute, w_tp = tp, w_p2p = p2p, w_cp = cpt;
     }
   }
   r.stage_time = worst;
@@ -132,6 +159,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.recompute = m_d * w_recompute;
   r.tp_comm = m_d * w_tp;
   r.pp_p2p = m_d * w_p2p;
+  r.cp_comm = m_d * w_cp;
   // ZB-H1 (Qi et al., zero-bubble pipeline parallelism): the weight-gradient passes fill the
   // drain: (p - 1)(f + b - w) of 1F1B's (p - 1)(f + b + w), a third if the three passes cost the
   // same. forge's W pass is only the linears' weight GEMMs (attention's backward and the
@@ -187,7 +215,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     r.optimizer = shard * touched / (c.gpu.memory_bw_gbs * 1e9 * c.hbm_efficiency);
   }
 
-  r.step = r.compute + r.recompute + r.tp_comm + r.pp_p2p + r.bubble + r.dp_exposed + r.optimizer + r.offload;
+  r.step = r.compute + r.recompute + r.tp_comm + r.pp_p2p + r.cp_comm + r.bubble + r.dp_exposed + r.optimizer + r.offload;
   r.tokens_per_step = static_cast<double>(l.global_batch() * m.seq_len);
   r.tokens_per_s = r.tokens_per_step / r.step;
   const double gpus = static_cast<double>(l.gpus());

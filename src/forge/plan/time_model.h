@@ -69,6 +69,7 @@ struct TimeBreakdown {
   double recompute = 0;
   double tp_comm = 0;
   double pp_p2p = 0;
+  double cp_comm = 0;            // context parallelism: the K/V ring's time not hidden under attention, or Ulysses' all-to-alls
   double bubble = 0;
   double dp_comm = 0;            // all data-parallel traffic per step (hidden or not)
   double dp_exposed = 0;
@@ -84,7 +85,7 @@ struct TimeBreakdown {
   double gpu_hours = 0;
   double ideal_time_s = 0;       // model FLOPs at the given MFU only: no comm, bubble or recompute
   double ideal_gpu_hours = 0;
-  Link tp_link, dp_link, pp_link;
+  Link tp_link, dp_link, pp_link, cp_link;
 };
 
 TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const Cluster& c, double mfu,

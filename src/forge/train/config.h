@@ -22,7 +22,7 @@
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, interval_minutes, keep_last, at_end, async
-//   [dist]       tp, sequence_parallel, pp, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
+//   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at, masters_from_rounded (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
 //
@@ -143,7 +143,9 @@ struct CheckpointSection {
 struct DistSection {
   int64_t tp = 1;                  // tensor-parallel degree (ranks that split each layer's weights)
   bool sequence_parallel = false;  // tp > 1: norms and residuals on sequence shards (all-gather / reduce-scatter)
-  int64_t pp = 1;                  // pipeline-parallel degree (stages of consecutive blocks); dp = world / (tp * pp)
+  int64_t pp = 1;                  // pipeline-parallel degree (stages of consecutive blocks); dp = world / (tp * pp * cp)
+  int64_t cp = 1;                  // context-parallel degree (ranks that each hold a part of every sequence)
+  std::string cp_kind = "ring";    // cp > 1: "ring" (K/V passed around the ranks) or "ulysses" (all-to-all over heads)
   std::string pp_schedule = "1f1b";  // pp > 1: "1f1b", "gpipe", "zb-h1" or "interleaved" (Note [pipeline schedules])
   int64_t pp_virtual_stages = 1;   // interleaved: model chunks per pipeline rank (>= 2)
   std::vector<int64_t> pp_layers;  // blocks per pipeline stage (empty: balanced by plan::stage_layers)

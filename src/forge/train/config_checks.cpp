@@ -209,6 +209,26 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.pp == 1 || c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.pp = ",
               c.dist.pp, " is not supported yet (the stages would draw other masks than one process); set "
               "model.dropout = 0");
+  FORGE_CHECK(c.dist.cp >= 1, "dist.cp must be >= 1 (1 = no context parallelism), got ", c.dist.cp);
+  FORGE_CHECK(c.dist.cp_kind == "ring" || c.dist.cp_kind == "ulysses", "dist.cp_kind = '", c.dist.cp_kind,
+              "' is unknown; use \"ring\" or \"ulysses\"", suggest_choice(c.dist.cp_kind, {"ring", "ulysses"}));
+  if (c.dist.cp > 1) {
+    FORGE_CHECK(lm, "dist.cp = ", c.dist.cp, " splits the sequences of a GPT or LLaMA; model.type = '", c.model.type,
+                "' trains with dist.cp = 1");
+    FORGE_CHECK(c.train.seq_len % (2 * c.dist.cp) == 0, "train.seq_len = ", c.train.seq_len,
+                " does not cut into 2 x dist.cp = ", 2 * c.dist.cp,
+                " equal chunks (context parallelism gives each rank an early and a late chunk); choose train.seq_len "
+                "a multiple of ", 2 * c.dist.cp);
+    FORGE_CHECK(!c.dist.sequence_parallel || (c.train.seq_len / c.dist.cp) % c.dist.tp == 0, "train.seq_len / dist.cp = ",
+                c.train.seq_len / c.dist.cp, " tokens per context-parallel rank are not divisible by dist.tp = ",
+                c.dist.tp, " (sequence parallelism splits them further); choose train.seq_len a multiple of ",
+                c.dist.cp * c.dist.tp * 2);
+    FORGE_CHECK(c.dist.pp == 1, "dist.cp = ", c.dist.cp, " with dist.pp = ", c.dist.pp,
+                " is not built yet (the pipeline stages would pass each rank's sequence part); use dist.pp = 1 with "
+                "context parallelism");
+    FORGE_CHECK(c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.cp = ", c.dist.cp,
+                " is not supported yet (the ranks' parts would draw other masks than one process); set model.dropout = 0");
+  }
   FORGE_CHECK(!c.dist.sequence_parallel || c.dist.tp > 1, "dist.sequence_parallel = true splits the sequence over "
               "the tensor-parallel ranks; it needs dist.tp > 1 (got dist.tp = ", c.dist.tp, ")");
   FORGE_CHECK(c.dist.tp == 1 || !zero.parameters(), "dist.zero_stage = 3 with dist.tp = ", c.dist.tp,

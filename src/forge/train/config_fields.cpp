@@ -161,6 +161,13 @@ const std::vector<Field>& fields() {
                   "dist.tp > 1: keep the norms and residuals split along the sequence (all-gather / reduce-scatter "
                   "in place of all-reduce; activation memory per GPU divided by tp)"),
       FORGE_FIELD(dist, pp, "pipeline-parallel degree: stages of consecutive blocks (1 = none; <= model.n_layer)"),
+      FORGE_FIELD(dist, cp,
+                  "context-parallel degree: ranks that each hold 1/cp of every sequence, attention exchanging keys "
+                  "and values (1 = none; 2 x cp divides train.seq_len; GPT and LLaMA)"),
+      FORGE_FIELD(dist, cp_kind,
+                  "dist.cp > 1: \"ring\" (K/V blocks passed around the ranks, overlapped with attention; any head "
+                  "count) or \"ulysses\" (all-to-all from sequence parts to head groups; the heads of each tp rank "
+                  "divisible by cp)"),
       FORGE_FIELD(dist, pp_schedule,
                   "dist.pp > 1: \"1f1b\" (one forward one backward: at most pp micro-batches in flight per stage) or "
                   "\"gpipe\" (all forwards, then all backwards) or \"zb-h1\" (1F1B with the weight gradients "

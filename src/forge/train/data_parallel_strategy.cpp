@@ -3,7 +3,9 @@
 // runs, the optimizer state sharded by parameter ranges, block parameters sharded and gathered
 // around each block). Its step:
 //   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch of
-//     dp * b rows; Note [uneven rows] for a batch that does not divide), forward, loss / K,
+//     dp * b rows; Note [uneven rows] for a batch that does not divide; under context
+//     parallelism the rank's part of each sequence, the gradients then reduced over dp x cp),
+//     forward, loss / K,
 //     begin_backward(sync = last), backward, end_backward
 //   the loss of the global batch: all-reduce (avg) behind the last gradient bucket
 //   the global gradient norm (f16: unscaled first, the overflow flag agreed by every rank),
@@ -39,7 +41,10 @@ class DataParallelStrategy final : public Strategy {
   DataParallelStrategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
-    group_ = strategy_detail::data_parallel_group(mesh);
+    group_ = strategy_detail::data_parallel_group(mesh);  // (dp x cp: Note [context-parallel sequence layout])
+    dp_rank_ = mesh.dp_rank();
+    dp_size_ = mesh.dp();
+    cp_group_ = mesh.cp_group();
     split_ = model.split;
     std::vector<std::pair<std::string, Tensor>> trainable;
     {
@@ -81,7 +86,7 @@ class DataParallelStrategy final : public Strategy {
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
     dp_->set_lr(lr);
     const auto K = static_cast<int64_t>(micro_batches.size());
-    const int64_t dp_rank = group_->rank(), dp_size = group_->size();
+    const int64_t dp_rank = dp_rank_, dp_size = dp_size_;
     Tensor loss_sum;  // on the device: read once per step
     for (int64_t k = 0; k < K; ++k) {
       // Every rank draws the same global micro-batch and trains on its own rows of it.
@@ -90,7 +95,7 @@ class DataParallelStrategy final : public Strategy {
       const int64_t lo = dp_rank * rows / dp_size, hi = (dp_rank + 1) * rows / dp_size;
       FORGE_CHECK(hi > lo, "train: a micro-batch of ", rows, " rows leaves rank ", dp_rank, " of ", dp_size,
                   " without a row; every micro-batch needs at least one row per data-parallel rank");
-      const data::Batch mb = strategy_detail::local_rows(global, lo, hi - lo, device_);
+      const data::Batch mb = strategy_detail::local_part(global, lo, hi - lo, cp_group_, device_);
       if (k == K - 1) phases.mark(0);
       // The gradient the loss will get (Note [expected loss gradient]).
       const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
@@ -117,7 +122,7 @@ class DataParallelStrategy final : public Strategy {
     if (split_) split_->reduce_grads(dp_->named_grads());
     phases.mark(3);
     Tensor mean_loss = K == 1 ? loss_sum : loss_sum / static_cast<double>(K);
-    if (dp_size > 1 && !cfg_.debug.skip_reductions) {
+    if (group_->size() > 1 && !cfg_.debug.skip_reductions) {
       // The loss of the global batch, queued behind the last gradient bucket. Not before
       // backward: there its NCCL kernel waited for the slower rank's forward while this
       // rank's backward ran, and the spinning kernel's SMs cost backward ~0.6 ms a step on two
@@ -132,9 +137,11 @@ class DataParallelStrategy final : public Strategy {
   // Rank 0 evaluates for the job; under ZeRO-3 every rank runs the same evaluation (its forward
   // gathers the blocks: collectives), and rank 0 reports it. Under tensor parallelism the ranks of
   // the first replica evaluate together (the split forward is collective over them).
-  bool evaluates() const override { return group_->rank() == 0 || layout_.sharding().parameters(); }
+  // Under context parallelism the ranks of the first replica's group evaluate together (each its
+  // part of every sequence: the attention is collective over them).
+  bool evaluates() const override { return dp_rank_ == 0 || layout_.sharding().parameters(); }
   EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
-    return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct);
+    return strategy_detail::evaluate_model(model_, batches, max_batches, count_correct, cp_group_);
   }
 
   // Note [data-parallel checkpoints]. Collective: every rank calls it. The model is whole on
@@ -213,6 +220,7 @@ class DataParallelStrategy final : public Strategy {
       d.extra["dist"] = {{"world_size", pg.size()},
                          {"zero_stage", dp_->options().sharding.stage()},
                          {"tp", split_ ? split_->group()->size() : 1},
+                         {"cp", cp_group_ ? cp_group_->size() : 1},
                          {"sequence_parallel", split_ && split_->sequence_parallel()},
                          {"offload_optimizer", dp_->options().offload_optimizer},
                          {"files", files}};
@@ -226,6 +234,7 @@ class DataParallelStrategy final : public Strategy {
   // captured yet.
   std::string graph_blocker() const override {
     if (split_) return "tensor parallelism's step is not captured yet";
+    if (cp_group_) return "context parallelism's step is not captured yet";
     if (layout_.sharding().optimizer_state()) return layout_.sharding().name() + "'s sharded step is not captured yet";
     return "";
   }
@@ -257,7 +266,9 @@ class DataParallelStrategy final : public Strategy {
   const parallel::Layout layout_;
   Model& model_;
   Device device_;
-  parallel::ProcessGroupPtr group_;
+  parallel::ProcessGroupPtr group_;     // the gradients' reduction: data x context parallel
+  int64_t dp_rank_ = 0, dp_size_ = 1;  // this rank's model replica (its rows of each micro-batch)
+  parallel::ProcessGroupPtr cp_group_;  // context parallelism: the ranks sharing each sequence (or null)
   std::shared_ptr<const parallel::tp::SplitModel> split_;  // tensor parallelism: the model's split, or null
   std::unique_ptr<parallel::DataParallel> dp_;
   std::optional<optim::LossScaler> scaler_;

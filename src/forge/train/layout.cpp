@@ -1,5 +1,7 @@
 #include "forge/train/layout.h"
 
+#include <algorithm>
+
 #include "forge/core/error.h"
 #include "forge/nn/model_registry.h"
 #include "forge/parallel/mesh.h"
@@ -14,8 +16,8 @@ void check_vocab_splits(const RunConfig& cfg, int64_t vocab_size) {
 }
 
 parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
-  const int tp = static_cast<int>(cfg.dist.tp), pp = static_cast<int>(cfg.dist.pp);
-  const parallel::Mesh mesh = parallel::Mesh::carve(world_size, 0, tp, pp);  // 1.
+  const int tp = static_cast<int>(cfg.dist.tp), pp = static_cast<int>(cfg.dist.pp), cp = static_cast<int>(cfg.dist.cp);
+  const parallel::Mesh mesh = parallel::Mesh::carve(world_size, 0, tp, pp, cp);  // 1.
   const auto& m = cfg.model;
   if (cfg.is_language_model()) {                                     // 2.
     const nn::TransformerShape shape = nn::transformer_shape(m);    // kv-heads and FFN width resolved
@@ -29,6 +31,13 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
     FORGE_CHECK(ffn % tp == 0, "the FFN width ", ffn, " (", nn::model_family(m.type).ffn_rule,
                 ") is not divisible by dist.tp = ", tp, "; choose dist.tp a divisor of it");
     check_vocab_splits(cfg, m.vocab_size);
+    if (cp > 1 && cfg.dist.cp_kind == "ulysses") {
+      const int64_t heads = m.n_head / tp, kv_heads = std::max<int64_t>(kv / tp, 1);
+      FORGE_CHECK(heads % cp == 0 && kv_heads % cp == 0, "dist.cp_kind = \"ulysses\" gives each of the dist.cp = ",
+                  cp, " ranks a share of the heads, but each tensor-parallel rank has ", heads, " query and ", kv_heads,
+                  " key/value head(s), not both divisible by ", cp, "; use dist.cp_kind = \"ring\" or a dist.cp that "
+                  "divides both");
+    }
     FORGE_CHECK(m.n_layer >= pp, "dist.pp = ", pp, " pipeline stages need at least as many blocks, but model.n_layer = ",
                 m.n_layer, "; lower dist.pp to <= ", m.n_layer);
     const int64_t v = cfg.dist.pp_virtual_stages;
@@ -40,6 +49,8 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.dp = mesh.dp();
   l.tp = tp;
   l.pp = pp;
+  l.cp = cp;
+  l.cp_kind = cfg.dist.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring;
   l.zero = parallel::Sharding::from_stage(cfg.dist.zero_stage).stage();
   l.offload = cfg.dist.offload_optimizer;
   l.sequence_parallel = cfg.dist.sequence_parallel;
@@ -55,7 +66,9 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   {                                                                  // 3.
     const int64_t K = cfg.train.grad_accum, B = cfg.train.batch_size;
     FORGE_CHECK(B % (l.dp * K) == 0, "train.batch_size = ", B, " is not divisible by the world size ", world_size,
-                l.dp == world_size ? std::string() : " / (dist.tp x dist.pp) = dp " + std::to_string(l.dp),
+                l.dp == world_size ? std::string()
+                                   : std::string(cp > 1 ? " / (dist.tp x dist.pp x dist.cp)" : " / (dist.tp x dist.pp)") +
+                                         " = dp " + std::to_string(l.dp),
                 K > 1 ? " x train.grad_accum = " + std::to_string(K) : std::string(),
                 "; train.batch_size is the global batch (Note [global batch]): make it a multiple of ", l.dp * K);
     l.grad_accum = K;

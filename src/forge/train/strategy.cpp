@@ -1,14 +1,18 @@
 // The pieces every strategy shares, and the choice of one (contracts in strategy.h).
 #include "forge/train/strategy.h"
 
+#include <cmath>
+
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
 #include "forge/ops/join.h"
 #include "forge/ops/loss.h"
 #include "forge/ops/reduce.h"
 #include "forge/optim/clip.h"
+#include "forge/parallel/context_parallel.h"
 
 namespace forge::train {
 
@@ -55,7 +59,18 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
   return b;
 }
 
-EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct) {
+data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
+                       Device device) {
+  data::Batch b = local_rows(global, row0, rows, device);
+  if (cp_group) {  // Note [context-parallel sequence layout]
+    b.inputs = parallel::cp::local_sequence(b.inputs, cp_group->rank(), cp_group->size());
+    b.targets = parallel::cp::local_sequence(b.targets, cp_group->rank(), cp_group->size());
+  }
+  return b;
+}
+
+EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,
+                        const parallel::ProcessGroupPtr& cp_group) {
   NoGradGuard no_grad;
   const bool was_training = model.module->is_training();
   model.module->eval();
@@ -64,6 +79,7 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
   for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
     auto batch = batches.next();
     if (!batch) break;
+    if (cp_group) *batch = local_part(*batch, 0, batch->inputs.size(0), cp_group, Device::cpu());
     const Tensor targets = batch->targets.to(device);
     if (model.split) {
       FORGE_CHECK(!count_correct, "evaluate: a split model counts no arg-max hits");
@@ -80,6 +96,17 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
     sums.count += batch->targets.numel();
   }
   model.module->train(was_training);
+  if (cp_group) {  // each rank summed its part of the sequences
+    Tensor t = from_vector(std::vector<double>{sums.loss_sum, static_cast<double>(sums.correct),
+                                               static_cast<double>(sums.count)},
+                           {3})
+                   .to(device, DType::f64);
+    cp_group->all_reduce(t, parallel::ReduceOp::sum)->wait();
+    const std::vector<double> v = t.to_vector<double>();
+    sums.loss_sum = v[0];
+    sums.correct = static_cast<int64_t>(std::llround(v[1]));
+    sums.count = static_cast<int64_t>(std::llround(v[2]));
+  }
   FORGE_CHECK(sums.count > 0, "evaluate: no evaluation batch");
   return sums;
 }
@@ -92,8 +119,8 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
 
 parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh) {
   FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
-  if (mesh.dp_group()) return mesh.dp_group();
-  return mesh.dp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
+  if (mesh.dp_cp_group()) return mesh.dp_cp_group();
+  return mesh.dp() * mesh.cp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
 }
 
 Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,

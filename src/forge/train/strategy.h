@@ -159,12 +159,19 @@ io::NamedTensors host_copies(const std::vector<std::pair<std::string, Tensor>>& 
 CheckpointJob::Shard shard_job(std::string file, std::vector<parallel::ShardPiece> pieces,
                                const std::vector<std::map<std::string, Tensor>>& state, std::vector<int64_t> steps,
                                uint64_t& bytes);
-// Strategy::evaluate on one model replica.
-EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct);
+// local_rows, then under context parallelism (cp_group set) this rank's part of every sequence
+// (parallel/context_parallel.h).
+data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
+                       Device device);
+// Strategy::evaluate on one model replica; under context parallelism every rank of cp_group
+// calls it, each on its part of the sequences, and all get the sums of the whole.
+EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,
+                        const parallel::ProcessGroupPtr& cp_group = nullptr);
 // The step's figures as one 1-D f32 tensor (train_step's return value).
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
-// The data-parallel group of a layout on `mesh`: the mesh's, the world when dp spans it, or a
-// group of one when tensor or pipeline parallelism spans the world (collective then).
+// The data-parallel group of a layout on `mesh`: the mesh's dp x cp group (the gradients of a
+// context-parallel run reduce over both), the world when they span it, or a group of one when
+// tensor or pipeline parallelism spans the world (collective then).
 parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh);
 // The end of a step on parallel::DataParallel, after backward and the loss's reductions: the global
 // norm (f16: unscaled, the overflow agreed), clipping at grad_clip, the non-finite skip, the

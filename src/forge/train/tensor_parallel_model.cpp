@@ -11,6 +11,7 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/view.h"
+#include "forge/parallel/context_parallel.h"
 #include "forge/parallel/env.h"
 #include "forge/parallel/tensor_parallel.h"
 #include "forge/telemetry/metrics.h"
@@ -21,6 +22,10 @@
 namespace forge::train {
 
 namespace {
+parallel::cp::Kind context_kind(const parallel::Layout& layout) {
+  return layout.cp_kind == parallel::ContextKind::ulysses ? parallel::cp::Kind::ulysses : parallel::cp::Kind::ring;
+}
+
 void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                            std::ostream& log) {
   FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
@@ -40,8 +45,10 @@ void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout,
   std::map<std::string, Tensor> whole;
   for (const auto& [name, t] : model.module->state_dict()) whole.emplace(name, t);
   const int64_t whole_count = model.module->num_parameters();
-  LanguageModel split =
-      build_language_model(cfg, parallel::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()));
+  // Context parallelism composes: its positions and attention on top of the split layers.
+  LanguageModel split = build_language_model(
+      cfg, parallel::cp::layer_spec(parallel::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()),
+                                    mesh.cp_group(), context_kind(layout)));
   auto s = std::make_shared<parallel::tp::SplitModel>(*split.module, g, layout.sequence_parallel);
   s->load_whole(*split.module, whole);
   whole.clear();
@@ -59,13 +66,36 @@ void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout,
       << telemetry::format_count(static_cast<double>(whole_count)) << " parameters on each rank\n";
 }
 
+// Context parallelism alone (dist.cp > 1, dist.tp = 1): the same model rebuilt with the
+// context-parallel layer spec (positions and attention: parallel/context_parallel.h) and loaded
+// from the one built from run.seed; no parameter is split.
+void context_parallel_model(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model) {
+  FORGE_CHECK(cfg.is_language_model(), "dist.cp = ", layout.cp, " splits the sequences of a GPT or LLaMA; model.type = '",
+              cfg.model.type, "' trains with dist.cp = 1");
+  FORGE_CHECK(mesh.cp_group() != nullptr && mesh.cp_group()->size() == layout.cp,
+              "context parallelism: the mesh has no context-parallel group of ", layout.cp, " ranks attached");
+  const nn::NamedTensors whole = model.module->state_dict();
+  LanguageModel cpm = build_language_model(cfg, parallel::cp::layer_spec({}, mesh.cp_group(), context_kind(layout)));
+  cpm.module->load_state_dict(whole);
+  model.module = cpm.module;
+  model.forward = cpm.forward;
+  model.loss = cpm.loss;
+  model.set_block_hooks = cpm.set_block_hooks;
+  model.block_of = cpm.block_of;
+}
+
 }  // namespace
 
 void split_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log) {
   // Tensor parallelism first (the split model is rebuilt from the whole one), then this rank's
   // pipeline stage of it.
-  if (layout.tp > 1) split_tensor_parallel(cfg, layout, mesh, model, log);
+  if (layout.tp > 1) split_tensor_parallel(cfg, layout, mesh, model, log);  // (with cp when cp > 1)
+  else if (layout.cp > 1) context_parallel_model(cfg, layout, mesh, model);
+  if (layout.cp > 1)
+    log << "context parallel: " << layout.cp << " rank(s) per group ("
+        << (layout.cp_kind == parallel::ContextKind::ulysses ? "ulysses" : "ring") << "), "
+        << cfg.train.seq_len / layout.cp << " of the " << cfg.train.seq_len << " positions of each sequence on each rank\n";
   stage_model_for_layout(cfg, layout, mesh, model, log);
 }
 

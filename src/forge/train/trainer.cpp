@@ -210,7 +210,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   // choice, which depends on the shapes alone, never on a timing.
   ops::set_gemm_tuning(cfg.run.gemm_tuning == "cached" && !cfg.run.deterministic);
   parallel::ProcessGroupPtr pg;
-  parallel::Mesh mesh = parallel::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp));
+  parallel::Mesh mesh = parallel::Mesh::carve(world_size, denv.rank, static_cast<int>(layout.tp), static_cast<int>(layout.pp),
+                                              static_cast<int>(layout.cp));
   if (distributed) {
     // Threads and host memory of this rank near its GPU (or spread over the nodes for CPU
     // ranks), before the data loader's thread starts (parallel/numa.h; FORGE_BIND=none|numa|auto).

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_testing.h"
+#include "testing/attention_blocks.h"
 #include "forge/backends/cpu/attention.h"
 #include "forge/backends/cuda/attention.h"
 #include "forge/backends/cuda/cudnn_attention.h"
@@ -733,6 +734,30 @@ TEST(CudaAttentionNan, EveryBackendPropagatesANanQuery) {
         ASSERT_EQ(grad_nans, nan_row ? D : 0) << "dq h=" << h << " t=" << t;
       }
   }
+}
+
+}  // namespace
+}  // namespace forge
+
+// Note [attention blocks] on the GPU, on each back-end (what ring attention runs per block): causal
+// attention assembled from three blocks and each block's backward given the merged output and
+// logsumexp, against the whole attention in f64 on the CPU (tests/testing/attention_blocks.h).
+namespace forge {
+namespace {
+
+using namespace cuda_testing;
+
+TEST(CudaAttentionBlocks, AssembleTheWholeAttentionOnEveryBackend) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const std::string before = ops::attention_backend();
+  for (const char* backend : {"auto", "flash", "composed"}) {
+    ops::set_attention_backend(backend);
+    SCOPED_TRACE(backend);
+    attention_blocks_testing::check_blocks(kGpu, DType::bf16, 2, 8, 2, 128, 64, 3e-2, 11);
+    attention_blocks_testing::check_blocks(kGpu, DType::bf16, 1, 4, 4, 96, 128, 3e-2, 12);
+    attention_blocks_testing::check_blocks(kGpu, DType::f32, 2, 4, 2, 40, 32, 2e-3, 13);
+  }
+  ops::set_attention_backend(before);
 }
 
 }  // namespace
