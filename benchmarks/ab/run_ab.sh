@@ -7,7 +7,7 @@
 #   # here (no GPU): the base tree and the packages the GPU machine lacks
 #   BASE=<commit> benchmarks/ab/run_ab.sh prepare      # .ab/base (git archive), .deps/*.deb
 #   # on the GPU machine (device tool: carry .ab and .deps):
-#   benchmarks/ab/run_ab.sh build                      # both trees' forge (+ B's tests), in parallel
+#   benchmarks/ab/run_ab.sh build                      # both trees' forge (+ B's tests: HEAD_TARGETS), in parallel
 #   ROUNDS=3 benchmarks/ab/run_ab.sh runs              # the rows below; table at the end
 # (carry .ab and .deps with the build call only: a carried path replaces what is there.)
 #
@@ -70,7 +70,7 @@ build)
   sides="base head"; [ "${SAME:-0}" = 1 ] && sides=head
   for t in $sides; do
     src=$([ $t = base ] && echo "$AB/base" || echo "$ROOT")
-    targets="forge"; [ $t = head ] && targets="forge forge_tests forge_cuda_tests forge_parallel_tests forge_hf_parity"
+    targets="forge"; [ $t = head ] && targets="${HEAD_TARGETS:-forge forge_tests forge_cuda_tests forge_parallel_tests forge_hf_parity}"
     ( cmake -S "$src" -B "$OB/$t" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON \
         -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc $args > "$OB/configure-$t.log" 2>&1 &&
       cmake --build "$OB/$t" -j "$JOBS" --target $targets > "$OB/build-$t.log" 2>&1

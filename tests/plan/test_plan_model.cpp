@@ -167,6 +167,48 @@ TEST(PlanTime, TensorParallelCollectivesPerLayer) {
   EXPECT_NEAR(step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens).tp_comm, (6 * L + 2) * one, 1e-12);
 }
 
+// Context parallelism: cp GPUs share each sequence. At the same GPUs and global batch, dp 4 x cp 2
+// holds half the activations per micro-batch of dp 8 (seq / 2 tokens each), computes the same
+// tokens per GPU per step, shards ZeRO over the same 8 ranks, and adds the ring's traffic only
+// where it outlasts the attention it overlaps; Ulysses' all-to-alls are never hidden.
+TEST(PlanTime, ContextParallelSplitsTheSequence) {
+  PlanInput in = llama7b_on("h100", 8);
+  in.model.seq_len = in.model.block_size = 8192;
+  in.layout.zero = 1;
+  in.global_batch = 64;
+  in.layout.grad_accum = 8;  // dp 8 x micro-batch 1 x 8
+  ASSERT_EQ(error_of(in), "");
+  const MemoryBreakdown ma = memory_per_gpu(in.model, in.setup, in.layout, 80e9);
+  const TimeBreakdown ta = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  PlanInput cp = in;
+  cp.layout.dp = 4, cp.layout.cp = 2, cp.layout.grad_accum = 16;  // the same 64 sequences a step
+  ASSERT_EQ(error_of(cp), "");
+  const MemoryBreakdown mb = memory_per_gpu(cp.model, cp.setup, cp.layout, 80e9);
+  const TimeBreakdown tb = step_time(cp.model, cp.setup, cp.layout, cp.cluster, cp.mfu, cp.tokens);
+  EXPECT_NEAR(mb.activations, ma.activations / 2, 1e-6 * ma.activations);
+  EXPECT_DOUBLE_EQ(mb.optimizer, ma.optimizer);  // ZeRO-1 over dp x cp = 8 ranks either way
+  EXPECT_DOUBLE_EQ(tb.tokens_per_step, ta.tokens_per_step);
+  EXPECT_NEAR(tb.compute, ta.compute, 1e-9 * ta.compute);
+  EXPECT_EQ(tb.cp_link.name, "NVLink");
+  EXPECT_GE(tb.cp_comm, 0);
+  // The ring's K/V over NVLink hides under 8k tokens of attention; Ulysses pays its all-to-alls.
+  EXPECT_EQ(tb.cp_comm, 0);
+  cp.layout.cp_kind = parallel::ContextKind::ulysses;
+  const TimeBreakdown tu = step_time(cp.model, cp.setup, cp.layout, cp.cluster, cp.mfu, cp.tokens);
+  EXPECT_GT(tu.cp_comm, 0);
+  EXPECT_NEAR(tu.step - tu.cp_comm, tb.step, 1e-9 * tb.step);
+  // What does not split is said before any planning.
+  PlanInput bad = cp;
+  bad.model.seq_len = 8190;
+  EXPECT_NE(error_of(bad).find("does not cut into 2 x cp = 4 equal chunks"), std::string::npos) << error_of(bad);
+  bad = cp;
+  bad.model.n_kv_head = 1;
+  EXPECT_NE(error_of(bad).find("use --cp-kind ring"), std::string::npos) << error_of(bad);
+  bad = cp;
+  bad.layout.dp = 2, bad.layout.pp = 2;
+  EXPECT_NE(error_of(bad).find("cp with pp > 1 is not supported"), std::string::npos) << error_of(bad);
+}
+
 TEST(PlanTime, PipelineBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_DOUBLE_EQ(bubble_fraction(4, 12), 3.0 / 15.0);
   EXPECT_DOUBLE_EQ(bubble_fraction(1, 8), 0.0);

@@ -114,7 +114,9 @@ TEST_P(ContextParallelLayouts, MatchesTheSingleProcessRun) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("context parallel: " + std::to_string(c.cp) + " rank(s) per group (" + c.kind + ")"), npos)
       << r.out;
-  if (c.tp > 1) EXPECT_NE(r.out.find("tensor parallel: " + std::to_string(c.tp) + " rank(s)"), npos) << r.out;
+  if (c.tp > 1) {
+    EXPECT_NE(r.out.find("tensor parallel: " + std::to_string(c.tp) + " rank(s)"), npos) << r.out;
+  }
   expect_same_run(root_ / name, single, 1, 1e-6, o == "sgd" ? 1e-6 : 5e-5, name + " vs one process");
 }
 

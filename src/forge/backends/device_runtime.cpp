@@ -2,14 +2,22 @@
 #include "forge/backends/device_runtime.h"
 
 #include <chrono>
+#include <iomanip>
+#include <sstream>
 #include <optional>
 
 #include "forge/core/error.h"
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/device_info.h"
+#include <nvtx3/nvToolsExt.h>
+
+#include "forge/backends/cuda/graph.h"
+#include "forge/backends/cuda/kernel_trace.h"
+#include "forge/backends/cuda/matmul.h"
 #include "forge/backends/cuda/memory.h"
 #include "forge/backends/cuda/stream.h"
+#include "forge/backends/cuda/tensor_kernels.h"
 #endif
 
 namespace forge::runtime {
@@ -112,6 +120,177 @@ double Event::elapsed_ms(const Event& later) const {
   if (impl_->on_cuda) return impl_->cuda_event->elapsed_ms(*later.impl_->cuda_event);
 #endif
   return std::chrono::duration<double, std::milli>(later.impl_->host_time - impl_->host_time).count();
+}
+
+bool graph_capture_supported(Device d, std::string* why) {
+  auto say = [&](const char* reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (!d.is_cuda()) return say("not a GPU");
+#ifdef FORGE_WITH_CUDA
+  if (!cuda::caching_allocator_enabled())
+    return say("FORGE_CUDA_ALLOC=plain frees memory with cudaFree, which a capture cannot");
+  return true;
+#else
+  return say("this forge was built without CUDA");
+#endif
+}
+
+void empty_cache(Device d) {
+  if (!d.is_cuda()) return;
+#ifdef FORGE_WITH_CUDA
+  cuda::empty_cache(static_cast<int>(d.index));
+#else
+  no_cuda(d, "empty_cache");
+#endif
+}
+
+void synchronize(Device d) {
+  if (!d.is_cuda()) return;
+#ifdef FORGE_WITH_CUDA
+  cuda::synchronize(static_cast<int>(d.index));
+#else
+  no_cuda(d, "synchronize");
+#endif
+}
+
+#ifdef FORGE_WITH_CUDA
+struct StepGraph::Impl {
+  cuda::Stream stream;
+  std::optional<cuda::StreamGuard> guard;
+  cuda::CudaGraph graph;
+  explicit Impl(int device) : stream(cuda::Stream::create(device)) {}
+};
+
+StepGraph::StepGraph(Device d) {
+  FORGE_CHECK(d.is_cuda(), "StepGraph: ", d.str(), " is not a GPU; graphs capture CUDA work");
+  const int index = static_cast<int>(d.index);
+  impl_ = std::make_unique<Impl>(index);
+  // The new stream does not wait for the legacy stream's work (a model's upload, a broadcast):
+  // wait for it here, once.
+  cuda::synchronize(index);
+  impl_->guard.emplace(impl_->stream);
+}
+
+StepGraph::~StepGraph() {
+  try {
+    impl_->stream.synchronize();
+  } catch (...) {
+  }
+  impl_->guard.reset();  // the previous current stream again; the graph and its pool go with impl_
+}
+
+void StepGraph::capture_begin() { impl_->graph.capture_begin(impl_->stream); }
+void StepGraph::capture_end() { impl_->graph.capture_end(); }
+void StepGraph::capture_abort() noexcept { impl_->graph.capture_abort(); }
+void StepGraph::replay() { impl_->graph.replay(); }
+bool StepGraph::captured() const { return impl_->graph.captured(); }
+size_t StepGraph::num_nodes() const { return impl_->graph.num_nodes(); }
+#else
+struct StepGraph::Impl {};
+StepGraph::StepGraph(Device d) {
+  FORGE_CHECK(d.is_cuda(), "StepGraph: ", d.str(), " is not a GPU; graphs capture CUDA work");
+  no_cuda(d, "StepGraph");
+}
+StepGraph::~StepGraph() = default;
+void StepGraph::capture_begin() {}
+void StepGraph::capture_end() {}
+void StepGraph::capture_abort() noexcept {}
+void StepGraph::replay() {}
+bool StepGraph::captured() const { return false; }
+size_t StepGraph::num_nodes() const { return 0; }
+#endif
+
+void range_push(const char* name) {
+#ifdef FORGE_WITH_CUDA
+  nvtxRangePushA(name);
+#else
+  (void)name;
+#endif
+}
+
+void range_pop() {
+#ifdef FORGE_WITH_CUDA
+  nvtxRangePop();
+#endif
+}
+
+void mark(const char* name) {
+#ifdef FORGE_WITH_CUDA
+  nvtxMarkA(name);
+#else
+  (void)name;
+#endif
+}
+
+struct KernelTrace::Impl {
+  bool cuda = false;
+  std::vector<KernelRecord> records;
+  std::string note;
+#ifdef FORGE_WITH_CUDA
+  cuda::KernelTrace trace;
+#endif
+};
+
+KernelTrace::KernelTrace(Device d) : impl_(std::make_unique<Impl>()) { impl_->cuda = d.is_cuda(); }
+KernelTrace::~KernelTrace() = default;
+
+bool KernelTrace::start() {
+  if (!impl_->cuda) {
+    impl_->note = "not a GPU";
+    return false;
+  }
+#ifdef FORGE_WITH_CUDA
+  const bool on = impl_->trace.start();
+  impl_->note = impl_->trace.note();
+  return on;
+#else
+  impl_->note = "this forge was built without CUDA";
+  return false;
+#endif
+}
+
+void KernelTrace::stop() {
+#ifdef FORGE_WITH_CUDA
+  if (!impl_->cuda) return;
+  impl_->trace.stop();
+  impl_->note = impl_->trace.note();
+  impl_->records.clear();
+  for (const cuda::KernelRecord& r : impl_->trace.records())
+    impl_->records.push_back({r.name, r.start_ns, r.end_ns, r.device, r.stream});
+#endif
+}
+
+uint64_t KernelTrace::now_ns() const {
+#ifdef FORGE_WITH_CUDA
+  if (impl_->cuda) return impl_->trace.now_ns();
+#endif
+  return 0;
+}
+
+const std::vector<KernelRecord>& KernelTrace::records() const { return impl_->records; }
+const std::string& KernelTrace::note() const { return impl_->note; }
+
+std::string gemm_tuning_report(Device d, const std::string& mode) {
+  if (!d.is_cuda()) return "";
+#ifdef FORGE_WITH_CUDA
+  const cuda::GemmTuningStats g = cuda::gemm_tuning_stats();
+  std::ostringstream log;
+  log << "gemm: run.gemm_tuning = " << mode;
+  if (mode == "cached")
+    log << ": " << g.tuned << " shapes tuned in " << std::fixed << std::setprecision(2) << g.tuning_ms / 1e3 << " s ("
+        << g.changed << " faster than cuBLASLt's first choice), " << g.loaded << " from the tuning cache";
+  if (g.graph_timed + g.graph_refused > 0)  // Note [GEMM timing in CUDA graphs] (FORGE_GEMM_TUNE_IN_GRAPH)
+    log << "; timed as CUDA graphs: " << g.graph_timed << " (" << g.graph_refused
+        << " could not be captured), with a workspace memset in " << g.memset_first << " first choices and "
+        << g.memset_chosen << " chosen";
+  log << "; " << g.fallback_shapes << " shapes without a cuBLASLt algorithm";
+  return log.str();
+#else
+  (void)mode;
+  no_cuda(d, "gemm_tuning_report");
+#endif
 }
 
 }  // namespace forge::runtime

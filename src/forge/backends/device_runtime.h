@@ -8,8 +8,10 @@
 // recorded and its time is the host's clock. On a CUDA device an event is a CUDA event on the
 // calling thread's current stream of that device (backends/cuda/stream.h). A CUDA device in a
 // build without CUDA is a forge::Error at the call.
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "forge/core/allocator.h"
 #include "forge/core/device.h"
@@ -44,6 +46,80 @@ class Event {
   // Milliseconds from this event to `later`, both recorded with timing on the same device and
   // complete (synchronize `later` first).
   double elapsed_ms(const Event& later) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether work on `d` can be captured into a graph (StepGraph): a CUDA device whose allocator is
+// the caching one (a plain allocator frees with cudaFree, which a capture cannot). `why` gets the
+// reason when not. The CPU: false ("not a GPU").
+bool graph_capture_supported(Device d, std::string* why = nullptr);
+// Hands the allocator's cached free blocks of `d` back to the device (no-op on the CPU).
+void empty_cache(Device d);
+// The host waits for all work queued on `d` (no-op on the CPU).
+void synchronize(Device d);
+
+// Named ranges and instants on a profiler's timeline (NVTX in a CUDA build, which Nsight Systems
+// shows; no-ops otherwise). Host-side: they nest per thread, whatever the device.
+void range_push(const char* name);
+void range_pop();
+void mark(const char* name);
+
+// The kernels a device ran over a stretch of a run (CUPTI's activity records on a CUDA device,
+// loaded at run time: backends/cuda/kernel_trace.h). One at a time in a process.
+struct KernelRecord {
+  std::string name;  // demangled
+  uint64_t start_ns = 0, end_ns = 0;  // the trace's clock (now_ns)
+  uint32_t device = 0, stream = 0;
+};
+class KernelTrace {
+ public:
+  explicit KernelTrace(Device d);
+  ~KernelTrace();
+  KernelTrace(const KernelTrace&) = delete;
+  KernelTrace& operator=(const KernelTrace&) = delete;
+  // Starts recording; false (note() says why) when it cannot: the CPU, a build without CUDA, no
+  // CUPTI, another profiler collecting.
+  bool start();
+  // Waits for the device, flushes the records and stops (after a successful start; else nothing).
+  void stop();
+  uint64_t now_ns() const;  // the trace's clock now (0 when not started)
+  const std::vector<KernelRecord>& records() const;
+  const std::string& note() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One line on the GEMM algorithm tuning of this process so far (Note [GEMM algorithm tuning] in
+// backends/cuda/blaslt.h): shapes tuned and in what time, from the cache, timed as graphs, without
+// an algorithm; `mode` is run.gemm_tuning. "" on the CPU.
+std::string gemm_tuning_report(Device d, const std::string& mode);
+
+// Work captured once and replayed as one launch (CUDA graphs; Note [the step as a CUDA graph] in
+// train/graphed_step.h). Made on a CUDA device: a stream of its own becomes the thread's current
+// stream of that device (after waiting for the work queued before, once) until the StepGraph is
+// destroyed, which waits for the last replay and restores the previous stream. The capture's
+// allocations come from the graph's private pool. On the CPU or without CUDA: a forge::Error.
+class StepGraph {
+ public:
+  explicit StepGraph(Device d);
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  // Capture the work this thread queues on the graph's stream (once); end instantiates it, abort
+  // discards it after an exception (never throws).
+  void capture_begin();
+  void capture_end();
+  void capture_abort() noexcept;
+  // Launches the captured graph on its stream.
+  void replay();
+  bool captured() const;
+  size_t num_nodes() const;
 
  private:
   struct Impl;

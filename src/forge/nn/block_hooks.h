@@ -5,7 +5,7 @@
 // after_block, which also wraps the block's outputs so that backward reaching them gathers the
 // parameters again before any of the block's backward runs.
 //
-//   GPT::blocks / Llama::blocks (and so forward and loss), for each block i of the range:
+//   CausalLM::blocks (and so forward and loss; Note [the block loop]), for each block i of the range:
 //     if (hooks) hooks->before_block(i);
 //     outputs = block_i(inputs);                  // one tensor, or GPT's (x, pending) Stream
 //     if (hooks) outputs = hooks->after_block(i, outputs);

@@ -1,9 +1,12 @@
 #include "forge/nn/causal_lm.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
+#include "forge/autograd/checkpoint.h"
 #include "forge/core/memory_owner.h"
+#include "forge/core/trace_range.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -13,6 +16,38 @@
 namespace forge::nn {
 
 Tensor Stream::materialize() const { return pending.defined() ? ops::add(x, pending) : x; }
+
+// Note [the block loop] (causal_lm.h).
+Stream CausalLM::blocks(const Stream& in, int64_t begin, int64_t end) const {
+  FORGE_CHECK(0 <= begin && begin <= end && end <= num_blocks(), family_name(), "::blocks: the range [", begin, ", ",
+              end, ") is not within the model's ", num_blocks(), " blocks; pass 0 <= begin <= end <= num_blocks()");
+  if (begin == end) return in;
+  BlockHooks* hooks = block_hooks.get();
+  if (checkpoints_activations() && is_training()) {  // the regions take and return the plain stream
+    Tensor x = in.materialize();
+    for (int64_t i = begin; i < end; ++i) {
+      const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+      const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
+      if (hooks) hooks->before_block(static_cast<int>(i));
+      x = autograd::checkpoint([this, i](const TensorList& inputs) { return block_forward(i, inputs[0]); }, {x});
+      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
+    }
+    return {x, Tensor()};
+  }
+  Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [model seams])
+  for (int64_t i = begin; i < end; ++i) {
+    const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
+    const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
+    if (hooks) hooks->before_block(static_cast<int>(i));
+    std::tie(x, pending) = block_step(i, x, pending);
+    if (hooks) {
+      const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
+      x = out[0];
+      pending = out[1];
+    }
+  }
+  return {x, pending};
+}
 
 bool KvCache::padded() const {
   for (int64_t p : pad)
@@ -76,11 +111,6 @@ Tensor CausalLM::forward_last(const Tensor& idx) const {
 
 Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const {
   return head_loss(blocks(embed_owned(*this, idx), 0, num_blocks()), targets);
-}
-
-void CausalLM::check_block_range(const char* model, int64_t begin, int64_t end) const {
-  FORGE_CHECK(0 <= begin && begin <= end && end <= num_blocks(), model, "::blocks: the range [", begin, ", ", end,
-              ") is not within the model's ", num_blocks(), " blocks; pass 0 <= begin <= end <= num_blocks()");
 }
 
 }  // namespace forge::nn

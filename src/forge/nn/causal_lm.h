@@ -29,6 +29,14 @@
 //
 // Hooks: blocks() calls block_hooks (nn/block_hooks.h; ZeRO-3) around each block it runs, with
 // the block's index in the whole model, exactly as forward() does.
+//
+// Note [the block loop]: CausalLM::blocks is the one loop over the blocks for every family: it
+// names each block's memory (Note [memory owners]) and trace range, calls the hooks around it
+// (ZeRO-3's gather and release: nn/block_hooks.h), and under activation checkpointing wraps the
+// block in autograd::checkpoint. A family supplies only its block (block_step, block_forward);
+// what a layout changes inside a block comes through the LayerSpec it was built from (tensor
+// parallelism's linears, context parallelism's positions and attention), and around it through
+// the hooks, so no family has a loop of its own to keep in step.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -88,8 +96,10 @@ class CausalLM : public Module {
 
   // idx (B, T) i64 token ids -> the stream entering block 0. Checks the shape and the context.
   virtual Stream embed(const Tensor& idx) const = 0;
-  // Runs blocks [begin, end) (0 <= begin <= end <= num_blocks()) on the stream.
-  virtual Stream blocks(const Stream& in, int64_t begin, int64_t end) const = 0;
+  // Runs blocks [begin, end) (0 <= begin <= end <= num_blocks()) on the stream: the one block
+  // loop of every family (Note [the block loop]); returns the stream with the last block's
+  // residual branch pending, or, with activation checkpointing in training, as one tensor.
+  Stream blocks(const Stream& in, int64_t begin, int64_t end) const;
   // Final norm + LM head on the stream after the last block -> logits (B, T, vocab_size)
   // (a vocabulary-parallel head: this rank's slice of the vocabulary).
   virtual Tensor head(const Stream& in) const = 0;
@@ -126,8 +136,16 @@ class CausalLM : public Module {
   std::shared_ptr<BlockHooks> block_hooks;
 
  protected:
-  // Throws unless 0 <= begin <= end <= num_blocks(); `model` names the caller.
-  void check_block_range(const char* model, int64_t begin, int64_t end) const;
+  // What a family supplies to the block loop (Note [the block loop]):
+  // block i on the stream x + pending (pending undefined: x alone) -> the new stream as {x,
+  // pending}, the sum left for the next block's fused add + norm (Note [model seams]);
+  virtual std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const = 0;
+  // block i on one tensor -> one tensor (the region activation checkpointing recomputes);
+  virtual Tensor block_forward(int64_t i, const Tensor& x) const = 0;
+  // whether the family's config checkpoints its blocks' activations (model.checkpoint_activations);
+  virtual bool checkpoints_activations() const = 0;
+  // its name in errors ("GPT", "Llama").
+  virtual const char* family_name() const = 0;
 };
 
 }  // namespace forge::nn

@@ -1,13 +1,8 @@
 #include "forge/nn/gpt.h"
 
-#include "forge/core/memory_owner.h"
-#include "forge/core/trace_range.h"
-
 #include <cmath>
-#include <tuple>
 #include <utility>
 
-#include "forge/autograd/checkpoint.h"
 #include "forge/autograd/grad_mode.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/binary.h"
@@ -146,36 +141,11 @@ Stream GPT::embed(const Tensor& idx) const {
   return {drop->forward(wpe->add_to(wte->forward(idx), pos)), Tensor()};  // (B, T, C)
 }
 
-Stream GPT::blocks(const Stream& in, int64_t begin, int64_t end) const {
-  check_block_range("GPT", begin, end);
-  if (begin == end) return in;
-  BlockHooks* hooks = block_hooks.get();
-  if (config.checkpoint_activations && is_training()) {
-    Tensor x = in.materialize();
-    for (int64_t i = begin; i < end; ++i) {
-      const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
-      const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
-      const GPTBlock* b = h[static_cast<size_t>(i)].get();
-      if (hooks) hooks->before_block(static_cast<int>(i));
-      x = autograd::checkpoint([b](const TensorList& inputs) { return b->forward(inputs[0]); }, {x});
-      if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
-    }
-    return {x, Tensor()};
-  }
-  Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [fused residual + layer norm in GPT])
-  for (int64_t i = begin; i < end; ++i) {
-    const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
-    const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
-    if (hooks) hooks->before_block(static_cast<int>(i));
-    std::tie(x, pending) = block_pending(*h[static_cast<size_t>(i)], x, pending);
-    if (hooks) {
-      const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
-      x = out[0];
-      pending = out[1];
-    }
-  }
-  return {x, pending};
+std::pair<Tensor, Tensor> GPT::block_step(int64_t i, const Tensor& x, const Tensor& pending) const {
+  return block_pending(*h[static_cast<size_t>(i)], x, pending);
 }
+
+Tensor GPT::block_forward(int64_t i, const Tensor& x) const { return h[static_cast<size_t>(i)]->forward(x); }
 
 Tensor GPT::head(const Stream& in) const {
   const Tensor y = in.pending.defined() ? add_norm(*ln_f, in.x, in.pending).y : ln_f->forward(in.x);

@@ -53,9 +53,6 @@ class GPT : public CausalLM {
 
   // drop(wte(idx) + wpe(0..T-1)); nothing pending.
   Stream embed(const Tensor& idx) const override;
-  // Blocks [begin, end); returns the stream with the last block's MLP output pending, or,
-  // with activation checkpointing in training, as one tensor.
-  Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   // ln_f (fused with the pending add) and the head tied to wte: logits (B, T, vocab_size).
   Tensor head(const Stream& in) const override;
   Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
@@ -71,6 +68,14 @@ class GPT : public CausalLM {
   std::shared_ptr<Dropout> drop;
   // The block a parameter name belongs to ("transformer.h.<i>."), or -1.
   static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "transformer.h."); }
+
+ protected:
+  // The block loop's pieces (Note [the block loop] in nn/causal_lm.h): block i's fused step on the
+  // stream (its residual branch left pending), its plain forward (the checkpointed region).
+  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const override;
+  Tensor block_forward(int64_t i, const Tensor& x) const override;
+  bool checkpoints_activations() const override { return config.checkpoint_activations; }
+  const char* family_name() const override { return "GPT"; }
 
  private:
   class Container;

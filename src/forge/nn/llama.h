@@ -55,7 +55,6 @@ class Llama : public CausalLM {
   explicit Llama(const LlamaConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
 
   Stream embed(const Tensor& idx) const override;  // embed_tokens(idx)
-  Stream blocks(const Stream& in, int64_t begin, int64_t end) const override;
   Tensor head(const Stream& in) const override;  // lm_head(norm(x)): (B, T, vocab_size)
   Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
   int64_t num_blocks() const override { return config.n_layer; }
@@ -70,6 +69,14 @@ class Llama : public CausalLM {
   std::shared_ptr<Linear> lm_head;
   // The block a parameter name belongs to ("model.layers.<i>."), or -1.
   static int block_of(const std::string& param_name) { return block_of_parameter(param_name, "model.layers."); }
+
+ protected:
+  // The block loop's pieces (Note [the block loop] in nn/causal_lm.h): block i's fused step on the
+  // stream (its residual branch left pending), its plain forward (the checkpointed region).
+  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const override;
+  Tensor block_forward(int64_t i, const Tensor& x) const override;
+  bool checkpoints_activations() const override { return config.checkpoint_activations; }
+  const char* family_name() const override { return "Llama"; }
 
  private:
   class Container;

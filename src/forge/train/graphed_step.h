@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "forge/backends/device_runtime.h"
 #include "forge/core/device.h"
 #include "forge/core/tensor.h"
 #include "forge/data/loader.h"
@@ -78,12 +79,11 @@ class GraphedStep {
   std::string summary() const;
 
  private:
-  struct Cuda;  // the stream, its guard and the graph (CUDA builds)
   Strategy& strategy_;
   Device device_;
   std::ostream& log_;
   bool enabled_ = false;
-  std::unique_ptr<Cuda> cuda_;
+  std::unique_ptr<runtime::StepGraph> graph_;  // its stream is current while it lives; captured at step 2
   std::vector<data::Batch> static_batches_;  // the captured step's micro-batches, on the GPU
   Tensor figures_;                           // the captured step's figures
   int64_t replays_ = 0, eager_ = 0, reshaped_ = 0, traced_ = 0;

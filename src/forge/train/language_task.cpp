@@ -33,7 +33,9 @@ std::string fixed(double v, int digits) {
 
 class LanguageTask final : public Task {
  public:
-  LanguageTask(RunConfig& cfg, bool rank0) : cfg_(cfg), rank0_(rank0) {}
+  // The layout is the one source of the batch's shape (Note [global batch]): its micro-batches per
+  // step and each data-parallel rank's rows of a global micro-batch.
+  LanguageTask(RunConfig& cfg, const parallel::Layout& layout, bool rank0) : cfg_(cfg), layout_(layout), rank0_(rank0) {}
 
   Units units() const override { return {"tokens", "tok"}; }
   DType compute_dtype(Device device) const override { return resolve_run_dtype(cfg_.run.dtype, device); }
@@ -143,7 +145,7 @@ class LanguageTask final : public Task {
     }
     // Note [global batch]: B sequences per optimizer step over every rank, drawn as K global
     // micro-batches of B / K; each data-parallel rank trains on its B / (K * dp) rows of each.
-    const int64_t T = cfg_.train.seq_len, micro = cfg_.train.batch_size / cfg_.train.grad_accum;
+    const int64_t T = cfg_.train.seq_len, micro = layout_.micro_batch * layout_.dp;  // a global micro-batch's rows
     int64_t train_starts = 0;
     for (const auto& r : split_.train) train_tokens_ += r.size(), train_starts += std::max<int64_t>(0, r.size() - T);
     for (const auto& r : split_.val) val_tokens_ += r.size();
@@ -164,12 +166,12 @@ class LanguageTask final : public Task {
 
   void restore(const io::CheckpointData&) override {}
 
-  int64_t micro_batches_per_step() const override { return cfg_.train.grad_accum; }
+  int64_t micro_batches_per_step() const override { return layout_.grad_accum; }
   int64_t total_steps() const override { return cfg_.train.steps; }
 
   std::string describe() const override {
     const auto& m = cfg_.model;
-    const int64_t B = cfg_.train.batch_size, T = cfg_.train.seq_len, K = cfg_.train.grad_accum;
+    const int64_t B = layout_.global_batch(), T = cfg_.train.seq_len, K = layout_.grad_accum;
     std::string s = "model: " + m.type + ", " +
                     telemetry::format_count(static_cast<double>(model_.whole_parameters())) + " parameters (" +
                     std::to_string(m.n_layer) + " layers, " + std::to_string(m.n_head) + " heads, width " +
@@ -257,6 +259,7 @@ class LanguageTask final : public Task {
   }
 
   RunConfig& cfg_;
+  const parallel::Layout layout_;
   const bool rank0_;
   std::shared_ptr<const data::Tokenizer> tok_;
   std::vector<std::string> shard_files_;  // Note [pre-encoded corpora]: data.files as shards
@@ -272,8 +275,8 @@ class LanguageTask final : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> make_language_task(RunConfig& cfg, const parallel::Layout&, bool rank0) {
-  return std::make_unique<LanguageTask>(cfg, rank0);
+std::unique_ptr<Task> make_language_task(RunConfig& cfg, const parallel::Layout& layout, bool rank0) {
+  return std::make_unique<LanguageTask>(cfg, layout, rank0);
 }
 
 }  // namespace forge::train

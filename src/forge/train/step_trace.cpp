@@ -6,12 +6,7 @@
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
 
-#ifdef FORGE_WITH_CUDA
-#include <nvtx3/nvToolsExt.h>
-
-#include "forge/backends/cuda/kernel_trace.h"
-#include "forge/backends/cuda/stream.h"
-#endif
+#include "forge/backends/device_runtime.h"
 
 namespace forge::train {
 
@@ -22,15 +17,16 @@ const char* const kPhase[] = {"forward (last micro-batch)", "backward (last micr
 constexpr int kMarks = 6;
 }  // namespace
 
+// The device's side of a GPU run's trace (backends/device_runtime.h): events on its current stream
+// and the kernels' records.
 struct StepTrace::Device_ {
-#ifdef FORGE_WITH_CUDA
-  std::unique_ptr<cuda::Event> base;  // recorded with t0_
-  std::vector<std::vector<cuda::Event>> marks;  // per traced step
-  std::vector<std::vector<std::pair<cuda::Event, cuda::Event>>> ranges;  // per traced step, as Step::ranges
-  cuda::KernelTrace kernels;  // CUPTI's kernel records from the first traced step to the last's end
+  explicit Device_(Device d) : kernels(d) {}
+  std::unique_ptr<runtime::Event> base;  // recorded with t0_
+  std::vector<std::vector<runtime::Event>> marks;  // per traced step
+  std::vector<std::vector<std::pair<runtime::Event, runtime::Event>>> ranges;  // per traced step, as Step::ranges
+  runtime::KernelTrace kernels;  // CUPTI's kernel records from the first traced step to the last's end
   bool kernels_on = false;
   uint64_t base_ns = 0;       // CUPTI's clock at t0_
-#endif
 };
 
 std::pair<int64_t, int64_t> StepTrace::parse(const std::string& spec) {
@@ -48,7 +44,7 @@ std::pair<int64_t, int64_t> StepTrace::parse(const std::string& spec) {
 }
 
 StepTrace::StepTrace(Device device, const std::string& spec, std::filesystem::path out, int rank)
-    : device_(device), out_(std::move(out)), rank_(rank), dev_(std::make_unique<Device_>()) {
+    : device_(device), out_(std::move(out)), rank_(rank), dev_(std::make_unique<Device_>(device)) {
   if (spec.empty()) return;
   std::tie(first_, last_) = parse(spec);
 }
@@ -62,19 +58,15 @@ void StepTrace::begin_step(int64_t step) {
   if (!active_) return;
   if (steps_.empty()) {
     t0_ = Clock::now();
-#ifdef FORGE_WITH_CUDA
     if (device_.is_cuda()) {
-      dev_->base = std::make_unique<cuda::Event>(true);
-      dev_->base->record(cuda::Stream::current(static_cast<int>(device_.index)));
+      dev_->base = std::make_unique<runtime::Event>(true);
+      dev_->base->record(device_);
       dev_->kernels_on = dev_->kernels.start();
       if (dev_->kernels_on) dev_->base_ns = dev_->kernels.now_ns();
     }
-#endif
   }
   steps_.push_back({step, Clock::now(), {}, {}, {}, {}, {}, {}});
-#ifdef FORGE_WITH_CUDA
   if (device_.is_cuda()) dev_->marks.emplace_back(), dev_->ranges.emplace_back();
-#endif
   trace::set_sink(this);
 }
 
@@ -83,22 +75,18 @@ void StepTrace::begin_range(const char* name) {
   Step& s = steps_.back();
   s.open.push_back(s.ranges.size());
   s.ranges.push_back({name, Clock::now(), {}});
-#ifdef FORGE_WITH_CUDA
   if (device_.is_cuda()) {
     auto& r = dev_->ranges.back();
-    r.emplace_back(cuda::Event(true), cuda::Event(true));
-    r.back().first.record(cuda::Stream::current(static_cast<int>(device_.index)));
-    nvtxRangePushA(name);
+    r.emplace_back(runtime::Event(true), runtime::Event(true));
+    r.back().first.record(device_);
+    runtime::range_push(name);
   }
-#endif
 }
 
 void StepTrace::instant(const char* name) {
   if (!active_) return;
   steps_.back().instants.emplace_back(name, Clock::now());
-#ifdef FORGE_WITH_CUDA
-  if (device_.is_cuda()) nvtxMarkA(name);
-#endif
+  if (device_.is_cuda()) runtime::mark(name);
 }
 
 void StepTrace::end_range() {
@@ -107,12 +95,10 @@ void StepTrace::end_range() {
   const size_t i = s.open.back();
   s.open.pop_back();
   s.ranges[i].end = Clock::now();
-#ifdef FORGE_WITH_CUDA
   if (device_.is_cuda()) {
-    dev_->ranges.back()[i].second.record(cuda::Stream::current(static_cast<int>(device_.index)));
-    nvtxRangePop();
+    dev_->ranges.back()[i].second.record(device_);
+    runtime::range_pop();
   }
-#endif
 }
 
 void StepTrace::data_done() {
@@ -122,17 +108,15 @@ void StepTrace::data_done() {
 void StepTrace::mark(int i) {
   if (!active_ || static_cast<int>(steps_.back().marks.size()) != i || i >= kMarks) return;  // out of order: ignored
   steps_.back().marks.push_back(Clock::now());
-#ifdef FORGE_WITH_CUDA
   if (device_.is_cuda()) {
     dev_->marks.back().emplace_back(true);
-    dev_->marks.back().back().record(cuda::Stream::current(static_cast<int>(device_.index)));
-    if (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
+    dev_->marks.back().back().record(device_);
+    if (nvtx_open_ > 0) runtime::range_pop(), --nvtx_open_;
     if (i + 1 < kMarks) {
-      nvtxRangePushA((std::string("forge: ") + kPhase[i]).c_str());
+      runtime::range_push((std::string("forge: ") + kPhase[i]).c_str());
       ++nvtx_open_;
     }
   }
-#endif
 }
 
 void StepTrace::end_step() {
@@ -140,12 +124,8 @@ void StepTrace::end_step() {
   while (!steps_.back().open.empty()) end_range();
   trace::set_sink(nullptr);
   steps_.back().end = Clock::now();
-#ifdef FORGE_WITH_CUDA
   if (steps_.back().step == last_ && dev_->kernels_on) dev_->kernels.stop();  // (waits for the device)
-#endif
-#ifdef FORGE_WITH_CUDA
-  while (nvtx_open_ > 0) nvtxRangePop(), --nvtx_open_;
-#endif
+  while (nvtx_open_ > 0) runtime::range_pop(), --nvtx_open_;
   active_ = false;
 }
 
@@ -169,7 +149,6 @@ std::string StepTrace::write() {
     for (const auto& [name, at] : s.instants)
       events.push_back({{"name", name}, {"ph", "i"}, {"s", "t"}, {"pid", rank_}, {"tid", 1}, {"ts", us(at)}, {"args", args}});
   }
-#ifdef FORGE_WITH_CUDA
   if (device_.is_cuda() && dev_->base) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 2}, {"args", {{"name", "GPU compute stream"}}}});
     for (size_t k = 0; k < steps_.size() && k < dev_->marks.size(); ++k) {
@@ -189,12 +168,10 @@ std::string StepTrace::write() {
         }
     }
   }
-#endif
   json other = {{"forge", "telemetry.profile_steps"}, {"first_step", first_}, {"last_step", last_}};
-#ifdef FORGE_WITH_CUDA
   // The kernels (CUPTI), on a track of their own, on the host's clock.
   if (device_.is_cuda()) {
-    dev_->kernels.stop();
+    if (dev_->kernels_on) dev_->kernels.stop();
     if (dev_->kernels_on) {
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 3}, {"args", {{"name", "GPU kernels (CUPTI)"}}}});
       for (const auto& k : dev_->kernels.records()) {
@@ -208,7 +185,6 @@ std::string StepTrace::write() {
       other["kernels"] = dev_->kernels.note();
     }
   }
-#endif
   const json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   io::write_file_atomic(out_, trace.dump() + "\n");
   return out_.string();

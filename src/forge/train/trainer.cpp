@@ -51,9 +51,6 @@
 #include "forge/train/strategy.h"
 #include "forge/train/task.h"
 #include "forge/train/tensor_parallel_model.h"
-#ifdef FORGE_WITH_CUDA
-#include "forge/backends/cuda/matmul.h"  // the GEMM tuning's figures in the log
-#endif
 
 namespace forge::train {
 
@@ -654,20 +651,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   if (const std::string p = phases.report(); !p.empty()) rank_log << p << std::endl;  // every rank
   if (const std::string t = trace.write(); !t.empty()) log << "trace: " << t << " (telemetry.profile_steps)" << std::endl;
   if (const std::string g = graphed.summary(); !g.empty()) log << g << std::endl;
-#ifdef FORGE_WITH_CUDA
-  if (device.is_cuda()) {  // Note [GEMM algorithm tuning] (backends/cuda/blaslt.h)
-    const cuda::GemmTuningStats g = cuda::gemm_tuning_stats();
-    log << "gemm: run.gemm_tuning = " << cfg.run.gemm_tuning;
-    if (cfg.run.gemm_tuning == "cached")
-      log << ": " << g.tuned << " shapes tuned in " << fixed(g.tuning_ms / 1e3, 2) << " s (" << g.changed
-          << " faster than cuBLASLt's first choice), " << g.loaded << " from the tuning cache";
-    if (g.graph_timed + g.graph_refused > 0)  // Note [GEMM timing in CUDA graphs] (FORGE_GEMM_TUNE_IN_GRAPH)
-      log << "; timed as CUDA graphs: " << g.graph_timed << " (" << g.graph_refused
-          << " could not be captured), with a workspace memset in " << g.memset_first
-          << " first choices and " << g.memset_chosen << " chosen";
-    log << "; " << g.fallback_shapes << " shapes without a cuBLASLt algorithm" << std::endl;
-  }
-#endif
+  // Note [GEMM algorithm tuning] (backends/cuda/blaslt.h): what the run's GEMM tuning did.
+  if (const std::string g = runtime::gemm_tuning_report(device, cfg.run.gemm_tuning); !g.empty()) log << g << std::endl;
   result.final_step = step;
   const double units_per_s = static_cast<double>(units_this_call) / std::max(train_seconds, 1e-9);
   if (stopped) {  // Note [preemption]: the checkpoint of this step is on disk before any rank ends
