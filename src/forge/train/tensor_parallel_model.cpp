@@ -11,8 +11,8 @@
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/view.h"
-#include "forge/parallel/context_parallel.h"
 #include "forge/parallel/env.h"
+#include "forge/parallel/parallelize.h"
 #include "forge/parallel/tensor_parallel.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/train/language_model.h"
@@ -22,10 +22,6 @@
 namespace forge::train {
 
 namespace {
-parallel::cp::Kind context_kind(const parallel::Layout& layout) {
-  return layout.cp_kind == parallel::ContextKind::ulysses ? parallel::cp::Kind::ulysses : parallel::cp::Kind::ring;
-}
-
 void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                            std::ostream& log) {
   FORGE_CHECK(cfg.is_language_model(), "dist.tp = ", layout.tp, " splits a GPT or LLaMA; model.type = '",
@@ -45,10 +41,9 @@ void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout,
   std::map<std::string, Tensor> whole;
   for (const auto& [name, t] : model.module->state_dict()) whole.emplace(name, t);
   const int64_t whole_count = model.module->num_parameters();
-  // Context parallelism composes: its positions and attention on top of the split layers.
-  LanguageModel split = build_language_model(
-      cfg, parallel::cp::layer_spec(parallel::tp::layer_spec(g, layout.sequence_parallel, shape.head_dim()),
-                                    mesh.cp_group(), context_kind(layout)));
+  // The layout's composed spec (parallel/parallelize.h): the split layers, and context
+  // parallelism's positions and attention on top when cp > 1.
+  LanguageModel split = build_language_model(cfg, parallel::layer_spec_of(mesh, layout, shape.head_dim()));
   auto s = std::make_shared<parallel::tp::SplitModel>(*split.module, g, layout.sequence_parallel);
   s->load_whole(*split.module, whole);
   whole.clear();
@@ -72,10 +67,8 @@ void split_tensor_parallel(const RunConfig& cfg, const parallel::Layout& layout,
 void context_parallel_model(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model) {
   FORGE_CHECK(cfg.is_language_model(), "dist.cp = ", layout.cp, " splits the sequences of a GPT or LLaMA; model.type = '",
               cfg.model.type, "' trains with dist.cp = 1");
-  FORGE_CHECK(mesh.cp_group() != nullptr && mesh.cp_group()->size() == layout.cp,
-              "context parallelism: the mesh has no context-parallel group of ", layout.cp, " ranks attached");
   const nn::NamedTensors whole = model.module->state_dict();
-  LanguageModel cpm = build_language_model(cfg, parallel::cp::layer_spec({}, mesh.cp_group(), context_kind(layout)));
+  LanguageModel cpm = build_language_model(cfg, parallel::layer_spec_of(mesh, layout, nn::transformer_shape(cfg.model).head_dim()));
   cpm.module->load_state_dict(whole);
   model.module = cpm.module;
   model.forward = cpm.forward;
