@@ -28,8 +28,13 @@ ALLOWED = {
     "plan": {"core", "ops", "nn", "parallel"},
     "telemetry": {"core", "backends", "io", "plan"},
     "bench": {"core", "autograd", "backends", "ops", "io", "nn", "parallel", "plan", "telemetry"},
+    # What a run is: its config, model, layout, checkpoint state, data and model.init_from.
+    "run": {"core", "autograd", "backends", "ops", "io", "data", "nn", "optim", "parallel", "plan", "telemetry"},
+    # What is done with a run's model besides training it: sampling, evaluation, export.
+    "interop": {"core", "autograd", "backends", "ops", "io", "data", "nn", "optim", "parallel", "plan",
+                "telemetry", "run"},
     "train": {"core", "autograd", "backends", "ops", "io", "data", "nn", "optim", "parallel", "plan",
-              "telemetry", "bench"},
+              "telemetry", "bench", "run", "interop"},
 }
 
 # `#if... FORGE_WITH_CUDA` lines outside src/forge/backends, per directory: at most these.

@@ -16,14 +16,14 @@
 #include "forge/io/hf_checkpoint.h"
 #include "forge/io/output_guard.h"
 #include "forge/parallel/env.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include <nlohmann/json.hpp>
 
 #include "forge/bench/top.h"
 #include "forge/telemetry/plot.h"
-#include "forge/train/evaluate.h"
+#include "forge/interop/evaluate.h"
 #include "forge/train/preemption.h"
-#include "forge/train/run_data.h"
+#include "forge/run/run_data.h"
 #include "forge/train/trainer.h"
 
 namespace forge::app {

@@ -24,7 +24,7 @@
 #include "threading_defaults.h"
 #include "forge/core/memory_owner.h"
 #include "forge/core/error.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace {
 

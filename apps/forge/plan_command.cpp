@@ -13,8 +13,8 @@
 #include "forge/plan/names.h"
 #include "forge/plan/plan.h"
 #include "forge/plan/report.h"
-#include "forge/train/config.h"
-#include "forge/train/run_model_spec.h"
+#include "forge/run/config.h"
+#include "forge/run/run_model_spec.h"
 
 namespace forge::app {
 

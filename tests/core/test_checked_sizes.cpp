@@ -9,7 +9,7 @@
 
 #include "forge/forge.h"
 #include "forge/nn/model_registry.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "testing/tensor_testing.h"
 
 namespace forge::testing {

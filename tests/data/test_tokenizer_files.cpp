@@ -18,7 +18,7 @@
 
 #include "data/data_testing.h"
 #include "forge/forge.h"
-#include "forge/train/run_data.h"
+#include "forge/run/run_data.h"
 #include "testing/tensor_testing.h"
 
 namespace forge::data {

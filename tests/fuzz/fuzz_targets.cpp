@@ -24,8 +24,8 @@
 #include "forge/io/safetensors.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/creation.h"
-#include "forge/train/config.h"
-#include "forge/train/hf_model.h"
+#include "forge/run/config.h"
+#include "forge/run/hf_model.h"
 
 namespace forge::fuzz {
 namespace {

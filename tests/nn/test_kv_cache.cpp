@@ -12,7 +12,7 @@
 #include "forge/nn/llama.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/view.h"
-#include "forge/train/sample.h"
+#include "forge/interop/sample.h"
 #include "testing/tiny_models.h"
 
 namespace forge::nn {

@@ -18,7 +18,7 @@
 #include "forge/nn/llama.h"
 #include "forge/nn/model_registry.h"
 #include "forge/plan/model_spec.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "testing/tensor_testing.h"
 
 namespace forge::nn {

@@ -10,8 +10,8 @@
 #include "forge/nn/gpt.h"
 #include "forge/nn/llama.h"
 #include "forge/plan/model_spec.h"
-#include "forge/train/config.h"
-#include "forge/train/run_model_spec.h"
+#include "forge/run/config.h"
+#include "forge/run/run_model_spec.h"
 #include "forge/train/trainer.h"
 
 namespace forge::plan {

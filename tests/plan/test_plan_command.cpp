@@ -13,9 +13,9 @@
 
 #include "forge/plan/command.h"
 #include "forge/plan/gpu_catalog.h"
-#include "forge/train/config.h"
-#include "forge/train/layout.h"
-#include "forge/train/run_model_spec.h"
+#include "forge/run/config.h"
+#include "forge/run/layout.h"
+#include "forge/run/run_model_spec.h"
 
 namespace forge::plan {
 namespace {

@@ -3,7 +3,7 @@
 //   forge_hf_init_from <model dir> <batch file> <out file> <device>
 //
 // Resolves a run config whose only model key is model.init_from = <model dir> (the shape from
-// its config.json: train/hf_model.h, Note [init_from precedence]), builds the model, loads the
+// its config.json: run/hf_model.h, Note [init_from precedence]), builds the model, loads the
 // directory's weights through load_init_from (single file or shards, any float dtype, into
 // f32), and writes <out file> with "logits" (B, T, V) f32: the forward of <batch file>'s "idx"
 // (B, T) i64 on <device> in f32; and "loss" (1) f32: the training loss of the first step on the
@@ -14,9 +14,9 @@
 #include <string>
 
 #include "forge/forge.h"
-#include "forge/train/config.h"
-#include "forge/train/hf_model.h"
-#include "forge/train/language_model.h"
+#include "forge/run/config.h"
+#include "forge/run/hf_model.h"
+#include "forge/run/language_model.h"
 
 int main(int argc, char** argv) {
   using namespace forge;

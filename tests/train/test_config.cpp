@@ -6,7 +6,7 @@
 
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "train_testing.h"
 
 namespace forge::train {

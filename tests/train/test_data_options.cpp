@@ -7,7 +7,7 @@
 
 #include "forge/data/shards.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/trainer.h"
 #include "testing/tensor_testing.h"
 #include "train_testing.h"

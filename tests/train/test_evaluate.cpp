@@ -1,4 +1,4 @@
-// forge eval (train/evaluate.h) and forge sample's controls (train/sample.h) on a tiny GPT trained
+// forge eval (interop/evaluate.h) and forge sample's controls (interop/sample.h) on a tiny GPT trained
 // for a few steps. eval: the held-out loss and the
 // multiple-choice scores against an independent computation from the model's logits (log-softmax
 // in f64, one sequence at a time, no padding), the HellaSwag layouts, errors, and the CLI.
@@ -15,13 +15,13 @@
 #include "forge/core/error.h"
 #include "forge/io/checkpoint.h"
 #include "forge/ops/creation.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/matmul.h"
-#include "forge/train/evaluate.h"
-#include "forge/train/run_checkpoint.h"
-#include "forge/train/run_data.h"
-#include "forge/train/sample.h"
+#include "forge/interop/evaluate.h"
+#include "forge/run/run_checkpoint.h"
+#include "forge/run/run_data.h"
+#include "forge/interop/sample.h"
 #include "forge/train/trainer.h"
 #include "testing/cli_testing.h"
 #include "testing/tensor_testing.h"

@@ -11,7 +11,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/optim/adamw.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/graphed_step.h"
 #include "forge/train/trainer.h"
 #include "train_testing.h"

@@ -1,4 +1,4 @@
-// Hugging Face models in and out (train/hf_model.h, train/export.h): config.json of both
+// Hugging Face models in and out (run/hf_model.h, interop/export.h): config.json of both
 // families (LLaMA-3's rope_scaling included), the precedence of [model] keys, `forge export`'s
 // files (tokenizer, generation config, shards), export -> model.init_from -> the same weights bit
 // for bit and the same loss, and the errors (unknown architecture, shape mismatch, missing and
@@ -18,8 +18,8 @@
 #include "forge/io/checkpoint.h"
 #include "forge/io/hf_checkpoint.h"
 #include "forge/ops/loss.h"
-#include "forge/train/config.h"
-#include "forge/train/hf_model.h"
+#include "forge/run/config.h"
+#include "forge/run/hf_model.h"
 #include "forge/train/trainer.h"
 #include "testing/tensor_testing.h"
 #include "train_testing.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "forge/core/error.h"
-#include "forge/train/layout.h"
+#include "forge/run/layout.h"
 
 namespace forge::train {
 namespace {

@@ -13,9 +13,9 @@
 
 #include "forge/io/checkpoint.h"
 #include "forge/optim/optimizer.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
-#include "forge/train/export.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
+#include "forge/interop/export.h"
 #include "forge/train/trainer.h"
 #include "train_testing.h"
 

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "forge/telemetry/metrics.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/trainer.h"
 #include "train_testing.h"
 

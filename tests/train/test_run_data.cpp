@@ -10,7 +10,7 @@
 
 #include "forge/data/bpe.h"
 #include "forge/data/shards.h"
-#include "forge/train/run_data.h"
+#include "forge/run/run_data.h"
 #include "testing/tensor_testing.h"
 #include "train_testing.h"
 

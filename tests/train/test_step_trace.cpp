@@ -9,7 +9,7 @@
 
 #include "forge/core/error.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/step_trace.h"
 #include "forge/train/trainer.h"
 #include "train_testing.h"

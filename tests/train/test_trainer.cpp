@@ -19,7 +19,7 @@
 #include "forge/io/checkpoint.h"
 #include "forge/optim/schedule.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/trainer.h"
 #include "train_testing.h"
 

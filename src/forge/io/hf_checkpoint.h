@@ -9,7 +9,7 @@
 //                                              {"metadata": {"total_size": <bytes of tensor data>},
 //                                               "weight_map": {"<tensor>": "<shard file>", ...}}
 //
-// Names and layouts are the file's (HF's); io/hf_names.h and train/hf_model.h map them to
+// Names and layouts are the file's (HF's); io/hf_names.h and run/hf_model.h map them to
 // forge's. Every error is a forge::Error naming the directory or file and the fix.
 #include <cstdint>
 #include <filesystem>

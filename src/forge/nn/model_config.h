@@ -1,5 +1,5 @@
 #pragma once
-// ModelConfig: the [model] section of a run config (train/config.h), the one description of a
+// ModelConfig: the [model] section of a run config (run/config.h), the one description of a
 // model a user writes. Every family reads the keys it needs (nn/model_registry.h lists them per
 // family, checks them and builds the module); the others are ignored for it.
 //

@@ -28,7 +28,7 @@
 // today's [model] keys and a block layout plan prices (TransformerShape::arch): its module
 // (nn/<family>.{h,cpp}, a CausalLM taking a LayerSpec), its entry in model_registry.cpp, its rows
 // in tests/nn/test_model_registry.cpp, and docs/train.md. A new [model] key adds its member in
-// nn/model_config.h and its row in train/config.cpp's schema; a new block layout adds an Arch and
+// nn/model_config.h and its row in run/config.cpp's schema; a new block layout adds an Arch and
 // its formulas in plan/.
 #include <cstdint>
 #include <memory>

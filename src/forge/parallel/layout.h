@@ -3,7 +3,7 @@
 // pipeline-parallel degrees, the micro-batching, the ZeRO stage, offload, activation
 // checkpointing and the pipeline schedule. One type for both sides:
 //   - `forge plan` prices a Layout (plan/memory_model.h, plan/time_model.h, plan/plan.h);
-//   - `forge train` derives the Layout of its run from the config (train/layout.h) and
+//   - `forge train` derives the Layout of its run from the config (run/layout.h) and
 //     carves the world into a parallel::Mesh from it (parallel/mesh.h).
 //
 // Degrees: gpus() = dp * tp * pp * cp ranks; the mesh orders them tp innermost, then cp, pp, dp

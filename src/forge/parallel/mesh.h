@@ -26,7 +26,7 @@
 // carve() checks the degrees before any work: tp, pp, cp >= 1 and world_size divisible by
 // tp x pp x cp, each error naming dist.tp / dist.pp / dist.cp, the world size and the fix. Which
 // model shapes a degree needs (heads by tp, layers by pp, sequence by cp) is the trainer's check
-// (train/layout.h), which knows the model.
+// (run/layout.h), which knows the model.
 //
 // attach(world) creates the groups this rank belongs to, by ProcessGroup::new_group, which is
 // collective over the world: every rank calls attach with the same mesh shape, and the groups

@@ -55,7 +55,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
                                                               : "f32";
   os << " --run.dtype=" << dtype;
   c.command = os.str();
-  // What forge train refuses today (train/config_checks.cpp), said rather than printed as if it ran.
+  // What forge train refuses today (run/config_checks.cpp), said rather than printed as if it ran.
   if (l.sharding().parameters() && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
   else if (l.offload && (l.tp > 1 || l.pp > 1)) c.unsupported = "an offloaded optimizer with tensor or pipeline parallelism";
   else if (l.checkpointing == Checkpointing::selective) c.unsupported = "selective activation checkpointing (forge checkpoints whole blocks)";

@@ -59,7 +59,7 @@ const Preset& find_preset(const std::string& name);
 // A language model's [model] section with its vocabulary resolved (model.vocab_size > 0), trained at
 // `seq_len` tokens: the architecture is the model family's shape (nn::transformer_shape). `source`
 // names where the section comes from in errors. A run config's shape, model.vocab_size = 0 resolved
-// as the trainer resolves it, is train::model_spec_of (train/run_model_spec.h).
+// as the trainer resolves it, is train::model_spec_of (run/run_model_spec.h).
 ModelSpec from_model_config(const nn::ModelConfig& m, int64_t seq_len, const std::string& source);
 
 // ---- parameters -------------------------------------------------------------------------------

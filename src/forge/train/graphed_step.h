@@ -46,7 +46,7 @@
 #include "forge/core/device.h"
 #include "forge/core/tensor.h"
 #include "forge/data/loader.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/strategy.h"
 

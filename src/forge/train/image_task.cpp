@@ -23,7 +23,7 @@
 #include "forge/data/idx.h"
 #include "forge/nn/cnn.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/run_data.h"
+#include "forge/run/run_data.h"
 #include "forge/train/task.h"
 
 namespace forge::train {

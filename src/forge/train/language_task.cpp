@@ -12,10 +12,10 @@
 #include "forge/nn/model_registry.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
-#include "forge/train/evaluate.h"
-#include "forge/train/language_model.h"
-#include "forge/train/layout.h"
-#include "forge/train/run_data.h"
+#include "forge/interop/evaluate.h"
+#include "forge/run/language_model.h"
+#include "forge/run/layout.h"
+#include "forge/run/run_data.h"
 #include "forge/train/task.h"
 
 namespace forge::train {
@@ -237,7 +237,7 @@ class LanguageTask final : public Task {
 
  private:
   bool random_data() const { return cfg_.data.source == "random"; }
-  // eval.tasks (train/evaluate.h): every rank scores every task on its whole model (the layouts
+  // eval.tasks (interop/evaluate.h): every rank scores every task on its whole model (the layouts
   // allowed keep one: config_checks), so no rank waits in a collective for another's scoring;
   // eval_<task>_acc and eval_<task>_acc_norm go into the record, and the log line.
   void score_tasks(json& record, std::string& line) {

@@ -12,8 +12,8 @@
 #include "forge/plan/memory_model.h"
 #include "forge/plan/model_spec.h"
 #include "forge/telemetry/mfu.h"
-#include "forge/train/layout.h"
-#include "forge/train/run_model_spec.h"
+#include "forge/run/layout.h"
+#include "forge/run/run_model_spec.h"
 
 namespace forge::train {
 

@@ -15,7 +15,7 @@
 #include "forge/core/memory_owner.h"
 #include "forge/parallel/layout.h"
 #include "forge/plan/plan.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 

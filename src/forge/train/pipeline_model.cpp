@@ -11,7 +11,7 @@
 #include "forge/parallel/pipeline_schedule.h"
 #include "forge/plan/model_spec.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/run_model_spec.h"
+#include "forge/run/run_model_spec.h"
 
 namespace forge::train {
 

@@ -8,8 +8,8 @@
 
 #include "forge/parallel/layout.h"
 #include "forge/parallel/mesh.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
 
 namespace forge::train {
 

@@ -37,7 +37,7 @@
 #include "forge/parallel/env.h"
 #include "forge/parallel/pipeline_schedule.h"
 #include "forge/parallel/sharded_state.h"
-#include "forge/train/run_checkpoint.h"
+#include "forge/run/run_checkpoint.h"
 #include "forge/train/strategy.h"
 #include "forge/train/tensor_parallel_model.h"
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "forge/parallel/launch.h"
+#include "forge/run/run_values.h"
 
 namespace forge::train {
 
@@ -29,14 +30,7 @@ inline constexpr double kSameSignalWindow = 1.0;  // seconds
 // What the ranks agree on at a step (the largest proposal wins).
 enum class StepVerdict { go_on = 0, checkpoint = 1, stop = 2 };
 
-// "23h50m", "90m", "1d12h", "45s", "1h30m15s" (units d, h, m, s; at least one) -> seconds;
-// "" -> 0 (none). Throws a forge::Error naming `key` and the accepted forms.
-double parse_duration(const std::string& text, const char* key);
-// "USR1", "SIGUSR1", "usr2", "HUP", a number -> the signal; "" -> 0 (none). SIGKILL, SIGSTOP and
-// the crash signals (SEGV, BUS, FPE, ILL, ABRT) are refused. Throws a forge::Error naming `key`.
-int parse_stop_signal(const std::string& text, const char* key);
-// "SIGTERM", "SIGUSR1", ... ("signal N" for others).
-std::string signal_name(int sig);
+// parse_duration, parse_stop_signal and signal_name: run/run_values.h.
 
 // Installs the stop handlers for SIGTERM, SIGINT and `extra` (0s are ignored) for its lifetime,
 // and restores the previous handlers after. One at a time per process.

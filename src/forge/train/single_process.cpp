@@ -10,7 +10,7 @@
 #include "forge/optim/clip.h"
 #include "forge/optim/loss_scale.h"
 #include "forge/ops/loss.h"
-#include "forge/train/run_checkpoint.h"
+#include "forge/run/run_checkpoint.h"
 #include "forge/train/strategy.h"
 
 namespace forge::train {

@@ -5,6 +5,7 @@
 
 #include "forge/core/error.h"
 #include "forge/io/atomic_file.h"
+#include "forge/run/run_values.h"
 
 #include "forge/backends/device_runtime.h"
 
@@ -30,17 +31,7 @@ struct StepTrace::Device_ {
 };
 
 std::pair<int64_t, int64_t> StepTrace::parse(const std::string& spec) {
-  const auto colon = spec.find(':');
-  int64_t a = 0, b = 0;
-  bool ok = colon != std::string::npos;
-  try {
-    if (ok) a = std::stoll(spec.substr(0, colon)), b = std::stoll(spec.substr(colon + 1));
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  FORGE_CHECK(ok && a >= 1 && b >= a, "telemetry.profile_steps = \"", spec,
-              "\" is not a range of steps; write \"A:B\" with 1 <= A <= B (e.g. \"20:25\"), or \"\" for none");
-  return {a, b};
+  return parse_step_range(spec, "telemetry.profile_steps");
 }
 
 StepTrace::StepTrace(Device device, const std::string& spec, std::filesystem::path out, int rank)

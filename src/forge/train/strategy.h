@@ -18,7 +18,7 @@
 //     forward, loss, backward (gradient accumulation, the reductions), the global gradient norm,
 //     f16 loss scaling, clipping, the non-finite skip and the update;
 //   - evaluation (who evaluates, and how: ZeRO-3's forward is collective);
-//   - checkpoint save/load in the shared format (train/run_checkpoint.h), so any layout resumes
+//   - checkpoint save/load in the shared format (run/run_checkpoint.h), so any layout resumes
 //     any other.
 // Implementations (make_strategy picks one from the layout):
 //   SingleProcess        one process, no dist (train/single_process.cpp)
@@ -44,8 +44,8 @@
 #include "forge/parallel/layout.h"
 #include "forge/parallel/mesh.h"
 #include "forge/train/checkpoint_writer.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
 #include "forge/train/phase_marks.h"
 
 namespace forge::train {

@@ -36,8 +36,8 @@
 #include "forge/data/loader.h"
 #include "forge/io/checkpoint.h"
 #include "forge/parallel/layout.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
 #include "forge/train/strategy.h"
 #include "forge/train/train_result.h"
 

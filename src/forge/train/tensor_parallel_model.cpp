@@ -15,9 +15,9 @@
 #include "forge/parallel/parallelize.h"
 #include "forge/parallel/tensor_parallel.h"
 #include "forge/telemetry/metrics.h"
-#include "forge/train/language_model.h"
+#include "forge/run/language_model.h"
 #include "forge/train/pipeline_model.h"
-#include "forge/train/run_checkpoint.h"
+#include "forge/run/run_checkpoint.h"
 
 namespace forge::train {
 

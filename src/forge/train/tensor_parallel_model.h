@@ -16,14 +16,14 @@
 #include "forge/parallel/layout.h"
 #include "forge/parallel/mesh.h"
 #include "forge/parallel/sharded_state.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
 
 namespace forge::train {
 
 // Called by the loop for every run, before the model moves to its device: for pp > 1 it keeps
 // this rank's pipeline stage (train/pipeline_model.h); for tp > 1 it splits `model` (a language
-// model: train/language_model.h) over mesh.tp_group(), with sequence parallelism when the layout
+// model: run/language_model.h) over mesh.tp_group(), with sequence parallelism when the layout
 // says so, and sets model.split; otherwise it leaves it alone.
 void split_model_for_layout(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                             std::ostream& log);

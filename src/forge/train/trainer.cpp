@@ -40,13 +40,13 @@
 #include "forge/telemetry/tensorboard.h"
 #include "forge/train/checkpoint_writer.h"
 #include "forge/train/graphed_step.h"
-#include "forge/train/hf_model.h"
+#include "forge/run/hf_model.h"
 #include "forge/train/host_reservation.h"
-#include "forge/train/layout.h"
+#include "forge/run/layout.h"
 #include "forge/train/oom_report.h"
 #include "forge/train/phase_marks.h"
 #include "forge/train/preemption.h"
-#include "forge/train/run_checkpoint.h"
+#include "forge/run/run_checkpoint.h"
 #include "forge/train/step_trace.h"
 #include "forge/train/strategy.h"
 #include "forge/train/task.h"
@@ -149,7 +149,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const auto t_start = Clock::now();
   RunConfig cfg = cfg_in;
   const fs::path run_dir = cfg.run_dir();
-  // 0. This process's place in the job and the layout (train/layout.h), checked before any work.
+  // 0. This process's place in the job and the layout (run/layout.h), checked before any work.
   const parallel::LaunchEnv denv = parallel::launch_env();
   const int world_size = denv.world_size;
   const bool rank0 = denv.rank == 0;

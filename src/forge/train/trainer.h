@@ -80,11 +80,11 @@
 #include <string>
 #include <vector>
 
-#include "forge/train/config.h"
-#include "forge/train/export.h"
-#include "forge/train/language_model.h"
-#include "forge/train/run_data.h"
-#include "forge/train/sample.h"
+#include "forge/run/config.h"
+#include "forge/interop/export.h"
+#include "forge/run/language_model.h"
+#include "forge/run/run_data.h"
+#include "forge/interop/sample.h"
 #include "forge/train/train_result.h"
 
 namespace forge::train {

@@ -25,7 +25,7 @@
 #include "forge/io/safetensors.h"
 #include "forge/optim/adamw.h"
 #include "forge/optim/sgd.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 #include "forge/train/trainer.h"
 #include "testing/cli_testing.h"
 #include "train/train_testing.h"

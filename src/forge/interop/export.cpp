@@ -1,5 +1,5 @@
 // `forge export`: a checkpoint as a Hugging Face model directory (contracts in export.h).
-#include "forge/train/export.h"
+#include "forge/interop/export.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -17,9 +17,9 @@
 #include "forge/io/output_guard.h"
 #include "forge/io/safetensors.h"
 #include "forge/nn/model_registry.h"
-#include "forge/train/language_model.h"
-#include "forge/train/run_checkpoint.h"
-#include "forge/train/run_data.h"
+#include "forge/run/language_model.h"
+#include "forge/run/run_checkpoint.h"
+#include "forge/run/run_data.h"
 
 namespace forge::train {
 

@@ -1,4 +1,4 @@
-#include "forge/train/layout.h"
+#include "forge/run/layout.h"
 
 #include <algorithm>
 

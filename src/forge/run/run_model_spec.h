@@ -4,7 +4,7 @@
 // data.vocab_size for a tokenizer trained on the fly). The trainer sizes its OOM report and
 // pipeline stages with it; `forge plan --config` prices it.
 #include "forge/plan/model_spec.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 

@@ -1,5 +1,5 @@
 // GPT and LLaMA behind train::LanguageModel (contracts in language_model.h).
-#include "forge/train/language_model.h"
+#include "forge/run/language_model.h"
 
 #include "forge/core/error.h"
 #include "forge/nn/causal_lm.h"

@@ -11,7 +11,7 @@ namespace forge::train {
 // size — the weights are whole in every one) as a Hugging Face model directory, the files
 // save_pretrained and a tokenizer's save_pretrained write, so from_pretrained(<out>) and
 // AutoTokenizer.from_pretrained(<out>) load it, and `model.init_from = "<out>"` starts a run
-// from it bit for bit (train/hf_model.h):
+// from it bit for bit (run/hf_model.h):
 //   <out>/model.safetensors   HF tensor names and layouts (io/hf_names.h: GPT2LMHeadModel or
 //                             LlamaForCausalLM), in `dtype` ("" = as trained); over
 //                             `max_shard_bytes`, model-0000i-of-0000n.safetensors shards and

@@ -9,8 +9,8 @@
 
 #include "forge/core/generator.h"
 #include "forge/data/tokenizer.h"
-#include "forge/train/config.h"
-#include "forge/train/language_model.h"
+#include "forge/run/config.h"
+#include "forge/run/language_model.h"
 
 namespace forge::train {
 

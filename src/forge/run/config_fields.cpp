@@ -1,7 +1,7 @@
 // The run config's key table (config_schema.h): every key's type (through its member of
 // RunConfig) and documentation. Parsing, checks and printing are in config.cpp.
 #include "forge/nn/model_registry.h"
-#include "forge/train/config_schema.h"
+#include "forge/run/config_schema.h"
 
 namespace forge::train::detail {
 
@@ -143,7 +143,7 @@ const std::vector<Field>& fields() {
                   "at the end, also the validation loss of an add-one-smoothed bigram model of the training tokens"),
       FORGE_FIELD(eval, tasks,
                   "multiple-choice files in the HellaSwag layout scored at every evaluation (acc, acc_norm in "
-                  "metrics.jsonl; train/evaluate.h); whole-model layouts only (dist.tp = dist.pp = 1, ZeRO <= 2)"),
+                  "metrics.jsonl; interop/evaluate.h); whole-model layouts only (dist.tp = dist.pp = 1, ZeRO <= 2)"),
       FORGE_FIELD(eval, task_examples, "the first N examples of each eval.tasks file (0 = all)"),
       FORGE_FIELD(checkpoint, every, "steps between checkpoints (0 = none by steps)"),
       FORGE_FIELD(checkpoint, interval_minutes,

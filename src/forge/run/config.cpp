@@ -1,6 +1,6 @@
 // RunConfig: the schema table, TOML/JSON loading, overrides and validation (contract in config.h).
-#include "forge/train/config.h"
-#include "forge/train/config_schema.h"
+#include "forge/run/config.h"
+#include "forge/run/config_schema.h"
 
 #include <fnmatch.h>
 #include <glob.h>
@@ -19,7 +19,7 @@
 #include "forge/core/error.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/creation.h"
-#include "forge/train/hf_model.h"
+#include "forge/run/hf_model.h"
 
 namespace forge::train {
 

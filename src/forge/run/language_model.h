@@ -1,14 +1,14 @@
 #pragma once
 // The language model of a run (model.type = "gpt" | "llama") behind one interface: what the
 // trainer, its strategies, sampling and export need of a GPT or a LLaMA. A LanguageModel is a
-// train::Model (train/model.h: module, forward, block hooks) that also knows its vocabulary and
+// train::Model (run/model.h: module, forward, block hooks) that also knows its vocabulary and
 // context.
 #include <cstdint>
 #include <string>
 
 #include "forge/nn/layer_spec.h"
-#include "forge/train/config.h"
-#include "forge/train/model.h"
+#include "forge/run/config.h"
+#include "forge/run/model.h"
 
 namespace forge::train {
 

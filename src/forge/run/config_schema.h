@@ -1,5 +1,5 @@
 #pragma once
-// The schema of the run config (train/config.h), shared by config.cpp (parsing, checking,
+// The schema of the run config (run/config.h), shared by config.cpp (parsing, checking,
 // printing) and config_fields.cpp (the table): every key with its section, its member of
 // RunConfig (an accessor, whose type is the key's type) and its documentation. Internal to train/.
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train::detail {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "forge/data/tokenizer.h"
-#include "forge/train/language_model.h"
+#include "forge/run/language_model.h"
 
 namespace forge::train {
 

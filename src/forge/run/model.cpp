@@ -1,5 +1,5 @@
 // train::Model's whole-model view (contracts in model.h).
-#include "forge/train/model.h"
+#include "forge/run/model.h"
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"

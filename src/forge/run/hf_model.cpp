@@ -1,6 +1,6 @@
 // Hugging Face models in: config.json, the precedence over [model], the weights (contracts in
 // hf_model.h).
-#include "forge/train/hf_model.h"
+#include "forge/run/hf_model.h"
 
 #include <cmath>
 #include <fstream>

@@ -21,7 +21,7 @@
 #include "forge/data/bpe.h"
 #include "forge/data/tokenizer.h"
 #include "forge/data/loader.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 

@@ -1,4 +1,4 @@
-#include "forge/train/run_model_spec.h"
+#include "forge/run/run_model_spec.h"
 
 #include "forge/data/tokenizer.h"
 

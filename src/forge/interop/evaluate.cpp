@@ -1,5 +1,5 @@
 // `forge eval` (contracts and Notes in evaluate.h).
-#include "forge/train/evaluate.h"
+#include "forge/interop/evaluate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,9 +16,9 @@
 #include "forge/io/json_input.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/loss.h"
-#include "forge/train/run_checkpoint.h"
-#include "forge/train/run_data.h"
-#include "forge/train/sample.h"
+#include "forge/run/run_checkpoint.h"
+#include "forge/run/run_data.h"
+#include "forge/interop/sample.h"
 
 namespace forge::train {
 

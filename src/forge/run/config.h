@@ -13,7 +13,7 @@
 //                rope_theta, rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
 //                rope_original_context, norm_eps, init_std (which type reads which:
 //                nn/model_registry.cpp); init_from (a Hugging Face model directory: parse_config
-//                resolves the shape from it before validate(), train/hf_model.h)
+//                resolves the shape from it before validate(), run/hf_model.h)
 //   [data]       source, files, exclude, tokenizer, vocab_size, val_fraction, shards_dir (language
 //                models); dir, max_train_samples, max_test_samples (lenet)
 //   [optim]      name, lr, weight_decay, beta1, beta2, eps, momentum, nesterov, grad_clip

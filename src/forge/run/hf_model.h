@@ -1,7 +1,7 @@
 #pragma once
 // Hugging Face models in: `model.init_from = "PATH"`, a directory as save_pretrained writes it
 // (config.json; model.safetensors or model.safetensors.index.json and its shards;
-// tokenizer.json), starts a run from its weights. What `forge export` writes (train/export.h)
+// tokenizer.json), starts a run from its weights. What `forge export` writes (interop/export.h)
 // reads back bit for bit.
 //
 //   RunConfig cfg = load_config(...);      // parse_config calls apply_init_from(cfg) before validate()
@@ -49,7 +49,7 @@
 
 #include "forge/io/checkpoint.h"
 #include "forge/nn/model_config.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 

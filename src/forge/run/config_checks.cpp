@@ -14,9 +14,8 @@
 #include "forge/nn/model_registry.h"
 #include "forge/ops/attention.h"
 #include "forge/parallel/sharding.h"
-#include "forge/train/config.h"
-#include "forge/train/preemption.h"
-#include "forge/train/step_trace.h"
+#include "forge/run/config.h"
+#include "forge/run/run_values.h"
 
 namespace forge::train {
 
@@ -144,7 +143,7 @@ void validate(const RunConfig& c) {
     for (const auto& t : c.eval.tasks)
       FORGE_CHECK(std::filesystem::is_regular_file(t, ec), "eval.tasks: '", t, "' is not a readable file");
   }
-  if (!c.telemetry.profile_steps.empty()) StepTrace::parse(c.telemetry.profile_steps);
+  if (!c.telemetry.profile_steps.empty()) parse_step_range(c.telemetry.profile_steps, "telemetry.profile_steps");
   FORGE_CHECK(c.telemetry.idle_warn_pct >= 0 && c.telemetry.idle_warn_pct <= 100,
               "telemetry.idle_warn_pct must be in [0, 100] (percent of an interval), got ", c.telemetry.idle_warn_pct);
   FORGE_CHECK(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (0 = none by steps), got ", c.checkpoint.every);

@@ -1,6 +1,6 @@
 #pragma once
 // train::Model: what the training loop and its strategies need of any model they train, whatever
-// its kind (a GPT or a LLaMA: train/language_model.h; LeNet: train/image_task.cpp).
+// its kind (a GPT or a LLaMA: run/language_model.h; LeNet: train/image_task.cpp).
 //
 //   Model m = ...;                          // module initialised from run.seed on the CPU
 //   m.module->to(device, dtype);            // moved and cast once

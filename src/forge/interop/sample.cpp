@@ -1,5 +1,5 @@
 // `forge sample`: autoregressive generation from a checkpoint (contracts in sample.h).
-#include "forge/train/sample.h"
+#include "forge/interop/sample.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,8 @@
 #include "forge/io/checkpoint.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/ops/creation.h"
-#include "forge/train/run_checkpoint.h"
-#include "forge/train/run_data.h"
+#include "forge/run/run_checkpoint.h"
+#include "forge/run/run_data.h"
 
 namespace forge::train {
 

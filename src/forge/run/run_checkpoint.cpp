@@ -1,5 +1,5 @@
 // Checkpoint plumbing shared by every layout (contracts in run_checkpoint.h).
-#include "forge/train/run_checkpoint.h"
+#include "forge/run/run_checkpoint.h"
 
 #include <cstdio>
 #include <iostream>

@@ -1,5 +1,5 @@
 // Tokenizer, shards, random tokens and the bigram baseline (contracts in run_data.h).
-#include "forge/train/run_data.h"
+#include "forge/run/run_data.h"
 
 #include <algorithm>
 #include <chrono>

@@ -17,7 +17,7 @@
 #include "forge/optim/loss_scale.h"
 #include "forge/optim/optimizer.h"
 #include "forge/parallel/sharded_state.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 

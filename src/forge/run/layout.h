@@ -15,7 +15,7 @@
 //   4. what is not built yet: dist.offload_optimizer with dist.tp > 1 is refused, never ignored
 //      (the other combinations not built yet are refused by the config's checks).
 #include "forge/parallel/layout.h"
-#include "forge/train/config.h"
+#include "forge/run/config.h"
 
 namespace forge::train {
 
