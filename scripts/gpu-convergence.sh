@@ -30,6 +30,7 @@ export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PAT
 PACK=${PACK:-data/corpus/pack}
 CORPUS=${CORPUS:-$PWD/.corpus}
 OUT=${OUT:-/tmp/gpu-convergence-out}
+FORGE_BIN=${FORGE_BIN:-build-gpu/forge}  # (another build of forge: e.g. benchmarks/ab/run_ab.sh's build-ab/head/forge)
 mkdir -p "$OUT"
 for phase in ${PHASE:?PHASE=build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref, data or report}; do
 case $phase in
@@ -39,15 +40,15 @@ case $phase in
     ls -la "$PACK" 2>/dev/null || true ;;
   corpus)
     ls -la "$PACK"
-    scripts/corpus/build-corpus.sh --unpack "$PACK" --out "$CORPUS" --forge build-gpu/forge \
+    scripts/corpus/build-corpus.sh --unpack "$PACK" --out "$CORPUS" --forge "$FORGE_BIN" \
       --tokenizers .fixtures/tokenizers 2>&1 | tail -15 ;;
   gpt2|llama|gpt2-forge|llama-forge|gpt2-ref|llama-ref)
     model=${phase%%-*}
     case $phase in *-forge) stages="init forge" ;; *-ref) stages="ref report" ;; *) stages="init forge ref report" ;; esac
-    MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model${VARIANT:+_$VARIANT}" FORGE=build-gpu/forge \
+    MODEL=$model STAGES=$stages CORPUS="$CORPUS" RAW="$PWD/.convergence/$model${VARIANT:+_$VARIANT}" FORGE="$FORGE_BIN" \
       OUT="$OUT" benchmarks/convergence/run.sh ;;
   data)
-    CORPUS="$CORPUS" FORGE=build-gpu/forge OUT="$OUT" RAW="$PWD/.convergence/data" benchmarks/convergence/data_path.sh ;;
+    CORPUS="$CORPUS" FORGE="$FORGE_BIN" OUT="$OUT" RAW="$PWD/.convergence/data" benchmarks/convergence/data_path.sh ;;
   report)
     cat .convergence/*/convergence_*.md ;;
   *) echo "gpu-convergence.sh: PHASE=$phase: use build, corpus, gpt2, gpt2-forge, gpt2-ref, llama, llama-forge, llama-ref, data or report" >&2; exit 2 ;;

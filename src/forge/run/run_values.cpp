@@ -14,7 +14,17 @@ namespace forge::train {
 
 namespace {
 
-const char* short_name(int sig) {
+const std::map<std::string, int>& signal_table() {
+  static const std::map<std::string, int> t = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT},
+                                               {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
+                                               {"ALRM", SIGALRM}, {"XCPU", SIGXCPU}, {"CONT", SIGCONT},
+                                               {"URG", SIGURG},   {"WINCH", SIGWINCH}};
+  return t;
+}
+
+}  // namespace
+
+const char* short_signal_name(int sig) {
   switch (sig) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
@@ -27,16 +37,6 @@ const char* short_name(int sig) {
     default: return nullptr;
   }
 }
-
-const std::map<std::string, int>& signal_table() {
-  static const std::map<std::string, int> t = {{"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT},
-                                               {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
-                                               {"ALRM", SIGALRM}, {"XCPU", SIGXCPU}, {"CONT", SIGCONT},
-                                               {"URG", SIGURG},   {"WINCH", SIGWINCH}};
-  return t;
-}
-
-}  // namespace
 
 double parse_duration(const std::string& text, const char* key) {
   if (text.empty()) return 0.0;
@@ -88,7 +88,7 @@ int parse_stop_signal(const std::string& text, const char* key) {
 }
 
 std::string signal_name(int sig) {
-  if (const char* n = short_name(sig)) return n;
+  if (const char* n = short_signal_name(sig)) return n;
   for (const auto& [name, s] : signal_table())
     if (s == sig) return "SIG" + name;
   return "signal " + std::to_string(sig);

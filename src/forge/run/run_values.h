@@ -16,6 +16,9 @@ double parse_duration(const std::string& text, const char* key);
 int parse_stop_signal(const std::string& text, const char* key);
 // "SIGTERM", "SIGUSR1", ... ("signal N" for others).
 std::string signal_name(int sig);
+// "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGALRM", "SIGXCPU", else nullptr:
+// static strings, so a signal handler may call it (async-signal-safe).
+const char* short_signal_name(int sig);
 // "A:B" -> {A, B} with 1 <= A <= B; throws a forge::Error naming `key` and the fix.
 std::pair<int64_t, int64_t> parse_step_range(const std::string& spec, const char* key);
 

@@ -29,25 +29,12 @@ int64_t monotonic_ns() {
 
 void say(const char* s) { [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, s, std::strlen(s)); }
 
-const char* short_name(int sig) {
-  switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGHUP: return "SIGHUP";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGALRM: return "SIGALRM";
-    case SIGXCPU: return "SIGXCPU";
-    default: return nullptr;
-  }
-}
 
 // Async-signal-safe: atomics, clock_gettime, write, _exit.
 extern "C" void forge_on_stop_signal(int sig) {
   const int64_t now = monotonic_ns();
   int expected = 0;
-  const char* name = short_name(sig);
+  const char* name = short_signal_name(sig);
   if (g_first_signal.compare_exchange_strong(expected, sig)) {
     g_first_ns.store(now);
     say("forge train: got ");
