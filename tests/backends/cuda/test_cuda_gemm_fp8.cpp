@@ -10,6 +10,7 @@
 
 #include "cuda_testing.h"
 #include "forge/backends/cuda/gemm_fp8.h"
+#include "forge/core/fp8.h"
 
 namespace forge {
 namespace {
@@ -42,6 +43,16 @@ TEST(CudaGemmFp8, DecodeE4m3) {
   int nans = 0;
   for (int b = 0; b < 256; ++b) nans += std::isnan(cuda::e4m3_to_float(static_cast<uint8_t>(b))) ? 1 : 0;
   EXPECT_EQ(nans, 2);
+  // The host codec of the FP8 recipes (core/fp8.h) reads every code as the GEMM's decoder does.
+  for (int b = 0; b < 256; ++b) {
+    const float c = cuda::e4m3_to_float(static_cast<uint8_t>(b));
+    const double h = fp8::decode(static_cast<uint8_t>(b), fp8::Format::e4m3);
+    if (std::isnan(c)) {
+      EXPECT_TRUE(std::isnan(h)) << b;
+    } else {
+      EXPECT_EQ(static_cast<double>(c), h) << b;
+    }
+  }
 }
 
 TEST(CudaGemmFp8, RandomInputs) {

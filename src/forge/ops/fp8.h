@@ -1,0 +1,64 @@
+#pragma once
+// FP8 training recipes emulated on the CPU (issue 39; docs/fp8.md): how each recipe scales a
+// matrix into e4m3 / e5m2 (core/fp8.h) and what a GEMM of the quantized operands gives, so that the
+// recipes' logic is tested in CI and is the reference of their GPU kernels.
+//
+//   auto q = fp8::quantize(x, fp8::Format::e4m3, fp8::Recipe::rowwise, fp8::Operand::activation);
+//   Tensor back = fp8::dequantize(q);                       // f32, x to within the format's rounding
+//   Tensor y = fp8::scaled_matmul(x, w, fp8::Recipe::blockwise);   // x (m, k) w (n, k)^T in e4m3
+//
+// Note [FP8 recipes]: a recipe picks the groups that share one scale. For each group the scale is
+// s = max_format / amax (amax over the group's |x|; a group of zeros takes s = 1), the codes are
+// x s rounded to the format (Note [FP8 rounding]), and the value a code stands for is decode / s:
+//   tensorwise  one scale for the matrix (torchao's "tensorwise", Transformer Engine's per-tensor
+//               current scaling);
+//   rowwise     one scale per row: per token for activations (m, k), per output feature for a
+//               weight (n, k), both along the reduction dimension k (torchao's "rowwise");
+//   blockwise   DeepSeek-V3's: activations in 1 x 128 tiles (a scale per row per 128 columns),
+//               weights in 128 x 128 blocks; the last tile or block of a dimension may be smaller.
+// x is scaled in f32 before rounding (what the GPU casts do); scales are f32. Formats: forward
+// operands (activations, weights) in e4m3; gradients in e5m2 under tensorwise and rowwise (the
+// "hybrid" format: range over precision) and in e4m3 under blockwise, whose fine-grained scales
+// leave no need for e5m2's range (DeepSeek-V3). scaled_matmul emulates the forward GEMM: both
+// operands quantized in e4m3 by the recipe, the products accumulated in f64 and rounded once to
+// f32 (the tensor cores' promoted f32 accumulation without its order), each product scaled by
+// its operands' groups (per tile pair under blockwise: DeepSeek's promotion every 128 products).
+#include <cstdint>
+#include <string>
+
+#include "forge/core/fp8.h"
+#include "forge/core/tensor.h"
+
+namespace forge::fp8 {
+
+enum class Recipe : uint8_t { tensorwise, rowwise, blockwise };
+enum class Operand : uint8_t { activation, weight, gradient };
+
+// "tensorwise" | "rowwise" | "blockwise"; anything else throws naming run.fp8 and the values.
+Recipe recipe_from_name(const std::string& name);
+const char* recipe_name(Recipe r);
+// The format of an operand under a recipe (Note [FP8 recipes]).
+Format format_of(Recipe r, Operand op);
+
+inline constexpr int64_t kBlock = 128;  // blockwise: tiles of 1 x 128, blocks of 128 x 128
+
+struct Quantized {
+  Tensor codes;   // u8 (rows, cols): the fp8 bit patterns
+  Tensor scales;  // f32: (1) tensorwise, (rows) rowwise, (rows, ceil(cols / 128)) activation tiles or
+                  // (ceil(rows / 128), ceil(cols / 128)) weight blocks
+  Format format = Format::e4m3;
+  Recipe recipe = Recipe::tensorwise;
+  Operand operand = Operand::activation;
+};
+
+// x: a 2-D CPU tensor (f32, f64, bf16 or f16). Throws naming the shape otherwise. A non-finite
+// entry makes its group's amax non-finite and the group's scale NaN: what a recipe's guardrail
+// must detect before the scale is used.
+Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operand);
+// What the codes stand for: decode(code) / scale, f32 (rows, cols).
+Tensor dequantize(const Quantized& q);
+// x (m, k) times w (n, k)^T with both operands quantized in e4m3 by `recipe` (x as activations, w
+// as a weight): f32 (m, n).
+Tensor scaled_matmul(const Tensor& x, const Tensor& w, Recipe recipe);
+
+}  // namespace forge::fp8

@@ -1,0 +1,211 @@
+// FP8 on the CPU (issue 39, item 4): the e4m3 / e5m2 codec (core/fp8.h) against a brute-force
+// nearest-value search over all 256 codes in f64, and the recipes (ops/fp8.h, Note [FP8 recipes])
+// against scales and products computed independently here in f64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "forge/core/error.h"
+#include "forge/core/fp8.h"
+#include "forge/forge.h"
+#include "forge/ops/fp8.h"
+
+namespace forge {
+namespace {
+
+using fp8::Format;
+using fp8::Operand;
+using fp8::Recipe;
+
+bool finite_code(uint8_t c, Format f) { return std::isfinite(fp8::decode(c, f)); }
+
+// The nearest finite value by search, ties to the code with an even mantissa, saturating (the
+// reference of Note [FP8 rounding], independent of encode's arithmetic).
+double nearest(double x, Format f) {
+  const double mx = fp8::info(f).max;
+  if (std::fabs(x) >= mx) return std::copysign(mx, x);
+  double best = 0, best_d = INFINITY;
+  int best_code = -1;
+  for (int c = 0; c < 256; ++c) {
+    if (!finite_code(static_cast<uint8_t>(c), f)) continue;
+    const double v = fp8::decode(static_cast<uint8_t>(c), f), d = std::fabs(v - x);
+    const bool even = (c & 1) == 0;
+    if (d < best_d || (d == best_d && even && (best_code & 1) == 1)) best = v, best_d = d, best_code = c;
+  }
+  return best;
+}
+
+TEST(Fp8Codec, TheFormatsValues) {
+  EXPECT_EQ(fp8::decode(0x38, Format::e4m3), 1.0);
+  EXPECT_EQ(fp8::decode(0x7e, Format::e4m3), 448.0);
+  EXPECT_EQ(fp8::decode(0x08, Format::e4m3), std::ldexp(1.0, -6));
+  EXPECT_EQ(fp8::decode(0x01, Format::e4m3), std::ldexp(1.0, -9));
+  EXPECT_EQ(fp8::decode(0x3c, Format::e5m2), 1.0);
+  EXPECT_EQ(fp8::decode(0x7b, Format::e5m2), 57344.0);
+  EXPECT_EQ(fp8::decode(0x01, Format::e5m2), std::ldexp(1.0, -16));
+  EXPECT_TRUE(std::isinf(fp8::decode(0x7c, Format::e5m2)));
+  int nan4 = 0, nan5 = 0;
+  for (int c = 0; c < 256; ++c) {
+    nan4 += std::isnan(fp8::decode(static_cast<uint8_t>(c), Format::e4m3)) ? 1 : 0;
+    nan5 += std::isnan(fp8::decode(static_cast<uint8_t>(c), Format::e5m2)) ? 1 : 0;
+  }
+  EXPECT_EQ(nan4, 2);  // S.1111.111
+  EXPECT_EQ(nan5, 6);  // S.11111.{01,10,11}
+}
+
+TEST(Fp8Codec, EveryFiniteCodeRoundTrips) {
+  for (Format f : {Format::e4m3, Format::e5m2})
+    for (int c = 0; c < 256; ++c) {
+      const auto code = static_cast<uint8_t>(c);
+      if (!finite_code(code, f)) continue;
+      EXPECT_EQ(fp8::encode(fp8::decode(code, f), f), code) << fp8::format_name(f) << " code " << c;
+    }
+}
+
+TEST(Fp8Codec, RoundsToNearestEvenAndSaturatesAsTheSearchDoes) {
+  Generator gen(5);
+  for (Format f : {Format::e4m3, Format::e5m2}) {
+    const double mx = fp8::info(f).max;
+    std::vector<double> xs = {0.0, -0.0, mx, -mx, mx * 1.01, -mx * 3, INFINITY, -INFINITY, 1e-30, -1e-30};
+    // Every midpoint between neighbouring codes (the ties), and just either side of it.
+    for (int c = 0; c < 255; ++c) {
+      const auto a = static_cast<uint8_t>(c), b = static_cast<uint8_t>(c + 1);
+      if (!finite_code(a, f) || !finite_code(b, f) || (c & 0x7f) == 0x7f) continue;
+      const double mid = (fp8::decode(a, f) + fp8::decode(b, f)) / 2;
+      xs.insert(xs.end(), {mid, std::nextafter(mid, INFINITY), std::nextafter(mid, -INFINITY)});
+    }
+    // Random magnitudes over the whole range and beyond it, both signs.
+    const std::vector<double> u = uniform({4000}, -1.0, 1.0, {.dtype = DType::f64}, &gen).to_vector<double>();
+    for (size_t i = 0; i < u.size(); i += 2) xs.push_back(std::copysign(std::exp2(u[i + 1] * 24.0 - 4.0), u[i]));
+    for (double x : xs) {
+      const double got = fp8::round_to(x, f), want = nearest(x, f);
+      EXPECT_EQ(got, want) << fp8::format_name(f) << " x = " << x;
+      if (x == 0) {
+        EXPECT_EQ(std::signbit(got), std::signbit(x)) << "the sign of zero";
+      }
+    }
+    EXPECT_TRUE(std::isnan(fp8::round_to(NAN, f)));
+  }
+}
+
+// The groups of each recipe, computed here: each entry's group amax of |x| (x widened to f32).
+std::vector<double> entry_amax(const std::vector<float>& x, int64_t rows, int64_t cols, Recipe r, Operand op) {
+  auto key = [&](int64_t i, int64_t j) -> std::pair<int64_t, int64_t> {
+    if (r == Recipe::tensorwise) return {0, 0};
+    if (r == Recipe::rowwise) return {i, 0};
+    return {op == Operand::weight ? i / 128 : i, j / 128};  // 128 x 128 weight blocks, 1 x 128 tiles
+  };
+  std::map<std::pair<int64_t, int64_t>, double> amax;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double& a = amax[key(i, j)];
+      a = std::max(a, static_cast<double>(std::fabs(x[static_cast<size_t>(i * cols + j)])));
+    }
+  std::vector<double> out(x.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>(i * cols + j)] = amax[key(i, j)];
+  return out;
+}
+
+Tensor outlier_matrix(int64_t rows, int64_t cols, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<float> v = randn({rows, cols}, {.dtype = DType::f32}, &gen).to_vector<float>();
+  for (int64_t i = 0; i < rows; i += 7) v[static_cast<size_t>(i * cols + (i * 13) % cols)] *= 300.0f;  // outliers
+  for (int64_t j = 0; j < cols; ++j) v[static_cast<size_t>(5 * cols + j)] *= 1e-3f;                   // a quiet row
+  return from_vector(v, {rows, cols});
+}
+
+TEST(Fp8Recipes, ScalesAndCodesAreTheRecipesGroups) {
+  const int64_t rows = 200, cols = 300;  // not multiples of 128: partial tiles and blocks
+  const Tensor x = outlier_matrix(rows, cols, 3);
+  const std::vector<float> xv = x.to_vector<float>();
+  for (Recipe r : {Recipe::tensorwise, Recipe::rowwise, Recipe::blockwise})
+    for (Operand op : {Operand::activation, Operand::weight, Operand::gradient}) {
+      const Format f = fp8::format_of(r, op);
+      const fp8::Quantized q = fp8::quantize(x, f, r, op);
+      const std::vector<float> back = fp8::dequantize(q).to_vector<float>();
+      const std::string what = std::string(fp8::recipe_name(r)) + " operand " + std::to_string(static_cast<int>(op));
+      const Shape want_scales = r == Recipe::tensorwise ? Shape{1}
+                                : r == Recipe::rowwise  ? Shape{rows}
+                                : op == Operand::weight ? Shape{2, 3}
+                                                        : Shape{rows, 3};
+      EXPECT_EQ(q.scales.shape(), want_scales) << what;
+      EXPECT_EQ(q.codes.dtype(), DType::u8) << what;
+      double worst = 0;
+      const std::vector<double> am = entry_amax(xv, rows, cols, r, op);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const size_t at = static_cast<size_t>(i * cols + j);
+          const float s = static_cast<float>(fp8::info(f).max / am[at]);
+          const double expect = nearest(static_cast<double>(xv[at] * s), f) / s;
+          ASSERT_NEAR(back[at], expect, 1e-6 * std::fabs(expect) + 1e-30) << what << " (" << i << ", " << j << ")";
+          worst = std::max(worst, std::fabs(back[at] - xv[at]) / am[at]);
+        }
+      // Relative to its group's amax, no entry moves by more than half the format's spacing at the top.
+      EXPECT_LE(worst, f == Format::e4m3 ? 1.0 / 16 : 1.0 / 8) << what;
+    }
+}
+// The emulated forward GEMM is the product of the dequantized operands (each tile pair's
+// products scaled together equal the scaled products summed), and the recipes rank as they should
+// on activations with outliers: a per-tensor scale crushes a quiet row to the format's bottom,
+// per-row and per-tile scales keep it.
+TEST(Fp8Recipes, ScaledMatmulIsTheDequantizedProduct) {
+  const int64_t m = 70, n = 40, k = 300;
+  const Tensor x = outlier_matrix(m, k, 8);
+  Generator gen(9);
+  const Tensor w = randn({n, k}, {.dtype = DType::f32}, &gen) * 0.02;
+  const Tensor exact = ops::matmul(x.to(DType::f64), ops::transpose(w.to(DType::f64), 0, 1));
+  std::vector<double> err;
+  for (Recipe r : {Recipe::tensorwise, Recipe::rowwise, Recipe::blockwise}) {
+    const Tensor y = fp8::scaled_matmul(x, w, r);
+    const Tensor xq = fp8::dequantize(fp8::quantize(x, Format::e4m3, r, Operand::activation)).to(DType::f64);
+    const Tensor wq = fp8::dequantize(fp8::quantize(w, Format::e4m3, r, Operand::weight)).to(DType::f64);
+    const std::vector<double> want = ops::matmul(xq, ops::transpose(wq, 0, 1)).to_vector<double>();
+    // The dequantized operands are f32 roundings of code / scale: the bound is relative to the
+    // sum of the products' magnitudes, not to a result that cancels.
+    const std::vector<double> mag = ops::matmul(ops::abs(xq), ops::transpose(ops::abs(wq), 0, 1)).to_vector<double>();
+    const std::vector<double> got = y.to(DType::f64).to_vector<double>(), ex = exact.to_vector<double>();
+    double quiet = 0, quiet_scale = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-6 * mag[i]) << fp8::recipe_name(r) << " entry " << i;
+      if (static_cast<int64_t>(i) / n == 5) quiet = std::max(quiet, std::fabs(got[i] - ex[i])), quiet_scale = std::max(quiet_scale, std::fabs(ex[i]));
+    }
+    err.push_back(quiet / quiet_scale);  // the quiet row's error relative to its own outputs
+  }
+  EXPECT_GT(err[0], 10 * err[1]) << "tensorwise " << err[0] << " vs rowwise " << err[1];
+  EXPECT_LT(err[1], 0.1);
+  EXPECT_LT(err[2], 0.1);
+}
+
+TEST(Fp8Recipes, NamesFormatsAndBadInput) {
+  EXPECT_EQ(fp8::recipe_from_name("rowwise"), Recipe::rowwise);
+  EXPECT_EQ(fp8::recipe_from_name("blockwise"), Recipe::blockwise);
+  try {
+    (void)fp8::recipe_from_name("delayed");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.fp8 = 'delayed'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fp8::format_of(Recipe::tensorwise, Operand::gradient), Format::e5m2);
+  EXPECT_EQ(fp8::format_of(Recipe::rowwise, Operand::gradient), Format::e5m2);
+  EXPECT_EQ(fp8::format_of(Recipe::blockwise, Operand::gradient), Format::e4m3);
+  EXPECT_EQ(fp8::format_of(Recipe::tensorwise, Operand::weight), Format::e4m3);
+  EXPECT_THROW(fp8::quantize(zeros({2, 3, 4}), Format::e4m3, Recipe::rowwise, Operand::activation), Error);
+  // A group of zeros takes scale 1; a NaN makes its group's scale NaN (what a guardrail must catch).
+  const fp8::Quantized z = fp8::quantize(zeros({2, 4}), Format::e4m3, Recipe::rowwise, Operand::activation);
+  EXPECT_EQ(z.scales.to_vector<float>(), (std::vector<float>{1.0f, 1.0f}));
+  const fp8::Quantized bad = fp8::quantize(from_vector(std::vector<float>{1, NAN, 2, 3}, {2, 2}), Format::e4m3,
+                                           Recipe::rowwise, Operand::activation);
+  const std::vector<float> sc = bad.scales.to_vector<float>();
+  EXPECT_TRUE(std::isnan(sc[0]));
+  EXPECT_FLOAT_EQ(sc[1], 448.0f / 3.0f);
+}
+
+}  // namespace
+}  // namespace forge
