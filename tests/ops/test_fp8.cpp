@@ -209,3 +209,48 @@ TEST(Fp8Recipes, NamesFormatsAndBadInput) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// Note [FP8 linear]: the output and the three gradients are the quantized GEMMs the note names
+// (checked against quantized_matmul), and they stay close to the exact f64 linear's: within the
+// formats' precision relative to each result's norm.
+TEST(Fp8Linear, GradientsAreTheQuantizedGemmsAndCloseToTheExactOnes) {
+  Generator gen(21);
+  const TensorOptions f32{.dtype = DType::f32};
+  const Tensor x = randn({3, 5, 40}, f32, &gen), w = randn({24, 40}, f32, &gen) * 0.1, b = randn({24}, f32, &gen);
+  const Tensor dy = randn({3, 5, 24}, f32, &gen);
+  auto frob_rel = [](const Tensor& got, const Tensor& want) {
+    const auto a = got.to(DType::f64).to_vector<double>(), c = want.to(DType::f64).to_vector<double>();
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (a[i] - c[i]) * (a[i] - c[i]), n += c[i] * c[i];
+    return std::sqrt(d / n);
+  };
+  // The exact linear in f64.
+  Tensor xe = x.to(DType::f64).requires_grad_(), we = w.to(DType::f64).requires_grad_(), be = b.to(DType::f64).requires_grad_();
+  ops::sum(ops::mul(ops::linear(xe, we, be), dy.to(DType::f64))).backward();
+  for (Recipe r : {Recipe::tensorwise, Recipe::rowwise, Recipe::blockwise}) {
+    const std::string what = fp8::recipe_name(r);
+    Tensor xq = x.clone().requires_grad_(), wq = w.clone().requires_grad_(), bq = b.clone().requires_grad_();
+    const Tensor y = fp8::linear(xq, wq, bq, r);
+    ASSERT_EQ(y.shape(), (Shape{3, 5, 24})) << what;
+    ops::sum(ops::mul(y, dy)).backward();
+    const Tensor x2 = x.reshape({15, 40}), dy2 = dy.reshape({15, 24});
+    const Tensor want_y = ops::add(fp8::quantized_matmul(x2, Operand::activation, w, Operand::weight, r), b);
+    const Tensor want_dx = fp8::quantized_matmul(dy2, Operand::gradient, ops::transpose(w, 0, 1).contiguous(), Operand::weight, r);
+    const Tensor want_dw = fp8::quantized_matmul(ops::transpose(dy2, 0, 1).contiguous(), Operand::gradient,
+                                                 ops::transpose(x2, 0, 1).contiguous(), Operand::activation, r);
+    EXPECT_EQ(frob_rel(y.reshape({15, 24}), want_y), 0.0) << what;
+    EXPECT_EQ(frob_rel(xq.grad().reshape({15, 40}), want_dx), 0.0) << what;
+    EXPECT_EQ(frob_rel(wq.grad(), want_dw), 0.0) << what;
+    EXPECT_LT(frob_rel(bq.grad(), be.grad()), 1e-6) << what << ": the bias gradient is exact";
+    // e4m3 keeps 3 mantissa bits, e5m2 2: a few percent of each result's norm.
+    EXPECT_LT(frob_rel(y, ops::linear(x.to(DType::f64), w.to(DType::f64), b.to(DType::f64))), 0.05) << what;
+    EXPECT_LT(frob_rel(xq.grad(), xe.grad()), r == Recipe::blockwise ? 0.05 : 0.1) << what;
+    EXPECT_LT(frob_rel(wq.grad(), we.grad()), r == Recipe::blockwise ? 0.05 : 0.1) << what;
+  }
+}
+
+}  // namespace
+}  // namespace forge

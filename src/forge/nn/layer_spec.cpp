@@ -31,10 +31,10 @@ const char* to_string(EmbeddingRole role) {
 }
 
 std::shared_ptr<Linear> LayerSpec::make_linear(int64_t in, int64_t out, bool bias, LinearRole role) const {
-  if (!linear) return std::make_shared<Linear>(in, out, bias);
-  std::shared_ptr<Linear> m = linear(in, out, bias, role);
+  std::shared_ptr<Linear> m = linear ? linear(in, out, bias, role) : std::make_shared<Linear>(in, out, bias);
   FORGE_CHECK(m != nullptr, "LayerSpec: the linear factory returned no module for role ", to_string(role), " (", in,
               " -> ", out, "); return a Linear (or a subclass) for every role");
+  m->fp8 = role != LinearRole::lm_head;  // Note [FP8 linear]: the head stays in the compute dtype
   return m;
 }
 

@@ -5,6 +5,7 @@
 #include <typeinfo>
 
 #include "forge/core/env.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
 #include "forge/ops/unary.h"
@@ -22,6 +23,8 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen) : in_fea
 Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
+  if (fp8)
+    if (const std::optional<fp8::Recipe> r = fp8::training_recipe()) return fp8::linear(x, weight, bias, *r);
   return ops::linear(x, weight, bias);
 }
 

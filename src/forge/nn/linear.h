@@ -20,6 +20,9 @@ class Linear : public Module {
   virtual Tensor forward_gelu(const Tensor& x) const;
 
   int64_t in_features, out_features;
+  // Whether run.fp8 applies to this layer (Note [FP8 linear] in ops/fp8.h): true but for the
+  // output head (nn::LayerSpec builds it with false).
+  bool fp8 = true;
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
 };

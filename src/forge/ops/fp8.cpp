@@ -5,8 +5,14 @@
 #include <cmath>
 #include <vector>
 
+#include "forge/autograd/grad_mode.h"
+#include "forge/autograd/node.h"
 #include "forge/core/error.h"
+#include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
+#include "forge/ops/matmul.h"
+#include "forge/ops/reduce.h"
+#include "forge/ops/view.h"
 
 namespace forge::fp8 {
 
@@ -148,5 +154,61 @@ Tensor scaled_matmul(const Tensor& x, const Tensor& w, Recipe recipe) {
     }
   return from_vector(out, {m, n});
 }
+
+Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Operand b_role, Recipe recipe) {
+  FORGE_CHECK(a.dim() == 2 && b_t.dim() == 2 && a.size(1) == b_t.size(1), "fp8::quantized_matmul: expected a (m, r) and "
+              "b_t (n, r), got ", a.shape(), " and ", b_t.shape());
+  const Tensor aq = dequantize(quantize(a, format_of(recipe, a_role), recipe, a_role));
+  const Tensor bq = dequantize(quantize(b_t, format_of(recipe, b_role), recipe, b_role));
+  return ops::matmul(aq, ops::transpose(bq, 0, 1));
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe) {
+  FORGE_CHECK(x.is_cpu() && w.is_cpu(), "run.fp8 = \"", recipe_name(recipe),
+              "\" runs as the CPU emulation only so far (issue 39); set run.fp8 = \"off\" on a GPU");
+  FORGE_CHECK(x.dim() >= 1 && w.dim() == 2 && x.shape().back() == w.size(1), "fp8::linear: input ", x.shape(),
+              " and weight ", w.shape(), " do not fit");
+  const int64_t k = w.size(1), n = w.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  Tensor y;
+  const Tensor x2 = x.detach().reshape({-1, k}), wd = w.detach();
+  {
+    NoGradGuard no_grad;
+    Tensor y2 = quantized_matmul(x2, Operand::activation, wd, Operand::weight, recipe);
+    if (b.defined()) y2 = ops::add(y2, b.detach().to(DType::f32));
+    y = y2.to(x.dtype()).reshape(out_shape);
+  }
+  const TensorList inputs = b.defined() ? TensorList{x, w, b} : TensorList{x, w};
+  if (!autograd::any_requires_grad(inputs)) return y;
+  const Shape x_shape = x.shape();
+  const DType xd = x.dtype(), wdt = w.dtype();
+  autograd::record("fp8_linear", y, inputs,
+                   [x2, wd, recipe, x_shape, xd, wdt, has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32,
+                    n](const Tensor& g, const autograd::GradMask& need) {
+                     NoGradGuard no_grad;
+                     const Tensor dy = g.reshape({-1, n}).to(DType::f32).contiguous();
+                     TensorList out(has_bias ? 3 : 2);
+                     if (need[0])  // dx = dy w: dy by (w^T) grouped along n
+                       out[0] = quantized_matmul(dy, Operand::gradient, ops::transpose(wd, 0, 1).contiguous(),
+                                                 Operand::weight, recipe)
+                                    .to(xd)
+                                    .reshape(x_shape);
+                     if (need[1])  // dw = dy^T x: dy^T by x^T, both grouped along the tokens
+                       out[1] = quantized_matmul(ops::transpose(dy, 0, 1).contiguous(), Operand::gradient,
+                                                 ops::transpose(x2, 0, 1).contiguous(), Operand::activation, recipe)
+                                    .to(wdt);
+                     if (has_bias && need[2]) out[2] = ops::sum(dy, std::vector<int64_t>{0}).to(bias_dtype);
+                     return out;
+                   });
+  return y;
+}
+
+namespace {
+std::optional<Recipe> g_recipe;
+}  // namespace
+
+void set_training_recipe(std::optional<Recipe> recipe) { g_recipe = recipe; }
+std::optional<Recipe> training_recipe() { return g_recipe; }
 
 }  // namespace forge::fp8

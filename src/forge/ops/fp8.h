@@ -24,6 +24,7 @@
 // f32 (the tensor cores' promoted f32 accumulation without its order), each product scaled by
 // its operands' groups (per tile pair under blockwise: DeepSeek's promotion every 128 products).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "forge/core/fp8.h"
@@ -60,5 +61,23 @@ Tensor dequantize(const Quantized& q);
 // x (m, k) times w (n, k)^T with both operands quantized in e4m3 by `recipe` (x as activations, w
 // as a weight): f32 (m, n).
 Tensor scaled_matmul(const Tensor& x, const Tensor& w, Recipe recipe);
+
+// a (m, r) times b_t (n, r)^T with each operand quantized by `recipe` in its role's format
+// (format_of), groups along the reduction dimension r: f32 (m, n), from the dequantized operands.
+Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Operand b_role, Recipe recipe);
+
+// Note [FP8 linear]: y = x w^T + b with the three GEMMs of a linear layer through `recipe`
+// (torchao's float8 linear): forward x (activation) by w (weight); backward dx = dy (gradient) by
+// w^T (weight, grouped along the output features it is reduced over) and dw = dy^T (gradient) by
+// x^T (activation, grouped along the tokens), db = the column sums of dy in full precision. The
+// gradients are those of the quantized product (straight through the rounding). x (*, k), w (n, k),
+// b (n) or undefined; the result has x's dtype. The CPU only: the emulation (slow, for tests);
+// a CUDA tensor throws naming run.fp8.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe);
+
+// The recipe of the linear layers' GEMMs for this process (nn::Linear reads it; forge train sets
+// it from run.fp8): none (off) by default.
+void set_training_recipe(std::optional<Recipe> recipe);
+std::optional<Recipe> training_recipe();
 
 }  // namespace forge::fp8

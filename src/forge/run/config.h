@@ -6,7 +6,7 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, attention, deterministic,
+//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, fp8, attention, deterministic,
 //                gemm_tuning, cuda_graph, time_limit, preempt_signal
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
@@ -60,6 +60,7 @@ struct RunSection {
   bool overwrite = false;          // start afresh, replacing the checkpoints and metrics an earlier run left
                                    // (Note [one command starts or continues]; never the default)
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
+  std::string fp8 = "off";         // the linear layers' GEMMs in FP8: "off" | "tensorwise" | "rowwise" | "blockwise" (ops/fp8.h)
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
   std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)

@@ -12,6 +12,7 @@
 #include "forge/core/error.h"
 #include "forge/data/idx.h"
 #include "forge/nn/model_registry.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/attention.h"
 #include "forge/parallel/sharding.h"
 #include "forge/run/config.h"
@@ -67,6 +68,11 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.run.gemm_tuning == "cached" || c.run.gemm_tuning == "off", "run.gemm_tuning = '", c.run.gemm_tuning,
               "' is unknown; use \"cached\" (time each GEMM shape's algorithms once) or \"off\" (cuBLASLt's "
               "heuristic)", suggest_choice(c.run.gemm_tuning, {"cached", "off"}));
+  if (c.run.fp8 != "off") {
+    (void)fp8::recipe_from_name(c.run.fp8);  // the name (the error lists the recipes)
+    FORGE_CHECK(c.run.device == "cpu", "run.fp8 = \"", c.run.fp8, "\" runs as the CPU emulation only so far "
+                "(issue 39: the GPU kernels are not built yet); set run.device = \"cpu\" or run.fp8 = \"off\"");
+  }
   (void)parse_duration(c.run.time_limit, "run.time_limit");  // Note [preemption]
   (void)parse_stop_signal(c.run.preempt_signal, "run.preempt_signal");
 

@@ -36,6 +36,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(run, allow_tf32,
                   "f32 matrix products on CUDA use TF32 tensor cores (faster, relative error ~1e-3; changes results, "
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
+      FORGE_FIELD(run, fp8,
+                  "the linear layers' matrix products in FP8 (Note [FP8 recipes]): \"off\", \"tensorwise\", "
+                  "\"rowwise\" or \"blockwise\"; the blocks' linears only (not the output head); so far the CPU "
+                  "emulation (slow; docs/fp8.md), refused on a GPU"),
       FORGE_FIELD(run, attention,
                   "which CUDA attention kernels run: \"auto\" (cuDNN's fused attention where it applies, then forge's "
                   "flash kernels, then the composed GEMM path), \"flash\" (forge's flash kernels, then the composed "

@@ -26,6 +26,7 @@
 #include "forge/io/atomic_file.h"
 #include "forge/io/checkpoint.h"
 #include "forge/io/run_lock.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -201,6 +202,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
+  fp8::set_training_recipe(cfg.run.fp8 == "off" ? std::nullopt : std::optional(fp8::recipe_from_name(cfg.run.fp8)));
   ops::set_attention_backend(cfg.run.attention);
   ops::set_deterministic(cfg.run.deterministic);
   // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
