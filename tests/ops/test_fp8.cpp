@@ -252,5 +252,35 @@ TEST(Fp8Linear, GradientsAreTheQuantizedGemmsAndCloseToTheExactOnes) {
   }
 }
 
+// Note [FP8 guardrails]: a non-finite entry is reported with the layer and the operand whose cast
+// met it; finite tensors report nothing.
+TEST(Fp8Linear, NonFiniteAmaxIsReportedByLayerAndOperand) {
+  (void)fp8::take_guard_events();
+  Generator gen(4);
+  const TensorOptions f32{.dtype = DType::f32};
+  Tensor x = randn({4, 16}, f32, &gen), w = randn({8, 16}, f32, &gen);
+  Tensor y = fp8::linear(x.clone().requires_grad_(), w, Tensor(), Recipe::rowwise, "blocks.0.mlp.up");
+  ops::sum(y).backward();
+  EXPECT_TRUE(fp8::take_guard_events().empty());
+  std::vector<float> xv = x.to_vector<float>();
+  xv[5] = INFINITY;
+  y = fp8::linear(from_vector(xv, {4, 16}).requires_grad_(), w, Tensor(), Recipe::rowwise, "blocks.0.mlp.up");
+  auto events = fp8::take_guard_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].layer, "blocks.0.mlp.up");
+  EXPECT_EQ(events[0].operand, Operand::activation);
+  // A NaN reaching the layer's output gradient: the gradient's cast reports it.
+  Tensor xg = randn({4, 16}, f32, &gen).requires_grad_();
+  y = fp8::linear(xg, w, Tensor(), Recipe::blockwise, "head.proj");
+  std::vector<float> g(32, 1.0f);
+  g[3] = NAN;
+  y.backward(from_vector(g, {4, 8}));
+  events = fp8::take_guard_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].layer, "head.proj");
+  EXPECT_EQ(events[0].operand, Operand::gradient);
+  EXPECT_STREQ(fp8::operand_name(Operand::gradient), "gradient");
+}
+
 }  // namespace
 }  // namespace forge

@@ -41,6 +41,28 @@ TEST(Fp8Train, EachRecipeTrainsBesideTheRunWithoutFp8) {
   fp8::set_training_recipe(std::nullopt);
 }
 
+// Note [FP8 guardrails] end to end: a learning rate that blows the weights up makes the casts meet
+// infinities, and the log names the layer and the operand.
+TEST(Fp8Train, NonFiniteAmaxIsLoggedByLayer) {
+  Scratch scratch;
+  train_testing::write_corpus(scratch.path() / "corpus");
+  const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path(), "fp8_blowup", 4), "fp8.toml",
+                                   {"--run.fp8=tensorwise", "--run.dtype=f32", "--optim.lr=1e38", "--optim.grad_clip=0",
+                                    "--schedule.warmup_steps=0", "--schedule.kind=constant", "--checkpoint.at_end=false",
+                                    "--eval.every=0"});
+  std::ostringstream log;
+  try {
+    (void)run_training(c, {}, log);
+  } catch (const Error&) {
+    // (a run whose every step is non-finite may stop; the log is what is checked)
+  }
+  fp8::set_training_recipe(std::nullopt);
+  const std::string out = log.str();
+  EXPECT_NE(out.find("fp8: step "), std::string::npos) << out;
+  EXPECT_NE(out.find("non-finite amax"), std::string::npos) << out;
+  EXPECT_NE(out.find("transformer.h."), std::string::npos) << "the layer's name: " << out;
+}
+
 TEST(Fp8Train, RefusedOnAGpuAndForAnUnknownRecipe) {
   Scratch scratch;
   try {

@@ -24,7 +24,7 @@ Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
   if (fp8)
-    if (const std::optional<fp8::Recipe> r = fp8::training_recipe()) return fp8::linear(x, weight, bias, *r);
+    if (const std::optional<fp8::Recipe> r = fp8::training_recipe()) return fp8::linear(x, weight, bias, *r, name);
   return ops::linear(x, weight, bias);
 }
 
@@ -40,6 +40,14 @@ Tensor Linear::forward_gelu(const Tensor& x) const {
   const bool plain = typeid(*this) == typeid(Linear);
   if (plain && x.is_cuda() && env::flag("FORGE_GELU_FUSION")) return ops::linear_gelu(x, weight, bias);
   return ops::gelu(forward(x), true);
+}
+
+void name_linears(Module& root, const std::string& prefix) {
+  for (const auto& [child, m] : root.named_children()) {
+    const std::string path = prefix.empty() ? child : prefix + "." + child;
+    if (auto* l = dynamic_cast<Linear*>(m.get())) l->name = path;
+    name_linears(*m, path);
+  }
 }
 
 }  // namespace forge::nn

@@ -5,6 +5,8 @@
 // forward and forward_gelu are virtual so that a tensor-parallel linear (column- or
 // row-parallel) derives from Linear, keeps `weight` / `bias` (and so the state dict's names)
 // and replaces the computation; models get such a module from a LayerSpec (nn/layer_spec.h).
+#include <string>
+
 #include "forge/core/generator.h"
 #include "forge/nn/module.h"
 
@@ -23,8 +25,12 @@ class Linear : public Module {
   // Whether run.fp8 applies to this layer (Note [FP8 linear] in ops/fp8.h): true but for the
   // output head (nn::LayerSpec builds it with false).
   bool fp8 = true;
+  std::string name = "linear";  // the module's path in its model (name_linears), for FP8's guardrail events
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
 };
+
+// Sets every Linear's `name` under `root` to its path ("transformer.h.0.attn.c_attn").
+void name_linears(Module& root, const std::string& prefix = "");
 
 }  // namespace forge::nn

@@ -163,7 +163,31 @@ Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Oper
   return ops::matmul(aq, ops::transpose(bq, 0, 1));
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe) {
+namespace {
+std::vector<GuardEvent> g_events;
+
+// Note [FP8 guardrails]: records the first non-finite scale of a cast.
+void guard(const Tensor& m, Operand op, Recipe recipe, const std::string& layer) {
+  const Quantized q = quantize(m, format_of(recipe, op), recipe, op);
+  for (float s : q.scales.to_vector<float>())
+    if (!std::isfinite(s)) {
+      g_events.push_back({layer, op, static_cast<double>(s)});
+      return;
+    }
+}
+}  // namespace
+
+std::vector<GuardEvent> take_guard_events() {
+  std::vector<GuardEvent> out;
+  out.swap(g_events);
+  return out;
+}
+
+const char* operand_name(Operand op) {
+  return op == Operand::activation ? "activation" : op == Operand::weight ? "weight" : "gradient";
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer) {
   FORGE_CHECK(x.is_cpu() && w.is_cpu(), "run.fp8 = \"", recipe_name(recipe),
               "\" runs as the CPU emulation only so far (issue 39); set run.fp8 = \"off\" on a GPU");
   FORGE_CHECK(x.dim() >= 1 && w.dim() == 2 && x.shape().back() == w.size(1), "fp8::linear: input ", x.shape(),
@@ -175,6 +199,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe) 
   const Tensor x2 = x.detach().reshape({-1, k}), wd = w.detach();
   {
     NoGradGuard no_grad;
+    guard(x2, Operand::activation, recipe, layer);
+    guard(wd, Operand::weight, recipe, layer);
     Tensor y2 = quantized_matmul(x2, Operand::activation, wd, Operand::weight, recipe);
     if (b.defined()) y2 = ops::add(y2, b.detach().to(DType::f32));
     y = y2.to(x.dtype()).reshape(out_shape);
@@ -185,9 +211,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe) 
   const DType xd = x.dtype(), wdt = w.dtype();
   autograd::record("fp8_linear", y, inputs,
                    [x2, wd, recipe, x_shape, xd, wdt, has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32,
-                    n](const Tensor& g, const autograd::GradMask& need) {
+                    n, layer](const Tensor& g, const autograd::GradMask& need) {
                      NoGradGuard no_grad;
                      const Tensor dy = g.reshape({-1, n}).to(DType::f32).contiguous();
+                     guard(dy, Operand::gradient, recipe, layer);
                      TensorList out(has_bias ? 3 : 2);
                      if (need[0])  // dx = dy w: dy by (w^T) grouped along n
                        out[0] = quantized_matmul(dy, Operand::gradient, ops::transpose(wd, 0, 1).contiguous(),

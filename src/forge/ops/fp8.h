@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "forge/core/fp8.h"
 #include "forge/core/tensor.h"
@@ -73,7 +74,22 @@ Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Oper
 // gradients are those of the quantized product (straight through the rounding). x (*, k), w (n, k),
 // b (n) or undefined; the result has x's dtype. The CPU only: the emulation (slow, for tests);
 // a CUDA tensor throws naming run.fp8.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe);
+// `layer` names the layer in guardrail events (Note [FP8 guardrails]).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer = "linear");
+
+// Note [FP8 guardrails]: an inf or NaN in a tensor makes its group's amax, and so its scale, non-
+// finite; cast with it the whole group would be garbage. fp8::linear checks the scales of each cast
+// (x and w in forward, dy in backward) and records an event naming the layer and the operand; the
+// trainer logs the events after each step (the step itself is then skipped by the non-finite
+// loss/norm check, as without FP8).
+struct GuardEvent {
+  std::string layer;
+  Operand operand = Operand::activation;
+  double amax = 0;  // the first non-finite group's
+};
+// The events recorded since the last call, in order (process-wide), and clears them.
+std::vector<GuardEvent> take_guard_events();
+const char* operand_name(Operand op);  // "activation" | "weight" | "gradient"
 
 // The recipe of the linear layers' GEMMs for this process (nn::Linear reads it; forge train sets
 // it from run.fp8): none (off) by default.

@@ -3,6 +3,7 @@
 
 #include "forge/core/error.h"
 #include "forge/nn/causal_lm.h"
+#include "forge/nn/linear.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/matmul.h"
@@ -16,6 +17,7 @@ LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& sp
               nn::model_type_list(/*transformers_only=*/true));
   // The family's module, through the registry (nn/model_registry.h).
   std::shared_ptr<nn::CausalLM> lm = nn::build_causal_lm(m, static_cast<uint64_t>(cfg.run.seed), spec);
+  nn::name_linears(*lm);  // (FP8's guardrail events name the layer)
   LanguageModel out;
   out.vocab_size = m.vocab_size;
   out.block_size = m.block_size;

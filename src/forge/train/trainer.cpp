@@ -63,6 +63,18 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of a step's casts, by layer and operand
+// (the first 20 events of the run in full, then a count per step).
+void report_fp8_guard_events(int64_t step, std::ostream& log) {
+  static int64_t logged = 0;
+  const std::vector<fp8::GuardEvent> events = fp8::take_guard_events();
+  for (const fp8::GuardEvent& e : events)
+    if (logged++ < 20)
+      log << "fp8: step " << step << ": non-finite amax (" << e.amax << ") in " << e.layer << " (" << fp8::operand_name(e.operand)
+          << "): its group's scale is unusable; the step's non-finite check skips it" << std::endl;
+  if (!events.empty() && logged > 20) log << "fp8: step " << step << ": " << events.size() << " non-finite amax event(s)" << std::endl;
+}
+
 optim::ScheduleKind schedule_kind(const std::string& kind) {
   if (kind == "cosine") return optim::ScheduleKind::cosine;
   if (kind == "linear") return optim::ScheduleKind::linear;
@@ -598,6 +610,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     trace.data_done();
     QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases, trace.tracing()))};
     trace.end_step();
+    if (fp8::training_recipe()) report_fp8_guard_events(step + 1, rank_log);  // Note [FP8 guardrails]
     ++step;
     if (device.is_cuda() && !host_reservation.started()) {  // the optimizer's state exists from here
       if (const uint64_t b = host_reservation.start(device, strategy->checkpoint_host_bytes()); b > 0)
