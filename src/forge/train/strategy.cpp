@@ -61,12 +61,13 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
 
 data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
                        Device device) {
-  data::Batch b = local_rows(global, row0, rows, device);
-  if (cp_group) {  // Note [context-parallel sequence layout]
-    b.inputs = parallel::cp::local_sequence(b.inputs, cp_group->rank(), cp_group->size());
-    b.targets = parallel::cp::local_sequence(b.targets, cp_group->rank(), cp_group->size());
-  }
-  return b;
+  if (!cp_group) return local_rows(global, row0, rows, device);
+  // Note [context-parallel sequence layout]: the rank's chunks cut where the batch is (the host),
+  // so only 1/cp of each sequence travels to the device.
+  data::Batch part;
+  part.inputs = parallel::cp::local_sequence(global.inputs.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
+  part.targets = parallel::cp::local_sequence(global.targets.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
+  return local_rows(part, 0, rows, device);
 }
 
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,
