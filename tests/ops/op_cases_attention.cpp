@@ -61,6 +61,27 @@ void sdpa_cases(std::vector<OpCase>& c) {
   // bf16/f16 on CUDA take the fused flash kernels here (D = Dv = 64, no mask: Note [flash attention]).
   c.push_back(
       {op, "D=Dv=64 (CUDA's flash path in 16 bits), GQA H=2 Hkv=1, causal", qkv(1, 2, 1, 5, 5, 64, 149), sdpa(true)});
+  // Note [document masks]: (B, S) i32 document ids of the keys; the queries are the last T.
+  auto packed = [](bool causal) {
+    return [=](const TensorList& in) { return scaled_dot_product_attention(in[0], in[1], in[2], causal, 0.0, {}, in[3]); };
+  };
+  auto with_docs = [&](std::vector<Input> in, std::vector<int64_t> docs, Shape shape) {
+    in.push_back(ids(std::move(docs), shape, DType::i32));
+    return in;
+  };
+  c.push_back({op, "documents: 3 and 2 packed per row, causal, GQA H=4 Hkv=2",
+               with_docs(qkv(2, 4, 2, 7, 7, 3, 170), {0, 0, 0, 1, 1, 2, 2, /**/ 0, 1, 1, 1, 1, 1, 1}, {2, 7}),
+               packed(true)});
+  c.push_back({op, "documents, not causal, ids unordered (5 3 5 ...)",
+               with_docs(qkv(1, 2, 1, 6, 6, 4, 173), {5, 3, 5, 3, 7, 7}, {1, 6}), packed(false)});
+  c.push_back({op, "documents, causal bottom-right T=3 < S=6",
+               with_docs(qkv(1, 2, 2, 3, 6, 3, 176), {0, 0, 1, 1, 1, 2}, {1, 6}), packed(true)});
+  {
+    std::vector<int64_t> docs(70);  // documents of 30, 35 and 5 tokens across the two query blocks
+    for (int64_t t = 0; t < 70; ++t) docs[static_cast<size_t>(t)] = t < 30 ? 0 : t < 65 ? 1 : 2;
+    c.push_back({op, "documents, T=S=70 across two query blocks, causal",
+                 with_docs(qkv(1, 1, 1, 70, 70, 2, 179), docs, {1, 70}), packed(true)});
+  }
   for (OpCase& k : c)
     if (k.op == op)
       k.tolerance16(3e-2,
@@ -101,6 +122,15 @@ void rope_cases(std::vector<OpCase>& c) {
                [](const TensorList& in) {
                  return rope(in[0], 3000, 500000.0, {.factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
                                                      .original_context = 8192.0});
+               }});
+  // Note [packed positions]: (B, T) i64 positions, restarting with each packed document.
+  c.push_back({"rope", "positions (B, T) restarting per document, limit 5",
+               {real({2, 2, 5, 4}, 155), ids({0, 1, 2, 0, 1, /**/ 0, 0, 1, 2, 3}, {2, 5})},
+               [](const TensorList& in) { return rope(in[0], in[1], 5); }});
+  c.push_back({"rope", "positions, non-contiguous (B, T, H, D) leaf permuted, llama3 scaling",
+               {real({1, 4, 3, 8}, 156), ids({3, 0, 1, 7}, {1, 4})}, [](const TensorList& in) {
+                 return rope(permute(in[0], {0, 2, 1, 3}), in[1], 8, 500000.0,
+                             {.factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 4.0});
                }});
 }
 

@@ -40,8 +40,10 @@ int main(int argc, char** argv) {
     const Tensor logits = m.forward(idx.to(device)).to(Device::cpu(), DType::f32);
     const int64_t T = idx.size(1);
     const Tensor on = idx.to(device);
-    const Tensor loss = m.training_loss(ops::contiguous(ops::narrow(on, 1, 0, T - 1)),
-                                        ops::contiguous(ops::narrow(on, 1, 1, T - 1)))
+    data::Batch batch;
+    batch.inputs = ops::contiguous(ops::narrow(on, 1, 0, T - 1));
+    batch.targets = ops::contiguous(ops::narrow(on, 1, 1, T - 1));
+    const Tensor loss = m.training_loss(batch)
                             .to(Device::cpu(), DType::f32)
                             .reshape({1});
     io::save_safetensors(argv[3], {{"logits", logits}, {"loss", loss}});

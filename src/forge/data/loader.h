@@ -48,6 +48,15 @@ namespace forge::data {
 struct Batch {
   Tensor inputs;   // (B, T) i64 tokens, or (B, C, H, W) f32 images
   Tensor targets;  // (B, T) i64 next tokens, or (B) i64 labels
+  // Rows that pack documents (data.packing = "documents": data/packing.h): each token's document
+  // within its row (B, T) i32, and its position in that document (B, T) i64; else undefined.
+  Tensor documents = {}, positions = {};
+
+  // The batch with f applied to each defined tensor (rows cut, moved to a device, ...).
+  template <class F> Batch map(F&& f) const {
+    auto g = [&](const Tensor& t) { return t.defined() ? f(t) : t; };
+    return {g(inputs), g(targets), g(documents), g(positions)};
+  }
 };
 
 // Where a batch source stands; enough to resume it exactly.

@@ -29,24 +29,26 @@ Stream CausalLM::blocks(const Stream& in, int64_t begin, int64_t end) const {
       const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
       const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
       if (hooks) hooks->before_block(static_cast<int>(i));
-      x = autograd::checkpoint([this, i](const TensorList& inputs) { return block_forward(i, inputs[0]); }, {x});
+      x = autograd::checkpoint(
+          [this, i, documents = in.documents](const TensorList& inputs) { return block_forward(i, inputs[0], documents); },
+          {x});
       if (hooks) x = hooks->after_block(static_cast<int>(i), {x})[0];
     }
-    return {x, Tensor()};
+    return {x, Tensor(), in.documents};
   }
   Tensor x = in.x, pending = in.pending;  // the stream is x + pending (Note [model seams])
   for (int64_t i = begin; i < end; ++i) {
     const MemoryOwner owner(forward_block_owner(i));  // Note [memory owners]
     const trace::BlockScope traced(i);                // its trace range; its nodes' backward ranges
     if (hooks) hooks->before_block(static_cast<int>(i));
-    std::tie(x, pending) = block_step(i, x, pending);
+    std::tie(x, pending) = block_step(i, x, pending, in.documents);
     if (hooks) {
       const TensorList out = hooks->after_block(static_cast<int>(i), {x, pending});
       x = out[0];
       pending = out[1];
     }
   }
-  return {x, pending};
+  return {x, pending, in.documents};
 }
 
 bool KvCache::padded() const {
@@ -76,10 +78,10 @@ Tensor KvCache::positions(int64_t new_tokens, Device device) const {
 
 namespace {
 // Note [memory owners]: the embedding's and the head's allocations (the blocks label their own).
-Stream embed_owned(const CausalLM& m, const Tensor& idx) {
+Stream embed_owned(const CausalLM& m, const Tensor& idx, const Documents& documents = {}) {
   static const char* label = intern_memory_owner("forward: embedding");
   const MemoryOwner owner(label);
-  return m.embed(idx);
+  return m.embed(idx, documents);
 }
 const char* head_label() {
   static const char* label = intern_memory_owner("forward: head and loss");
@@ -95,8 +97,28 @@ Tensor CausalLM::head_loss(const Stream& in, const Tensor& targets) const {
   return layer_spec.cross_entropy(head(in), targets);
 }
 
-Tensor CausalLM::forward(const Tensor& idx) const {
-  const Stream s = blocks(embed_owned(*this, idx), 0, num_blocks());
+Stream CausalLM::embed(const Tensor& idx, const Documents& documents) const {
+  FORGE_CHECK(idx.dim() == 2, family_name(), ": expects token ids of shape (B, T), got ", idx.shape());
+  if (documents.packed() || documents.positions.defined()) {
+    const Shape bt{idx.size(0), idx.size(1)};
+    FORGE_CHECK(documents.ids.defined() && documents.positions.defined() && documents.ids.shape() == bt &&
+                    documents.positions.shape() == bt && documents.ids.dtype() == DType::i32 &&
+                    documents.positions.dtype() == DType::i64,
+                family_name(), ": a packed batch's documents need ids (B, T) i32 and positions (B, T) i64 for tokens ",
+                idx.shape(), " (Note [packed documents]), got ids ",
+                documents.ids.defined() ? documents.ids.shape() : Shape{}, " and positions ",
+                documents.positions.defined() ? documents.positions.shape() : Shape{});
+    FORGE_CHECK(documents.ids.device() == idx.device() && documents.positions.device() == idx.device(), family_name(),
+                ": the documents must be on the tokens' device ", idx.device().str());
+    FORGE_CHECK(!layer_spec.positions, family_name(),
+                ": packed documents (data.packing = \"documents\") with context parallelism are not supported yet");
+  }
+  Stream s{embed_input(idx, documents), Tensor(), documents};
+  return s;
+}
+
+Tensor CausalLM::forward(const Tensor& idx, const Documents& documents) const {
+  const Stream s = blocks(embed_owned(*this, idx, documents), 0, num_blocks());
   const MemoryOwner owner(head_label());
   return head(s);
 }
@@ -109,8 +131,8 @@ Tensor CausalLM::forward_last(const Tensor& idx) const {
   return head(Stream{last(s.x), last(s.pending)});
 }
 
-Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const {
-  return head_loss(blocks(embed_owned(*this, idx), 0, num_blocks()), targets);
+Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets, const Documents& documents) const {
+  return head_loss(blocks(embed_owned(*this, idx, documents), 0, num_blocks()), targets);
 }
 
 }  // namespace forge::nn

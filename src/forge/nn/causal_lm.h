@@ -43,6 +43,7 @@
 #include <utility>
 
 #include "forge/nn/block_hooks.h"
+#include "forge/nn/documents.h"
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/module.h"
 
@@ -53,6 +54,7 @@ namespace forge::nn {
 struct Stream {
   Tensor x;
   Tensor pending;  // undefined: the stream is x alone
+  Documents documents = {};  // a packed batch's documents (Note [packed documents]); else undefined
   // x + pending as one tensor (x itself when nothing is pending). Forming the sum costs GPT
   // the fused add + LayerNorm at this point.
   Tensor materialize() const;
@@ -94,8 +96,9 @@ class CausalLM : public Module {
  public:
   explicit CausalLM(LayerSpec spec = {}) : layer_spec(std::move(spec)) {}
 
-  // idx (B, T) i64 token ids -> the stream entering block 0. Checks the shape and the context.
-  virtual Stream embed(const Tensor& idx) const = 0;
+  // idx (B, T) i64 token ids -> the stream entering block 0. Checks the shape and the context,
+  // and the documents of a packed batch (Note [packed documents]), which the stream carries.
+  Stream embed(const Tensor& idx, const Documents& documents = {}) const;
   // Runs blocks [begin, end) (0 <= begin <= end <= num_blocks()) on the stream: the one block
   // loop of every family (Note [the block loop]); returns the stream with the last block's
   // residual branch pending, or, with activation checkpointing in training, as one tensor.
@@ -109,9 +112,9 @@ class CausalLM : public Module {
   virtual Tensor head_loss(const Stream& in, const Tensor& targets) const;
 
   // idx (B, T) i64 -> logits (B, T, vocab_size): head(blocks(embed(idx), 0, num_blocks())).
-  Tensor forward(const Tensor& idx) const;
+  Tensor forward(const Tensor& idx, const Documents& documents = {}) const;
   // Mean cross-entropy against targets (B, T): head_loss(blocks(embed(idx), 0, n), targets).
-  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  Tensor loss(const Tensor& idx, const Tensor& targets, const Documents& documents = {}) const;
 
   // idx (B, T) i64, the tokens after the cache's -> logits (B, T, vocab_size) (Note [KV cache]);
   // last_only: the last position's alone, (B, 1, vocab_size): what decoding reads, without the
@@ -137,11 +140,14 @@ class CausalLM : public Module {
 
  protected:
   // What a family supplies to the block loop (Note [the block loop]):
+  // the token (and position) embedding of idx, checked, with a packed batch's documents;
+  virtual Tensor embed_input(const Tensor& idx, const Documents& documents) const = 0;
   // block i on the stream x + pending (pending undefined: x alone) -> the new stream as {x,
   // pending}, the sum left for the next block's fused add + norm (Note [model seams]);
-  virtual std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const = 0;
+  virtual std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending,
+                                               const Documents& documents) const = 0;
   // block i on one tensor -> one tensor (the region activation checkpointing recomputes);
-  virtual Tensor block_forward(int64_t i, const Tensor& x) const = 0;
+  virtual Tensor block_forward(int64_t i, const Tensor& x, const Documents& documents) const = 0;
   // whether the family's config checkpoints its blocks' activations (model.checkpoint_activations);
   virtual bool checkpoints_activations() const = 0;
   // its name in errors ("GPT", "Llama").

@@ -52,7 +52,8 @@ ops::AddLayerNorm add_norm(const LayerNorm& ln, const Tensor& x, const Tensor& r
 
 // The block on the stream x + pending (pending undefined: x alone); returns the new stream as
 // {h, mlp output}, whose sum the caller fuses with the next LayerNorm.
-std::pair<Tensor, Tensor> block_pending(const GPTBlock& b, const Tensor& x, const Tensor& pending) {
+std::pair<Tensor, Tensor> block_pending(const GPTBlock& b, const Tensor& x, const Tensor& pending,
+                                        const Documents& documents) {
   Tensor stream = x, a;
   if (pending.defined()) {
     ops::AddLayerNorm r = add_norm(*b.ln_1, x, pending);
@@ -61,14 +62,14 @@ std::pair<Tensor, Tensor> block_pending(const GPTBlock& b, const Tensor& x, cons
   } else {
     a = b.ln_1->forward(x);
   }
-  ops::AddLayerNorm r = add_norm(*b.ln_2, stream, b.attn->forward(a));
+  ops::AddLayerNorm r = add_norm(*b.ln_2, stream, b.attn->forward(a, documents));
   return {r.h, b.mlp->forward(r.y)};
 }
 
 }  // namespace
 
-Tensor GPTBlock::forward(const Tensor& x) const {
-  auto [h, m] = block_pending(*this, x, Tensor());
+Tensor GPTBlock::forward(const Tensor& x, const Documents& documents) const {
+  auto [h, m] = block_pending(*this, x, Tensor(), documents);
   return ops::add(h, m);
 }
 
@@ -133,19 +134,22 @@ GPT::GPT(const GPTConfig& c, uint64_t seed, const LayerSpec& spec) : CausalLM(sp
   }
 }
 
-Stream GPT::embed(const Tensor& idx) const {
-  FORGE_CHECK(idx.dim() == 2, "GPT: expects token ids of shape (B, T), got ", idx.shape());
+Tensor GPT::embed_input(const Tensor& idx, const Documents& documents) const {
   const int64_t T = idx.size(1);
   FORGE_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds model.block_size = ", config.block_size);
-  const Tensor pos = layer_spec.position_ids(T, idx.device());  // context parallelism: the rank's positions
-  return {drop->forward(wpe->add_to(wte->forward(idx), pos)), Tensor()};  // (B, T, C)
+  // Each document's own positions (Note [packed documents]); context parallelism: the rank's.
+  const Tensor pos = documents.packed() ? documents.positions : layer_spec.position_ids(T, idx.device());
+  return drop->forward(wpe->add_to(wte->forward(idx), pos));  // (B, T, C)
 }
 
-std::pair<Tensor, Tensor> GPT::block_step(int64_t i, const Tensor& x, const Tensor& pending) const {
-  return block_pending(*h[static_cast<size_t>(i)], x, pending);
+std::pair<Tensor, Tensor> GPT::block_step(int64_t i, const Tensor& x, const Tensor& pending,
+                                          const Documents& documents) const {
+  return block_pending(*h[static_cast<size_t>(i)], x, pending, documents);
 }
 
-Tensor GPT::block_forward(int64_t i, const Tensor& x) const { return h[static_cast<size_t>(i)]->forward(x); }
+Tensor GPT::block_forward(int64_t i, const Tensor& x, const Documents& documents) const {
+  return h[static_cast<size_t>(i)]->forward(x, documents);
+}
 
 Tensor GPT::head(const Stream& in) const {
   const Tensor y = in.pending.defined() ? add_norm(*ln_f, in.x, in.pending).y : ln_f->forward(in.x);

@@ -41,7 +41,8 @@ class GPTBlock : public Module {
   // The block over a KV cache's keys and values of its attention (Note [KV cache]).
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {}) const;
   explicit GPTBlock(const GPTConfig& c, const LayerSpec& spec = {});
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C), the stream after the block
+  // (B, T, C) -> (B, T, C), the stream after the block; a packed batch's documents (nn/documents.h)
+  Tensor forward(const Tensor& x, const Documents& documents = {}) const;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
@@ -52,7 +53,7 @@ class GPT : public CausalLM {
   explicit GPT(const GPTConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
 
   // drop(wte(idx) + wpe(0..T-1)); nothing pending.
-  Stream embed(const Tensor& idx) const override;
+  Tensor embed_input(const Tensor& idx, const Documents& documents) const override;
   // ln_f (fused with the pending add) and the head tied to wte: logits (B, T, vocab_size).
   Tensor head(const Stream& in) const override;
   Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
@@ -72,8 +73,9 @@ class GPT : public CausalLM {
  protected:
   // The block loop's pieces (Note [the block loop] in nn/causal_lm.h): block i's fused step on the
   // stream (its residual branch left pending), its plain forward (the checkpointed region).
-  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const override;
-  Tensor block_forward(int64_t i, const Tensor& x) const override;
+  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending,
+                                       const Documents& documents) const override;
+  Tensor block_forward(int64_t i, const Tensor& x, const Documents& documents) const override;
   bool checkpoints_activations() const override { return config.checkpoint_activations; }
   const char* family_name() const override { return "GPT"; }
 

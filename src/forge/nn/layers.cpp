@@ -120,15 +120,19 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t n_head, bool bias,
   check_out_features(*c_proj, dim, "CausalSelfAttention", LinearRole::attention_out, "the model width");
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, const Documents& documents) const {
   const int64_t H = local_heads;
-  if (attention) {  // context parallelism: the spec's attention over the whole sequence
+  // Context parallelism: the spec's attention over the whole sequence; a packed batch: attention
+  // within each document (Note [document masks]).
+  if (attention || documents.packed()) {
     const Tensor qkv = c_attn->forward(x);
     const int64_t B = qkv.size(0), T = qkv.size(1), D = head_dim;
     auto heads = [&](int64_t part) {
       return ops::transpose(ops::reshape(ops::narrow(qkv, 2, part * H * D, H * D), {B, T, H, D}), 1, 2);
     };
-    const Tensor y = attention(heads(0), heads(1), heads(2));  // (B, H, T, D)
+    const Tensor y = attention ? attention(heads(0), heads(1), heads(2))
+                               : ops::scaled_dot_product_attention(heads(0), heads(1), heads(2), true, 0.0, {},
+                                                                   documents.ids);  // (B, H, T, D)
     return resid_drop->forward(c_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D})));
   }
   // q, k, v heads straight from the fused projection (Note [packed QKV attention]).
@@ -204,7 +208,7 @@ bool LlamaAttention::packed_qkv() const {
   return env::flag("FORGE_PACKED_QKV") && plain(q_proj) && plain(k_proj) && plain(v_proj);
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
+Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset, const Documents& documents) const {
   if (context.attention) {  // context parallelism: rope at the whole sequence's positions
     const Tensor qp = q_proj->forward(x);
     const int64_t B = qp.size(0), T = qp.size(1);
@@ -224,6 +228,19 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset) const {
     const Tensor k = rotate(heads(k_proj->forward(x), local_kv_heads));
     const Tensor v = heads(v_proj->forward(x), local_kv_heads);
     const Tensor y = context.attention(q, k, v);  // (B, H, T, D)
+    return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
+  }
+  if (documents.packed()) {  // each document's positions, attention within it (Note [packed documents])
+    FORGE_CHECK(position_offset == 0, "LlamaAttention: a packed batch starts at position 0, got an offset of ",
+                position_offset);
+    const Tensor qp = q_proj->forward(x);
+    const int64_t B = qp.size(0), T = qp.size(1);
+    auto heads = [&](const Tensor& t, int64_t h) { return ops::transpose(ops::reshape(t, {B, T, h, head_dim}), 1, 2); };
+    const Tensor q = ops::rope(heads(qp, local_heads), documents.positions, T, rope_theta, rope_scaling);
+    const Tensor k = ops::rope(heads(k_proj->forward(x), local_kv_heads), documents.positions, T, rope_theta,
+                               rope_scaling);
+    const Tensor v = heads(v_proj->forward(x), local_kv_heads);
+    const Tensor y = ops::scaled_dot_product_attention(q, k, v, true, 0.0, {}, documents.ids);  // (B, H, T, D)
     return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
   }
   if (packed_qkv()) {

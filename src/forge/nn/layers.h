@@ -6,6 +6,7 @@
 #include <array>
 
 #include "forge/core/generator.h"
+#include "forge/nn/documents.h"
 #include "forge/nn/layer_spec.h"
 #include "forge/nn/linear.h"
 #include "forge/nn/module.h"
@@ -84,7 +85,8 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t dim, int64_t n_head, bool bias = true, double dropout = 0.0,
                       const LayerSpec& spec = {});
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  // (B, T, C) -> (B, T, C); a packed batch attends within its documents (nn/documents.h)
+  Tensor forward(const Tensor& x, const Documents& documents = {}) const;
   // Incremental decoding (Note [KV cache], causal_lm.h): attends x's T new positions over the
   // cached keys and values (B, H, S, D) and appends theirs to k_cache / v_cache (undefined =
   // empty). Inference only (no autograd history is kept for the cache). key_mask: (B, 1, 1, S)
@@ -107,7 +109,8 @@ class LlamaAttention : public Module {
  public:
   LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, double rope_theta, const LayerSpec& spec = {},
                  const ops::RopeScaling& rope_scaling = ops::RopeScaling::none());
-  Tensor forward(const Tensor& x, int64_t position_offset = 0) const;  // (B, T, C) -> (B, T, C)
+  // (B, T, C) -> (B, T, C); a packed batch: each document's positions, attention within it
+  Tensor forward(const Tensor& x, int64_t position_offset = 0, const Documents& documents = {}) const;
   // As CausalSelfAttention::forward_cached; the new positions start at the cache's length,
   // less each row's padding `pad` (empty: none; Note [padded prompts]).
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {},

@@ -56,7 +56,8 @@ ops::AddRmsNorm add_norm(const RMSNorm& n, const Tensor& x, const Tensor& residu
 
 // The block on the stream x + pending (pending undefined: x alone); returns the new stream as
 // {h, mlp output}, whose sum the caller fuses with the next RMSNorm.
-std::pair<Tensor, Tensor> block_pending(const LlamaBlock& b, const Tensor& x, const Tensor& pending) {
+std::pair<Tensor, Tensor> block_pending(const LlamaBlock& b, const Tensor& x, const Tensor& pending,
+                                        const Documents& documents) {
   Tensor stream = x, a;
   if (pending.defined()) {
     ops::AddRmsNorm r = add_norm(*b.input_layernorm, x, pending);
@@ -65,14 +66,14 @@ std::pair<Tensor, Tensor> block_pending(const LlamaBlock& b, const Tensor& x, co
   } else {
     a = b.input_layernorm->forward(x);
   }
-  ops::AddRmsNorm r = add_norm(*b.post_attention_layernorm, stream, b.self_attn->forward(a));
+  ops::AddRmsNorm r = add_norm(*b.post_attention_layernorm, stream, b.self_attn->forward(a, 0, documents));
   return {r.h, b.mlp->forward(r.y)};
 }
 
 }  // namespace
 
-Tensor LlamaBlock::forward(const Tensor& x) const {
-  auto [h, m] = block_pending(*this, x, Tensor());
+Tensor LlamaBlock::forward(const Tensor& x, const Documents& documents) const {
+  auto [h, m] = block_pending(*this, x, Tensor(), documents);
   return ops::add(h, m);
 }
 
@@ -121,18 +122,20 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed, const LayerSpec& spec) : Causa
   }
 }
 
-Stream Llama::embed(const Tensor& idx) const {
-  FORGE_CHECK(idx.dim() == 2, "Llama: expects token ids of shape (B, T), got ", idx.shape());
+Tensor Llama::embed_input(const Tensor& idx, const Documents&) const {
   FORGE_CHECK(idx.size(1) <= config.block_size, "Llama: sequence length ", idx.size(1),
               " exceeds model.block_size = ", config.block_size);
-  return {embed_tokens->forward(idx), Tensor()};  // (B, T, C)
+  return embed_tokens->forward(idx);  // (B, T, C)
 }
 
-std::pair<Tensor, Tensor> Llama::block_step(int64_t i, const Tensor& x, const Tensor& pending) const {
-  return block_pending(*layers[static_cast<size_t>(i)], x, pending);
+std::pair<Tensor, Tensor> Llama::block_step(int64_t i, const Tensor& x, const Tensor& pending,
+                                            const Documents& documents) const {
+  return block_pending(*layers[static_cast<size_t>(i)], x, pending, documents);
 }
 
-Tensor Llama::block_forward(int64_t i, const Tensor& x) const { return layers[static_cast<size_t>(i)]->forward(x); }
+Tensor Llama::block_forward(int64_t i, const Tensor& x, const Documents& documents) const {
+  return layers[static_cast<size_t>(i)]->forward(x, documents);
+}
 
 Tensor Llama::head(const Stream& in) const {
   const Tensor y = in.pending.defined() ? add_norm(*norm, in.x, in.pending).y : norm->forward(in.x);

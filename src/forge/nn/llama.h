@@ -44,7 +44,7 @@ class LlamaBlock : public Module {
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, const Tensor& key_mask = {},
                         const std::vector<int64_t>& pad = {}) const;
   explicit LlamaBlock(const LlamaConfig& c, const LayerSpec& spec = {});
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, const Documents& documents = {}) const;  // documents: nn/documents.h
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<SwiGLU> mlp;
@@ -54,7 +54,6 @@ class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& c, uint64_t seed = 0, const LayerSpec& spec = {});
 
-  Stream embed(const Tensor& idx) const override;  // embed_tokens(idx)
   Tensor head(const Stream& in) const override;  // lm_head(norm(x)): (B, T, vocab_size)
   Tensor forward_cached(const Tensor& idx, KvCache& cache, bool last_only = false) const override;
   int64_t num_blocks() const override { return config.n_layer; }
@@ -73,8 +72,10 @@ class Llama : public CausalLM {
  protected:
   // The block loop's pieces (Note [the block loop] in nn/causal_lm.h): block i's fused step on the
   // stream (its residual branch left pending), its plain forward (the checkpointed region).
-  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending) const override;
-  Tensor block_forward(int64_t i, const Tensor& x) const override;
+  Tensor embed_input(const Tensor& idx, const Documents& documents) const override;
+  std::pair<Tensor, Tensor> block_step(int64_t i, const Tensor& x, const Tensor& pending,
+                                       const Documents& documents) const override;
+  Tensor block_forward(int64_t i, const Tensor& x, const Documents& documents) const override;
   bool checkpoints_activations() const override { return config.checkpoint_activations; }
   const char* family_name() const override { return "Llama"; }
 

@@ -24,6 +24,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/registry.h"
+#include "forge/ops/binary.h"
 #include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -82,6 +83,21 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 
 // The tensor itself when the kernel can read it in place, else a contiguous copy.
 Tensor readable(const Tensor& t) { return cpu::attention_rows_readable(t) ? t : contiguous(t); }
+
+// Note [document masks]: document ids are (B, n) i32 on q's device.
+void check_documents(const Tensor& ids, int64_t B, int64_t n, const Tensor& q, const char* what) {
+  FORGE_CHECK(ids.dim() == 2 && ids.size(0) == B && ids.size(1) == n && ids.dtype() == DType::i32, kName, ": ", what,
+              " must be i32 of shape (", B, ", ", n, "), got ", dtype_name(ids.dtype()), " ", ids.shape(), " (q ",
+              q.shape(), ")");
+  FORGE_CHECK(ids.device() == q.device(), kName, ": ", what, " are on ", ids.device().str(), ", q on ",
+              q.device().str());
+}
+
+// The (B, 1, T, S) bool mask of document ids (B, T) and (B, S): true where they are equal.
+Tensor document_mask(const Tensor& doc_q, const Tensor& doc_k) {
+  const int64_t B = doc_q.size(0), T = doc_q.size(1), S = doc_k.size(1);
+  return eq(reshape(doc_q, {B, 1, T, 1}), reshape(doc_k, {B, 1, 1, S}));
+}
 
 #ifdef FORGE_WITH_CUDA
 Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask) {
@@ -143,31 +159,60 @@ void set_deterministic(bool on) {
 bool deterministic() { return g_deterministic; }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                                    const Tensor& mask) {
+                                    const Tensor& mask, const Tensor& documents) {
   check_inputs(q, k, v, scale, mask);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2), Dv = v.size(3);
   const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
-  if (!q.is_cpu()) FORGE_ON_CUDA(kName, return attention_cuda(q, k, v, causal, c, mask));
+  cpu::AttentionDocuments docs;
+  if (documents.defined()) {
+    FORGE_CHECK(!mask.defined(), kName, ": give a mask or document ids, not both (mask ", mask.shape(),
+                ", documents ", documents.shape(), ")");
+    check_documents(documents, B, S, q, "documents (the keys' document ids)");
+    docs = {narrow(documents.detach(), 1, S - T, T).contiguous(), documents.detach().contiguous()};
+  }
+  if (!q.is_cpu()) {
+    // The fused kernels take no mask yet: the ids become a (B, 1, T, S) mask for the composed path.
+    const Tensor m = docs.q.defined() ? document_mask(docs.q, docs.k) : mask;
+    FORGE_ON_CUDA(kName, return attention_cuda(q, k, v, causal, c, m));
+  }
   const Tensor qd = readable(q.detach()), kd = readable(k.detach()), vd = readable(v.detach());
   const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
   Tensor out = empty({B, H, T, Dv}, {.dtype = q.dtype(), .device = q.device()});
   Tensor lse = empty({B, H, T}, {.dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = q.device()});
-  cpu::attention_forward(qd, kd, vd, md, causal, c, out, lse);
+  cpu::attention_forward(qd, kd, vd, md, causal, c, out, lse, docs);
 
   const Tensor od = out.detach();
-  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c](const Tensor& g, const GradMask& need) {
+  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c, docs](const Tensor& g, const GradMask& need) {
     Tensor dq = need[0] ? empty(qd.shape(), {.dtype = qd.dtype(), .device = qd.device()}) : Tensor();
     Tensor dk = need[1] ? empty(kd.shape(), {.dtype = kd.dtype(), .device = kd.device()}) : Tensor();
     Tensor dv = need[2] ? empty(vd.shape(), {.dtype = vd.dtype(), .device = vd.device()}) : Tensor();
-    cpu::attention_backward(readable(g), qd, kd, vd, md, od, lse, causal, c, dq, dk, dv);
+    cpu::attention_backward(readable(g), qd, kd, vd, md, od, lse, causal, c, dq, dk, dv, docs);
     return TensorList{dq, dk, dv};
-  }, {qd, kd, vd, md, od, lse});
+  }, {qd, kd, vd, md, od, lse, docs.q, docs.k});
   return out;
 }
 
-// Note [attention blocks] (attention.h).
-AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+// Note [attention blocks] (attention.h): a block's document ids, both or neither.
+cpu::AttentionDocuments block_documents(const Tensor& q, const Tensor& k, const Tensor& doc_q, const Tensor& doc_k) {
+  FORGE_CHECK(doc_q.defined() == doc_k.defined(), "attention blocks: give the document ids of both the queries and "
+              "the keys, or neither");
+  if (!doc_q.defined()) return {};
+  check_documents(doc_q, q.size(0), q.size(2), q, "doc_q (the queries' document ids)");
+  check_documents(doc_k, q.size(0), k.size(2), q, "doc_k (the keys' document ids)");
+  return {doc_q.contiguous(), doc_k.contiguous()};
+}
+
+// The dense form of a block's document ids for the CUDA kernels: (B, H, T, S), or undefined.
+[[maybe_unused]] Tensor block_mask(const cpu::AttentionDocuments& docs, int64_t H) {
+  if (!docs.q.defined()) return {};
+  const Tensor m = document_mask(docs.q, docs.k);
+  return expand(m, {m.size(0), H, m.size(2), m.size(3)});
+}
+
+AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                       const Tensor& doc_q, const Tensor& doc_k) {
   check_inputs(q, k, v, scale, Tensor());
+  const cpu::AttentionDocuments docs = block_documents(q, k, doc_q, doc_k);
   NoGradGuard no_grad;
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Dv = v.size(3);
   const double c = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
@@ -177,17 +222,20 @@ AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const T
   r.out = empty({B, H, T, Dv}, opt);
   if (!q.is_cpu()) {
     FORGE_ON_CUDA("attention_block_forward",
-                  cuda::attention_forward(q.detach(), k.detach(), v.detach(), Tensor(), causal, c, r.out, r.lse));
+                  cuda::attention_forward(q.detach(), k.detach(), v.detach(), block_mask(docs, H), causal, c, r.out,
+                                          r.lse));
     return r;
   }
   cpu::attention_forward(readable(q.detach()), readable(k.detach()), readable(v.detach()), Tensor(), causal, c, r.out,
-                         r.lse);
+                         r.lse, docs);
   return r;
 }
 
 AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                                             const Tensor& out, const Tensor& lse, bool causal, double scale,
+                                             const Tensor& doc_q, const Tensor& doc_k) {
   check_inputs(q, k, v, scale, Tensor());
+  const cpu::AttentionDocuments docs = block_documents(q, k, doc_q, doc_k);
   NoGradGuard no_grad;
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Dv = v.size(3);
   FORGE_CHECK(dout.shape() == Shape({B, H, T, Dv}) && out.shape() == dout.shape() && lse.shape() == Shape({B, H, T}),
@@ -203,12 +251,12 @@ AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q
   g.dv = empty(v.shape(), {.dtype = v.dtype(), .device = v.device()});
   if (!q.is_cpu()) {
     FORGE_ON_CUDA("attention_block_backward", cuda::attention_backward(dout.to(q.dtype()), q.detach(), k.detach(),
-                                                                       v.detach(), Tensor(), o, l, causal, c, g.dq,
-                                                                       g.dk, g.dv));
+                                                                       v.detach(), block_mask(docs, H), o, l, causal,
+                                                                       c, g.dq, g.dk, g.dv));
     return g;
   }
   cpu::attention_backward(readable(dout.to(q.dtype())), readable(q.detach()), readable(k.detach()),
-                          readable(v.detach()), Tensor(), contiguous(o), l, causal, c, g.dq, g.dk, g.dv);
+                          readable(v.detach()), Tensor(), contiguous(o), l, causal, c, g.dq, g.dk, g.dv, docs);
   return g;
 }
 

@@ -53,8 +53,17 @@ bool is_attention_backend(const std::string& name);
 void set_deterministic(bool on);
 bool deterministic();
 
+// Note [document masks]: a row that packs several documents (data.packing = "documents") attends
+// within each document only. `documents` (B, S) i32 is the document id of every key position; the T
+// queries are the last T of the S positions (bottom-right, as with causal), so query t has id
+// documents[b, S - T + t], and it attends key j only when the two ids are equal (and causality
+// allows). Ids are compared, not ordered: any labelling works. A packed row's positions restart at
+// each document too (ops::rope with a positions tensor; GPT's position table), which is the
+// caller's part. Not differentiable in the ids; not combined with `mask` (give one or the other).
+// CPU: the kernels compare ids as they mask, no (T, S) mask is made. CUDA: for now the ids become a
+// (B, 1, T, S) bool mask on the composed GEMM path (the fused kernels take no mask yet).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                                    double scale = 0.0, const Tensor& mask = {});
+                                    double scale = 0.0, const Tensor& mask = {}, const Tensor& documents = {});
 
 // Note [attention blocks]: attention assembled from pieces (ring attention across the ranks of
 // a context-parallel group, parallel/context_parallel.h) runs the kernels on one (query block,
@@ -74,12 +83,15 @@ struct AttentionBlock {
   Tensor out;  // (B, H, T, Dv)
   Tensor lse;  // (B, H, T)
 };
-AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0);
+// doc_q (B, T) and doc_k (B, S) i32: the block's document ids (Note [document masks]), both or neither.
+AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale = 0.0,
+                                       const Tensor& doc_q = {}, const Tensor& doc_k = {});
 struct AttentionBlockGrads {
   Tensor dq, dk, dv;
 };
 AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const Tensor& out, const Tensor& lse, bool causal, double scale = 0.0);
+                                             const Tensor& out, const Tensor& lse, bool causal, double scale = 0.0,
+                                             const Tensor& doc_q = {}, const Tensor& doc_k = {});
 // Multi-head attention straight from a fused QKV projection:
 //   qkv (B, T, 3 C) = [q | k | v] along the last dim, C = n_head * D  ->  (B, T, C)
 // the same values as splitting qkv into three (B, T, n_head, D) head views, attending

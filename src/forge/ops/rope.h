@@ -28,4 +28,13 @@ using RopeScaling = fn::RopeScaling;
 Tensor rope(const Tensor& x, int64_t position_offset = 0, double theta = 10000.0,
             const RopeScaling& scaling = RopeScaling::none());
 
+// Note [packed positions]: a row that packs several documents (data.packing = "documents") starts
+// every document at position 0, so each (b, t) has a position of its own: positions (B, T) i64 on
+// x's device, every value in [0, position_limit) (the tables' length; e.g. T). Row b's item t is
+// rotated by positions[b, t] * freq_i. The CPU kernel checks the range (an error names the
+// position); the CUDA kernel clamps into it (no host synchronisation; the positions forge makes
+// are in range by construction). Equal to rope(x[b:b+1, :, t:t+1], positions[b, t]) item by item.
+Tensor rope(const Tensor& x, const Tensor& positions, int64_t position_limit, double theta = 10000.0,
+            const RopeScaling& scaling = RopeScaling::none());
+
 }  // namespace forge::ops

@@ -83,6 +83,8 @@ struct DataSection {
                                    // data.files then train whole and val_fraction is not used
   std::string order = "random";    // training windows: "random" (seeded, with replacement) | "sequential"
                                    // (in order, non-overlapping, epoch after epoch: data::SequentialTrainWindows)
+  std::string packing = "none";    // "none" | "documents": attention and positions restart at each end-of-text
+                                   // token (Note [packed documents], data/packing.h)
   std::string shards_dir;          // where token shards go ("" : <run dir>/data)
   std::string text_key = "text";   // .jsonl corpora: the key of each line's text (Note [documents])
   std::string eos_token = "auto";  // appended after every document: "auto" = the tokenizer's, "" = none

@@ -261,6 +261,17 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(d.val_fraction >= 0 && d.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", d.val_fraction);
     FORGE_CHECK(d.order == "random" || d.order == "sequential", "data.order = '", d.order,
                 "' is unknown; use \"random\" or \"sequential\"", suggest_choice(d.order, {"random", "sequential"}));
+    FORGE_CHECK(d.packing == "none" || d.packing == "documents", "data.packing = '", d.packing,
+                "' is unknown; use \"none\" or \"documents\"", suggest_choice(d.packing, {"none", "documents"}));
+    if (d.packing == "documents") {
+      FORGE_CHECK(d.source == "files", "data.packing = \"documents\" with data.source = \"", d.source,
+                  "\": random tokens have no documents; use data.source = \"files\" or data.packing = \"none\"");
+      FORGE_CHECK(!d.eos_token.empty(), "data.packing = \"documents\" with data.eos_token = \"\": documents are found "
+                  "by the end-of-text token that ends each; set data.eos_token (e.g. \"auto\") or data.packing = \"none\"");
+      FORGE_CHECK(c.dist.cp == 1, "data.packing = \"documents\" with dist.cp = ", c.dist.cp,
+                  ": document masks under context parallelism are not supported yet; use dist.cp = 1 or "
+                  "data.packing = \"none\"");
+    }
     FORGE_CHECK(d.val_files.empty() || d.source == "files", "data.val_files is set with data.source = \"", d.source,
                 "\" (random tokens have no validation); remove data.val_files or use data.source = \"files\"");
     FORGE_CHECK(!d.text_key.empty(), "data.text_key is empty; give the key of each .jsonl line's text, e.g. \"text\"");

@@ -107,6 +107,9 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(data, order,
                   "the training windows: \"random\" (seeded, with replacement) or \"sequential\" (in order, "
                   "non-overlapping, epoch after epoch: another trainer reading the same shards can follow it)"),
+      FORGE_FIELD(data, packing,
+                  "\"none\" (a window's tokens attend to every earlier token of it) or \"documents\" (attention "
+                  "and positions restart after each end-of-text token: every document trains as if alone)"),
       FORGE_FIELD(data, shards_dir, "where the token shards go; \"\" = <run dir>/data"),
       FORGE_FIELD(data, text_key, "*.jsonl and *.jsonl.gz files: the key of each line's text (one document per line)"),
       FORGE_FIELD(data, eos_token,

@@ -25,7 +25,9 @@ LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& sp
   out.set_block_hooks = [l = lm.get()](std::shared_ptr<nn::BlockHooks> h) { l->block_hooks = std::move(h); };
   out.block_of = [l = lm.get()](const std::string& name) { return l->block_of_param(name); };
   // The loss through the model's seam (Note [model seams]): its head computes it.
-  out.loss = [l = lm.get()](const Tensor& idx, const Tensor& targets) { return l->loss(idx, targets); };
+  out.loss = [l = lm.get()](const data::Batch& b) {
+    return l->loss(b.inputs, b.targets, nn::Documents{b.documents, b.positions});
+  };
   out.module = lm;
   return out;
 }

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "forge/core/tensor.h"
+#include "forge/data/loader.h"
 #include "forge/io/checkpoint.h"
 #include "forge/nn/block_hooks.h"
 #include "forge/nn/module.h"
@@ -28,11 +29,12 @@ namespace forge::train {
 struct Model {
   std::shared_ptr<nn::Module> module;
   std::function<Tensor(const Tensor&)> forward;
-  // The mean training loss of a batch. Unset: cross_entropy(forward(inputs), targets). A language
-  // model's is nn::CausalLM::loss, whose head computes the loss itself (Note [model seams]): the
-  // seam a vocabulary-parallel head needs, which never gathers the full logits.
-  std::function<Tensor(const Tensor& inputs, const Tensor& targets)> loss;
-  Tensor training_loss(const Tensor& inputs, const Tensor& targets) const;
+  // The mean training loss of a batch (over its targets != -100). Unset: cross_entropy(forward(
+  // inputs), targets). A language model's is nn::CausalLM::loss, whose head computes the loss
+  // itself (Note [model seams]): the seam a vocabulary-parallel head needs, which never gathers
+  // the full logits; it reads a packed batch's documents too (Note [packed documents]).
+  std::function<Tensor(const data::Batch& batch)> loss;
+  Tensor training_loss(const data::Batch& batch) const;
   // ZeRO-3: installs the hooks the model calls around each block (nn/block_hooks.h), and the
   // block a parameter name belongs to (-1 outside the blocks; a model without blocks answers -1
   // for every parameter and ignores the hooks; the config refuses ZeRO-3 for it).
@@ -70,8 +72,8 @@ struct Model {
   }
 };
 
-inline Tensor Model::training_loss(const Tensor& inputs, const Tensor& targets) const {
-  return loss ? loss(inputs, targets) : ops::cross_entropy(forward(inputs), targets);
+inline Tensor Model::training_loss(const data::Batch& batch) const {
+  return loss ? loss(batch) : ops::cross_entropy(forward(batch.inputs), batch.targets);
 }
 
 }  // namespace forge::train

@@ -88,6 +88,14 @@ class DataParallelStrategy final : public Strategy {
     const auto K = static_cast<int64_t>(micro_batches.size());
     const int64_t dp_rank = dp_rank_, dp_size = dp_size_;
     Tensor loss_sum;  // on the device: read once per step
+    // Note [token-weighted loss]: empty unless some targets do not count (the rows of every
+    // micro-batch are cut alike, so the first one's give this rank's range).
+    std::vector<double> weights;
+    if (!cp_group_) {
+      const int64_t rows = micro_batches.front().inputs.size(0);
+      const int64_t lo = dp_rank * rows / dp_size, hi = (dp_rank + 1) * rows / dp_size;
+      weights = strategy_detail::token_weights(micro_batches, lo, hi - lo, dp_size);
+    }
     for (int64_t k = 0; k < K; ++k) {
       // Every rank draws the same global micro-batch and trains on its own rows of it.
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
@@ -99,13 +107,15 @@ class DataParallelStrategy final : public Strategy {
       if (k == K - 1) phases.mark(0);
       // The gradient the loss will get (Note [expected loss gradient]).
       const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
-      Tensor loss = model_.training_loss(mb.inputs, mb.targets);
+      Tensor loss = model_.training_loss(mb);
       // Note [uneven rows]: a global micro-batch of R rows that dp does not divide (the last batch
       // of an image run's epoch) gives rank r its share [r R / dp, (r + 1) R / dp); its mean loss
       // weighted by rows_r dp / R makes the average over the ranks (of the losses and of the
       // gradients) the mean over all R rows, as in one process. Batches that divide skip the
       // multiplication, so their numbers are unchanged.
-      if ((hi - lo) * dp_size != rows)
+      if (!weights.empty())
+        loss = strategy_detail::weighted(loss, weights[static_cast<size_t>(k)]);
+      else if ((hi - lo) * dp_size != rows)
         loss = loss * (static_cast<double>((hi - lo) * dp_size) / static_cast<double>(rows));
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;

@@ -17,7 +17,8 @@ bool same_shapes(const std::vector<data::Batch>& a, const std::vector<data::Batc
   if (a.size() != b.size()) return false;
   for (size_t k = 0; k < a.size(); ++k)
     if (a[k].inputs.shape() != b[k].inputs.shape() || a[k].targets.shape() != b[k].targets.shape() ||
-        a[k].inputs.dtype() != b[k].inputs.dtype() || a[k].targets.dtype() != b[k].targets.dtype())
+        a[k].inputs.dtype() != b[k].inputs.dtype() || a[k].targets.dtype() != b[k].targets.dtype() ||
+        a[k].documents.defined() != b[k].documents.defined())
       return false;
   return true;
 }
@@ -37,6 +38,9 @@ std::string graph_blocker(const RunConfig& cfg, Device device, bool phases_on) {
   if (cfg.model.dropout > 0)
     return "model.dropout > 0 draws a new random seed on the host at every call, which a replay would repeat";
   if (phases_on) return "FORGE_TRAIN_PHASES times the step's phases with events the host reads";
+  if (cfg.data.packing == "documents")
+    return "data.packing = \"documents\" weighs each micro-batch by its counted targets (Note [token-weighted loss]), "
+           "numbers a replay would repeat";
   return "";
 }
 
@@ -81,12 +85,8 @@ Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, do
   // 2. Capture at the second step.
   if (!graph_->captured()) {
     static_batches_.clear();
-    for (const data::Batch& b : micro_batches) {
-      data::Batch s;
-      s.inputs = b.inputs.pin_memory().to(device_, /*non_blocking=*/true);
-      s.targets = b.targets.pin_memory().to(device_, /*non_blocking=*/true);
-      static_batches_.push_back(std::move(s));
-    }
+    for (const data::Batch& b : micro_batches)
+      static_batches_.push_back(b.map([&](const Tensor& t) { return t.pin_memory().to(device_, /*non_blocking=*/true); }));
     // The warm-up step's cached blocks back to the device: the graph's pool needs the room.
     runtime::empty_cache(device_);
     strategy_.begin_graph_capture();
@@ -127,8 +127,11 @@ Tensor GraphedStep::train_step(const std::vector<data::Batch>& micro_batches, do
   {
     NoGradGuard no_grad;
     for (size_t k = 0; k < micro_batches.size(); ++k) {
-      ops::copy_(static_batches_[k].inputs, micro_batches[k].inputs.pin_memory(), /*non_blocking=*/true);
-      ops::copy_(static_batches_[k].targets, micro_batches[k].targets.pin_memory(), /*non_blocking=*/true);
+      data::Batch& s = static_batches_[k];
+      const data::Batch& b = micro_batches[k];
+      for (auto [to, from] : {std::pair{&s.inputs, &b.inputs}, std::pair{&s.targets, &b.targets},
+                              std::pair{&s.documents, &b.documents}, std::pair{&s.positions, &b.positions}})
+        if (to->defined()) ops::copy_(*to, from->pin_memory(), /*non_blocking=*/true);
     }
   }
   strategy_.before_replay(lr);

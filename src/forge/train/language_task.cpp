@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "forge/core/error.h"
+#include "forge/data/packing.h"
 #include "forge/data/shards.h"
 #include "forge/nn/model_registry.h"
 #include "forge/telemetry/metrics.h"
@@ -159,9 +160,19 @@ class LanguageTask final : public Task {
                 " validation tokens); ", val_inputs_.empty() ? "raise data.val_fraction" : "add validation data",
                 " or lower train.seq_len");
     // data.order: random windows (Note [Data RNG]), or every window in order, epoch after epoch.
-    if (cfg_.data.order == "sequential") return std::make_unique<data::SequentialTrainWindows>(split_.train, micro, T);
-    return std::make_unique<data::RandomWindowSampler>(split_.train, micro, T,
-                                                        static_cast<uint64_t>(cfg_.run.seed) ^ kDataSeedSalt);
+    std::unique_ptr<data::BatchSource> windows;
+    if (cfg_.data.order == "sequential")
+      windows = std::make_unique<data::SequentialTrainWindows>(split_.train, micro, T);
+    else
+      windows = std::make_unique<data::RandomWindowSampler>(split_.train, micro, T,
+                                                             static_cast<uint64_t>(cfg_.run.seed) ^ kDataSeedSalt);
+    if (cfg_.data.packing != "documents") return windows;
+    // Note [packed documents]: every batch marked with its documents, validation's too.
+    const int64_t eos = packing_eos_id();
+    val_marked_.emplace(*val_windows_, eos);
+    log << "data: packed documents: attention and positions restart after each \"" << cfg_.data.eos_token
+        << "\" (id " << eos << ")\n";
+    return std::make_unique<data::DocumentMarking>(std::move(windows), eos);
   }
 
   void restore(const io::CheckpointData&) override {}
@@ -255,7 +266,18 @@ class LanguageTask final : public Task {
   // same windows every time).
   double validation_loss(Strategy& strategy) {
     val_windows_->reset();
-    return strategy.evaluate(*val_windows_, cfg_.eval.batches, /*count_correct=*/false).mean_loss();
+    data::BatchSource& windows = val_marked_ ? static_cast<data::BatchSource&>(*val_marked_) : *val_windows_;
+    return strategy.evaluate(windows, cfg_.eval.batches, /*count_correct=*/false).mean_loss();
+  }
+  // data.packing = "documents": the id of the end-of-text token that ends each document.
+  int64_t packing_eos_id() const {
+    FORGE_CHECK(tok_ != nullptr, "data.packing = \"documents\" with token shards and no tokenizer: the end-of-text "
+                "token's id is unknown; set data.tokenizer to the tokenizer that encoded the shards");
+    const auto id = tok_->token_id(cfg_.data.eos_token);
+    FORGE_CHECK(!cfg_.data.eos_token.empty() && id.has_value(), "data.packing = \"documents\": the tokenizer (",
+                tok_->describe(), ") has no end-of-text token to find documents by (data.eos_token = \"",
+                cfg_.data.eos_token, "\"); set data.eos_token to one of its special tokens");
+    return *id;
   }
 
   RunConfig& cfg_;
@@ -270,6 +292,7 @@ class LanguageTask final : public Task {
   std::vector<std::shared_ptr<const data::TokenShard>> shards_, val_shards_;
   data::TrainValRanges split_;
   std::optional<data::SequentialWindows> val_windows_;
+  std::optional<data::DocumentMarking> val_marked_;  // val_windows_ marked (data.packing = "documents")
   int64_t train_tokens_ = 0, val_tokens_ = 0;
 };
 

@@ -141,6 +141,9 @@ class PipelineStrategy final : public Strategy {
     std::vector<Tensor> inputs(static_cast<size_t>(K * v)), outputs(static_cast<size_t>(K * v));
     std::vector<std::pair<Tensor, parallel::WorkPtr>> sends;
     Tensor loss_sum;
+    // Note [token-weighted loss]: empty unless some targets do not count.
+    const int64_t all_rows = micro_batches.front().inputs.size(0), W = group_->size(), r = group_->rank();
+    const std::vector<double> token_w = strategy_detail::token_weights(micro_batches, r * all_rows / W, all_rows / W, W);
     phases.mark(0);
     // ZB-H1 (Note [pipeline schedules]): each micro-batch's linears queue their weight gradients
     // (W) during its forward; B computes the rest; W runs the queue later. The data-parallel
@@ -171,19 +174,21 @@ class PipelineStrategy final : public Strategy {
       if (a.op == parallel::pp::Op::forward) {
         std::optional<autograd::DeferWeightGrads> defer;
         if (split_w) defer.emplace(weights[m] = std::make_shared<autograd::DeferredGrads>());
+        const nn::Documents docs{mb.documents, mb.positions};  // a packed batch's (Note [packed documents])
         nn::Stream s;
         if (j == 0) {
-          s = lm_->embed(mb.inputs);
+          s = lm_->embed(mb.inputs, docs);
         } else {
           inputs[k] = receive(*forward_, mb, prev).requires_grad_();
-          s = nn::Stream{inputs[k], Tensor()};
+          s = nn::Stream{inputs[k], Tensor(), docs};
         }
         const auto [begin, end] = stage_->chunks[static_cast<size_t>(a.chunk)];
         s = lm_->blocks(s, begin, end);
         if (j == V - 1) {
           // The gradient the loss will get (Note [expected loss gradient]).
           const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
-          const Tensor loss = lm_->head_loss(s, mb.targets);
+          Tensor loss = lm_->head_loss(s, mb.targets);
+          if (!token_w.empty()) loss = strategy_detail::weighted(loss, token_w[m]);
           const Tensor l = loss.detach().to(DType::f32);
           loss_sum = loss_sum.defined() ? loss_sum + l : l;
           Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);
@@ -247,16 +252,15 @@ class PipelineStrategy final : public Strategy {
     for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
       auto batch = batches.next();
       if (!batch) break;
-      data::Batch mb;
-      mb.inputs = batch->inputs.to(device_);
-      mb.targets = batch->targets.to(device_);
+      const data::Batch mb = batch->map([&](const Tensor& t) { return t.to(device_); });
+      const nn::Documents docs{mb.documents, mb.positions};
       // Each of this rank's chunks in order (one outside the interleaved schedule): virtual stage
       // c P + s receives from the rank before and sends to the rank after.
       const int P = stage_->stages, V = P * static_cast<int>(stage_->chunks.size());
       for (size_t c = 0; c < stage_->chunks.size(); ++c) {
         const int j = static_cast<int>(c) * P + stage_->index;
-        nn::Stream s = j == 0 ? lm_->embed(mb.inputs)
-                              : nn::Stream{receive(*forward_, mb, (stage_->index - 1 + P) % P), Tensor()};
+        nn::Stream s = j == 0 ? lm_->embed(mb.inputs, docs)
+                              : nn::Stream{receive(*forward_, mb, (stage_->index - 1 + P) % P), Tensor(), docs};
         s = lm_->blocks(s, stage_->chunks[c].first, stage_->chunks[c].second);
         if (j == V - 1) {
           const double counted = ops::sum(ops::ne(mb.targets, -100.0)).item();
@@ -265,7 +269,7 @@ class PipelineStrategy final : public Strategy {
           forward_->send(s.materialize().contiguous(), (stage_->index + 1) % P)->wait();
         }
       }
-      sums.count += batch->targets.numel();
+      sums.count += std::llround(ops::sum(ops::ne(batch->targets, -100.0)).item());  // the targets that count
     }
     model_.module->train(was_training);
     Tensor l = full({1}, loss_sum, {.dtype = DType::f64, .device = device_});

@@ -45,6 +45,9 @@ class SingleProcess final : public Strategy {
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
     for (auto& g : optimizer_->param_groups()) g.lr = lr;
     const auto K = static_cast<int64_t>(micro_batches.size());
+    // Note [token-weighted loss]: empty unless some targets do not count.
+    const std::vector<double> weights =
+        strategy_detail::token_weights(micro_batches, 0, micro_batches.front().inputs.size(0), 1);
     Tensor loss_sum;  // on the device: read once per step
     for (int64_t k = 0; k < K; ++k) {
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
@@ -52,7 +55,8 @@ class SingleProcess final : public Strategy {
       if (k == K - 1) phases.mark(0);
       // The gradient the loss will get (Note [expected loss gradient]).
       const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
-      const Tensor loss = model_.training_loss(b.inputs, b.targets);
+      Tensor loss = model_.training_loss(b);
+      if (!weights.empty()) loss = strategy_detail::weighted(loss, weights[static_cast<size_t>(k)]);
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);

@@ -45,29 +45,57 @@ CheckpointJob::Shard shard_job(std::string file, std::vector<parallel::ShardPiec
 }
 
 data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, Device device) {
-  data::Batch b;
-  b.inputs = global.inputs;
-  b.targets = global.targets;
-  if (rows != global.inputs.size(0)) {
-    b.inputs = b.inputs.narrow(0, row0, rows).contiguous();
-    b.targets = b.targets.narrow(0, row0, rows).contiguous();
-  }
-  if (device.is_cuda() && !global.inputs.is_cuda()) {  // (a captured step's batch is on the GPU already)
-    b.inputs = b.inputs.pin_memory().to(device, /*non_blocking=*/true);
-    b.targets = b.targets.pin_memory().to(device, /*non_blocking=*/true);
-  }
+  data::Batch b = global;
+  if (rows != global.inputs.size(0)) b = b.map([&](const Tensor& t) { return t.narrow(0, row0, rows).contiguous(); });
+  if (device.is_cuda() && !global.inputs.is_cuda())  // (a captured step's batch is on the GPU already)
+    b = b.map([&](const Tensor& t) { return t.pin_memory().to(device, /*non_blocking=*/true); });
   return b;
 }
 
 data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
                        Device device) {
   if (!cp_group) return local_rows(global, row0, rows, device);
+  FORGE_CHECK(!global.documents.defined(), "context parallelism: packed documents are not supported yet");
   // Note [context-parallel sequence layout]: the rank's chunks cut where the batch is (the host),
   // so only 1/cp of each sequence travels to the device.
   data::Batch part;
   part.inputs = parallel::cp::local_sequence(global.inputs.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
   part.targets = parallel::cp::local_sequence(global.targets.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
   return local_rows(part, 0, rows, device);
+}
+
+// Note [token-weighted loss] (strategy.h).
+std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches, int64_t row0, int64_t rows,
+                                  int64_t dp) {
+  const auto K = static_cast<int64_t>(micro_batches.size());
+  std::vector<int64_t> local(static_cast<size_t>(K), 0);
+  int64_t counted = 0, all = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const Tensor& t = micro_batches[static_cast<size_t>(k)].targets;
+    if (!t.defined() || !t.is_cpu() || t.dtype() != DType::i64) return {};  // (a captured step's are on the GPU)
+    const Tensor c = t.contiguous();
+    const int64_t* y = c.data<int64_t>();
+    const int64_t per_row = t.dim() > 1 ? t.numel() / t.size(0) : 1;
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      if (y[i] == -100) continue;
+      ++counted;
+      const int64_t row = i / per_row;
+      if (row >= row0 && row < row0 + rows) ++local[static_cast<size_t>(k)];
+    }
+    all += c.numel();
+  }
+  if (counted == all) return {};
+  FORGE_CHECK(counted > 0, "train: no target of the step counts (every one is -100: packed documents of one token "
+              "each, or prompts with nothing to learn); lengthen train.seq_len or check the data");
+  std::vector<double> w(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k)
+    w[static_cast<size_t>(k)] = static_cast<double>(local[static_cast<size_t>(k)] * K * dp) / static_cast<double>(counted);
+  return w;
+}
+
+Tensor weighted(const Tensor& loss, double w) {
+  if (w != 0) return loss * w;
+  return ops::where(ops::eq(loss.detach(), loss.detach()), loss, 0.0) * 0.0;  // (NaN != NaN)
 }
 
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,
@@ -82,13 +110,16 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
     if (!batch) break;
     if (cp_group) *batch = local_part(*batch, 0, batch->inputs.size(0), cp_group, Device::cpu());
     const Tensor targets = batch->targets.to(device);
-    if (model.split) {
-      FORGE_CHECK(!count_correct, "evaluate: a split model counts no arg-max hits");
+    if (model.split || batch->documents.defined()) {
+      FORGE_CHECK(!count_correct, "evaluate: a split model or a packed batch counts no arg-max hits");
       // Tensor parallelism: this rank holds a slice of the logits; the model's loss combines the
-      // slices (the mean over the targets that count), collective over its group.
+      // slices (the mean over the targets that count), collective over its group. A packed batch:
+      // the loss reads its documents (Note [packed documents]) and counts only the targets that
+      // stay inside one.
       const double counted = ops::sum(ops::ne(targets, -100.0)).item();
-      sums.loss_sum += model.training_loss(batch->inputs.to(device), targets).item() * counted;
-      sums.count += batch->targets.numel();
+      const data::Batch on_device = batch->map([&](const Tensor& t) { return t.to(device); });
+      sums.loss_sum += model.training_loss(on_device).item() * counted;
+      sums.count += std::llround(counted);
       continue;
     }
     const Tensor logits = model.forward(batch->inputs.to(device));

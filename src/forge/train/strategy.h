@@ -163,6 +163,24 @@ CheckpointJob::Shard shard_job(std::string file, std::vector<parallel::ShardPiec
 // (parallel/context_parallel.h).
 data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
                        Device device);
+// Note [token-weighted loss]: a step's loss is the mean over every target that counts (!= -100) in
+// its K global micro-batches, all data-parallel ranks' rows together, as one process computes it
+// for the whole batch at once. Each micro-batch's loss is the mean over its own counted targets,
+// and the loop divides it by K and the data-parallel average by dp: right when every micro-batch
+// counts the same number of targets per row. Packed documents (data.packing = "documents") and
+// masked prompts drop different numbers of targets from different rows, so there micro-batch k of
+// a rank, counting n_k of the step's N targets, weighs its mean by w_k = n_k K dp / N before the
+// 1/K: sum over ranks of (1/dp) sum over k of (w_k / K) mean_k = (sum of every token's loss) / N,
+// the loss and the gradient of one process. (A mean of per-micro-batch means would weigh a token
+// of a short micro-batch more than one of a long: the gradient-accumulation bias transformers
+// fixed in 4.46.)
+// Returns the w_k of rows [row0, row0 + rows) of each micro-batch for `dp` ranks, or an empty vector
+// when every target of the step counts (the loops then leave their arithmetic as it was).
+std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches, int64_t row0, int64_t rows,
+                                  int64_t dp);
+// loss * w; a micro-batch with no target of its own (w = 0, its mean NaN) gives a 0 that still
+// carries the graph (its backward writes zero gradients: every row of it is ignored).
+Tensor weighted(const Tensor& loss, double w);
 // Strategy::evaluate on one model replica; under context parallelism every rank of cp_group
 // calls it, each on its part of the sequences, and all get the sums of the whole.
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,

@@ -66,6 +66,37 @@ TEST_P(CudaRope, MatchesTheCpu) {
     }
 }
 
+// Note [packed positions]: per-token positions (B, T), restarting per packed document, on the
+// plane kernel (vector rows) and the grid-stride one (a head size off the vector width).
+TEST_P(CudaRope, PositionsMatchTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  const DType dt = GetParam();
+  uint64_t seed = 40;
+  for (const Layout& l : {Layout{"(B, T, H, D) as (B, H, T, D): (2, 17, 4, 64)", {2, 17, 4, 64},
+                                 [](const Tensor& t) { return t.transpose(1, 2); }},
+                          Layout{"D = 12", {2, 2, 17, 12}, [](const Tensor& t) { return t; }}}) {
+    SCOPED_TRACE(l.name);
+    std::vector<int64_t> pos;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t t = 0; t < 17; ++t) pos.push_back(b == 0 ? t % 5 : (t < 9 ? t + 3 : t - 9));
+    const Tensor p = from_vector(pos, {2, 17});
+    const Tensor x = host_input(l.host, Domain::real, dt, seed++);
+    const Tensor g = host_input(l.view(x).shape(), Domain::real, dt, seed++);
+    auto run = [&](Device d) {
+      Tensor leaf = x.to(d).detach();
+      leaf.requires_grad_();
+      Tensor y = ops::rope(l.view(leaf), p.to(d), 20, 10000.0);
+      y.backward(g.to(d));
+      return std::pair{y.detach(), leaf.grad()};
+    };
+    const auto [y_cpu, dx_cpu] = run(Device::cpu());
+    const auto [y_gpu, dx_gpu] = run(kGpu);
+    const double tol = dt == DType::f64 ? 1e-9 : tolerance(dt);
+    expect_close(y_gpu, y_cpu, tol, std::string(l.name) + ": y");
+    expect_close(dx_gpu, dx_cpu, tol, std::string(l.name) + ": dx");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaRope, ::testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 

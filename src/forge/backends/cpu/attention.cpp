@@ -55,8 +55,11 @@ struct Problem {
   double scale;
   const bool* mask = nullptr;  // element (b, h, t, j) at b*ms[0] + h*ms[1] + t*ms[2] + j*ms[3]
   int64_t ms[4] = {0, 0, 0, 0};
+  const int32_t* doc_q = nullptr;  // (B, T) and (B, S), contiguous: Note [document masks]
+  const int32_t* doc_k = nullptr;
 
-  Problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m, bool causal_, double scale_)
+  Problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m, bool causal_, double scale_,
+          const AttentionDocuments& docs)
       : B(q.size(0)),
         H(q.size(1)),
         Hkv(k.size(1)),
@@ -70,6 +73,15 @@ struct Problem {
     if (m.defined()) {
       mask = m.data<bool>();
       for (int d = 0; d < 4; ++d) ms[d] = m.stride(d);
+    }
+    if (docs.q.defined()) {
+      FORGE_CHECK(docs.k.defined() && docs.q.dtype() == DType::i32 && docs.k.dtype() == DType::i32 &&
+                      docs.q.is_contiguous() && docs.k.is_contiguous() && docs.q.shape() == Shape({B, T}) &&
+                      docs.k.shape() == Shape({B, S}),
+                  "cpu::attention: document ids must be contiguous i32 (B, T) = (", B, ", ", T, ") and (B, S) = (", B,
+                  ", ", S, "), got ", docs.q.shape(), " and ", docs.k.shape());
+      doc_q = docs.q.data<int32_t>();
+      doc_k = docs.k.data<int32_t>();
     }
   }
   int64_t blocks() const { return (T + kAttentionBlock - 1) / kAttentionBlock; }
@@ -88,6 +100,12 @@ struct Problem {
       const bool* mrow = mask + b * ms[0] + h * ms[1] + t * ms[2];
       for (int64_t j = 0; j < n; ++j)
         if (!mrow[j * ms[3]]) row[j] = neg_inf;
+    }
+    if (doc_q) {
+      const int32_t d = doc_q[b * T + t];
+      const int32_t* krow = doc_k + b * S;
+      for (int64_t j = 0; j < n; ++j)
+        if (krow[j] != d) row[j] = neg_inf;
     }
   }
 };
@@ -269,12 +287,12 @@ bool attention_rows_readable(const Tensor& t) {
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
-                       double scale, Tensor& out, Tensor& lse) {
+                       double scale, Tensor& out, Tensor& lse, const AttentionDocuments& docs) {
   check_rows(q, "q");
   check_rows(k, "k");
   check_rows(v, "v");
   FORGE_CHECK(out.is_contiguous() && lse.is_contiguous(), "cpu::attention_forward: out and lse must be contiguous");
-  const Problem p(q, k, v, mask, causal, scale);
+  const Problem p(q, k, v, mask, causal, scale, docs);
   if (p.B * p.H * p.T == 0) return;
   check_blas_range(p);
   dispatch_float(q.dtype(), "scaled_dot_product_attention", [&]<class T>() {
@@ -304,7 +322,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        Tensor& dv, const AttentionDocuments& docs) {
   check_rows(dout, "dout");
   check_rows(q, "q");
   check_rows(k, "k");
@@ -312,7 +330,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   FORGE_CHECK(out.is_contiguous() && lse.is_contiguous(), "cpu::attention_backward: out and lse must be contiguous");
   for (const Tensor* t : {&dq, &dk, &dv})
     FORGE_CHECK(!t->defined() || t->is_contiguous(), "cpu::attention_backward: gradients must be contiguous");
-  const Problem p(q, k, v, mask, causal, scale);
+  const Problem p(q, k, v, mask, causal, scale, docs);
   // Zero-size problems: whatever gradient exists is zero.
   if (p.B * p.H * p.T == 0 || p.S == 0 || p.Dv == 0) {
     for (Tensor* t : {&dq, &dk, &dv})

@@ -9,10 +9,14 @@
 //   q    (B, H, T, D)      k (B, Hkv, S, D)      v (B, Hkv, S, Dv)
 //   mask (B, H, T, S) bool, usually an expanded view (stride 0 on broadcast dims), or
 //        undefined; true = the query may attend to the key
+//   docs (B, T) and (B, S) i32 contiguous document ids of the queries and the keys, or both
+//        undefined (Note [document masks] in ops/attention.h): a query attends only to keys
+//        of its own document
 //   out  (B, H, T, Dv)     lse (B, H, T)
 //
 // Forward, for query row t of head h (kv head g = h / G), with scale c:
 //   allowed(t, j) = mask[t, j] && (!causal || j <= t + (S - T))    (bottom-right causal)
+//                   && docs.q[t] == docs.k[j]                       (with document ids)
 //   s_tj  = c * (q_t . k_j)  where allowed, -inf elsewhere
 //   lse_t = log sum_j exp(s_tj)        p_tj = exp(s_tj - lse_t)        out_t = sum_j p_tj v_j
 // A row with no allowed key gives out_t = 0 and lse_t = -inf (and zero gradients).
@@ -59,12 +63,17 @@ inline constexpr int64_t kAttentionBlock = 64;
 // True when the kernels can read the 4-D tensor t in place (see the memory contract).
 bool attention_rows_readable(const Tensor& t);
 
+// The document ids of the queries (B, T) and of the keys (B, S); both undefined: none.
+struct AttentionDocuments {
+  Tensor q, k;
+};
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
-                       double scale, Tensor& out, Tensor& lse);
+                       double scale, Tensor& out, Tensor& lse, const AttentionDocuments& docs = {});
 
 // dout: dL/d(out); out and lse: the forward's results.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk,
-                        Tensor& dv);
+                        Tensor& dv, const AttentionDocuments& docs = {});
 
 }  // namespace forge::cpu

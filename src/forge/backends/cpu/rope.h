@@ -24,7 +24,10 @@
 
 namespace forge::cpu {
 
+// positions: (B, T) i64 contiguous, each row's positions in [0, position_limit) (pos_t =
+// positions[b, t], the offset unused: a packed row's documents restart at 0, ops/rope.h; a
+// position outside throws), or undefined.
 void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
-          bool inverse);
+          bool inverse, const Tensor& positions = {}, int64_t position_limit = 0);
 
 }  // namespace forge::cpu

@@ -78,6 +78,16 @@ __global__ void __launch_bounds__(kBlockSize)
   cos_sin<A>(angle, cos_t[k], sin_t[k]);
 }
 
+// The table row of row t of batch row b: t itself, or its position from `pos` ((B, len) i64,
+// Note [packed positions] in ops/rope.h), clamped into [0, pos_limit) so that a bad position reads
+// a wrong angle rather than memory past the table (the ops layer builds the positions itself).
+__device__ __forceinline__ int64_t table_row(const int64_t* pos, int64_t pos_limit, int64_t b, int64_t len,
+                                             int64_t t) {
+  if (pos == nullptr) return t;
+  const int64_t p = pos[b * len + t];
+  return p < 0 ? 0 : (p >= pos_limit ? pos_limit - 1 : p);
+}
+
 // The rotation of one item's V pairs (x1[j], x2[j]) by the angles whose cos and sin are c and sn:
 // rope_plane_kernel's; rope_kernel writes the same arithmetic out inline (the same bits).
 template <class T, int V>
@@ -102,7 +112,7 @@ __global__ void __launch_bounds__(kBlockSize)
                 const acc_t<T>* __restrict__ cos_t,     // (T, D / 2)
                 const acc_t<T>* __restrict__ sin_t,     // (T, D / 2)
                 I H, I len, I half, int64_t sb, int64_t sh, int64_t st, int64_t sd, int64_t ob, int64_t oh,
-                int64_t ot, I items, bool inverse) {
+                int64_t ot, I items, bool inverse, const int64_t* __restrict__ pos, int64_t pos_limit) {
   using A = acc_t<T>;
   using P = Vec<T, V>;
   const I groups = half / V;  // items per row
@@ -122,8 +132,9 @@ __global__ void __launch_bounds__(kBlockSize)
       x1.v[0] = xr[static_cast<int64_t>(i0) * sd];
       x2.v[0] = xr[static_cast<int64_t>(i0 + half) * sd];
     }
-    const A* cr = cos_t + static_cast<int64_t>(t) * half + i0;
-    const A* sr = sin_t + static_cast<int64_t>(t) * half + i0;
+    const int64_t tp = table_row(pos, pos_limit, b, len, t);
+    const A* cr = cos_t + tp * half + i0;
+    const A* sr = sin_t + tp * half + i0;
     P o1, o2;
 #pragma unroll
     for (int j = 0; j < V; ++j) {  // rotate()'s arithmetic, written out: this kernel keeps its registers
@@ -151,7 +162,8 @@ template <class T, int V>
 __global__ void __launch_bounds__(kBlockSize)
     rope_plane_kernel(const T* __restrict__ x, T* __restrict__ out, const float* __restrict__ cos_t,
                       const float* __restrict__ sin_t, uint32_t H, uint32_t len, uint32_t half, int64_t sb,
-                      int64_t sh, int64_t st, int64_t ob, int64_t oh, int64_t ot, bool inverse) {
+                      int64_t sh, int64_t st, int64_t ob, int64_t oh, int64_t ot, bool inverse,
+                      const int64_t* __restrict__ pos, int64_t pos_limit) {
   static_assert(V % 4 == 0 && std::is_same_v<acc_t<T>, float>);
   using P = Vec<T, V>;
   const uint32_t groups = half / V;
@@ -163,7 +175,7 @@ __global__ void __launch_bounds__(kBlockSize)
   T* orow = out + static_cast<int64_t>(b) * ob + static_cast<int64_t>(h) * oh + static_cast<int64_t>(t) * ot;
   const P x1 = *reinterpret_cast<const P*>(xr + i0);
   const P x2 = *reinterpret_cast<const P*>(xr + half + i0);
-  const int64_t tab = static_cast<int64_t>(t) * half + i0;
+  const int64_t tab = table_row(pos, pos_limit, b, len, t) * half + i0;
   float c[V], sn[V];
 #pragma unroll
   for (int j = 0; j < V; j += 4) {
@@ -240,13 +252,25 @@ std::pair<Tensor, Tensor> rope_tables(int device, cudaStream_t stream, int64_t l
 }  // namespace
 
 void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
-          bool inverse) {
+          bool inverse, const Tensor& positions, int64_t position_limit) {
   FORGE_CHECK(x.dim() == 4 && out.shape() == x.shape() && out.dtype() == x.dtype() &&
                   (out.size(3) <= 1 || out.stride(3) == 1) && x.size(3) % 2 == 0,
               "cuda::rope: expected x (B, H, T, D) with D even and an output of its shape with unit stride in the "
               "last dim, got ", x.shape(), " -> ", out.shape(), " strides ", out.strides());
   FORGE_CHECK(x.is_cuda() && out.device() == x.device(), "cuda::rope: x and out must be on one CUDA device, got ",
               x.device().str(), " and ", out.device().str());
+  const int64_t* pos = nullptr;
+  int64_t table_len = x.size(2);
+  if (positions.defined()) {
+    FORGE_CHECK(positions.dtype() == DType::i64 && positions.is_contiguous() && positions.device() == x.device() &&
+                    positions.shape() == Shape({x.size(0), x.size(2)}) && position_limit > 0,
+                "cuda::rope: positions must be contiguous i64 (B, T) = (", x.size(0), ", ", x.size(2), ") on ",
+                x.device().str(), " below a positive limit, got ", positions.shape(), " on ",
+                positions.device().str(), " and limit ", position_limit);
+    pos = positions.data<int64_t>();
+    table_len = position_limit;
+    position_offset = 0;
+  }
   if (x.numel() == 0) return;
   const int device = x.device().index;
   DeviceGuard guard(device);
@@ -262,7 +286,7 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
   const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count(device)) * kBlocksPerSm;
   dispatch_float(x.dtype(), "rope", [&]<class T>() {
     using A = acc_t<T>;
-    const auto [cos_t, sin_t] = rope_tables<A>(device, stream, len, D, theta, scaling, position_offset);
+    const auto [cos_t, sin_t] = rope_tables<A>(device, stream, table_len, D, theta, scaling, position_offset);
     auto launch = [&]<int V>() {
       const int64_t items = rows * (half / V);
       const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + kBlockSize - 1) / kBlockSize, max_blocks));
@@ -273,11 +297,11 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
         rope_kernel<T, V, uint32_t><<<blocks, kBlockSize, 0, stream>>>(
             static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), ct, st, static_cast<uint32_t>(H),
             static_cast<uint32_t>(len), static_cast<uint32_t>(half), s[0], s[1], s[2], s[3], o[0], o[1], o[2],
-            static_cast<uint32_t>(items), inverse);
+            static_cast<uint32_t>(items), inverse, pos, table_len);
       else
         rope_kernel<T, V, int64_t><<<blocks, kBlockSize, 0, stream>>>(
             static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), ct, st, H, len, half, s[0], s[1],
-            s[2], s[3], o[0], o[1], o[2], items, inverse);
+            s[2], s[3], o[0], o[1], o[2], items, inverse, pos, table_len);
     };
     if constexpr (std::is_same_v<T, double>) {
       launch.template operator()<1>();
@@ -295,7 +319,7 @@ void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, c
             static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()),
             static_cast<const float*>(cos_t.data_ptr()), static_cast<const float*>(sin_t.data_ptr()),
             static_cast<uint32_t>(H), static_cast<uint32_t>(len), static_cast<uint32_t>(half), s[0], s[1], s[2], o[0],
-            o[1], o[2], inverse);
+            o[1], o[2], inverse, pos, table_len);
       } else if (vec) {
         launch.template operator()<V>();
       } else {

@@ -10,7 +10,10 @@
 
 namespace forge::cuda {
 
+// positions: (B, T) i64 contiguous on x's device, each row's positions in [0, position_limit)
+// (the offset then unused; a position outside is clamped into the table, not checked: no host
+// synchronisation), or undefined.
 void rope(const Tensor& x, Tensor& out, int64_t position_offset, double theta, const fn::RopeScaling& scaling,
-          bool inverse);
+          bool inverse, const Tensor& positions = {}, int64_t position_limit = 0);
 
 }  // namespace forge::cuda
