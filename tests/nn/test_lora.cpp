@@ -162,8 +162,9 @@ TEST(LoraTargets, ErrorsNameTheKeyAndTheFix) {
   EXPECT_NE(error_of([] { lora_roles(Arch::llama, {}); }).find("lora.targets is empty"), std::string::npos);
   EXPECT_NE(error_of([] { validate_lora({.rank = 0, .targets = {"q"}}, Arch::llama); }).find("lora.rank must be > 0"),
             std::string::npos);
-  EXPECT_NE(error_of([] { validate_lora({.rank = -2}, Arch::llama); }).find("lora.rank must be > 0"),
-            std::string::npos);
+  LoraOptions off;  // (no targets: LoRA off, the values still checked)
+  off.rank = -2;
+  EXPECT_NE(error_of([&] { validate_lora(off, Arch::llama); }).find("lora.rank must be > 0"), std::string::npos);
   EXPECT_NE(error_of([] { validate_lora({.alpha = 0, .targets = {"q"}}, Arch::llama); }).find("lora.alpha must be > 0"),
             std::string::npos);
   EXPECT_NE(error_of([] { validate_lora({.dropout = 1, .targets = {"q"}}, Arch::llama); }).find("lora.dropout"),
