@@ -68,7 +68,9 @@ void find_splits(const nn::Module& m, const std::string& prefix, int W, int rank
       return s;
     };
     const auto w = out.find(name("weight"));
-    if (w == out.end() || w->second.chunks == 1) return;  // a plain base: both factors whole (found below)
+    // A plain base: both factors whole (found below). (A replicated key-value head may be one
+    // chunk held by every rank: split all the same, its gradients partial.)
+    if (w == out.end() || (w->second.chunks == 1 && !w->second.kv_replica)) return;
     ParamSplit like_weight = w->second;                   // the factor split along the weight's dim
     if (like_weight.dim == 0) {  // column-parallel or a replicated key-value head: B (out, r) by rows
       like_weight.whole_shape = {like_weight.whole_shape[0], lora->rank};
