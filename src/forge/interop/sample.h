@@ -16,7 +16,7 @@ namespace forge::train {
 
 struct SampleOptions {
   std::string checkpoint;      // a checkpoint directory, or a run directory (its latest checkpoint)
-  std::string adapter;         // a PEFT LoRA directory applied to the checkpoint's model ("" = none)
+  std::string adapter = "";    // a PEFT LoRA directory applied to the checkpoint's model ("" = none)
   std::string prompt;          // one prompt (when `prompts` is empty)
   std::vector<std::string> prompts;  // several prompts, each continued in turn with its own draws
   int64_t tokens = 200;        // new tokens to generate (at most, with stop strings)

@@ -50,7 +50,7 @@ struct LoraOptions {
   int64_t rank = 8;                  // r
   double alpha = 8.0;                // the branch is scaled by alpha / r
   double dropout = 0.0;              // on the adapter's input
-  std::vector<std::string> targets;  // the linears adapted, by name (lora_target_names); empty: LoRA off
+  std::vector<std::string> targets = {};  // the linears adapted, by name (lora_target_names); empty: LoRA off
   bool enabled() const { return !targets.empty(); }
   double scale() const { return alpha / static_cast<double>(rank); }
 };
