@@ -10,6 +10,12 @@
 #   PHASE=ab     GPT-2 124M and LLaMA 0.85B tokens/s, base against head, ROUNDS alternating rounds
 #   PHASE=long   benchmarks/long/run_long.sh on the head's forge (LLaMA 0.85B at 16k and 32k tokens
 #                with activation checkpointing beside torch.compile)
+#   PHASE=packing  packed documents (issue 40 item 2, issue 38's document masks) on the GPU: the CUDA
+#                tests of document ids and per-token rope positions, then GPT-2 124M tokens/s with
+#                data.packing = "documents" against "none" on the same text (the document mask runs
+#                on the composed attention path for now: the cost is what this measures)
+#   PHASE=peft   tests/python/peft_oracle.py: PEFT loads forge's exported LoRA adapters (GPT-2 and
+#                LLaMA bases) and gives forge's logits (needs HEAD_TARGETS with forge_hf_init_from)
 # Results in $OUT (the device tool brings them back) and RESULTS (default /tmp/forge_composition).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +55,30 @@ PY
     ROUNDS=${ROUNDS:-3} ROWS=${ROWS:-"gpt2_1gpu llama_1gpu"} AB_OUT="$OUT/ab" OUT= benchmarks/ab/run_ab.sh runs 2>&1 | tail -14 ;;
   long)
     FORGE="$H/forge" RESULTS="$R/long" OUT="$OUT" benchmarks/long/run_long.sh ;;
-  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab or long" >&2; exit 2 ;;
+  packing)
+    timeout 300 "$H/tests/forge_cuda_tests" \
+      --gtest_filter="${CUDA_FILTER:-CudaPackedAttention*:CudaRope*:CudaAttentionBlocks*:*scaled_dot_product_attention*:*rope*}" \
+      > "$OUT/packing_tests.log" 2>&1
+    echo "packing cuda tests rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  " "$OUT/packing_tests.log" | head -20
+    # The same text corpus both ways (the fortunes of .deps, else the demo text the tests write).
+    corpus=/usr/share/games/fortunes; [ -d "$corpus" ] || corpus="$PWD/.deps/root/usr/share/games/fortunes"
+    for p in none documents; do
+      timeout 200 "$H/forge" train configs/gpt2-124m.toml --run.dir="$R/runs" --run.name="pack_$p" --run.overwrite=true \
+        --data.files="$corpus" --data.exclude='*.dat,*.u8' --data.tokenizer="$PWD/.fixtures/tokenizers/gpt2/tokenizer.json" \
+        --data.packing=$p --train.steps=40 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false \
+        > "$OUT/pack_$p.log" 2>&1
+      echo "packing=$p rc=$? $(grep -E 'packed documents|cuda graph' "$OUT/pack_$p.log" | head -2 | tr '\n' ' ')"
+      python3 - "$R/runs/pack_$p/metrics.jsonl" "$p" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+prog = [r for r in recs if "tokens_per_s" in r and not r.get("final")][-2:]
+print(f"packing={sys.argv[2]}: {sum(r['tokens_per_s'] for r in prog) / len(prog):.0f} tokens/s, "
+      f"{sum(r['ms_per_step'] for r in prog) / len(prog):.1f} ms/step, loss {prog[-1]['loss']:.3f}")
+PY
+    done ;;
+  peft)
+    timeout 400 python3 tests/python/peft_oracle.py --forge "$H/forge" --init-from-bin "$H/tests/forge_hf_init_from" \
+      --device cuda:0 2>&1 | tee "$OUT/peft_oracle.log" | tail -6 ;;
+  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing or peft" >&2; exit 2 ;;
 esac
 done

@@ -56,6 +56,7 @@ int run_train(const TrainArgs& args) {
 int run_sample(const SampleArgs& args) {
   train::SampleOptions opt;
   opt.checkpoint = args.checkpoint;
+  opt.adapter = args.adapter;
   opt.prompts = args.prompts;
   if (!args.prompts_file.empty()) {
     std::ifstream in(args.prompts_file);
@@ -104,7 +105,7 @@ int run_sample(const SampleArgs& args) {
 }
 
 int run_eval(const EvalArgs& args) {
-  const train::EvalResult r = train::evaluate({.checkpoint = args.checkpoint, .files = args.files, .tasks = args.tasks,
+  const train::EvalResult r = train::evaluate({.checkpoint = args.checkpoint, .adapter = args.adapter, .files = args.files, .tasks = args.tasks,
                                                .max_examples = args.max_examples, .batch = args.batch,
                                                .device = args.device, .dtype = args.dtype});
   if (args.json) {
@@ -175,7 +176,8 @@ int run_top(const TopArgs& args) {
 int run_export(const ExportArgs& args) {
   const int64_t shard = io::parse_byte_size(args.max_shard_size, "export: --max-shard-size");
   const train::ExportResult r = train::export_model(
-      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard, .force = args.force});
+      {.checkpoint = args.checkpoint, .out = args.out, .dtype = args.dtype, .max_shard_bytes = shard, .force = args.force,
+       .merge = args.merge});
   std::string files;  // the shards as one item
   int64_t shards = 0;
   for (const auto& f : r.files) {

@@ -20,6 +20,7 @@ int run_train(const TrainArgs& args);
 
 struct SampleArgs {
   std::string checkpoint;
+  std::string adapter;                 // a PEFT LoRA directory on the checkpoint's model
   std::vector<std::string> prompts;    // --prompt, repeatable
   std::string prompts_file;            // one prompt per line
   int64_t tokens = 200;
@@ -37,6 +38,7 @@ int run_sample(const SampleArgs& args);
 
 struct EvalArgs {
   std::string checkpoint;
+  std::string adapter;                 // a PEFT LoRA directory on the checkpoint's model
   std::vector<std::string> files;      // loss and perplexity
   std::vector<std::string> tasks;      // multiple choice (HellaSwag layout)
   int64_t max_examples = 0;
@@ -68,6 +70,7 @@ struct ExportArgs {
   std::string dtype;                   // "" = as trained
   std::string max_shard_size = "5GB";  // io::parse_byte_size
   bool force = false;                  // write into a non-empty --out that is not an earlier export
+  bool merge = false;                  // a LoRA run: the merged model instead of the PEFT adapter
 };
 int run_export(const ExportArgs& args);
 

@@ -148,6 +148,8 @@ int main(int argc, char** argv) {
   auto* sample = app.add_subcommand("sample", "generate text from a trained language model");
   sample->add_option("--checkpoint", sample_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
       ->required();
+  sample->add_option("--adapter", sample_args.adapter,
+                     "a PEFT LoRA directory (forge export of a LoRA run) applied to the checkpoint's model");
   sample->add_option("--prompt", sample_args.prompts, "a text to continue (repeat for several; \"\" = start from a newline)");
   sample->add_option("--prompts-file", sample_args.prompts_file, "a file of prompts, one per line");
   sample->add_option("--tokens", sample_args.tokens, "new tokens to generate")->capture_default_str();
@@ -165,6 +167,8 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");
   eval->add_option("--checkpoint", eval_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
       ->required();
+  eval->add_option("--adapter", eval_args.adapter,
+                   "a PEFT LoRA directory (forge export of a LoRA run) applied to the checkpoint's model");
   eval->add_option("--files", eval_args.files, "text or JSON Lines files: loss and perplexity");
   eval->add_option("--tasks", eval_args.tasks, "multiple-choice files in the HellaSwag layout: acc and acc_norm");
   eval->add_option("--max-examples", eval_args.max_examples, "score the first N examples of each task (0 = all)")
@@ -198,6 +202,9 @@ int main(int argc, char** argv) {
                   "split the weights into shards of at most this size, with model.safetensors.index.json: 5GB, "
                   "500MB, 2GiB, or bytes")
       ->capture_default_str();
+  exp->add_flag("--merge", export_args.merge,
+                "a LoRA run: write the model with its adapters merged (W + alpha / r B A) instead of the PEFT "
+                "adapter (adapter_config.json, adapter_model.safetensors)");
   exp->add_flag("--force", export_args.force,
                 "write into a non-empty --out that is not an earlier export (its other files are kept; never a run "
                 "directory or checkpoint)");

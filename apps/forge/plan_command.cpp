@@ -14,6 +14,7 @@
 #include "forge/plan/plan.h"
 #include "forge/plan/report.h"
 #include "forge/run/config.h"
+#include "forge/nn/lora.h"
 #include "forge/run/run_model_spec.h"
 
 namespace forge::app {
@@ -26,6 +27,8 @@ struct PlanArgs {
   std::string arch;
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, context = 0;
   bool no_bias = false;
+  int64_t lora_rank = 0;
+  std::vector<std::string> lora_targets;
   // data
   std::string tokens, batch_tokens;
   int64_t batch = 0, micro_batch = 0, grad_accum = 0;
@@ -118,6 +121,9 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_option("--seq", a.seq, "tokens per training sequence");
   c->add_option("--context", a.context, "the model's context (GPT's position table; default: seq)");
   c->add_flag("--no-bias", a.no_bias, "GPT without Linear/LayerNorm biases");
+  c->add_option("--lora-rank", a.lora_rank, "LoRA: adapters of this rank, the base frozen (with --lora-targets)");
+  c->add_option("--lora-targets", a.lora_targets, "LoRA: the adapted linears, as lora.targets names them (q,v; c_attn)")
+      ->delimiter(',');
 
   c->add_option("--tokens", a.tokens, "training tokens, e.g. 2T, 300B, 1e12 (default: the config's run, else 20 per parameter)");
   c->add_option("--batch", a.batch, "global batch in sequences per optimizer step (default: the preset's or config's)");
@@ -298,6 +304,13 @@ int run_plan(const std::vector<std::string>& overrides) {
   if (a.given("--context")) m.block_size = a.context;
   if (a.no_bias) m.bias = false;
   if (m.arch == Arch::llama) m.bias = false;
+  // LoRA (nn/lora.h): given here, else the config's [lora].
+  if (a.given("--lora-rank") || a.given("--lora-targets")) {
+    FORGE_CHECK(a.lora_rank > 0 && !a.lora_targets.empty(), "--lora-rank R and --lora-targets T,... go together (R > "
+                "0; targets as lora.targets names them: docs/lora.md)");
+    m.lora_rank = a.lora_rank;
+    m.lora_roles = nn::lora_roles(m.arch, a.lora_targets);
+  }
   if (shape_given && preset_name.empty() && a.config.empty()) m.name = "custom";
   else if (shape_given) m.name += " (modified)";
   m.validate();

@@ -1,7 +1,7 @@
 // data.packing = "documents" end to end (Note [packed documents]): a corpus of many short
 // documents trains with attention and positions restarting at every end-of-text token; the run
-// says so, resumes bit-identically, and every layout (DDP, tensor + sequence parallel, pipeline)
-// trains to the one-process losses of the same packed batches, as test_data_parallel.cpp and
+// says so, resumes bit-identically, and every layout (DDP, tensor + sequence parallel, pipeline,
+// context parallel: ring and Ulysses) trains to the one-process losses of the same packed batches, as test_data_parallel.cpp and
 // test_tensor_parallel_train.cpp hold the unpacked layouts. Refusals name the key and the fix.
 #include <gtest/gtest.h>
 
@@ -90,8 +90,6 @@ TEST_F(PackingTrain, RefusalsNameTheKeyAndTheFix) {
   EXPECT_NE(e.find("random tokens have no documents"), npos) << e;
   e = error_of([&] { config("bad", 2, {"--data.eos_token="}); });
   EXPECT_NE(e.find("set data.eos_token (e.g. \"auto\") or data.packing = \"none\""), npos) << e;
-  e = error_of([&] { config("bad", 2, {"--dist.cp=2"}); });
-  EXPECT_NE(e.find("document masks under context parallelism are not supported yet"), npos) << e;
 }
 
 // ---- Layouts on CPU ranks (mpirun), against one process -----------------------------------------
@@ -140,7 +138,7 @@ class PackingLayouts : public forge::testing::ForgeCliTest {
 };
 fs::path PackingLayouts::root_, PackingLayouts::corpus_;
 
-TEST_F(PackingLayouts, DdpTensorAndPipelineParallelMatchOneProcess) {
+TEST_F(PackingLayouts, DdpTensorPipelineAndContextParallelMatchOneProcess) {
   struct Case {
     const char* name;
     const char* model;
@@ -151,6 +149,10 @@ TEST_F(PackingLayouts, DdpTensorAndPipelineParallelMatchOneProcess) {
       {"gpt_ddp2", "gpt", 2, {}},
       {"llama_tp2_sp", "llama", 2, {{"dist.tp", "2"}, {"dist.sequence_parallel", "true"}}},
       {"gpt_pp2", "gpt", 2, {{"dist.pp", "2"}, {"train.grad_accum", "4"}}},
+      // Context parallelism: documents across the ranks' chunks (Note [context-parallel documents]).
+      {"gpt_cp2_ring", "gpt", 2, {{"dist.cp", "2"}}},
+      {"llama_cp2_ulysses", "llama", 2, {{"dist.cp", "2"}, {"dist.cp_kind", "ulysses"}}},
+      {"llama_cp2_ring_dp2", "llama", 4, {{"dist.cp", "2"}}},
   };
   for (const Case& c : cases) {
     const fs::path single = reference(c.model);

@@ -223,7 +223,7 @@ EvalResult evaluate(const EvalOptions& opt) {
   for (const auto* list : {&opt.files, &opt.tasks})
     for (const auto& f : *list)
       FORGE_CHECK(fs::is_regular_file(f, ec), "eval: '", f, "' is not a readable file");
-  const LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "eval", opt.device, opt.dtype);
+  const LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "eval", opt.device, opt.dtype, opt.adapter);
   const RunConfig& cfg = run.cfg;
   const data::Tokenizer& tok = *run.tok;
   const LanguageModel& model = run.model;

@@ -57,6 +57,7 @@ std::vector<double> continuation_logprobs(const LanguageModel& model, const std:
 
 struct EvalOptions {
   std::string checkpoint;            // a checkpoint directory, or a run directory (its latest)
+  std::string adapter = "";          // a PEFT LoRA directory applied to the checkpoint's model ("" = none)
   std::vector<std::string> files;    // text / JSON Lines files: loss and perplexity
   std::vector<std::string> tasks;    // multiple-choice files in the HellaSwag layout
   int64_t max_examples = 0;          // per task; 0 = all

@@ -16,6 +16,7 @@
 #include "forge/io/json_input.h"
 #include "forge/io/output_guard.h"
 #include "forge/io/safetensors.h"
+#include "forge/interop/peft_adapter.h"
 #include "forge/nn/model_registry.h"
 #include "forge/run/language_model.h"
 #include "forge/run/run_checkpoint.h"
@@ -79,11 +80,19 @@ ExportResult export_model(const ExportOptions& opt) {
   io::check_compatible(io::named_shapes(io::NamedTensors(model.module->state_dict())), ck.model,
                        "checkpoint '" + dir.string() + "'");
   io::TensorItems state = ck.model.items();
+  // A LoRA run (nn/lora.h): its adapters in PEFT's layout, or with --merge the model it adapted
+  // with B A alpha / r merged into each adapted weight, exported as any model is.
+  FORGE_CHECK(!opt.merge || cfg.lora.enabled(), "export: --merge merges a LoRA run's adapters; checkpoint '",
+              dir.string(), "' has none (lora.targets is empty): drop --merge");
+  const bool adapter = cfg.lora.enabled() && !opt.merge;
+  if (cfg.lora.enabled()) state = opt.merge ? merge_lora_state(state, cfg.lora) : peft_adapter_tensors(state);
   json hf;
   // The HF config from the family's shape (nn/model_registry.h): widths, kv-heads and FFN resolved.
   const auto& m = cfg.model;
   const nn::TransformerShape s = nn::transformer_shape(m);
-  if (s.arch == nn::Arch::gpt) {
+  if (adapter) {
+    hf = peft_adapter_config(cfg);
+  } else if (s.arch == nn::Arch::gpt) {
     state = io::gpt2_to_hf(state);
     hf = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", s.vocab_size},
           {"n_positions", s.block_size}, {"n_ctx", s.block_size}, {"n_embd", s.d_model}, {"n_layer", s.n_layer},
@@ -98,7 +107,7 @@ ExportResult export_model(const ExportOptions& opt) {
           {"max_position_embeddings", s.block_size}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
           {"hidden_act", "silu"}, {"tie_word_embeddings", s.tied_head()}};
   }
-  if (s.arch == nn::Arch::llama && m.rope_scaling == "llama3")
+  if (!adapter && s.arch == nn::Arch::llama && m.rope_scaling == "llama3")
     hf["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", m.rope_factor},
                           {"low_freq_factor", m.rope_low_freq_factor}, {"high_freq_factor", m.rope_high_freq_factor},
                           {"original_max_position_embeddings", m.rope_original_context}};
@@ -110,10 +119,11 @@ ExportResult export_model(const ExportOptions& opt) {
     r.parameters += t.numel();
   }
   r.tensors = static_cast<int64_t>(state.size());
-  hf["torch_dtype"] = dtype ? (*dtype == DType::bf16 ? "bfloat16" : *dtype == DType::f16 ? "float16" : "float32")
-                            : (state.empty() || state.front().second.dtype() == DType::f32 ? "float32"
-                               : state.front().second.dtype() == DType::bf16             ? "bfloat16"
-                                                                                          : "float16");
+  if (!adapter)
+    hf["torch_dtype"] = dtype ? (*dtype == DType::bf16 ? "bfloat16" : *dtype == DType::f16 ? "float16" : "float32")
+                              : (state.empty() || state.front().second.dtype() == DType::f32 ? "float32"
+                                 : state.front().second.dtype() == DType::bf16             ? "bfloat16"
+                                                                                            : "float16");
   // The run's tokenizer (its run directory's) and its bos/eos tokens.
   const fs::path tok_path = dir.parent_path().parent_path() / kTokenizerFile;
   std::shared_ptr<const data::Tokenizer> tok;
@@ -133,14 +143,20 @@ ExportResult export_model(const ExportOptions& opt) {
     if (bos) tok_cfg["bos_token"] = *bos, gen["bos_token_id"] = *tok->token_id(*bos);
     if (eos) tok_cfg["eos_token"] = *eos, gen["eos_token_id"] = *tok->token_id(*eos);
     for (const char* k : {"bos_token_id", "eos_token_id"})
-      if (gen.contains(k)) hf[k] = gen[k];
+      if (gen.contains(k) && !adapter) hf[k] = gen[k];
   }
   auto write_all = [&](const fs::path& tmp) {
-    r.files = io::save_hf_weights(tmp, state, opt.max_shard_bytes,
-                                  {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
-    io::write_file_atomic(tmp / "config.json", hf.dump(2) + "\n");
-    r.files.push_back("config.json");
-    if (!gen.empty()) {
+    if (adapter) {  // PEFT's two files (interop/peft_adapter.h)
+      io::save_safetensors(tmp / kPeftWeightsFile, state, {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
+      io::write_file_atomic(tmp / kPeftConfigFile, hf.dump(2) + "\n");
+      r.files = {kPeftWeightsFile, kPeftConfigFile};
+    } else {
+      r.files = io::save_hf_weights(tmp, state, opt.max_shard_bytes,
+                                    {{"format", "pt"}, {"forge_step", std::to_string(ck.step)}});
+      io::write_file_atomic(tmp / "config.json", hf.dump(2) + "\n");
+      r.files.push_back("config.json");
+    }
+    if (!gen.empty() && !adapter) {
       io::write_file_atomic(tmp / "generation_config.json", gen.dump(2) + "\n");
       r.files.push_back("generation_config.json");
     }

@@ -41,6 +41,10 @@ struct ExportOptions {
   std::string dtype;       // "", "f32", "bf16" or "f16"
   int64_t max_shard_bytes = io::kHfDefaultMaxShardBytes;  // --max-shard-size (io::parse_byte_size)
   bool force = false;      // --force: write into a non-empty <out> that is not an earlier export
+  // A LoRA run (nn/lora.h): false writes its adapters in PEFT's layout (adapter_config.json,
+  // adapter_model.safetensors: interop/peft_adapter.h, with the tokenizer files); true (--merge)
+  // the model above with each adapted weight W + alpha / r B A.
+  bool merge = false;
 };
 struct ExportResult {
   std::string checkpoint;

@@ -12,7 +12,10 @@
 #include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
 #include "forge/core/generator.h"
+#include "forge/interop/peft_adapter.h"
 #include "forge/io/checkpoint.h"
+#include "forge/nn/lora.h"
+#include "forge/nn/model_registry.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/ops/creation.h"
 #include "forge/run/run_checkpoint.h"
@@ -181,8 +184,39 @@ std::vector<std::vector<int32_t>> generate_batch(const LanguageModel& model, std
   return rows;
 }
 
+namespace {
+// The checkpoint's model as the base of a PEFT adapter: built with the adapter's options, the
+// base's tensors (any LoRA factors of its own left out) and the adapter's factors loaded, each
+// tensor of the model from exactly one of them.
+void load_with_adapter(LoadedCheckpoint& r, const io::CheckpointData& ck, const std::string& dir, const std::string& who) {
+  PeftAdapter a = load_peft_adapter(dir);
+  r.cfg.lora = a.options;
+  r.cfg.lora.dropout = 0;  // (inference)
+  try {
+    nn::validate_lora(r.cfg.lora, nn::transformer_shape(r.cfg.model).arch);
+  } catch (const Error& e) {
+    FORGE_THROW(who, ": --adapter '", dir, "' does not fit checkpoint '", r.dir.string(), "': ", e.what());
+  }
+  r.model = build_language_model(r.cfg);
+  io::TensorItems state;
+  for (const auto& [name, t] : ck.model.items())
+    if (!nn::is_lora_parameter(name)) state.emplace_back(name, t);
+  const size_t base_count = state.size();
+  state.insert(state.end(), a.tensors.begin(), a.tensors.end());
+  try {
+    io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), io::NamedTensors(state),
+                         "checkpoint '" + r.dir.string() + "' with adapter '" + dir + "'");
+  } catch (const Error& e) {
+    FORGE_THROW(e.what(), "; the adapter was trained on another model (", base_count, " base tensors, ",
+                a.tensors.size(), " adapter tensors here)");
+  }
+  r.model.module->load_state_dict(state);
+}
+}  // namespace
+
 LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who,
-                                          const std::string& device, const std::string& dtype) {
+                                          const std::string& device, const std::string& dtype,
+                                          const std::string& adapter) {
   FORGE_CHECK(!checkpoint.empty(), who, ": --checkpoint is required (a checkpoint or a run directory)");
   FORGE_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "f16", who, ": --dtype must be f32, bf16 or f16, got '",
               dtype, "'");
@@ -200,10 +234,14 @@ LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const s
               "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
               "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
   r.tok = data::load_tokenizer(tok_path.string());
-  r.model = build_language_model(r.cfg);
-  io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), ck.model,
-                       "checkpoint '" + r.dir.string() + "'");
-  r.model.module->load_state_dict(ck.model.items());
+  if (!adapter.empty()) {
+    load_with_adapter(r, ck, adapter, who);
+  } else {
+    r.model = build_language_model(r.cfg);
+    io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), ck.model,
+                         "checkpoint '" + r.dir.string() + "'");
+    r.model.module->load_state_dict(ck.model.items());
+  }
   r.model.module->to(where, dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32);
   return r;
 }
@@ -213,7 +251,7 @@ SampleResult sample(const SampleOptions& opt) {
   FORGE_CHECK(opt.temperature >= 0, "sample: --temperature must be >= 0 (0 = greedy), got ", opt.temperature);
   FORGE_CHECK(opt.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got ", opt.top_k);
   FORGE_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = all tokens), got ", opt.top_p);
-  LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "sample", opt.device, opt.dtype);
+  LoadedCheckpoint run = load_language_checkpoint(opt.checkpoint, "sample", opt.device, opt.dtype, opt.adapter);
   const auto& tok = run.tok;
   const LanguageModel& model = run.model;
 

@@ -16,6 +16,7 @@ namespace forge::train {
 
 struct SampleOptions {
   std::string checkpoint;      // a checkpoint directory, or a run directory (its latest checkpoint)
+  std::string adapter = "";    // a PEFT LoRA directory applied to the checkpoint's model ("" = none)
   std::string prompt;          // one prompt (when `prompts` is empty)
   std::vector<std::string> prompts;  // several prompts, each continued in turn with its own draws
   int64_t tokens = 200;        // new tokens to generate (at most, with stop strings)
@@ -56,8 +57,12 @@ struct LoadedCheckpoint {
   LanguageModel model;
 };
 // The model moved to `device` (run.device's forms) in `dtype` ("f32", "bf16", "f16").
+// `adapter` (a PEFT LoRA directory, interop/peft_adapter.h; "" = none): the checkpoint's model is
+// the base, built with the adapter's LoRA options (cfg.lora, replacing the run's own adapters if it
+// had some) and its factors loaded: forge sample / eval --adapter.
 LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const std::string& who,
-                                          const std::string& device = "cpu", const std::string& dtype = "f32");
+                                          const std::string& device = "cpu", const std::string& dtype = "f32",
+                                          const std::string& adapter = "");
 
 // Loads the checkpoint, its run's config (from the checkpoint) and tokenizer
 // (<run dir>/tokenizer.json), and samples autoregressively under NoGradGuard with the

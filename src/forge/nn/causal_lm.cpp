@@ -110,8 +110,6 @@ Stream CausalLM::embed(const Tensor& idx, const Documents& documents) const {
                 documents.positions.defined() ? documents.positions.shape() : Shape{});
     FORGE_CHECK(documents.ids.device() == idx.device() && documents.positions.device() == idx.device(), family_name(),
                 ": the documents must be on the tokens' device ", idx.device().str());
-    FORGE_CHECK(!layer_spec.positions, family_name(),
-                ": packed documents (data.packing = \"documents\") with context parallelism are not supported yet");
   }
   Stream s{embed_input(idx, documents), Tensor(), documents};
   return s;

@@ -77,8 +77,11 @@ struct LayerSpec {
   using PositionFunction = std::function<std::vector<PositionRange>(int64_t local_length)>;
   // Causal self-attention of this rank's positions against the whole sequence: q (B, H, t, D),
   // k and v (B, Hkv, t, D) of the rank's t positions (those of `positions`) -> (B, H, t, D). The
-  // function gets the rest of the sequence's keys and values itself (a collective).
-  using AttentionFunction = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+  // function gets the rest of the sequence's keys and values itself (a collective). `ids` (B, t)
+  // i32: a packed batch's document ids of those positions (attention within each document), or
+  // undefined (nn/documents.h).
+  using AttentionFunction =
+      std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ids)>;
 
   LinearFactory linear;        // empty: nn::Linear
   EmbeddingFactory embedding;  // empty: nn::Embedding

@@ -130,7 +130,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Documents& documents)
     auto heads = [&](int64_t part) {
       return ops::transpose(ops::reshape(ops::narrow(qkv, 2, part * H * D, H * D), {B, T, H, D}), 1, 2);
     };
-    const Tensor y = attention ? attention(heads(0), heads(1), heads(2))
+    const Tensor y = attention ? attention(heads(0), heads(1), heads(2), documents.ids)
                                : ops::scaled_dot_product_attention(heads(0), heads(1), heads(2), true, 0.0, {},
                                                                    documents.ids);  // (B, H, T, D)
     return resid_drop->forward(c_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, H * D})));
@@ -214,6 +214,11 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset, const D
     const int64_t B = qp.size(0), T = qp.size(1);
     const std::vector<PositionRange> ranges = context.position_ranges(T);
     auto rotate = [&](const Tensor& t) {  // (B, h, T, D)
+      if (documents.packed()) {  // each token's place in its document (Note [packed documents])
+        int64_t whole = 0;       // the whole sequence's length: the positions stay below it
+        for (const PositionRange& r : ranges) whole = std::max(whole, r.start + r.length);
+        return ops::rope(t, documents.positions, whole, rope_theta, rope_scaling);
+      }
       if (ranges.size() == 1) return ops::rope(t, position_offset + ranges[0].start, rope_theta, rope_scaling);
       TensorList parts;
       int64_t at = 0;
@@ -227,7 +232,7 @@ Tensor LlamaAttention::forward(const Tensor& x, int64_t position_offset, const D
     const Tensor q = rotate(heads(qp, local_heads));
     const Tensor k = rotate(heads(k_proj->forward(x), local_kv_heads));
     const Tensor v = heads(v_proj->forward(x), local_kv_heads);
-    const Tensor y = context.attention(q, k, v);  // (B, H, T, D)
+    const Tensor y = context.attention(q, k, v, documents.ids);  // (B, H, T, D)
     return o_proj->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, local_heads * head_dim}));
   }
   if (documents.packed()) {  // each document's positions, attention within it (Note [packed documents])

@@ -20,6 +20,12 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen) : in_fea
   if (with_bias) bias = register_parameter("bias", init({out}));
 }
 
+Linear::Linear(const Linear& base, SharedParameters)
+    : in_features(base.in_features), out_features(base.out_features), fp8(base.fp8), name(base.name) {
+  weight = register_parameter("weight", base.weight);
+  if (base.bias.defined()) bias = register_parameter("bias", base.bias);
+}
+
 Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);

@@ -28,6 +28,13 @@ class Linear : public Module {
   std::string name = "linear";  // the module's path in its model (name_linears), for FP8's guardrail events
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
+
+ protected:
+  // A linear that computes with `base`'s parameters, registered here under the same names
+  // ("weight", "bias": the same tensors, not copies), so that a module wrapping another (LoRA's
+  // adapter around a plain or tensor-parallel linear: nn/lora.h) keeps the state dict's keys.
+  struct SharedParameters {};
+  Linear(const Linear& base, SharedParameters);
 };
 
 // Sets every Linear's `name` under `root` to its path ("transformer.h.0.attn.c_attn").

@@ -24,7 +24,6 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/dispatch_device.h"
 #include "forge/ops/registry.h"
-#include "forge/ops/binary.h"
 #include "forge/ops/view.h"
 
 #ifdef FORGE_WITH_CUDA
@@ -93,36 +92,35 @@ void check_documents(const Tensor& ids, int64_t B, int64_t n, const Tensor& q, c
               q.device().str());
 }
 
-// The (B, 1, T, S) bool mask of document ids (B, T) and (B, S): true where they are equal.
-Tensor document_mask(const Tensor& doc_q, const Tensor& doc_k) {
-  const int64_t B = doc_q.size(0), T = doc_q.size(1), S = doc_k.size(1);
-  return eq(reshape(doc_q, {B, 1, T, 1}), reshape(doc_k, {B, 1, 1, S}));
-}
-
 #ifdef FORGE_WITH_CUDA
-Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask) {
+Tensor attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double c, const Tensor& mask,
+                      const cpu::AttentionDocuments& docs) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2), Dv = v.size(3);
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
   // Grouped heads (H > Hkv) want the query side contiguous (B, H, T, D) only on the composed
   // GEMM path, which stacks a group's heads; the fused kernels (Note [attention back-ends]) read
   // and write any row layout, so with them it stays in q's memory order and the head merge after
-  // attention (and the gradient's way back) are views.
-  const bool grouped = H != k.size(1) && !cuda::fused_attention_applies(qd, kd, vd, mask, causal);
+  // attention (and the gradient's way back) are views. Document ids go to the backend, which runs
+  // them on the flash kernels where it can (Note [flash documents]).
+  const bool fused = docs.q.defined() ? cuda::document_attention_applies(qd, kd, vd)
+                                      : cuda::fused_attention_applies(qd, kd, vd, mask, causal);
+  const bool grouped = H != k.size(1) && !fused;
   const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
   const TensorOptions opt{.dtype = q.dtype(), .device = q.device()};
   Tensor out = grouped ? empty({B, H, T, Dv}, opt) : empty_in_order_of(qd, {B, H, T, Dv});
   Tensor lse = empty({B, H, T}, {.dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32, .device = q.device()});
-  cuda::attention_forward(qd, kd, vd, md, causal, c, out, lse);
+  cuda::attention_forward(qd, kd, vd, md, causal, c, out, lse, docs.q, docs.k);
 
   const Tensor od = out.detach();
-  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c, grouped](const Tensor& g, const GradMask& need) {
+  record(kName, out, {q, k, v}, [qd, kd, vd, md, od, lse, causal, c, grouped, docs](const Tensor& g,
+                                                                                   const GradMask& need) {
     const TensorOptions o{.dtype = qd.dtype(), .device = qd.device()};
     Tensor dq = need[0] ? (grouped ? empty(qd.shape(), o) : empty_in_order_of(qd, qd.shape())) : Tensor();
     Tensor dk = need[1] ? empty_in_order_of(kd, kd.shape()) : Tensor();
     Tensor dv = need[2] ? empty_in_order_of(vd, vd.shape()) : Tensor();
-    cuda::attention_backward(g, qd, kd, vd, md, od, lse, causal, c, dq, dk, dv);
+    cuda::attention_backward(g, qd, kd, vd, md, od, lse, causal, c, dq, dk, dv, docs.q, docs.k);
     return TensorList{dq, dk, dv};
-  }, {qd, kd, vd, md, od, lse});
+  }, {qd, kd, vd, md, od, lse, docs.q, docs.k});
   return out;
 }
 #endif
@@ -170,11 +168,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     check_documents(documents, B, S, q, "documents (the keys' document ids)");
     docs = {narrow(documents.detach(), 1, S - T, T).contiguous(), documents.detach().contiguous()};
   }
-  if (!q.is_cpu()) {
-    // The fused kernels take no mask yet: the ids become a (B, 1, T, S) mask for the composed path.
-    const Tensor m = docs.q.defined() ? document_mask(docs.q, docs.k) : mask;
-    FORGE_ON_CUDA(kName, return attention_cuda(q, k, v, causal, c, m));
-  }
+  if (!q.is_cpu()) FORGE_ON_CUDA(kName, return attention_cuda(q, k, v, causal, c, mask, docs));
   const Tensor qd = readable(q.detach()), kd = readable(k.detach()), vd = readable(v.detach());
   const Tensor md = mask.defined() ? expand(mask.detach(), {B, H, T, S}) : Tensor();
   Tensor out = empty({B, H, T, Dv}, {.dtype = q.dtype(), .device = q.device()});
@@ -202,13 +196,6 @@ cpu::AttentionDocuments block_documents(const Tensor& q, const Tensor& k, const 
   return {doc_q.contiguous(), doc_k.contiguous()};
 }
 
-// The dense form of a block's document ids for the CUDA kernels: (B, H, T, S), or undefined.
-[[maybe_unused]] Tensor block_mask(const cpu::AttentionDocuments& docs, int64_t H) {
-  if (!docs.q.defined()) return {};
-  const Tensor m = document_mask(docs.q, docs.k);
-  return expand(m, {m.size(0), H, m.size(2), m.size(3)});
-}
-
 AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                        const Tensor& doc_q, const Tensor& doc_k) {
   check_inputs(q, k, v, scale, Tensor());
@@ -222,8 +209,8 @@ AttentionBlock attention_block_forward(const Tensor& q, const Tensor& k, const T
   r.out = empty({B, H, T, Dv}, opt);
   if (!q.is_cpu()) {
     FORGE_ON_CUDA("attention_block_forward",
-                  cuda::attention_forward(q.detach(), k.detach(), v.detach(), block_mask(docs, H), causal, c, r.out,
-                                          r.lse));
+                  cuda::attention_forward(q.detach(), k.detach(), v.detach(), Tensor(), causal, c, r.out, r.lse,
+                                          docs.q, docs.k));
     return r;
   }
   cpu::attention_forward(readable(q.detach()), readable(k.detach()), readable(v.detach()), Tensor(), causal, c, r.out,
@@ -251,8 +238,8 @@ AttentionBlockGrads attention_block_backward(const Tensor& dout, const Tensor& q
   g.dv = empty(v.shape(), {.dtype = v.dtype(), .device = v.device()});
   if (!q.is_cpu()) {
     FORGE_ON_CUDA("attention_block_backward", cuda::attention_backward(dout.to(q.dtype()), q.detach(), k.detach(),
-                                                                       v.detach(), block_mask(docs, H), o, l, causal,
-                                                                       c, g.dq, g.dk, g.dv));
+                                                                       v.detach(), Tensor(), o, l, causal, c, g.dq,
+                                                                       g.dk, g.dv, docs.q, docs.k));
     return g;
   }
   cpu::attention_backward(readable(dout.to(q.dtype())), readable(q.detach()), readable(k.detach()),

@@ -60,8 +60,10 @@ bool deterministic();
 // allows). Ids are compared, not ordered: any labelling works. A packed row's positions restart at
 // each document too (ops::rope with a positions tensor; GPT's position table), which is the
 // caller's part. Not differentiable in the ids; not combined with `mask` (give one or the other).
-// CPU: the kernels compare ids as they mask, no (T, S) mask is made. CUDA: for now the ids become a
-// (B, 1, T, S) bool mask on the composed GEMM path (the fused kernels take no mask yet).
+// CPU: the kernels compare ids as they mask, no (T, S) mask is made. CUDA: forge's flash kernels
+// take the ids (bf16 / f16, head size 64 or 128, not the deterministic backward: Note [flash
+// documents] in backends/cuda/flash_attention.cu); elsewhere the backend makes their (B, 1, T, S)
+// mask for the composed GEMM path. cuDNN's fused attention is not used with ids.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double scale = 0.0, const Tensor& mask = {}, const Tensor& documents = {});
 

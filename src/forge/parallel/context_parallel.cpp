@@ -123,9 +123,24 @@ RingBlock ring_block(int rank, int src, int64_t t) {
   return {false, c, c, t};
 }
 
+// Note [context-parallel documents]: packed documents (nn/documents.h) under context parallelism.
+// Each rank holds its tokens' document ids (B, t), cut from the whole row's like the tokens; the
+// group gathers them once per forward ((W, B, t) i32: rank j's at j), so a ring step knows the ids
+// of the keys it holds without sending them around, and Ulysses lays them out in the sequence's
+// order as it does the heads. Every block then masks by document (Note [document masks]).
+struct BlockIds {
+  Tensor q, k;  // undefined: no documents
+};
+BlockIds block_ids(const Tensor& gathered, int rank, int src, const RingBlock& b) {
+  if (!gathered.defined()) return {};
+  return {ops::narrow(ops::select(gathered, 0, rank), 1, b.q_row0, b.q_rows).contiguous(),
+          ops::narrow(ops::select(gathered, 0, src), 1, 0, b.k_rows).contiguous()};
+}
+
 // The forward of ring attention: this rank's output (q's dtype) and its rows' logsumexp (f32, or
 // f64), q (B, H, t, D) against the group's key/value blocks, kv (2, B, Hkv, t, D) being this rank's.
-std::pair<Tensor, Tensor> ring_forward(const Tensor& qd, const Tensor& kv, const ProcessGroupPtr& group) {
+std::pair<Tensor, Tensor> ring_forward(const Tensor& qd, const Tensor& kv, const ProcessGroupPtr& group,
+                                       const Tensor& ids) {
   NoGradGuard no_grad;
   const int W = group->size(), r = group->rank();
   const int64_t B = qd.size(0), H = qd.size(1), t = qd.size(2), D = qd.size(3);
@@ -140,10 +155,12 @@ std::pair<Tensor, Tensor> ring_forward(const Tensor& qd, const Tensor& kv, const
       next = empty_like(cur);
       shift = start_shift(group, cur, next, /*tag=*/1);
     }
-    const RingBlock b = ring_block(r, (r - s + W) % W, t);
+    const int src = (r - s + W) % W;
+    const RingBlock b = ring_block(r, src, t);
+    const BlockIds d = block_ids(ids, r, src, b);
     const ops::AttentionBlock blk =
         ops::attention_block_forward(ops::narrow(qd, 2, b.q_row0, b.q_rows), ops::narrow(k_of(cur), 2, 0, b.k_rows),
-                                     ops::narrow(v_of(cur), 2, 0, b.k_rows), b.causal);
+                                     ops::narrow(v_of(cur), 2, 0, b.k_rows), b.causal, 0.0, d.q, d.k);
     merge_block(acc_out, acc_lse, b.q_row0, blk);
     if (s + 1 < W) {
       finish_shift(shift);
@@ -155,8 +172,23 @@ std::pair<Tensor, Tensor> ring_forward(const Tensor& qd, const Tensor& kv, const
 
 }  // namespace
 
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group) {
-  if (size_of(group) == 1) return ops::scaled_dot_product_attention(q, k, v, true);
+namespace {
+// This rank's document ids (B, t), or none, gathered over the group: (W, B, t), rank j's at j.
+Tensor gather_ids(const Tensor& ids, const ProcessGroupPtr& group, int64_t B, int64_t t) {
+  if (!ids.defined()) return {};
+  FORGE_CHECK(ids.dtype() == DType::i32 && ids.shape() == Shape({B, t}) && ids.device() == group->device(),
+              "context parallelism: the document ids must be this rank's (B, t) = (", B, ", ", t, ") i32 on ",
+              group->device().str(), ", got ", dtype_name(ids.dtype()), " ", ids.shape(), " on ", ids.device().str());
+  NoGradGuard no_grad;
+  Tensor out = empty({static_cast<int64_t>(group->size()), B, t}, {.dtype = DType::i32, .device = ids.device()});
+  group->all_gather(out, ids.contiguous())->wait();
+  return out;
+}
+}  // namespace
+
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group,
+                      const Tensor& ids) {
+  if (size_of(group) == 1) return ops::scaled_dot_product_attention(q, k, v, true, 0.0, {}, ids);
   constexpr const char* op = "cp::ring_attention";
   check_qkv(q, k, v, op);
   FORGE_CHECK(q.device() == group->device(), op, ": the tensors are on ", q.device().str(), " but the ",
@@ -170,11 +202,13 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const P
     NoGradGuard no_grad;
     kv = ops::stack({k.detach(), v.detach()}, 0).contiguous();
   }
-  std::pair<Tensor, Tensor> forward = ring_forward(qd, kv, group);
+  const Tensor gathered = gather_ids(ids, group, q.size(0), t);  // Note [context-parallel documents]
+  std::pair<Tensor, Tensor> forward = ring_forward(qd, kv, group, gathered);
   Tensor out = forward.first;
   if (!autograd::any_requires_grad({q, k, v})) return out;
   const Tensor od = out.detach(), lse = forward.second;
-  autograd::record("cp_ring_attention", out, {q, k, v}, [qd, kv, od, lse, group, t](const Tensor& g, const autograd::GradMask&) {
+  autograd::record("cp_ring_attention", out, {q, k, v}, [qd, kv, od, lse, group, t, gathered](const Tensor& g,
+                                                                                             const autograd::GradMask&) {
     NoGradGuard no_grad;
     const int W = group->size(), r = group->rank();
     const DType acc = accumulation_dtype(qd);
@@ -188,11 +222,13 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const P
         next_kv = empty_like(cur);
         kv_shift = start_shift(group, cur, next_kv, /*tag=*/2);
       }
-      const RingBlock b = ring_block(r, (r - s + W) % W, t);
+      const int src = (r - s + W) % W;
+      const RingBlock b = ring_block(r, src, t);
+      const BlockIds d = block_ids(gathered, r, src, b);
       const ops::AttentionBlockGrads gr = ops::attention_block_backward(
           ops::narrow(g, 2, b.q_row0, b.q_rows), ops::narrow(qd, 2, b.q_row0, b.q_rows),
           ops::narrow(k_of(cur), 2, 0, b.k_rows), ops::narrow(v_of(cur), 2, 0, b.k_rows),
-          ops::narrow(od, 2, b.q_row0, b.q_rows), ops::narrow(lse, 2, b.q_row0, b.q_rows), b.causal);
+          ops::narrow(od, 2, b.q_row0, b.q_rows), ops::narrow(lse, 2, b.q_row0, b.q_rows), b.causal, 0.0, d.q, d.k);
       add_rows(dq, b.q_row0, gr.dq);
       if (s == 0) {
         dkv = zeros(kv.shape(), {.dtype = acc, .device = kv.device()});
@@ -285,8 +321,9 @@ Tensor sequence_to_heads(const Tensor& y, const ProcessGroupPtr& g) {
 
 }  // namespace
 
-Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group) {
-  if (size_of(group) == 1) return ops::scaled_dot_product_attention(q, k, v, true);
+Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group,
+                         const Tensor& ids) {
+  if (size_of(group) == 1) return ops::scaled_dot_product_attention(q, k, v, true, 0.0, {}, ids);
   constexpr const char* op = "cp::ulysses_attention";
   check_qkv(q, k, v, op);
   const int W = group->size();
@@ -295,8 +332,20 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
               "; use dist.cp_kind = \"ring\" (any head count) or a dist.cp that divides both");
   FORGE_CHECK(q.size(2) % 2 == 0, op, ": the local sequence of ", q.size(2),
               " positions is not two chunks (2 x dist.cp must divide train.seq_len)");
+  // The whole sequence's document ids in its order (Note [context-parallel documents]).
+  Tensor whole_ids;
+  if (ids.defined()) {
+    const Tensor gathered = gather_ids(ids, group, q.size(0), q.size(2));  // (W, B, t)
+    const int64_t c = q.size(2) / 2;
+    TensorList chunks;
+    for (int m = 0; m < 2 * W; ++m) {
+      const int owner = m < W ? m : 2 * W - 1 - m;
+      chunks.push_back(ops::narrow(ops::select(gathered, 0, owner), 1, m < W ? 0 : c, c));
+    }
+    whole_ids = ops::cat(chunks, 1).contiguous();
+  }
   const Tensor y = ops::scaled_dot_product_attention(heads_to_sequence(q, group), heads_to_sequence(k, group),
-                                                     heads_to_sequence(v, group), true);
+                                                     heads_to_sequence(v, group), true, 0.0, {}, whole_ids);
   return sequence_to_heads(y, group);
 }
 
@@ -305,10 +354,12 @@ nn::LayerSpec layer_spec(nn::LayerSpec base, const ProcessGroupPtr& group, Kind 
   const int rank = group->rank(), size = group->size();
   base.positions = [rank, size](int64_t local_length) { return local_ranges(local_length, rank, size); };
   if (kind == Kind::ring)
-    base.attention = [group](const Tensor& q, const Tensor& k, const Tensor& v) { return ring_attention(q, k, v, group); };
+    base.attention = [group](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ids) {
+      return ring_attention(q, k, v, group, ids);
+    };
   else
-    base.attention = [group](const Tensor& q, const Tensor& k, const Tensor& v) {
-      return ulysses_attention(q, k, v, group);
+    base.attention = [group](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ids) {
+      return ulysses_attention(q, k, v, group, ids);
     };
   return base;
 }

@@ -61,9 +61,13 @@ Tensor local_sequence(const Tensor& whole, int rank, int size);
 // Causal attention of this rank's part of the sequence against the whole, across `group`:
 //   q (B, H, t, D), k and v (B, Hkv, t, D) of the local positions -> (B, H, t, D)
 // Differentiable in q, k and v (collective in backward too). A group of one (or none) is the
-// fused local attention.
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group);
-Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group);
+// fused local attention. `ids` (B, t) i32: the local positions' document ids of a packed batch
+// (Note [context-parallel documents] in context_parallel.cpp), attention within each document;
+// undefined: one sequence.
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group,
+                      const Tensor& ids = {});
+Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, const ProcessGroupPtr& group,
+                         const Tensor& ids = {});
 
 // `base` with context parallelism's positions and attention over `group` (base's linears,
 // embeddings and loss are kept: it composes with tensor parallelism's spec).

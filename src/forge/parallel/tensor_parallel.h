@@ -51,6 +51,7 @@
 // tokens a shard holds. Row b of rank r's shard holds the positions [s n, (s + 1) n), n = T / W,
 // s = (r B + b) mod W. Needs T divisible by W (checked with the config).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -122,6 +123,10 @@ class RowParallelLinear : public nn::Linear {
   RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool input_is_parallel = true,
                     bool sequence_parallel = false);
   Tensor forward(const Tensor& x) const override;
+  // forward with extra(xs) added to this rank's partial product before the ranks' partial
+  // products are summed (xs: this rank's slice of the input): a row-parallel LoRA adapter's
+  // partial output rides the base's one reduction (parallel/tensor_parallel_lora.h).
+  Tensor forward_adding(const Tensor& x, const std::function<Tensor(const Tensor& xs)>& extra) const;
   // This rank's columns of the whole linear's weight (out, in), and its whole bias.
   void load_whole(const Tensor& weight, const Tensor& bias);
 

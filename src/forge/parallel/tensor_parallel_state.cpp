@@ -11,6 +11,7 @@
 #include "forge/ops/creation.h"
 #include "forge/ops/join.h"
 #include "forge/ops/view.h"
+#include "forge/nn/lora.h"
 #include "forge/parallel/tensor_parallel.h"
 
 namespace forge::parallel::tp {
@@ -28,6 +29,7 @@ int rank_of(const ProcessGroupPtr& g) { return g ? g->rank() : 0; }
 
 // The group of the first parallel module in `m` (null when it has none).
 ProcessGroupPtr group_in(const nn::Module& m) {
+  if (const auto* lora = dynamic_cast<const nn::LoraLinear*>(&m)) return group_in(*lora->base);
   if (const auto* c = dynamic_cast<const ColumnParallelLinear*>(&m)) return c->group;
   if (const auto* r = dynamic_cast<const RowParallelLinear*>(&m)) return r->group;
   if (const auto* e = dynamic_cast<const VocabParallelEmbedding*>(&m)) return e->group;
@@ -54,6 +56,33 @@ ParamSplit make_split(const Tensor& local, int64_t dim, int64_t chunks, int W, i
 void find_splits(const nn::Module& m, const std::string& prefix, int W, int rank,
                  std::map<std::string, ParamSplit>& out) {
   auto name = [&](const char* p) { return prefix.empty() ? std::string(p) : prefix + "." + p; };
+  if (const auto* lora = dynamic_cast<const nn::LoraLinear*>(&m)) {
+    // Note [tensor-parallel LoRA]: the base's weight and bias as the base splits them (the
+    // LoraLinear registers them under the same names); the factors after them.
+    find_splits(*lora->base, prefix, W, rank, out);
+    if (!lora->attached()) return;
+    const std::string a = name("lora_A.weight"), b = name("lora_B.weight");
+    auto replicated = [&](const Tensor& t) {
+      ParamSplit s = make_split(t, 0, 1, W, rank, [](int) { return std::vector<int64_t>{0}; }, W);
+      s.partial_grad = W > 1;
+      return s;
+    };
+    const auto w = out.find(name("weight"));
+    // A plain base: both factors whole (found below). (A replicated key-value head may be one
+    // chunk held by every rank: split all the same, its gradients partial.)
+    if (w == out.end() || (w->second.chunks == 1 && !w->second.kv_replica)) return;
+    ParamSplit like_weight = w->second;                   // the factor split along the weight's dim
+    if (like_weight.dim == 0) {  // column-parallel or a replicated key-value head: B (out, r) by rows
+      like_weight.whole_shape = {like_weight.whole_shape[0], lora->rank};
+      out[b] = like_weight;
+      out[a] = replicated(lora->lora_A->weight);
+    } else {  // row-parallel: A (r, in) by columns
+      like_weight.whole_shape = {lora->rank, like_weight.whole_shape[1]};
+      out[a] = like_weight;
+      out[b] = replicated(lora->lora_B->weight);
+    }
+    return;
+  }
   if (const auto* c = dynamic_cast<const ColumnParallelLinear*>(&m)) {
     const int64_t P = c->parts;
     auto held = [P, W](int r) {
@@ -200,7 +229,7 @@ void SplitModel::reduce_grads(const std::vector<std::pair<std::string, Tensor>>&
       kv.push_back(g);
       kv_heads = s.chunks;
       kv_head = s.held[static_cast<size_t>(rank_of(group_))].front();
-    } else if (sequence_parallel_ && s.chunks == 1) {
+    } else if (s.partial_grad || (sequence_parallel_ && s.chunks == 1)) {
       partial.push_back(g);
     }
   }

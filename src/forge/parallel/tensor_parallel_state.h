@@ -21,6 +21,8 @@
 //   vocabulary-parallel embedding   dim 0, W chunks, rank r holds chunk r
 //   replicated key-value projection dim 0, n_kv chunks (one per head), rank r holds head
 //                                   r / (W / n_kv); W / n_kv ranks hold each
+//   LoRA's factors (tensor_parallel_lora.h) B of a column-parallel linear as its weight, A of a
+//                                   row-parallel one as its weight; the other factor one chunk
 //   everything else (norms, position embeddings, buffers): one chunk, every rank holds it.
 // So local_of (whole -> this rank's tensor) is slicing, and whole_of (the inverse) is one
 // all-gather and a concatenation of the chunks in order, each taken from the first rank that
@@ -32,6 +34,9 @@
 // gradients need a sum over ranks of the group:
 //   - a replicated key-value head's projection: each of the W / n_kv ranks that share it
 //     computed the part of its gradient that flows through its own query heads;
+//   - a LoRA adapter's replicated factor (A of a column-parallel linear, B of a row-parallel
+//     one): each rank's gradient comes through its own slice of the base (Note [tensor-parallel
+//     LoRA], tensor_parallel_lora.h);
 //   - with sequence parallelism, every tensor kept whole (norms, row-parallel biases, position
 //     embeddings): each rank's gradient comes from its own slice of the sequence.
 // reduce_grads sums them, batched into one collective per kind (the ranks of a group hold the
@@ -65,6 +70,8 @@ struct ParamSplit {
   std::vector<std::vector<int64_t>> held;  // held[r]: the chunks rank r holds, in its order
   int copies = 1;                          // ranks that hold each chunk
   bool kv_replica = false;                 // a replicated key-value head (Note [split gradients])
+  bool partial_grad = false;               // whole on every rank, each holding a part of its gradient
+                                           // (LoRA's replicated factor: Note [tensor-parallel LoRA])
   int64_t whole_numel() const;
 };
 

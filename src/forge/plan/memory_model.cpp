@@ -140,10 +140,14 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       r.weights_owed_bytes = static_cast<double>(owed) * static_cast<double>(layers) * width * bp.activation * tokens;
     }
     const double stored = stored_blocks + head_copies * head + r.weights_owed_bytes;
-    r.params = P * bp.param / (l.sharding().parameters() ? dd : 1.0);
-    const double grads_all = P * bp.grad / (l.sharding().gradients() ? dd : 1.0);
-    r.optimizer = l.offload ? 0.0 : P * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0);
-    r.host_bytes = l.offload ? P * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0) : 0.0;
+    // LoRA (nn/lora.h): the frozen base holds its weights only; the adapters (`trained`, on this
+    // stage's blocks) add weights, gradients and optimizer state.
+    const double trained = m.lora_rank > 0 ? static_cast<double>(layers * lora_block_parameters(m, t)) : P;
+    const double held = m.lora_rank > 0 ? P + trained : P;
+    r.params = held * bp.param / (l.sharding().parameters() ? dd : 1.0);
+    const double grads_all = trained * bp.grad / (l.sharding().gradients() ? dd : 1.0);
+    r.optimizer = l.offload ? 0.0 : trained * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0);
+    r.host_bytes = l.offload ? trained * bp.optimizer / (l.sharding().optimizer_state() ? dd : 1.0) : 0.0;
     r.layer_full = layer_full;
     r.layer_checkpointed = layer_ckpt;
     r.layer_selective = layer_selective;
@@ -173,7 +177,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       double phase_b = 0;
       if (l.checkpointing != Checkpointing::none) {
         const double head_params = last ? static_cast<double>(m.vocab_size * m.d_model) / static_cast<double>(t) : 0.0;
-        const double partial = persistent || l.grad_accum > 1 ? grads_all
+        const double partial = persistent || l.grad_accum > 1 || m.lora_rank > 0 ? grads_all
                                                 : (head_params + static_cast<double>(layer_parameters_per_gpu(m, t))) *
                                                       bp.grad / (l.sharding().gradients() ? dd : 1.0);
         phase_b = stored_blocks + recompute + partial;

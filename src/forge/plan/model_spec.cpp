@@ -178,6 +178,31 @@ ParamCount count_parameters(const ModelSpec& m) {
   return c;
 }
 
+int64_t lora_block_parameters(const ModelSpec& m, int64_t t) {
+  if (m.lora_rank <= 0) return 0;
+  const int64_t h = m.d_model, hd = m.head_dim(), q = m.n_head * hd, kv = m.n_kv_head * hd, f = m.ffn_hidden;
+  int64_t n = 0;
+  for (const nn::LinearRole role : m.lora_roles) {
+    int64_t in = 0, out = 0;
+    bool row = false;  // row-parallel: A split; column-parallel: B split
+    switch (role) {
+      case nn::LinearRole::attention_qkv: in = h, out = 3 * h; break;
+      case nn::LinearRole::attention_q: in = h, out = q; break;
+      case nn::LinearRole::attention_k:
+      case nn::LinearRole::attention_v: in = h, out = kv; break;
+      case nn::LinearRole::attention_out: in = q, out = h, row = true; break;
+      case nn::LinearRole::mlp_up:
+      case nn::LinearRole::mlp_gate: in = h, out = f; break;
+      case nn::LinearRole::mlp_down: in = f, out = h, row = true; break;
+      case nn::LinearRole::lm_head: in = h, out = m.vocab_size; break;
+    }
+    n += m.lora_rank * (row ? ceil_div(in, t) + out : in + ceil_div(out, t));
+  }
+  return n;
+}
+
+int64_t lora_parameters(const ModelSpec& m) { return m.n_layer * lora_block_parameters(m, 1); }
+
 int64_t layer_parameters_per_gpu(const ModelSpec& m, int64_t tp) { return block_params_tp(m, tp).total(); }
 
 int64_t stage_parameters(const ModelSpec& m, int64_t tp, int64_t pp, int64_t stage, int64_t virtual_stages) {

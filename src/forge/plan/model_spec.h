@@ -35,6 +35,10 @@ using nn::arch_name;
 struct ModelSpec : nn::TransformerShape {
   std::string name = "custom";  // preset name, config path, or "custom"
   int64_t seq_len = 1024;       // s: tokens per training sequence (<= block_size)
+  // LoRA (nn/lora.h): adapters of rank lora_rank on the linears of these roles, the rest frozen
+  // (0: none; the whole model trains).
+  int64_t lora_rank = 0;
+  std::vector<nn::LinearRole> lora_roles;
   // Throws forge::Error naming the field and the fix for an impossible shape.
   void validate() const;
   // "LLaMA, 32 layers, width 4096, 32 heads (32 kv), ffn 11008, vocab 32000, seq 4096"
@@ -51,6 +55,13 @@ struct Preset {
   std::string source;                // where the shape comes from
 };
 const std::vector<Preset>& presets();
+
+// LoRA's adapter parameters (r (in + out) per adapted linear, Note [LoRA]) of one block on one GPU
+// under tensor parallelism t (Note [tensor-parallel LoRA]: a column-parallel linear's B and a
+// row-parallel one's A split by t, the other factor whole), and of the whole model (t = 1). 0
+// without LoRA.
+int64_t lora_block_parameters(const ModelSpec& m, int64_t t = 1);
+int64_t lora_parameters(const ModelSpec& m);
 // The preset named `name` (or one of its aliases, case-insensitive). Throws forge::Error
 // listing the nearest names ("unknown model 'llama2-8b'; did you mean 'llama3-8b' or
 // 'llama2-7b'?") and all presets.

@@ -82,6 +82,10 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
               (p.position ? ", positions " + si(static_cast<double>(p.position)) : "") + ", " + std::to_string(m.n_layer) +
               " blocks x " + si(static_cast<double>(p.block.total())) + ", final norm " +
               si(static_cast<double>(p.final_norm)) + (p.head ? ", head " + si(static_cast<double>(p.head)) : ", head tied")});
+  if (m.lora_rank > 0)
+    tm.row({"LoRA adapters", with_commas(lora_parameters(m)),
+            "trained (rank " + std::to_string(m.lora_rank) + "); the base's " + si(static_cast<double>(p.total)) +
+                " frozen: weights only, no gradients or optimizer state"});
   const double attn = 3 * static_cast<double>(m.n_layer) * r.flops.attention_forward;
   tm.row({"FLOPs per token", si(r.flops.model),
           "6 x " + si(static_cast<double>(p.matmul)) + " matmul weights = " + si(6.0 * static_cast<double>(p.matmul)) +

@@ -57,7 +57,7 @@ using detail::fields;
 
 const std::vector<std::string>& section_names() {
   static const std::vector<std::string> names = {"run", "model", "data", "optim", "schedule", "train", "eval",
-                                                 "checkpoint", "dist", "telemetry", "debug"};
+                                                 "checkpoint", "lora", "dist", "telemetry", "debug"};
   return names;
 }
 

@@ -22,6 +22,7 @@
 //                eval_batch_size (lenet)
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, interval_minutes, keep_last, at_end, async
+//   [lora]       rank, alpha, dropout, targets (LoRA adapters on the base model: nn/lora.h, docs/lora.md)
 //   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at, masters_from_rounded (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
@@ -47,6 +48,7 @@
 
 #include "forge/core/device.h"
 #include "forge/core/dtype.h"
+#include "forge/nn/lora.h"
 #include "forge/nn/model_config.h"
 
 namespace forge::train {
@@ -143,6 +145,9 @@ struct CheckpointSection {
   bool async = true;               // write checkpoints on a thread while training goes on (Note [async checkpoints])
 };
 
+// [lora]: nn::LoraOptions (nn/lora.h). LoRA is on when lora.targets names linears.
+using LoraSection = nn::LoraOptions;
+
 struct DistSection {
   int64_t tp = 1;                  // tensor-parallel degree (ranks that split each layer's weights)
   bool sequence_parallel = false;  // tp > 1: norms and residuals on sequence shards (all-gather / reduce-scatter)
@@ -183,6 +188,7 @@ struct RunConfig {
   TrainSection train;
   EvalSection eval;
   CheckpointSection checkpoint;
+  LoraSection lora;
   DistSection dist;
   TelemetrySection telemetry;
   DebugSection debug;

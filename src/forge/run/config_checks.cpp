@@ -156,6 +156,19 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(std::isfinite(c.checkpoint.interval_minutes) && c.checkpoint.interval_minutes >= 0,
               "checkpoint.interval_minutes must be >= 0 (0 = none by time), got ", c.checkpoint.interval_minutes);
   FORGE_CHECK(c.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last);
+  // [lora] (nn/lora.h): the values whatever the model; targets against the family's linears.
+  if (c.lora.enabled()) {
+    FORGE_CHECK(lm, "lora.targets adapts the linears of a GPT or LLaMA; model.type = '", c.model.type,
+                "' has none: set lora.targets = [] (LoRA off)");
+    nn::validate_lora(c.lora, nn::transformer_shape(c.model).arch);
+    FORGE_CHECK(c.dist.pp == 1, "lora.targets with dist.pp = ", c.dist.pp, " is not supported yet (pipeline stages "
+                "of a LoRA model); use dist.pp = 1 (DDP, ZeRO-1/2 and dist.tp compose with LoRA)");
+    FORGE_CHECK(!zero.parameters(), "lora.targets with dist.zero_stage = 3 is not supported yet (the frozen base "
+                "would be gathered around each block for nothing); use dist.zero_stage = 0, 1 or 2: the base has no "
+                "optimizer state or gradients to shard");
+  } else {
+    nn::validate_lora(c.lora, nn::Arch::gpt);
+  }
   // [dist]
   FORGE_CHECK(!zero.parameters() || lm,
               "dist.zero_stage = 3 shards the blocks of a GPT or LLaMA; model.type = '", c.model.type,
@@ -268,9 +281,6 @@ void validate(const RunConfig& c) {
                   "\": random tokens have no documents; use data.source = \"files\" or data.packing = \"none\"");
       FORGE_CHECK(!d.eos_token.empty(), "data.packing = \"documents\" with data.eos_token = \"\": documents are found "
                   "by the end-of-text token that ends each; set data.eos_token (e.g. \"auto\") or data.packing = \"none\"");
-      FORGE_CHECK(c.dist.cp == 1, "data.packing = \"documents\" with dist.cp = ", c.dist.cp,
-                  ": document masks under context parallelism are not supported yet; use dist.cp = 1 or "
-                  "data.packing = \"none\"");
     }
     FORGE_CHECK(d.val_files.empty() || d.source == "files", "data.val_files is set with data.source = \"", d.source,
                 "\" (random tokens have no validation); remove data.val_files or use data.source = \"files\"");

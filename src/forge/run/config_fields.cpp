@@ -161,6 +161,14 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(checkpoint, async,
                   "copy the state to host memory at the step boundary and write it on a thread of its own while "
                   "training goes on (false: training waits for the whole write)"),
+      FORGE_FIELD(lora, rank, "LoRA: the adapters' rank r (> 0): A is (r, in), B (out, r) (docs/lora.md)"),
+      FORGE_FIELD(lora, alpha, "LoRA: the adapter's output is scaled by lora.alpha / lora.rank (> 0; PEFT's lora_alpha)"),
+      FORGE_FIELD(lora, dropout, "LoRA: dropout on the adapters' input while training, in [0, 1) (PEFT's lora_dropout)"),
+      FORGE_FIELD(lora, targets,
+                  "LoRA: the linears to adapt (empty = LoRA off; the base model is then trained whole). GPT: "
+                  "\"c_attn\", \"attn.c_proj\", \"c_fc\", \"mlp.c_proj\" (\"c_proj\" = both c_proj); LLaMA: \"q\", "
+                  "\"k\", \"v\", \"o\", \"gate\", \"up\", \"down\" (or HF's q_proj ... down_proj). The base is frozen: "
+                  "no gradients, no optimizer state; only the adapters train"),
       FORGE_FIELD(dist, tp,
                   "tensor-parallel degree: ranks that split each layer's weights (1 = none; divides the heads, "
                   "kv-heads, FFN width and vocabulary)"),

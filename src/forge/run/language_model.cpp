@@ -4,9 +4,11 @@
 #include "forge/core/error.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/nn/linear.h"
+#include "forge/nn/lora.h"
 #include "forge/nn/model_registry.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/matmul.h"
+#include "forge/parallel/tensor_parallel_lora.h"
 
 namespace forge::train {
 
@@ -16,8 +18,15 @@ LanguageModel build_language_model(const RunConfig& cfg, const nn::LayerSpec& sp
   FORGE_CHECK(cfg.is_language_model(), "model.type = '", m.type, "' is not a language model; use ",
               nn::model_type_list(/*transformers_only=*/true));
   // The family's module, through the registry (nn/model_registry.h).
-  std::shared_ptr<nn::CausalLM> lm = nn::build_causal_lm(m, static_cast<uint64_t>(cfg.run.seed), spec);
+  // LoRA (nn/lora.h): the targeted linears wrapped, whatever the spec built (tensor parallelism's
+  // split ones get adapters split like them: parallel/tensor_parallel_lora.h); the factors made
+  // after the model's own initialisation, the rest frozen.
+  const nn::LayerSpec lm_spec =
+      cfg.lora.enabled() ? nn::lora_layer_spec(spec, nn::transformer_shape(m).arch, cfg.lora, parallel::tp::lora_wrap)
+                         : spec;
+  std::shared_ptr<nn::CausalLM> lm = nn::build_causal_lm(m, static_cast<uint64_t>(cfg.run.seed), lm_spec);
   nn::name_linears(*lm);  // (FP8's guardrail events name the layer)
+  if (cfg.lora.enabled()) nn::attach_lora(*lm, static_cast<uint64_t>(cfg.run.seed));
   LanguageModel out;
   out.vocab_size = m.vocab_size;
   out.block_size = m.block_size;
@@ -39,6 +48,16 @@ InferenceKernels::InferenceKernels() : attention_(ops::attention_backend()), gem
 InferenceKernels::~InferenceKernels() {
   ops::set_attention_backend(attention_);
   ops::set_gemm_tuning(gemm_tuning_);
+}
+
+ParameterCounts parameter_counts(const Model& m) {
+  ParameterCounts n;
+  for (const auto& [name, p] : m.module->named_parameters()) {
+    const int64_t k = shape_numel(m.whole_shape(name));
+    n.total += k;
+    if (p.requires_grad()) n.trainable += k;
+  }
+  return n;
 }
 
 int64_t matmul_parameters(const Model& m) {

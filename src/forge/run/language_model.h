@@ -42,6 +42,13 @@ class InferenceKernels {
   bool gemm_tuning_;
 };
 
+// The whole model's parameter elements, and those trained (requires_grad: all but a LoRA run's
+// frozen base, nn/lora.h). A split model counts the whole model's.
+struct ParameterCounts {
+  int64_t trainable = 0, total = 0;
+};
+ParameterCounts parameter_counts(const Model& m);
+
 // Parameters of the whole model that take part in a matmul (Note [MFU]): all but the
 // look-up-only embedding tables, GPT's positions (transformer.wpe) and LLaMA's input embedding
 // (model.embed_tokens). A split model (tensor parallelism) counts the whole model's.

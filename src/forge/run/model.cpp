@@ -29,8 +29,8 @@ int64_t Model::whole_parameters() const {
   return n;
 }
 
-void Model::load_whole_state(const io::NamedTensors& state) {
-  if (!split && !stage) {
+void Model::load_whole_state(const io::NamedTensors& state, bool only_present) {
+  if (!split && !stage && !only_present) {
     module->load_state_dict(state.items());
     return;
   }
@@ -39,6 +39,7 @@ void Model::load_whole_state(const io::NamedTensors& state) {
   for (auto& [name, t] : module->state_dict()) {
     if (stage && !stage->held.count(name)) continue;
     const Tensor* w = state.find(name);
+    if (w == nullptr && only_present) continue;
     FORGE_CHECK(w != nullptr, "checkpoint: no tensor '", name,
                 "'; load the state of the same model built without tensor or pipeline parallelism");
     const Tensor value = split ? split->local_of(name, *w) : *w;

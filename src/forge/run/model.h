@@ -64,7 +64,9 @@ struct Model {
   Shape whole_shape(const std::string& name) const;
   int64_t whole_parameters() const;
   // Loads a whole state (a checkpoint's model) into the module: each tensor, or its shard.
-  void load_whole_state(const io::NamedTensors& state);
+  // `only_present`: the tensors `state` lacks are left as they are (a LoRA model's adapters, when
+  // model.init_from gives the base: nn/lora.h); otherwise each is an error.
+  void load_whole_state(const io::NamedTensors& state, bool only_present = false);
   // Where its parameters are.
   Device device() const {
     const auto ps = module->parameters();

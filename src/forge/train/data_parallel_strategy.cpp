@@ -91,10 +91,12 @@ class DataParallelStrategy final : public Strategy {
     // Note [token-weighted loss]: empty unless some targets do not count (the rows of every
     // micro-batch are cut alike, so the first one's give this rank's range).
     std::vector<double> weights;
-    if (!cp_group_) {
+    {
       const int64_t rows = micro_batches.front().inputs.size(0);
       const int64_t lo = dp_rank * rows / dp_size, hi = (dp_rank + 1) * rows / dp_size;
-      weights = strategy_detail::token_weights(micro_batches, lo, hi - lo, dp_size);
+      weights = cp_group_ ? strategy_detail::token_weights(micro_batches, lo, hi - lo, group_->size(), cp_group_->rank(),
+                                                           cp_group_->size())
+                          : strategy_detail::token_weights(micro_batches, lo, hi - lo, dp_size);
     }
     for (int64_t k = 0; k < K; ++k) {
       // Every rank draws the same global micro-batch and trains on its own rows of it.

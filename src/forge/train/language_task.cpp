@@ -188,6 +188,7 @@ class LanguageTask final : public Task {
                     std::to_string(m.n_layer) + " layers, " + std::to_string(m.n_head) + " heads, width " +
                     std::to_string(width()) + ", vocabulary " + std::to_string(m.vocab_size) + ", context " +
                     std::to_string(m.block_size) + ")\n";
+    if (cfg_.lora.enabled()) s += lora_line() + "\n";
     s += "data: " + telemetry::format_count(static_cast<double>(train_tokens_)) + " training tokens, " +
          telemetry::format_count(static_cast<double>(val_tokens_)) + " validation tokens; batch " + std::to_string(B) +
          " x " + std::to_string(T) +
@@ -259,6 +260,17 @@ class LanguageTask final : public Task {
       line += ", " + s.task + " acc " + fixed(s.acc, 4) + " acc_norm " + fixed(s.acc_norm, 4) + " (" +
               std::to_string(s.examples) + ")";
     }
+  }
+  // LoRA (nn/lora.h): what is trained of the whole model.
+  std::string lora_line() const {
+    const ParameterCounts n = parameter_counts(model_);
+    std::string targets;
+    for (const auto& t : cfg_.lora.targets) targets += (targets.empty() ? "" : ", ") + t;
+    return "lora: rank " + std::to_string(cfg_.lora.rank) + ", alpha " + fixed(cfg_.lora.alpha, 2) + ", dropout " +
+           fixed(cfg_.lora.dropout, 2) + " on " + targets + ": " + std::to_string(n.trainable) +
+           " trainable parameters of " + std::to_string(n.total) + " (" +
+           fixed(100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.total), 3) +
+           "%); the base frozen (no gradients, no optimizer state)";
   }
   bool has_val() const { return cfg_.data.val_fraction > 0 || !val_inputs_.empty(); }
   int64_t width() const { return nn::transformer_shape(cfg_.model).d_model; }

@@ -55,18 +55,18 @@ data::Batch local_rows(const data::Batch& global, int64_t row0, int64_t rows, De
 data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, const parallel::ProcessGroupPtr& cp_group,
                        Device device) {
   if (!cp_group) return local_rows(global, row0, rows, device);
-  FORGE_CHECK(!global.documents.defined(), "context parallelism: packed documents are not supported yet");
   // Note [context-parallel sequence layout]: the rank's chunks cut where the batch is (the host),
   // so only 1/cp of each sequence travels to the device.
-  data::Batch part;
-  part.inputs = parallel::cp::local_sequence(global.inputs.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
-  part.targets = parallel::cp::local_sequence(global.targets.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
+  // (A packed batch's documents and positions too: Note [context-parallel documents].)
+  const data::Batch part = global.map([&](const Tensor& t) {
+    return parallel::cp::local_sequence(t.narrow(0, row0, rows), cp_group->rank(), cp_group->size());
+  });
   return local_rows(part, 0, rows, device);
 }
 
 // Note [token-weighted loss] (strategy.h).
 std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches, int64_t row0, int64_t rows,
-                                  int64_t dp) {
+                                  int64_t dp, int cp_rank, int cp_size) {
   const auto K = static_cast<int64_t>(micro_batches.size());
   std::vector<int64_t> local(static_cast<size_t>(K), 0);
   int64_t counted = 0, all = 0;
@@ -76,11 +76,18 @@ std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches,
     const Tensor c = t.contiguous();
     const int64_t* y = c.data<int64_t>();
     const int64_t per_row = t.dim() > 1 ? t.numel() / t.size(0) : 1;
+    const int64_t chunk = per_row / (2 * cp_size);  // a context-parallel rank holds 2 chunks of a row
+    auto mine = [&](int64_t i) {
+      const int64_t row = i / per_row;
+      if (row < row0 || row >= row0 + rows) return false;
+      if (cp_size == 1) return true;
+      const int64_t c = (i % per_row) / chunk;
+      return c == cp_rank || c == 2 * cp_size - 1 - cp_rank;
+    };
     for (int64_t i = 0; i < c.numel(); ++i) {
       if (y[i] == -100) continue;
       ++counted;
-      const int64_t row = i / per_row;
-      if (row >= row0 && row < row0 + rows) ++local[static_cast<size_t>(k)];
+      if (mine(i)) ++local[static_cast<size_t>(k)];
     }
     all += c.numel();
   }

@@ -174,10 +174,13 @@ data::Batch local_part(const data::Batch& global, int64_t row0, int64_t rows, co
 // the loss and the gradient of one process. (A mean of per-micro-batch means would weigh a token
 // of a short micro-batch more than one of a long: the gradient-accumulation bias transformers
 // fixed in 4.46.)
-// Returns the w_k of rows [row0, row0 + rows) of each micro-batch for `dp` ranks, or an empty vector
-// when every target of the step counts (the loops then leave their arithmetic as it was).
+// Under context parallelism a rank's part is its chunks of those rows (Note [context-parallel
+// sequence layout]), and dp is the data x context-parallel ranks the loss is averaged over.
+// Returns the w_k of rows [row0, row0 + rows) of each micro-batch (context-parallel rank cp_rank of
+// cp_size: its chunks of them) for `dp` ranks, or an empty vector when every target of the step
+// counts (the loops then leave their arithmetic as it was).
 std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches, int64_t row0, int64_t rows,
-                                  int64_t dp);
+                                  int64_t dp, int cp_rank = 0, int cp_size = 1);
 // loss * w; a micro-batch with no target of its own (w = 0, its mean NaN) gives a 0 that still
 // carries the graph (its backward writes zero gradients: every row of it is ignored).
 Tensor weighted(const Tensor& loss, double w);

@@ -19,6 +19,7 @@
 #include "forge/backends/device_runtime.h"
 #include "forge/bench/gpu_sampler.h"
 #include "forge/bench/top.h"
+#include "forge/nn/lora.h"
 #include "forge/core/allocator.h"
 #include "forge/core/env.h"
 #include "forge/core/error.h"
@@ -263,8 +264,12 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
       if (!ck && !cfg.model.init_from.empty()) {
         // In f32, before the cast: the same 16-bit weights as loading after it, and the f32
         // values stay for the masters (below).
-        const io::NamedTensors w = load_init_from(cfg, m.whole_shapes());  // checked against the model: hf_model.h
-        m.load_whole_state(w);
+        // A LoRA model's base comes from it; its adapters keep their initialisation (nn/lora.h).
+        io::NamedShapes base_shapes;
+        for (auto& [name, shape] : m.whole_shapes())
+          if (!nn::is_lora_parameter(name)) base_shapes.emplace_back(name, shape);
+        const io::NamedTensors w = load_init_from(cfg, base_shapes);  // checked against the model: hf_model.h
+        m.load_whole_state(w, /*only_present=*/cfg.lora.enabled());
         init_tensors = w.size();
       }
       // Note [masters from the f32 initial weights] (strategy.h): the f32 weights a fresh 16-bit

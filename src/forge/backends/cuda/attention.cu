@@ -368,6 +368,31 @@ Walk plan_walk(int64_t B, int64_t Hkv, std::initializer_list<const Stack*> stack
   return w;
 }
 
+// mask[b, t, s] = doc_q[b, t] == doc_k[b, s], (B, T, S) bool.
+__global__ void document_mask_kernel(const int32_t* __restrict__ doc_q, const int32_t* __restrict__ doc_k,
+                                     bool* __restrict__ mask, int64_t T, int64_t S, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t s = i % S, bt = i / S, b = bt / T;
+  mask[i] = doc_q[bt] == doc_k[b * S + s];
+}
+
+// Note [flash documents] where the flash kernels cannot take the ids (f32 / f64, another head
+// size, the composed back-end, a deterministic backward): their dense mask, (B, 1, T, S) bool seen
+// as (B, H, T, S) (stride 0 over the heads), for the composed path.
+Tensor dense_document_mask(const Tensor& doc_q, const Tensor& doc_k, int64_t H) {
+  check_flash_documents_shape(doc_q, doc_k);
+  const int64_t B = doc_q.size(0), T = doc_q.size(1), S = doc_k.size(1), n = B * T * S;
+  const int device = doc_q.device().index;
+  Tensor m = blas::device_empty(device, {B, 1, T, S}, DType::boolean);
+  if (n > 0) {
+    document_mask_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, current_stream(device)>>>(
+        doc_q.data<int32_t>(), doc_k.data<int32_t>(), static_cast<bool*>(m.data_ptr()), T, S, n);
+    FORGE_CUDA_LAUNCH_CHECK("attention document mask: ids ", doc_q.shape(), " and ", doc_k.shape());
+  }
+  return Tensor::make(m.storage(), {B, H, T, S}, {T * S, 0, S, 1}, 0, DType::boolean);
+}
+
 MaskRef mask_ref(const Tensor& mask) {
   MaskRef m;
   if (!mask.defined()) return m;
@@ -455,8 +480,13 @@ int64_t set_attention_scratch_bytes(int64_t bytes) {
   return g_scratch_bytes.exchange(bytes);
 }
 
+bool document_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return attention_backend() != AttentionBackend::composed && !deterministic_attention() &&
+         flash_attention_applies(q, k, v, Tensor());
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
-                       double scale, Tensor& out, Tensor& lse) {
+                       double scale, Tensor& out, Tensor& lse, const Tensor& doc_q, const Tensor& doc_k) {
   const Dims p = check_problem(q, k, v, mask, "cuda::attention_forward");
   const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
   FORGE_CHECK(out.shape() == (Shape{p.B, p.H, p.T, p.Dv}) && out.dtype() == q.dtype(),
@@ -469,6 +499,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (p.S == 0) {  // no keys: zero rows, lse = -inf
     fill(out, 0.0);
     fill(lse, -std::numeric_limits<double>::infinity());
+    return;
+  }
+  if (doc_q.defined() || doc_k.defined()) {  // Note [flash documents]
+    FORGE_CHECK(!mask.defined(), "cuda::attention_forward: give a mask or document ids, not both");
+    if (document_attention_applies(q, k, v) && flash_attention_layout_ok(out)) {
+      flash_attention_forward(q, k, v, causal, scale, out, lse, doc_q, doc_k);
+      return;
+    }
+    attention_forward(q, k, v, dense_document_mask(doc_q, doc_k, p.H), causal, scale, out, lse);
     return;
   }
   const AttentionBackend backend = attention_backend();  // Note [attention back-ends]
@@ -524,7 +563,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        Tensor& dv, const Tensor& doc_q, const Tensor& doc_k) {
   const Dims p = check_problem(q, k, v, mask, "cuda::attention_backward");
   const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Shape o_shape{p.B, p.H, p.T, p.Dv};
@@ -546,6 +585,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   }
   const bool need_q = dq.defined(), need_k = dk.defined(), need_v = dv.defined(), need_ds = need_q || need_k;
   if (!need_q && !need_k && !need_v) return;
+  if (doc_q.defined() || doc_k.defined()) {  // Note [flash documents]
+    FORGE_CHECK(!mask.defined(), "cuda::attention_backward: give a mask or document ids, not both");
+    if (document_attention_applies(q, k, v) && flash_attention_layout_ok(dout) && flash_attention_layout_ok(out) &&
+        flash_attention_layout_ok(dq) && flash_attention_layout_ok(dk) && flash_attention_layout_ok(dv)) {
+      flash_attention_backward(dout, q, k, v, out, lse, causal, scale, dq, dk, dv, doc_q, doc_k);
+      return;
+    }
+    attention_backward(dout, q, k, v, dense_document_mask(doc_q, doc_k, p.H), out, lse, causal, scale, dq, dk, dv);
+    return;
+  }
   const AttentionBackend backend = attention_backend();  // Note [attention back-ends]
   const bool deterministic = deterministic_attention();
   if (backend == AttentionBackend::automatic && cudnn_attention_applies(q, k, v, mask, causal) &&

@@ -25,13 +25,22 @@
 
 namespace forge::cuda {
 
+// doc_q (B, T) / doc_k (B, S): contiguous i32 document ids (Note [document masks] in
+// ops/attention.h), both or neither, instead of a mask: the flash kernels take them where
+// document_attention_applies (Note [flash documents]); elsewhere their dense mask is made for the
+// composed path.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
-                       double scale, Tensor& out, Tensor& lse);
+                       double scale, Tensor& out, Tensor& lse, const Tensor& doc_q = {}, const Tensor& doc_k = {});
 
 // dout: dL/d(out); out and lse: the forward's results. Undefined dq / dk / dv are skipped.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                         const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk,
-                        Tensor& dv);
+                        Tensor& dv, const Tensor& doc_q = {}, const Tensor& doc_k = {});
+
+// Whether attention_forward and attention_backward take document ids for this problem: the
+// flash kernels apply (bf16 / f16, head size 64 or 128, layouts they read), the back-end setting
+// allows them and the backward is not deterministic (the deterministic one is the composed path).
+bool document_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // Which back-ends may run (Note [attention back-ends]): automatic = cuDNN, then flash, then
 // the composed path; flash = forge's flash kernels, then the composed path; composed = only

@@ -59,6 +59,14 @@
 // (b, h, t) strides (unit stride in the last dim, 16-byte aligned rows): the (B, T, H, D)
 // views of GPT-2's fused c_attn output are not copied.
 //
+// Note [flash documents]: packed documents (Note [document masks] in ops/attention.h). With the
+// rows' and the keys' document ids (i32, (B, T) and (B, S)), an element is allowed only where the
+// two ids are equal as well: the forward reads its two rows' ids once and the key's id per
+// element of every block (from global memory: (B, S) ids are small and stay in L1/L2); the
+// backward reads its two keys' ids once and the query's per element. Every block then takes the
+// masked path. No key block is skipped for being of other documents yet (the ids are compared,
+// not ordered): packed rows cost what unpacked rows cost, not less.
+//
 // This file: the forward kernel and the entry points; the backward kernels are in
 // flash_attention_backward.cu, the shared helpers in flash_attention_common.cuh.
 #include <cmath>
@@ -85,6 +93,7 @@ struct FwdParams {
   const uint16_t *q, *k, *v;
   uint16_t* o;
   float* lse;  // (B, H, T) contiguous
+  const int32_t *doc_q, *doc_k;  // (B, T) and (B, S) document ids, contiguous; null: none (Note [flash documents])
   int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st;
   int B, H, G, T, S, n_qblocks;
   float scale_log2;  // scale * log2(e)
@@ -132,6 +141,14 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
   for (int kk = 0; kk < NK; ++kk) load_a(qa[kk], sQ, KS, warp * 16, kk * 16, g, c);
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;  // this thread's two query rows
+  // Note [flash documents]: the rows' document ids, and the keys' row of ids.
+  const int32_t* doc_k = p.doc_k ? p.doc_k + static_cast<int64_t>(b) * S : nullptr;
+  int doc0 = 0, doc1 = 0;
+  if (p.doc_q) {
+    const int32_t* dq = p.doc_q + static_cast<int64_t>(b) * T;
+    doc0 = r0 < T ? dq[r0] : 0;
+    doc1 = r1 < T ? dq[r1] : 0;
+  }
   float o[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -165,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
     }
 
     // Scale to log2 units; mask only blocks crossing the diagonal or the end of S.
-    const bool need_mask = kbase + Bc > S || (p.causal && kbase + Bc - 1 > q0 + shift);
+    const bool need_mask = doc_k != nullptr || kbase + Bc > S || (p.causal && kbase + Bc - 1 > q0 + shift);
     float mx0 = ninf, mx1 = ninf;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
@@ -174,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
         float x = s[n][e] * p.scale_log2;
         if (need_mask) {
           const int j = kbase + n * 8 + 2 * c + (e & 1), t = e < 2 ? r0 : r1;
-          if (j >= S || (p.causal && j > t + shift)) x = ninf;
+          if (j >= S || (p.causal && j > t + shift) || (doc_k && doc_k[j] != (e < 2 ? doc0 : doc1))) x = ninf;
         }
         s[n][e] = x;
       }
@@ -291,12 +308,31 @@ bool flash_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 int64_t flash_attention_calls() { return g_flash_calls.load(); }
 
+void check_flash_documents_shape(const Tensor& doc_q, const Tensor& doc_k) {
+  auto ok = [](const Tensor& d) { return d.defined() && d.dtype() == DType::i32 && d.is_contiguous() && d.dim() == 2; };
+  FORGE_CHECK(ok(doc_q) && ok(doc_k) && doc_q.size(0) == doc_k.size(0) && doc_q.device() == doc_k.device() &&
+                  doc_q.is_cuda(),
+              "attention: document ids must be contiguous i32 (B, T) and (B, S) on one CUDA device, got ",
+              doc_q.defined() ? doc_q.shape() : Shape{}, " and ", doc_k.defined() ? doc_k.shape() : Shape{});
+}
+
+void check_flash_documents(const Tensor& q, const Tensor& k, const Tensor& doc_q, const Tensor& doc_k) {
+  if (!doc_q.defined() && !doc_k.defined()) return;
+  auto ok = [&](const Tensor& d, int64_t n) {
+    return d.defined() && d.dtype() == DType::i32 && d.is_contiguous() && d.device() == q.device() &&
+           d.shape() == Shape({q.size(0), n});
+  };
+  FORGE_CHECK(ok(doc_q, q.size(2)) && ok(doc_k, k.size(2)), "flash attention: document ids must be contiguous i32 (B, T) ",
+              "and (B, S) on ", q.device().str(), " for q ", q.shape(), " and k ", k.shape());
+}
+
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
-                             Tensor& lse) {
+                             Tensor& lse, const Tensor& doc_q, const Tensor& doc_k) {
   FORGE_CHECK(flash_attention_applies(q, k, v, Tensor()) && flash_attention_layout_ok(out) &&
                   out.dtype() == q.dtype() && out.shape() == q.shape() && lse.dtype() == DType::f32 &&
                   lse.is_contiguous(),
               "flash_attention_forward: unsupported problem q ", q.shape(), " k ", k.shape(), " out ", out.shape());
+  check_flash_documents(q, k, doc_q, doc_k);
   const int device = q.device().index;
   DeviceGuard guard(device);
   ++g_flash_calls;
@@ -306,6 +342,8 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.v = cptr(v);
   p.o = mptr(out);
   p.lse = static_cast<float*>(lse.data_ptr());
+  p.doc_q = doc_q.defined() ? doc_q.data<int32_t>() : nullptr;
+  p.doc_k = doc_k.defined() ? doc_k.data<int32_t>() : nullptr;
   p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_st = q.stride(2);
   p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_st = k.stride(2);
   p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_st = v.stride(2);

@@ -32,10 +32,17 @@ bool flash_attention_layout_ok(const Tensor& t);
 // Preconditions: flash_attention_applies(q, k, v, {}), out (B, H, T, D) of q's dtype and lse
 // as attention.h; out / dout / dq / dk / dv flash_attention_layout_ok. Undefined dq / dk /
 // dv are skipped.
+// doc_q (B, T) and doc_k (B, S): contiguous i32 document ids on q's device (Note [flash documents]
+// in flash_attention.cu), both or neither.
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
-                             Tensor& lse);
+                             Tensor& lse, const Tensor& doc_q = {}, const Tensor& doc_k = {});
 void flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk, Tensor& dv);
+                              const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                              const Tensor& doc_q = {}, const Tensor& doc_k = {});
+// Throws unless the ids are both undefined, or contiguous i32 (B, T) and (B, S) on q's device.
+void check_flash_documents(const Tensor& q, const Tensor& k, const Tensor& doc_q, const Tensor& doc_k);
+// Throws unless both are contiguous i32 (B, n) of one B on one CUDA device.
+void check_flash_documents_shape(const Tensor& doc_q, const Tensor& doc_k);
 
 // How many flash forward + backward calls have run in this process (tests check the path is
 // taken).

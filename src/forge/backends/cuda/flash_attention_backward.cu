@@ -59,6 +59,7 @@ struct BwdParams {
   const float* delta;  // (B, H, T)
   float* dq_acc;       // (B, H, T, D) f32, zeroed; null: dq not needed
   uint16_t *dk, *dv;   // null: not needed
+  const int32_t *doc_q, *doc_k;  // (B, T) and (B, S) document ids; null: none (Note [flash documents])
   int64_t q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, do_sb, do_sh, do_st;
   int64_t dk_sb, dk_sh, dk_st, dv_sb, dv_sh, dv_st;
   int B, H, Hkv, G, T, S;
@@ -95,6 +96,14 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
 
   const int j0 = kbase + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
+  // Note [flash documents]: the keys' document ids, and the queries' row of ids.
+  const int32_t* doc_q = p.doc_q ? p.doc_q + static_cast<int64_t>(b) * T : nullptr;
+  int doc0 = 0, doc1 = 0;
+  if (p.doc_k) {
+    const int32_t* dk_ids = p.doc_k + static_cast<int64_t>(b) * S;
+    doc0 = j0 < S ? dk_ids[j0] : 0;
+    doc1 = j1 < S ? dk_ids[j1] : 0;
+  }
   // The first query that may see key kbase (causal), as a block index.
   const int qstart = p.causal ? max(0, kbase - shift) / Br : 0;
 
@@ -170,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
       }
 
       // P^T and dS^T = P^T (dP^T - D_i), in place in s and dp.
-      const bool need_mask = kbase + Bc > S || q0 + Br > T || (p.causal && kbase + Bc - 1 > q0 + shift);
+      const bool need_mask =
+          doc_q != nullptr || kbase + Bc > S || q0 + Br > T || (p.causal && kbase + Bc - 1 > q0 + shift);
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
 #pragma unroll
@@ -179,7 +189,8 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
           float pv = exp2f(s[n][e] * p.scale_log2 - sL[tl]);
           if (need_mask) {
             const int t = q0 + tl, j = e < 2 ? j0 : j1;
-            if (j >= S || t >= T || (p.causal && j > t + shift)) pv = 0.f;
+            if (j >= S || t >= T || (p.causal && j > t + shift) || (doc_q && doc_q[t] != (e < 2 ? doc0 : doc1)))
+              pv = 0.f;
           }
           s[n][e] = pv;
           dp[n][e] = pv * (dp[n][e] - sDi[tl]);
@@ -283,11 +294,13 @@ template <class Tag, int D> void launch_bwd(const BwdParams& p, int device, int6
 }  // namespace
 
 void flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+                              const Tensor& lse, bool causal, double scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                              const Tensor& doc_q, const Tensor& doc_k) {
   FORGE_CHECK(flash_attention_applies(q, k, v, Tensor()) && flash_attention_layout_ok(dout) &&
                   flash_attention_layout_ok(out) && flash_attention_layout_ok(dq) && flash_attention_layout_ok(dk) &&
                   flash_attention_layout_ok(dv) && lse.dtype() == DType::f32 && lse.is_contiguous(),
               "flash_attention_backward: unsupported problem q ", q.shape(), " k ", k.shape());
+  check_flash_documents(q, k, doc_q, doc_k);
   if (!dq.defined() && !dk.defined() && !dv.defined()) return;
   const int device = q.device().index;
   DeviceGuard guard(device);
@@ -313,6 +326,8 @@ void flash_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
   p.dq_acc = dq.defined() ? static_cast<float*>(dq_acc.data_ptr()) : nullptr;
   p.dk = mptr(dk);
   p.dv = mptr(dv);
+  p.doc_q = doc_q.defined() ? doc_q.data<int32_t>() : nullptr;
+  p.doc_k = doc_k.defined() ? doc_k.data<int32_t>() : nullptr;
   p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_st = q.stride(2);
   p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_st = k.stride(2);
   p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_st = v.stride(2);

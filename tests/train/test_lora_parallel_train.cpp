@@ -1,0 +1,112 @@
+// LoRA (nn/lora.h) under the parallel layouts on CPU ranks (MPI), end to end through `forge train`
+// under mpirun, as test_data_parallel.cpp and test_tensor_parallel_train.cpp do for whole models:
+// DDP, ZeRO-1 and ZeRO-2 over 2 ranks, and tensor parallelism (tp 2, with and without sequence
+// parallelism; the adapters split like their base: Note [tensor-parallel LoRA]) reproduce the
+// one-process run's losses at every step and its final weights, the frozen base included.
+//
+// Tolerances are the data- and tensor-parallel tests' (AdamW: losses 1e-6, weights 5e-5; their
+// Note [AdamW and summation order]): what changes is the order of sums. A factor split on the
+// wrong dim, a replicated factor's partial gradient not summed over the group, or a base weight
+// updated moves the first losses or the weights by far more.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "testing/cli_testing.h"
+#include "train/dist_train_testing.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+namespace dtt = forge::dist_train_testing;
+using dtt::base_args;
+using dtt::expect_same_run;
+using dtt::set_arg;
+using dtt::shell;
+using dtt::ShellRun;
+
+const dtt::Runs runs{"forge_lora_"};
+constexpr auto npos = std::string::npos;
+
+// base_args' tiny model (4 heads, vocabulary 256, context 16) with adapters of rank 4 on `targets`;
+// AdamW. "llama" has 2 key-value heads (one per rank at tp 2), "llama_kv1" one (replicated at tp 2).
+std::vector<std::string> lora_args(const fs::path& dir, const std::string& name, const std::string& model,
+                                   const std::string& targets) {
+  auto a = base_args(dir, name, 12, "adamw");
+  set_arg(a, "model.n_head", "4");
+  if (model != "gpt") {
+    set_arg(a, "model.type", "llama");
+    set_arg(a, "model.dim", "32");
+    set_arg(a, "model.n_kv_head", model == "llama_kv1" ? "1" : "2");
+  }
+  set_arg(a, "optim.lr", "1e-2");
+  set_arg(a, "lora.targets", targets);
+  set_arg(a, "lora.rank", "4");
+  set_arg(a, "lora.alpha", "8");
+  return a;
+}
+
+struct LoraCase {
+  const char* model;
+  const char* targets;
+  int tp;          // world = 2: dp = 2 / tp
+  bool sp;
+  int zero_stage;  // dp 2 only
+};
+
+std::string case_name(const LoraCase& c) {
+  std::string s = std::string(c.model) + "_tp" + std::to_string(c.tp) + (c.sp ? "_sp" : "");
+  if (c.tp == 1) s += c.zero_stage == 0 ? "_ddp" : "_zero" + std::to_string(c.zero_stage);
+  return s;
+}
+void PrintTo(const LoraCase& c, std::ostream* os) { *os << case_name(c); }
+
+class LoraParallelTrain : public forge::testing::ForgeCliTest, public ::testing::WithParamInterface<LoraCase> {
+ protected:
+  static void SetUpTestSuite() { root_ = runs.test_root(); }
+  static void TearDownTestSuite() { dtt::remove_scratch(runs, root_); }
+  void SetUp() override {
+    ForgeCliTest::SetUp();
+    ASSERT_EQ(shell("command -v mpirun").status, 0) << "mpirun is missing: run scripts/install-deps.sh (openmpi-bin)";
+  }
+  static fs::path root_;
+};
+fs::path LoraParallelTrain::root_;
+
+TEST_P(LoraParallelTrain, MatchesTheSingleProcessRun) {
+  const LoraCase& c = GetParam();
+  const std::string name = case_name(c), ref = name + "_single";
+  const ShellRun single = runs.run_single(lora_args(root_, ref, c.model, c.targets));
+  ASSERT_EQ(single.status, 0) << single.out;
+  EXPECT_NE(single.out.find("lora: rank 4, alpha 8.00"), npos) << single.out;
+  auto a = lora_args(root_, name, c.model, c.targets);
+  set_arg(a, "dist.tp", std::to_string(c.tp));
+  set_arg(a, "dist.zero_stage", std::to_string(c.zero_stage));
+  if (c.sp) set_arg(a, "dist.sequence_parallel", "true");
+  const ShellRun r = runs.run_mpi(2, a);
+  ASSERT_EQ(r.status, 0) << r.out;
+  // The same trainable count, of the whole model, whatever the layout.
+  const size_t at = single.out.find("lora: ");
+  ASSERT_NE(at, npos);
+  const std::string line = single.out.substr(at, single.out.find('\n', at) - at);
+  EXPECT_NE(r.out.find(line), npos) << "expected \"" << line << "\" in\n" << r.out;
+  if (c.tp > 1) {
+    EXPECT_NE(r.out.find("tensor parallel: 2 rank(s)"), npos) << r.out;
+  }
+  expect_same_run(root_ / name, root_ / ref, 1, 1e-6, 5e-5, name + " vs one process");
+}
+
+INSTANTIATE_TEST_SUITE_P(, LoraParallelTrain,
+                         ::testing::Values(LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 0},
+                                           LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 1},
+                                           LoraCase{"llama", "q,k,v,o,gate,up,down", 1, false, 2},
+                                           LoraCase{"gpt", "c_attn,c_proj,c_fc", 2, false, 0},
+                                           LoraCase{"llama", "q,k,v,o,gate,up,down", 2, false, 0},
+                                           LoraCase{"llama", "q,v,o,down", 2, true, 0},
+                                           LoraCase{"llama_kv1", "q,k,v,o", 2, false, 0}),
+                         [](const ::testing::TestParamInfo<LoraCase>& i) { return case_name(i.param); });
+
+}  // namespace
