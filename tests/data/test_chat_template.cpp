@@ -185,7 +185,9 @@ TEST(ChatRows, PacksWholeConversationsAsDocumentsWithPromptsMasked) {
     const int64_t doc = i < n0 - 1 ? 0 : (i < n0 - 1 + convs[1].size() - 1 ? 1 : 2);
     EXPECT_EQ(d[i], doc) << i;
     EXPECT_EQ(p[i], doc == 0 ? i : i - (n0 - 1) - (doc == 2 ? convs[1].size() - 1 : 0)) << i;
-    if (doc == 2) EXPECT_EQ(y[i], -100) << i;
+    if (doc == 2) {
+      EXPECT_EQ(y[i], -100) << i;
+    }
     if (y[i] != -100) {
       const int32_t id = static_cast<int32_t>(y[i]);
       trained += tok->decode(std::span<const int32_t>(&id, 1));
