@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "forge/core/error.h"
@@ -89,6 +90,25 @@ TEST(ChatTemplate, Qwen25ConfigAddsItsDefaultSystemPrompt) {
   EXPECT_EQ(t.render(kThreeTurns, false), builtin_chat_template("chatml").render(kThreeTurns, false));
   EXPECT_EQ(t.render({{"system", "S"}, {"user", "Q"}}, true),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n");
+}
+
+// tests/python/chat_template_oracle.py writes golden.json beside a fixture from transformers'
+// apply_chat_template; forge must render each conversation byte for byte the same.
+TEST(ChatTemplate, MatchesTransformersGoldens) {
+  int compared = 0;
+  for (const auto& dir : fs::directory_iterator(kFixtures)) {
+    const fs::path golden = dir.path() / "golden.json";
+    if (!fs::is_regular_file(golden)) continue;
+    const ChatTemplate t = load_chat_template_config((dir.path() / "tokenizer_config.json").string());
+    for (const auto& g : nlohmann::json::parse(train_testing::read_text(golden))) {
+      Conversation c;
+      for (const auto& m : g.at("messages")) c.push_back({m.at("role"), m.at("content")});
+      EXPECT_EQ(t.render(c, g.at("add_generation_prompt").get<bool>()), g.at("text").get<std::string>())
+          << golden << ": " << g.at("messages").dump();
+      ++compared;
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "no golden.json (run tests/python/chat_template_oracle.py where transformers is)";
 }
 
 TEST(ChatTemplate, BadTemplatesAreErrorsNamingTheTemplate) {
