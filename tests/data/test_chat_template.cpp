@@ -215,7 +215,7 @@ TEST(ChatRows, PacksWholeConversationsAsDocumentsWithPromptsMasked) {
   }
   EXPECT_EQ(x[0], (*tokens)[0]);
   EXPECT_EQ(trained, "c<|im_end|>\nyz<|im_end|>\n");
-  EXPECT_EQ(rows.trained_targets(), 2 + 3);
+  EXPECT_EQ(rows.trained_targets(), 3 + 4);  // "c<|im_end|>\n", "yz<|im_end|>\n"
   EXPECT_FALSE(rows.next().has_value());
 }
 
