@@ -14,6 +14,8 @@
 #                tests of document ids and per-token rope positions, then GPT-2 124M tokens/s with
 #                data.packing = "documents" against "none" on the same text (the document mask runs
 #                on the composed attention path for now: the cost is what this measures)
+#   PHASE=lora   benchmarks/lora/run_lora.sh: a LLaMA-3.2-1B-shaped LoRA fine-tune, forge beside PEFT +
+#                transformers (eager and torch.compile): tokens/s and peak memory
 #   PHASE=peft   tests/python/peft_oracle.py: PEFT loads forge's exported LoRA adapters (GPT-2 and
 #                LLaMA bases) and gives forge's logits (needs HEAD_TARGETS with forge_hf_init_from)
 # Results in $OUT (the device tool brings them back) and RESULTS (default /tmp/forge_composition).
@@ -76,9 +78,11 @@ print(f"packing={sys.argv[2]}: {sum(r['tokens_per_s'] for r in prog) / len(prog)
       f"{sum(r['ms_per_step'] for r in prog) / len(prog):.1f} ms/step, loss {prog[-1]['loss']:.3f}")
 PY
     done ;;
+  lora)
+    FORGE="$H/forge" RESULTS="$R/lora" OUT="$OUT" benchmarks/lora/run_lora.sh ;;
   peft)
     timeout 400 python3 tests/python/peft_oracle.py --forge "$H/forge" --init-from-bin "$H/tests/forge_hf_init_from" \
       --device cuda:0 2>&1 | tee "$OUT/peft_oracle.log" | tail -6 ;;
-  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing or peft" >&2; exit 2 ;;
+  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing, lora or peft" >&2; exit 2 ;;
 esac
 done

@@ -15,6 +15,9 @@
 #include <system_error>
 
 #include "forge/core/error.h"
+#include "forge/data/bpe.h"
+#include "forge/data/chat_encoding.h"
+#include "forge/data/chat_template.h"
 #include "forge/data/documents.h"
 #include "forge/data/idx.h"
 #include "forge/data/shards.h"
@@ -239,6 +242,19 @@ void fuzz_jsonl(const uint8_t* data, size_t size) { read_documents(write_file("c
 void fuzz_jsonl_gz(const uint8_t* data, size_t size) { read_documents(write_file("corpus.jsonl.gz", data, size)); }
 void fuzz_text(const uint8_t* data, size_t size) { read_documents(write_file("corpus.txt", data, size)); }
 
+// A chat template (Note [chat templates]): parsed, rendered over a fixed conversation with and
+// without the generation prompt, and its masks found by rendering prefixes (Note [chat masks]) under
+// forge's byte-level tokenizer.
+void fuzz_chat_template(const uint8_t* data, size_t size) {
+  const data::ChatTemplate t(std::string(text_of(data, size)), "fuzz.jinja", "<s>", "</s>", {});
+  const data::Conversation c = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}, {"user", "2+2?"},
+                                {"assistant", "4"}};
+  g_sink = g_sink + t.render(c, false).size() + t.render({c[0], c[1]}, true).size();
+  const data::BpeTokenizer bytes;
+  g_sink = g_sink + static_cast<uint64_t>(
+                        data::encode_conversation(t, bytes, c, data::ChatTrainOn::assistant, "fuzz").trained_count());
+}
+
 void fuzz_toml(const uint8_t* data, size_t size) {
   const train::RunConfig cfg = train::parse_config(std::string(text_of(data, size)), "fuzz.toml");
   g_sink = g_sink + train::config_to_toml(cfg).size();
@@ -273,6 +289,8 @@ const std::vector<FuzzTarget>& fuzz_targets() {
       {"jsonl_gz", "a gzip JSON Lines corpus (.jsonl.gz)", fuzz_jsonl_gz},
       {"text", "a plain text corpus", fuzz_text},
       {"toml", "a run config (train::parse_config, validate)", fuzz_toml},
+      {"chat_template", "a chat template (data::ChatTemplate: parsed, rendered, masks by prefixes)",
+       fuzz_chat_template},
       {"idx", "an IDX file (Fashion-MNIST; data::read_idx)", fuzz_idx},
   };
   return targets;

@@ -39,14 +39,8 @@ std::string document_of(const std::string& line, const std::string& path, int64_
   return it->get<std::string>();
 }
 
-}  // namespace
-
-bool is_jsonl(const std::string& path) { return ends_with(path, ".jsonl") || ends_with(path, ".jsonl.gz"); }
-
-int64_t for_each_document(const std::string& path, const std::string& text_key,
-                          const std::function<void(std::string_view)>& fn) {
-  // gzip by its magic, not by luck: gzopen reads a plain file as it is.
-  const bool gz_name = ends_with(path, ".gz");
+// gzip by its magic, not by luck: gzopen reads a plain file as it is.
+void check_gzip_name(const std::string& path, bool gz_name) {
   {
     std::ifstream in(path, std::ios::binary);
     FORGE_CHECK(in, "data: cannot open '", path, "': ", std::strerror(errno));
@@ -59,16 +53,33 @@ int64_t for_each_document(const std::string& path, const std::string& text_key,
                         : "is gzip-compressed (it starts with 1f 8b) but not named .gz; name it *.jsonl.gz, or "
                           "decompress it");
   }
+}
+
+}  // namespace
+
+bool is_jsonl(const std::string& path) { return ends_with(path, ".jsonl") || ends_with(path, ".jsonl.gz"); }
+
+int64_t for_each_document(const std::string& path, const std::string& text_key,
+                          const std::function<void(std::string_view)>& fn) {
   if (!is_jsonl(path)) {
+    check_gzip_name(path, ends_with(path, ".gz"));
     const std::string text = io::read_file(path);
     fn(text);
     return 1;
   }
+  return for_each_jsonl_line(path, [&](const std::string& line, int64_t line_no) {
+    fn(document_of(line, path, line_no, text_key));
+  });
+}
+
+int64_t for_each_jsonl_line(const std::string& path, const std::function<void(const std::string&, int64_t)>& fn) {
+  const bool gz_name = ends_with(path, ".gz");
+  check_gzip_name(path, gz_name);
   int64_t line_no = 0, docs = 0;
   auto take = [&](const std::string& line) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) return;  // a blank line
-    fn(document_of(line, path, line_no, text_key));
+    fn(line, line_no);
     ++docs;
   };
   // Bytes into lines (a NUL is data here; parse_json refuses it), each at most kMaxJsonlLineBytes.

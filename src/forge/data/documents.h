@@ -30,4 +30,9 @@ inline constexpr size_t kMaxJsonlLineBytes = size_t{64} << 20;
 int64_t for_each_document(const std::string& path, const std::string& text_key,
                           const std::function<void(std::string_view)>& fn);
 
+// Calls `fn` with each non-blank line of a JSON Lines file (*.jsonl, *.jsonl.gz) and its number
+// (from 1), streamed and checked as above; returns how many. The chat corpora read their
+// conversations through it (data/chat_encoding.h).
+int64_t for_each_jsonl_line(const std::string& path, const std::function<void(const std::string&, int64_t)>& fn);
+
 }  // namespace forge::data

@@ -92,6 +92,10 @@ struct DataSection {
   std::string eos_token = "auto";  // appended after every document: "auto" = the tokenizer's, "" = none
                                    // (Note [end-of-text token], run_data.h)
   std::string source = "files";    // "files" (data.files, tokenized) | "random" (uniform random tokens: benchmarks)
+  std::string format = "text";     // "text" (documents) | "chat" (JSON Lines conversations: run/run_chat_data.h)
+  std::string chat_template = "auto";  // chat: "auto" (the tokenizer_config.json beside the tokenizer or model.init_from),
+                                   // a built-in name ("chatml", "llama3"), or a tokenizer_config.json / .jinja file
+  std::string train_on = "assistant";  // chat: "assistant" (the loss on assistant turns only, Note [chat masks]) | "all"
   std::string dir = "/usr/share/datasets/fashion-mnist";  // lenet: the IDX files
   int64_t max_train_samples = 0;   // lenet: first N training images (0: all)
   int64_t max_test_samples = 0;    // lenet: first N test images (0: all)

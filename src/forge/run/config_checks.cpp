@@ -282,6 +282,22 @@ void validate(const RunConfig& c) {
       FORGE_CHECK(!d.eos_token.empty(), "data.packing = \"documents\" with data.eos_token = \"\": documents are found "
                   "by the end-of-text token that ends each; set data.eos_token (e.g. \"auto\") or data.packing = \"none\"");
     }
+    FORGE_CHECK(d.format == "text" || d.format == "chat", "data.format = '", d.format,
+                "' is unknown; use \"text\" (documents) or \"chat\" (conversations: docs/chat.md)",
+                suggest_choice(d.format, {"text", "chat"}));
+    FORGE_CHECK(d.train_on == "assistant" || d.train_on == "all", "data.train_on = '", d.train_on,
+                "' is unknown; use \"assistant\" (the loss on assistant turns only) or \"all\"",
+                suggest_choice(d.train_on, {"assistant", "all"}));
+    FORGE_CHECK(!d.chat_template.empty(), "data.chat_template is empty; use \"auto\", \"chatml\", \"llama3\" or a "
+                "tokenizer_config.json / .jinja file");
+    if (d.format == "chat") {
+      FORGE_CHECK(d.source == "files", "data.format = \"chat\" with data.source = \"", d.source,
+                  "\": random tokens hold no conversations; use data.source = \"files\" with .jsonl conversations");
+      FORGE_CHECK(!d.tokenizer.empty(), "data.format = \"chat\" needs data.tokenizer (the model's tokenizer file, "
+                  "e.g. a Hugging Face tokenizer.json): forge trains no tokenizer on conversations");
+      FORGE_CHECK(c.dist.cp == 1, "data.format = \"chat\" with dist.cp = ", c.dist.cp,
+                  ": conversation masks under context parallelism are not supported yet; use dist.cp = 1");
+    }
     FORGE_CHECK(d.val_files.empty() || d.source == "files", "data.val_files is set with data.source = \"", d.source,
                 "\" (random tokens have no validation); remove data.val_files or use data.source = \"files\"");
     FORGE_CHECK(!d.text_key.empty(), "data.text_key is empty; give the key of each .jsonl line's text, e.g. \"text\"");

@@ -116,6 +116,16 @@ const std::vector<Field>& fields() {
                   "the token appended after every document (a text file is one, a .jsonl line one): \"auto\" = the "
                   "tokenizer's end-of-text token (\"<|endoftext|>\" for one trained on the fly), a special token "
                   "such as \"</s>\", or \"\" = none"),
+      FORGE_FIELD(data, format,
+                  "\"text\" (documents: text files, .jsonl lines of data.text_key) or \"chat\" (.jsonl lines "
+                  "{\"messages\": [{\"role\", \"content\"}, ...]} rendered by data.chat_template: docs/chat.md)"),
+      FORGE_FIELD(data, chat_template,
+                  "chat: \"auto\" (the chat_template of the tokenizer_config.json beside data.tokenizer or in "
+                  "model.init_from), a built-in template (\"chatml\", \"llama3\"), or a tokenizer_config.json or "
+                  ".jinja file"),
+      FORGE_FIELD(data, train_on,
+                  "chat: \"assistant\" (the loss covers the assistant turns and their end-of-turn tokens only) or "
+                  "\"all\" (every token)"),
       FORGE_FIELD(data, dir, "lenet: the directory of the Fashion-MNIST IDX files"),
       FORGE_FIELD(data, max_train_samples, "lenet: use the first N training images (0 = all)"),
       FORGE_FIELD(data, max_test_samples, "lenet: use the first N test images (0 = all)"),

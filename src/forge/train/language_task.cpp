@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "forge/core/error.h"
+#include "forge/data/chat_rows.h"
 #include "forge/data/packing.h"
 #include "forge/data/shards.h"
 #include "forge/nn/model_registry.h"
@@ -16,6 +17,7 @@
 #include "forge/interop/evaluate.h"
 #include "forge/run/language_model.h"
 #include "forge/run/layout.h"
+#include "forge/run/run_chat_data.h"
 #include "forge/run/run_data.h"
 #include "forge/train/task.h"
 
@@ -58,6 +60,8 @@ class LanguageTask final : public Task {
                   "; give both as text, or both as token shards of one tokenizer (forge tokenize encode)");
     }
     if (ck) resume_tok_ = ck_path.parent_path().parent_path() / kTokenizerFile;
+    FORGE_CHECK(!chat() || shard_files_.empty(), "data.format = \"chat\" reads .jsonl conversations, but data.files are "
+                "token shards ('", shard_files_.empty() ? std::string() : shard_files_.front(), "'); give the .jsonl files");
     if (!shard_files_.empty()) {
       std::error_code ec;
       if (resume_tok_ && !fs::is_regular_file(*resume_tok_, ec)) resume_tok_.reset();
@@ -76,6 +80,16 @@ class LanguageTask final : public Task {
     const bool auto_eos = cfg_.data.eos_token == kAutoEosToken;
     if (auto_eos && cfg_.data.tokenizer.empty() && !resume_tok_) cfg_.data.eos_token = kDefaultEosToken;
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
+    if (chat()) {  // run/run_chat_data.h: the template, and its special tokens in the tokenizer
+      chat_template_.emplace(resolve_chat_template(cfg_, log));
+      tok_ = chat_tokenizer(cfg_, tok_, *chat_template_, log);
+      if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
+      FORGE_CHECK(cfg_.model.vocab_size >= tok_->vocab_size(), "model.vocab_size = ", cfg_.model.vocab_size,
+                  " is smaller than the tokenizer's vocabulary with the chat template's tokens (", tok_->vocab_size(),
+                  " tokens); set model.vocab_size = 0 or >= ", tok_->vocab_size());
+      check_vocab_splits(cfg_, cfg_.model.vocab_size);
+      return;
+    }
     if (auto_eos) {
       const auto eos = cfg_.data.eos_token == kAutoEosToken ? tok_->eos_token() : std::optional(cfg_.data.eos_token);
       cfg_.data.eos_token = eos.value_or("");
@@ -121,6 +135,7 @@ class LanguageTask final : public Task {
   // Shards (or the random-token shard), the train/val split, the training sampler and the
   // validation windows.
   std::unique_ptr<data::BatchSource> train_batches(std::ostream& log) override {
+    if (chat()) return chat_batches(log);
     std::vector<std::string> shard_paths;
     if (random_data()) {
       shard_paths = {write_random_shard(cfg_, log, rank0_)};
@@ -235,7 +250,7 @@ class LanguageTask final : public Task {
       score_tasks(final_record, line);
       log << line << std::endl;
     }
-    if (cfg_.eval.bigram_baseline && rank0_) {
+    if (cfg_.eval.bigram_baseline && rank0_ && !chat()) {
       val_windows_->reset();
       result.bigram_val_loss = bigram_baseline(split_.train, *val_windows_, cfg_.eval.batches,
                                                tok_ ? tok_->vocab_size() : cfg_.model.vocab_size);
@@ -249,6 +264,55 @@ class LanguageTask final : public Task {
 
  private:
   bool random_data() const { return cfg_.data.source == "random"; }
+  bool chat() const { return cfg_.data.format == "chat"; }
+  // data.format = "chat": conversations packed into rows (Note [chat rows]), trained where their
+  // masks say (Note [chat masks]); validation on the last conversations of each file, or on
+  // data.val_files.
+  std::unique_ptr<data::BatchSource> chat_batches(std::ostream& log) {
+    const fs::path dir = data_shards_dir(cfg_);
+    auto open = [&](const std::vector<std::string>& paths) {
+      std::vector<std::vector<data::ChatSpan>> per_shard;
+      for (const auto& p : paths) {
+        auto t = std::make_shared<const data::TokenShard>(p);
+        per_shard.push_back(data::chat_conversations(t, std::make_shared<const data::TokenShard>(data::chat_flags_path(p))));
+        shards_.push_back(std::move(t));
+      }
+      return per_shard;
+    };
+    const auto train_files = open(prepare_chat_shards(cfg_, *tok_, *chat_template_, resolve_data_files(cfg_.data),
+                                                      dir.string(), log));
+    data::ChatSplit split;
+    if (val_inputs_.empty()) {
+      split = data::split_chat(train_files, cfg_.data.val_fraction);
+    } else {
+      split = data::split_chat(train_files, 0.0);
+      const auto val_files =
+          open(prepare_chat_shards(cfg_, *tok_, *chat_template_, val_inputs_, dir.string() + "_val", log));
+      split.val = data::split_chat(val_files, 0.0).train;
+    }
+    const int64_t T = cfg_.train.seq_len, micro = layout_.micro_batch * layout_.dp;
+    for (const auto& c : split.train) train_tokens_ += c.size();
+    for (const auto& c : split.val) val_tokens_ += c.size();
+    const auto order = cfg_.data.order == "sequential" ? data::ChatRows::Order::sequential : data::ChatRows::Order::random;
+    auto rows = std::make_unique<data::ChatRows>(split.train, micro, T, order,
+                                                 static_cast<uint64_t>(cfg_.run.seed) ^ kDataSeedSalt);
+    FORGE_CHECK(rows->num_rows() >= (order == data::ChatRows::Order::sequential ? micro : 1),
+                "data.format = \"chat\": the training conversations fill ", rows->num_rows(), " row(s) of train.seq_len = ",
+                T, (order == data::ChatRows::Order::sequential ? "; data.order = \"sequential\" needs a global micro-batch of " +
+                    std::to_string(micro) + " rows; add conversations, lower the batch or use data.order = \"random\""
+                                                             : std::string("; add conversations")));
+    if (has_val()) {
+      val_chat_.emplace(split.val, micro, T, data::ChatRows::Order::evaluation);
+      FORGE_CHECK(val_chat_->num_rows() > 0, val_inputs_.empty() ? "data.val_fraction = " + fixed(cfg_.data.val_fraction, 3)
+                                                                 : std::string("data.val_files"),
+                  " leaves no validation conversation; ", val_inputs_.empty() ? "raise data.val_fraction" : "add some",
+                  " or set data.val_fraction = 0");
+    }
+    log << "chat: " << split.train.size() << " training conversations in " << rows->num_rows() << " rows of " << T
+        << " (" << rows->trained_targets() << " trained targets), " << split.val.size()
+        << " validation conversations; each conversation attends only to itself (Note [chat rows])\n";
+    return rows;
+  }
   // eval.tasks (interop/evaluate.h): every rank scores every task on its whole model (the layouts
   // allowed keep one: config_checks), so no rank waits in a collective for another's scoring;
   // eval_<task>_acc and eval_<task>_acc_norm go into the record, and the log line.
@@ -277,6 +341,10 @@ class LanguageTask final : public Task {
   // The mean cross-entropy per target token of the first eval.batches validation windows (the
   // same windows every time).
   double validation_loss(Strategy& strategy) {
+    if (val_chat_) {
+      val_chat_->reset();
+      return strategy.evaluate(*val_chat_, cfg_.eval.batches, /*count_correct=*/false).mean_loss();
+    }
     val_windows_->reset();
     data::BatchSource& windows = val_marked_ ? static_cast<data::BatchSource&>(*val_marked_) : *val_windows_;
     return strategy.evaluate(windows, cfg_.eval.batches, /*count_correct=*/false).mean_loss();
@@ -305,6 +373,8 @@ class LanguageTask final : public Task {
   data::TrainValRanges split_;
   std::optional<data::SequentialWindows> val_windows_;
   std::optional<data::DocumentMarking> val_marked_;  // val_windows_ marked (data.packing = "documents")
+  std::optional<data::ChatTemplate> chat_template_;  // data.format = "chat"
+  std::optional<data::ChatRows> val_chat_;           // ... its validation rows
   int64_t train_tokens_ = 0, val_tokens_ = 0;
 };
 

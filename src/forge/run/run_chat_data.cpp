@@ -1,0 +1,146 @@
+// The data of a chat run (contract in run_chat_data.h).
+#include "forge/run/run_chat_data.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <ostream>
+#include <utility>
+
+#include "forge/core/error.h"
+#include "forge/data/chat_rows.h"
+#include "forge/data/shards.h"
+#include "forge/io/atomic_file.h"
+#include "forge/run/run_data.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+data::ChatTemplate resolve_chat_template(const RunConfig& cfg, std::ostream& log) {
+  const std::string& name = cfg.data.chat_template;
+  std::error_code ec;
+  if (name == "auto") {
+    std::vector<fs::path> places;
+    if (!cfg.data.tokenizer.empty()) places.push_back(fs::path(cfg.data.tokenizer).parent_path() / "tokenizer_config.json");
+    if (!cfg.model.init_from.empty()) places.push_back(fs::path(cfg.model.init_from) / "tokenizer_config.json");
+    std::string looked;
+    for (const auto& p : places) {
+      looked += (looked.empty() ? "'" : ", '") + p.string() + "'";
+      if (!fs::is_regular_file(p, ec)) continue;
+      data::ChatTemplate t = data::load_chat_template_config(p.string());
+      log << "chat: the template of " << p.string() << " (data.chat_template = \"auto\")\n";
+      return t;
+    }
+    FORGE_THROW("data.chat_template = \"auto\" found no tokenizer_config.json with a chat template (looked at ",
+                looked.empty() ? std::string("nothing: no data.tokenizer, no model.init_from") : looked,
+                "); set data.chat_template to a built-in template (\"chatml\", \"llama3\") or to a "
+                "tokenizer_config.json or .jinja file");
+  }
+  if (ends_with(name, ".json") || ends_with(name, ".jinja")) {
+    FORGE_CHECK(fs::is_regular_file(name, ec), "data.chat_template: '", name,
+                "' does not exist; give a tokenizer_config.json, a .jinja file, \"auto\" or a built-in name");
+    log << "chat: the template of " << name << "\n";
+    if (ends_with(name, ".json")) return data::load_chat_template_config(name);
+    return data::ChatTemplate(io::read_file(name), "'" + name + "'", "", "", {});
+  }
+  data::ChatTemplate t = data::builtin_chat_template(name);
+  log << "chat: the built-in template \"" << name << "\"\n";
+  return t;
+}
+
+std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std::shared_ptr<const data::Tokenizer> tok,
+                                                      const data::ChatTemplate& tmpl, std::ostream& log) {
+  std::vector<std::string> added;
+  const int64_t before = tok->vocab_size();
+  auto grown = data::with_special_tokens(std::move(tok), tmpl.special_tokens(), &added);
+  if (added.empty()) return grown;
+  std::string names;
+  for (const auto& t : added) names += (names.empty() ? "\"" : ", \"") + t + "\"";
+  FORGE_CHECK(cfg.model.init_from.empty(), "the chat template (", tmpl.origin(), ") needs the special tokens ", names,
+              ", which the tokenizer lacks; model.init_from's embedding and head would have to grow, which forge does "
+              "not do yet: give a tokenizer (and model) that has them, or another data.chat_template");
+  log << "chat: added the template's special tokens " << names << " to the tokenizer (vocabulary " << before << " -> "
+      << grown->vocab_size() << "; model.vocab_size follows)\n";
+  grown->save((fs::path(cfg.run_dir()) / kTokenizerFile).string());
+  return grown;
+}
+
+ChatEncodeStats encode_chat_file(const data::ChatTemplate& tmpl, const data::Tokenizer& tok, data::ChatTrainOn train_on,
+                                 int64_t max_tokens, int64_t vocab_size, const std::string& path,
+                                 const std::string& out) {
+  ChatEncodeStats s;
+  data::ShardWriter tokens(out, vocab_size), flags(data::chat_flags_path(out), data::kChatFlagsVocab);
+  std::vector<int32_t> f;
+  data::for_each_conversation(path, [&](const data::Conversation& c, int64_t line) {
+    ++s.conversations;
+    data::ChatTokens ct =
+        data::encode_conversation(tmpl, tok, c, train_on, "data: '" + path + "' line " + std::to_string(line));
+    if (static_cast<int64_t>(ct.ids.size()) > max_tokens) {
+      ++s.cut;
+      for (size_t j = static_cast<size_t>(max_tokens); j < ct.ids.size(); ++j) s.trained_cut += ct.trained[j];
+      ct.ids.resize(static_cast<size_t>(max_tokens));
+      ct.trained.resize(static_cast<size_t>(max_tokens));
+    }
+    const int64_t trained = ct.trained_count();
+    if (trained == 0 || ct.ids.size() < 2) {
+      s.skipped_lines.push_back(line);
+      return;
+    }
+    f.assign(ct.trained.begin(), ct.trained.end());
+    f[0] |= data::kChatStart;
+    tokens.append(ct.ids);
+    flags.append(f);
+    ++s.written;
+    s.tokens += static_cast<int64_t>(ct.ids.size());
+    s.trained += trained;
+  });
+  tokens.commit();
+  flags.commit();
+  return s;
+}
+
+std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::Tokenizer& tok,
+                                             const data::ChatTemplate& tmpl, const std::vector<std::string>& files,
+                                             const std::string& dir, std::ostream& log) {
+  fs::create_directories(dir);
+  const data::ChatTrainOn train_on = data::parse_chat_train_on(cfg.data.train_on);
+  const int64_t max_tokens = cfg.train.seq_len + 1;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < files.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "shard_%05zu.bin", i);
+    const std::string shard = (fs::path(dir) / name).string();
+    const ChatEncodeStats s =
+        encode_chat_file(tmpl, tok, train_on, max_tokens, std::max<int64_t>(cfg.model.vocab_size, tok.vocab_size()),
+                         files[i], shard);
+    log << "chat: " << files[i] << ": " << s.written << " of " << s.conversations << " conversations, " << s.tokens
+        << " tokens, " << s.trained << " trained (data.train_on = \"" << cfg.data.train_on << "\")\n";
+    if (s.cut > 0)
+      log << "chat: " << files[i] << ": " << s.cut << " conversation(s) longer than train.seq_len + 1 = " << max_tokens
+          << " tokens were cut, losing " << s.trained_cut << " trained token(s)\n";
+    if (!s.skipped_lines.empty()) {
+      std::string lines;
+      for (size_t k = 0; k < s.skipped_lines.size() && k < 20; ++k)
+        lines += (k ? ", " : "") + std::to_string(s.skipped_lines[k]);
+      if (s.skipped_lines.size() > 20) lines += ", ...";
+      log << "chat: " << files[i] << ": skipped " << s.skipped_lines.size()
+          << " conversation(s) with no trained token left (cut off by train.seq_len, or no assistant message), "
+             "lines "
+          << lines << "\n";
+    }
+    if (s.written > 0) out.push_back(shard);
+  }
+  FORGE_CHECK(!out.empty(), "data.format = \"chat\": no conversation of data.files has a trained token (",
+              files.size(), " file(s)); check the files' assistant messages, or raise train.seq_len");
+  return out;
+}
+
+}  // namespace forge::train

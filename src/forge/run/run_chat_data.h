@@ -1,0 +1,61 @@
+#pragma once
+// The data of a chat run (data.format = "chat", docs/chat.md), prepared before the first step:
+//
+//   template    data.chat_template: "auto" = the "chat_template" of the tokenizer_config.json beside
+//               data.tokenizer, else in model.init_from's directory (an error naming
+//               data.chat_template when neither has one); a built-in name ("chatml", "llama3"); a
+//               tokenizer_config.json; a .jinja file (no bos / eos tokens). Note [chat templates].
+//   tokenizer   data.tokenizer, with the template's special tokens it lacks added as special tokens
+//               (data::with_special_tokens; the log names them and the vocabulary's growth), saved
+//               as <run dir>/tokenizer.json so a resumed run reads the same ids.
+//   shards      each .jsonl file's conversations rendered, tokenized and masked (Note [chat masks])
+//               into a token shard and its flags (Note [chat shards]) in data_shards_dir(cfg),
+//               encoded again each run (fine-tuning corpora are small). A conversation longer than
+//               train.seq_len + 1 tokens is cut there, and the trained tokens cut off are counted
+//               and logged; a conversation with no trained token left (cut off entirely, or with no
+//               assistant message) is skipped and logged with its file and line: never trained at
+//               zero loss.
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "forge/data/chat_encoding.h"
+#include "forge/data/chat_template.h"
+#include "forge/data/tokenizer.h"
+#include "forge/run/config.h"
+
+namespace forge::train {
+
+// The run's chat template (see above); logs where it came from.
+data::ChatTemplate resolve_chat_template(const RunConfig& cfg, std::ostream& log);
+
+// `tok` with the template's special tokens (see above); logs what was added.
+std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std::shared_ptr<const data::Tokenizer> tok,
+                                                      const data::ChatTemplate& tmpl, std::ostream& log);
+
+// What encoding a chat file did.
+struct ChatEncodeStats {
+  int64_t conversations = 0;  // read
+  int64_t written = 0;        // into the shard
+  int64_t tokens = 0;         // written
+  int64_t trained = 0;        // trained targets written
+  int64_t cut = 0;            // conversations cut to seq_len + 1 tokens
+  int64_t trained_cut = 0;    // trained tokens lost to the cuts
+  std::vector<int64_t> skipped_lines;  // conversations with no trained token left
+};
+
+// One chat file into the token shard `out` and its flags (chat_flags_path(out)), conversations cut
+// to `max_tokens` tokens (see above).
+ChatEncodeStats encode_chat_file(const data::ChatTemplate& tmpl, const data::Tokenizer& tok, data::ChatTrainOn train_on,
+                                 int64_t max_tokens, int64_t vocab_size, const std::string& path,
+                                 const std::string& out);
+
+// Every file of `files` encoded into `dir` (shard_NNNNN.bin and .flags.bin); returns the token
+// shards' paths; logs a line per file and every skipped conversation.
+std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::Tokenizer& tok,
+                                             const data::ChatTemplate& tmpl, const std::vector<std::string>& files,
+                                             const std::string& dir, std::ostream& log);
+
+}  // namespace forge::train
