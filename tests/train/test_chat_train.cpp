@@ -7,7 +7,12 @@
 #include <sstream>
 
 #include "forge/data/bpe.h"
+#include "forge/interop/export.h"
+#include "forge/ops/reduce.h"
+#include "forge/ops/view.h"
 #include "forge/run/config.h"
+#include "forge/run/hf_model.h"
+#include "forge/run/language_model.h"
 #include "forge/train/trainer.h"
 #include "testing/tensor_testing.h"
 #include "train_testing.h"
@@ -98,6 +103,71 @@ TEST_F(ChatTrain, CutConversationsAreReportedAndSkipped) {
   train(config("skip", 2));
   EXPECT_NE(last_log.find("skipped 1 conversation(s) with no trained token left"), std::string::npos) << last_log;
   EXPECT_NE(last_log.find("lines 201"), std::string::npos) << last_log;
+}
+
+// Note [grown vocabulary]: a model saved without the template's tokens (a base run over plain text
+// with the 256-byte tokenizer, exported as Hugging Face files) starts a chat run: its embedding
+// (GPT's tied wte) grows by the two ChatML tokens, the new rows at the mean of the saved ones, every
+// saved row unchanged; and the run trains.
+TEST_F(ChatTrain, AnInitFromModelGrowsItsEmbeddingForTheTemplatesTokens) {
+  train_testing::write_text(scratch.path() / "plain.txt", train_testing::synthetic_text(20000, 3));
+  const std::string base_toml =
+      "[run]\nname = \"base\"\ndir = \"" + scratch.str("runs") + "\"\nseed = 7\ndevice = \"cpu\"\n"
+      "[model]\ntype = \"gpt\"\nblock_size = 64\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
+      "[data]\nfiles = [\"" + scratch.str("plain.txt") + "\"]\ntokenizer = \"" + scratch.str("bytes.json") +
+      "\"\neos_token = \"\"\nval_fraction = 0.1\n"
+      "[train]\nsteps = 2\nbatch_size = 4\nseq_len = 64\n[eval]\nevery = 0\nbigram_baseline = false\n";
+  std::ostringstream base_log;
+  const TrainResult base = run_training(parse_config(base_toml, "base.toml"), {}, base_log);
+  ExportOptions o;
+  o.checkpoint = base.last_checkpoint;
+  o.out = scratch.str("base_hf");
+  export_model(o);
+
+  RunConfig c = config("grown", 2, {"--model.init_from=" + scratch.str("base_hf"), "--data.tokenizer="});
+  const int64_t saved = c.model.vocab_size;
+  train(c);
+  EXPECT_NE(last_log.find("chat: model.init_from's token embedding and head grow from " + std::to_string(saved) +
+                          " to " + std::to_string(saved + 2) + " rows"),
+            std::string::npos)
+      << last_log;
+
+  // The loaded table itself: the saved rows, then their mean twice.
+  RunConfig g = c;
+  g.model.vocab_size = saved + 2;
+  const LanguageModel m = build_language_model(g);
+  io::NamedShapes shapes;
+  for (const auto& [name, p] : m.module->named_parameters()) shapes.emplace_back(name, p.shape());
+  const Tensor grown = load_init_from(g, shapes).at("transformer.wte.weight").to(DType::f64);
+  io::NamedShapes plain_shapes = shapes;
+  for (auto& [name, shape] : plain_shapes)
+    if (name == "transformer.wte.weight") shape[0] = saved;
+  const Tensor old = load_init_from(c, plain_shapes).at("transformer.wte.weight").to(DType::f64);
+  ASSERT_EQ(grown.shape(), (Shape{saved + 2, old.size(1)}));
+  EXPECT_EQ(ops::narrow(grown, 0, 0, saved).contiguous().to_vector<double>(), old.contiguous().to_vector<double>());
+  const std::vector<double> mean = ops::mean(old, {0}).to_vector<double>();
+  for (int64_t r = saved; r < saved + 2; ++r) {
+    const std::vector<double> row = ops::narrow(grown, 0, r, 1).contiguous().to_vector<double>();
+    for (size_t j = 0; j < mean.size(); ++j) EXPECT_NEAR(row[j], mean[j], 1e-6) << "row " << r << " col " << j;
+  }
+}
+
+// Note [shard manifests]: a second run over the same conversations, template and tokenizer (the
+// job's other ranks, a resume) reuses the shards and says again what encoding them reported; a
+// shards directory holding a file forge did not write is refused, never overwritten.
+TEST_F(ChatTrain, ShardsAreReusedAndForeignFilesKept) {
+  const std::string shards = scratch.str("chat_shards");
+  train(config("first", 1, {"--data.shards_dir=" + shards}));
+  EXPECT_EQ(last_log.find("chat: reusing"), std::string::npos) << last_log;
+  train(config("second", 1, {"--data.shards_dir=" + shards}));
+  EXPECT_NE(last_log.find("chat: reusing 1 chat shard(s)"), std::string::npos) << last_log;
+  EXPECT_NE(last_log.find("of 200 conversations"), std::string::npos) << last_log;
+  train_testing::write_text(scratch.path() / "mine", "keep me");
+  const std::string e = error_of([&] {
+    train(config("third", 1, {"--data.shards_dir=" + scratch.str(""), "--data.train_on=all"}));
+  });
+  EXPECT_NE(e.find("data.shards_dir"), std::string::npos) << e;
+  EXPECT_EQ(train_testing::read_text(scratch.path() / "mine"), "keep me");
 }
 
 }  // namespace

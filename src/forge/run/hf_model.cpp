@@ -9,10 +9,14 @@
 #include <sstream>
 #include <variant>
 
+#include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
 #include "forge/io/hf_checkpoint.h"
 #include "forge/io/hf_names.h"
 #include "forge/io/json_input.h"
+#include "forge/ops/join.h"
+#include "forge/ops/reduce.h"
+#include "forge/ops/view.h"
 
 namespace forge::train {
 
@@ -300,6 +304,29 @@ io::NamedTensors load_init_from(const RunConfig& cfg, const io::NamedShapes& exp
       out.contains("model.embed_tokens.weight")) {
     out.insert("lm_head.weight", out.at("model.embed_tokens.weight"));
     file_name["lm_head.weight"] = "model.embed_tokens.weight (tie_word_embeddings)";
+  }
+  // Note [grown vocabulary] (hf_model.h): the token embedding and the head of a model whose
+  // vocabulary the run grew (a chat template's special tokens) get their new rows at the mean of
+  // the file's rows; every other row, and every other tensor, is the file's.
+  {
+    const std::map<std::string, Shape> want(expected.begin(), expected.end());
+    std::vector<io::NamedTensors::value_type> items;
+    bool grew = false;
+    for (const auto& [name, t] : out) {
+      const auto it = want.find(name);
+      const bool table = name == "model.embed_tokens.weight" || name == "lm_head.weight" || name == "transformer.wte.weight";
+      if (table && it != want.end() && t.dim() == 2 && it->second.size() == 2 && it->second[1] == t.size(1) &&
+          it->second[0] > t.size(0) && t.size(0) > 0) {
+        NoGradGuard no_grad;
+        const Tensor mean = ops::mean(t.to(DType::f32), {0}, /*keepdim=*/true);
+        const Tensor extra = ops::expand(mean, {it->second[0] - t.size(0), t.size(1)}).to(t.dtype());
+        items.emplace_back(name, ops::cat({t, extra}, 0));
+        grew = true;
+      } else {
+        items.emplace_back(name, t);
+      }
+    }
+    if (grew) out = io::NamedTensors(std::move(items));
   }
   std::vector<std::string> missing, mismatched, unexpected;
   std::set<std::string> known;

@@ -76,6 +76,13 @@ void apply_init_from(RunConfig& cfg);
 
 // The weights of model.init_from in forge's names and layouts, checked against `expected` (the
 // model's whole state: names and shapes) as above.
+//
+// Note [grown vocabulary]: a run may need more tokens than the model was saved with (a chat
+// template's special tokens the tokenizer lacked: run/run_chat_data.h). Then model.vocab_size is
+// the grown vocabulary, and the file's token embedding and head (GPT's tied wte; LLaMA's
+// embed_tokens and lm_head) take as many more rows as `expected` asks, each the mean of the file's
+// rows (the usual start for new tokens: a likely embedding, no bias toward any old token); every
+// other row and tensor is the file's.
 io::NamedTensors load_init_from(const RunConfig& cfg, const io::NamedShapes& expected);
 
 }  // namespace forge::train

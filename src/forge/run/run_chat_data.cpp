@@ -4,12 +4,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <ostream>
+#include <sstream>
 #include <utility>
 
 #include "forge/core/error.h"
 #include "forge/data/chat_rows.h"
 #include "forge/data/shards.h"
 #include "forge/io/atomic_file.h"
+#include "forge/io/json_input.h"
+#include "forge/io/output_guard.h"
 #include "forge/run/run_data.h"
 
 namespace forge::train {
@@ -64,9 +67,6 @@ std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std:
   if (added.empty()) return grown;
   std::string names;
   for (const auto& t : added) names += (names.empty() ? "\"" : ", \"") + t + "\"";
-  FORGE_CHECK(cfg.model.init_from.empty(), "the chat template (", tmpl.origin(), ") needs the special tokens ", names,
-              ", which the tokenizer lacks; model.init_from's embedding and head would have to grow, which forge does "
-              "not do yet: give a tokenizer (and model) that has them, or another data.chat_template");
   log << "chat: added the template's special tokens " << names << " to the tokenizer (vocabulary " << before << " -> "
       << grown->vocab_size() << "; model.vocab_size follows)\n";
   grown->save((fs::path(cfg.run_dir()) / kTokenizerFile).string());
@@ -110,9 +110,34 @@ ChatEncodeStats encode_chat_file(const data::ChatTemplate& tmpl, const data::Tok
 std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                              const data::ChatTemplate& tmpl, const std::vector<std::string>& files,
                                              const std::string& dir, std::ostream& log) {
-  fs::create_directories(dir);
   const data::ChatTrainOn train_on = data::parse_chat_train_on(cfg.data.train_on);
   const int64_t max_tokens = cfg.train.seq_len + 1;
+  // Note [shard manifests]: what the shards are made from; the same again (the job's other ranks,
+  // after rank 0 wrote them; a resumed run) reuses them, and what encoding them logged is said again.
+  const nlohmann::json want = {{"format", "forge-chat-shards"},
+                               {"tokenizer", fnv1a_hex(tok.serialized())},
+                               {"template", fnv1a_hex(tmpl.source())},
+                               {"train_on", cfg.data.train_on},
+                               {"max_tokens", max_tokens},
+                               {"files", files_fingerprint(files)}};
+  if (auto paths = manifest_shards(dir, want)) {
+    log << "chat: reusing " << paths->size() << " chat shard(s) in " << dir << "\n";
+    const nlohmann::json m = io::read_json_file((fs::path(dir) / "manifest.json").string());
+    if (m.contains("log") && m["log"].is_array())
+      for (const auto& line : m["log"])
+        if (line.is_string()) log << line.get<std::string>() << "\n";
+    return *paths;
+  }
+  // Note [nothing deletes what it did not write]: only chat shards and their manifest may be replaced.
+  io::check_output_dir(dir, "data.shards_dir", [](const fs::path& entry) {
+    const std::string n = entry.filename().string();
+    const std::string flags = ".flags.bin";
+    const bool flag_file = n.size() > flags.size() && n.compare(n.size() - flags.size(), flags.size(), flags) == 0 &&
+                           is_shard_file_name(n.substr(0, n.size() - flags.size()) + ".bin");
+    return is_shard_file_name(entry) || flag_file || n == "manifest.json";
+  }, /*force=*/false);
+  fs::create_directories(dir);
+  std::ostringstream said;  // what encoding logs: the manifest keeps it for the runs that reuse the shards
   std::vector<std::string> out;
   for (size_t i = 0; i < files.size(); ++i) {
     char name[32];
@@ -121,25 +146,30 @@ std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::T
     const ChatEncodeStats s =
         encode_chat_file(tmpl, tok, train_on, max_tokens, std::max<int64_t>(cfg.model.vocab_size, tok.vocab_size()),
                          files[i], shard);
-    log << "chat: " << files[i] << ": " << s.written << " of " << s.conversations << " conversations, " << s.tokens
-        << " tokens, " << s.trained << " trained (data.train_on = \"" << cfg.data.train_on << "\")\n";
+    said << "chat: " << files[i] << ": " << s.written << " of " << s.conversations << " conversations, " << s.tokens
+         << " tokens, " << s.trained << " trained (data.train_on = \"" << cfg.data.train_on << "\")\n";
     if (s.cut > 0)
-      log << "chat: " << files[i] << ": " << s.cut << " conversation(s) longer than train.seq_len + 1 = " << max_tokens
-          << " tokens were cut, losing " << s.trained_cut << " trained token(s)\n";
+      said << "chat: " << files[i] << ": " << s.cut << " conversation(s) longer than train.seq_len + 1 = " << max_tokens
+           << " tokens were cut, losing " << s.trained_cut << " trained token(s)\n";
     if (!s.skipped_lines.empty()) {
       std::string lines;
       for (size_t k = 0; k < s.skipped_lines.size() && k < 20; ++k)
         lines += (k ? ", " : "") + std::to_string(s.skipped_lines[k]);
       if (s.skipped_lines.size() > 20) lines += ", ...";
-      log << "chat: " << files[i] << ": skipped " << s.skipped_lines.size()
-          << " conversation(s) with no trained token left (cut off by train.seq_len, or no assistant message), "
-             "lines "
-          << lines << "\n";
+      said << "chat: " << files[i] << ": skipped " << s.skipped_lines.size()
+           << " conversation(s) with no trained token left (cut off by train.seq_len, or no assistant message), "
+              "lines "
+           << lines << "\n";
     }
     if (s.written > 0) out.push_back(shard);
   }
+  log << said.str();
   FORGE_CHECK(!out.empty(), "data.format = \"chat\": no conversation of data.files has a trained token (",
               files.size(), " file(s)); check the files' assistant messages, or raise train.seq_len");
+  nlohmann::json lines = nlohmann::json::array();
+  std::istringstream in(said.str());
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  write_manifest(dir, want, out, {{"log", lines}});
   return out;
 }
 

@@ -43,7 +43,8 @@ std::string fixed1(double v) {
   return buf;
 }
 
-// Path, size and modification time of each file: what decides whether cached tokens are stale.
+}  // namespace
+
 json files_fingerprint(const std::vector<std::string>& files) {
   json out = json::array();
   for (const auto& f : files) {
@@ -54,6 +55,8 @@ json files_fingerprint(const std::vector<std::string>& files) {
   }
   return out;
 }
+
+namespace {
 
 std::optional<json> read_json_file(const fs::path& p) {
   std::error_code ec;
@@ -137,23 +140,9 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokeni
   // (Note [documents]: how the files become documents changes the shards.)
   if (cfg.data.text_key != "text") want["text_key"] = cfg.data.text_key;
   if (!cfg.data.eos_token.empty()) want["eos_token"] = cfg.data.eos_token;
-  if (auto m = read_json_file(dir / kManifestFile)) {
-    bool same = m->is_object() && m->value("format", json()) == want["format"] &&
-                m->value("tokenizer", json()) == want["tokenizer"] && m->value("files", json()) == want["files"] &&
-                m->contains("shards") && (*m)["shards"].is_array();
-    std::vector<std::string> paths;
-    if (same) {
-      std::error_code ec;
-      for (const auto& s : (*m)["shards"]) {
-        const fs::path p = dir / s.get<std::string>();
-        if (!fs::is_regular_file(p, ec)) same = false;
-        paths.push_back(p.string());
-      }
-    }
-    if (same) {
-      log << "data: reusing " << paths.size() << " token shard(s) in " << dir.string() << "\n";
-      return paths;
-    }
+  if (auto paths = manifest_shards(dir, want)) {
+    log << "data: reusing " << paths->size() << " token shard(s) in " << dir.string() << "\n";
+    return *paths;
   }
   // Note [nothing deletes what it did not write]: only shards and their manifest may be replaced.
   io::check_output_dir(dir, "data.shards_dir", [](const fs::path& entry) {
@@ -161,13 +150,35 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokeni
   }, /*force=*/false);
   const auto t0 = Clock::now();
   auto paths = encode_files_to_shards(tok, files, dir.string(), nullptr, cfg.data.text_key, cfg.data.eos_token);
-  json manifest = want;
-  manifest["shards"] = json::array();
-  for (const auto& p : paths) manifest["shards"].push_back(fs::path(p).filename().string());
-  io::write_file_atomic(dir / kManifestFile, manifest.dump(2) + "\n");
+ write_manifest(dir, want, paths);
   log << "data: tokenized " << files.size() << " file(s) into " << dir.string() << " in "
       << fixed1(seconds_since(t0)) << " s\n";
   return paths;
+}
+
+// Note [shard manifests] (run_data.h).
+std::optional<std::vector<std::string>> manifest_shards(const fs::path& dir, const json& want) {
+  const auto m = read_json_file(dir / kManifestFile);
+  if (!m || !m->is_object() || !m->contains("shards") || !(*m)["shards"].is_array()) return std::nullopt;
+  for (const auto& [key, value] : want.items())
+    if (m->value(key, json()) != value) return std::nullopt;
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (const auto& s : (*m)["shards"]) {
+    if (!s.is_string()) return std::nullopt;
+    const fs::path p = dir / s.get<std::string>();
+    if (!fs::is_regular_file(p, ec)) return std::nullopt;
+    paths.push_back(p.string());
+  }
+  return paths;
+}
+
+void write_manifest(const fs::path& dir, const json& want, const std::vector<std::string>& shards, const json& extra) {
+  json manifest = want;
+  for (const auto& [key, value] : extra.items()) manifest[key] = value;
+  manifest["shards"] = json::array();
+  for (const auto& p : shards) manifest["shards"].push_back(fs::path(p).filename().string());
+  io::write_file_atomic(dir / kManifestFile, manifest.dump(2) + "\n");
 }
 
 // data.source = "random": uniform random tokens of model.vocab_size in one shard of the run

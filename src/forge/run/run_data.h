@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "forge/data/bpe.h"
 #include "forge/data/tokenizer.h"
 #include "forge/data/loader.h"
@@ -75,6 +77,20 @@ std::string write_random_shard(const RunConfig& cfg, std::ostream& log, bool wri
 // special token of `tok`) unless it is "". Prints one line per file to `log` when given.
 // Whether `path` is named as encode_files_to_shards names its shards (shard_NNNNN.bin).
 bool is_shard_file_name(const std::filesystem::path& path);
+
+// Note [shard manifests]: a directory of shards made by a run keeps manifest.json, what they were
+// made from (`want`: the tokenizer's hash, the files' fingerprints, the options that change the
+// tokens) and the shards' names. A later run (another rank of the job, a resume) whose `want` is
+// the same reuses them instead of writing them again; anything else rebuilds them. The shard
+// paths of `dir`'s manifest when it holds `want` and every shard listed is there, else nullopt.
+std::optional<std::vector<std::string>> manifest_shards(const std::filesystem::path& dir,
+                                                        const nlohmann::json& want);
+// Writes `dir`/manifest.json: `want`, the shards' file names and `extra` (e.g. what encoding them
+// logged, said again when they are reused).
+void write_manifest(const std::filesystem::path& dir, const nlohmann::json& want,
+                    const std::vector<std::string>& shards, const nlohmann::json& extra = nlohmann::json::object());
+// Path, size and modification time of each file: what decides whether cached tokens are stale.
+nlohmann::json files_fingerprint(const std::vector<std::string>& files);
 
 std::vector<std::string> encode_files_to_shards(const data::Tokenizer& tok, const std::vector<std::string>& files,
                                                 const std::string& out_dir, std::ostream* log = nullptr,

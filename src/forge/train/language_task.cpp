@@ -82,8 +82,15 @@ class LanguageTask final : public Task {
     tok_ = load_or_train_tokenizer(cfg_, files, resume_tok_, log);
     if (chat()) {  // run/run_chat_data.h: the template, and its special tokens in the tokenizer
       chat_template_.emplace(resolve_chat_template(cfg_, log));
+      const int64_t before = tok_->vocab_size();
       tok_ = chat_tokenizer(cfg_, tok_, *chat_template_, log);
       if (cfg_.model.vocab_size == 0) cfg_.model.vocab_size = tok_->vocab_size();
+      if (!cfg_.model.init_from.empty() && tok_->vocab_size() > before && cfg_.model.vocab_size < tok_->vocab_size()) {
+        // Note [grown vocabulary] (run/hf_model.h): the saved model's tables grow for the new tokens.
+        log << "chat: model.init_from's token embedding and head grow from " << cfg_.model.vocab_size << " to "
+            << tok_->vocab_size() << " rows for the template's tokens; the new rows start at the mean of the old ones\n";
+        cfg_.model.vocab_size = tok_->vocab_size();
+      }
       FORGE_CHECK(cfg_.model.vocab_size >= tok_->vocab_size(), "model.vocab_size = ", cfg_.model.vocab_size,
                   " is smaller than the tokenizer's vocabulary with the chat template's tokens (", tok_->vocab_size(),
                   " tokens); set model.vocab_size = 0 or >= ", tok_->vocab_size());
