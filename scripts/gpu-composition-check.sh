@@ -16,6 +16,8 @@
 #                on the composed attention path for now: the cost is what this measures)
 #   PHASE=lora   benchmarks/lora/run_lora.sh: a LLaMA-3.2-1B-shaped LoRA fine-tune, forge beside PEFT +
 #                transformers (eager and torch.compile): tokens/s and peak memory
+#   PHASE=chat   tests/python/chat_template_oracle.py: transformers' renderings of the chat fixtures
+#                (golden.json, copied into $OUT/chat/ to commit here)
 #   PHASE=peft   tests/python/peft_oracle.py: PEFT loads forge's exported LoRA adapters (GPT-2 and
 #                LLaMA bases) and gives forge's logits (needs HEAD_TARGETS with forge_hf_init_from)
 # Results in $OUT (the device tool brings them back) and RESULTS (default /tmp/forge_composition).
@@ -78,11 +80,17 @@ print(f"packing={sys.argv[2]}: {sum(r['tokens_per_s'] for r in prog) / len(prog)
       f"{sum(r['ms_per_step'] for r in prog) / len(prog):.1f} ms/step, loss {prog[-1]['loss']:.3f}")
 PY
     done ;;
+  chat)  # transformers' apply_chat_template renderings of the fixtures, for ChatTemplate.MatchesTransformersGoldens
+    timeout 120 python3 tests/python/chat_template_oracle.py 2>&1 | tail -5
+    for g in tests/data/chat/*/golden.json; do
+      [ -f "$g" ] && mkdir -p "$OUT/chat/$(basename "$(dirname "$g")")" && cp "$g" "$OUT/chat/$(basename "$(dirname "$g")")/"
+    done
+    ls -la "$OUT/chat" 2>/dev/null ;;
   lora)
     FORGE="$H/forge" RESULTS="$R/lora" OUT="$OUT" benchmarks/lora/run_lora.sh ;;
   peft)
     timeout 400 python3 tests/python/peft_oracle.py --forge "$H/forge" --init-from-bin "$H/tests/forge_hf_init_from" \
       --device cuda:0 2>&1 | tee "$OUT/peft_oracle.log" | tail -6 ;;
-  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing, lora or peft" >&2; exit 2 ;;
+  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing, lora, chat or peft" >&2; exit 2 ;;
 esac
 done
