@@ -1,0 +1,62 @@
+// Packed documents on the GPU (Note [document masks] in ops/attention.h, Note [flash documents] in
+// backends/cuda/flash_attention.cu): attention with document ids against the CPU kernels, the whole
+// attention and ring attention's blocks, on every back-end.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_testing.h"
+#include "forge/backends/cuda/flash_attention.h"
+#include "forge/forge.h"
+#include "forge/ops/attention.h"
+#include "testing/attention_blocks.h"
+
+namespace forge {
+namespace {
+
+using namespace cuda_testing;
+
+// Note [document masks] on the GPU: packed documents (ids) against the CPU, whole attention and
+// ring attention's blocks, with documents across the two chunks; on every back-end: the flash
+// kernels with the ids (Note [flash documents]; bf16, head size 64), the composed path with their
+// dense mask (f32, and run.attention = "composed").
+TEST(CudaPackedAttention, DocumentIdsMatchTheCpu) {
+  FORGE_SKIP_WITHOUT_GPU();
+  std::vector<int64_t> docs(256);
+  for (int64_t t = 0; t < 256; ++t) docs[static_cast<size_t>(t)] = t < 40 ? 0 : t < 41 ? 1 : t < 170 ? 2 : 3;
+  const std::string before = ops::attention_backend();
+  for (const char* backend : {"auto", "flash", "composed"})
+  for (DType dt : {DType::bf16, DType::f32}) {
+    ops::set_attention_backend(backend);
+    SCOPED_TRACE(std::string(backend) + " " + dtype_name(dt));
+    attention_blocks_testing::check_blocks(kGpu, dt, 2, 8, 2, 128, 64, dt == DType::bf16 ? 3e-2 : 2e-3, 21, docs);
+    const int64_t flash_before = cuda::flash_attention_calls();
+    Generator gen(23);
+    auto make = [&](const Shape& s) { return uniform(s, -1, 1, {.dtype = DType::f32}, &gen).to(dt); };
+    const Tensor q = make({2, 8, 256, 64}), k = make({2, 2, 256, 64}), v = make({2, 2, 256, 64}), g = make({2, 8, 256, 64});
+    std::vector<int64_t> both(docs);
+    both.insert(both.end(), docs.rbegin(), docs.rend());  // row 1: the same documents in another order
+    const Tensor ids = from_vector(both, {2, 256}).to(DType::i32);
+    auto run = [&](Device d) {
+      Tensor qd = q.to(d).detach().requires_grad_(), kd = k.to(d).detach().requires_grad_();
+      Tensor vd = v.to(d).detach().requires_grad_();
+      const Tensor y = ops::scaled_dot_product_attention(qd, kd, vd, true, 0.0, {}, ids.to(d));
+      y.backward(g.to(d));
+      return std::vector<Tensor>{y.detach().to(Device::cpu()), qd.grad().to(Device::cpu()), kd.grad().to(Device::cpu()),
+                                 vd.grad().to(Device::cpu())};
+    };
+    const auto cpu = run(Device::cpu()), gpu = run(kGpu);
+    const double tol = dt == DType::bf16 ? 3e-2 : 2e-3;
+    const char* names[] = {"out", "dq", "dk", "dv"};
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_LE(attention_blocks_testing::max_rel(gpu[i], cpu[i]), tol) << names[i];
+    // bf16 at head size 64 takes the flash kernels with the ids, except on the composed back-end.
+    const bool flash = dt == DType::bf16 && std::string(backend) != "composed";
+    EXPECT_EQ(cuda::flash_attention_calls() > flash_before, flash);
+  }
+  ops::set_attention_backend(before);
+}
+
+}  // namespace
+}  // namespace forge
