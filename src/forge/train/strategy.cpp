@@ -91,9 +91,9 @@ std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches,
     }
     all += c.numel();
   }
-  if (counted == all) return {};
-  FORGE_CHECK(counted > 0, "train: no target of the step counts (every one is -100: packed documents of one token "
-              "each, or prompts with nothing to learn); lengthen train.seq_len or check the data");
+  // No target counts at all (every one -100): each mean is NaN, and the trainer's non-finite guard
+  // skips the step and says so, as for any step without a finite loss.
+  if (counted == all || counted == 0) return {};
   std::vector<double> w(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k)
     w[static_cast<size_t>(k)] = static_cast<double>(local[static_cast<size_t>(k)] * K * dp) / static_cast<double>(counted);
