@@ -93,13 +93,21 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   }
 
   double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0, w_cp = 0;
-  int64_t max_stage_params = 0;
+  int64_t max_stage_params = 0, max_stage_blocks = 0;
   for (int64_t i = 0; i < p; ++i) {
     const bool first = i == 0, last = i == p - 1;
     const int64_t layers = rank_blocks[static_cast<size_t>(i)];
     max_stage_params = std::max(max_stage_params, stage_parameters(m, t, p, i, l.chunks()));
+    max_stage_blocks = std::max(max_stage_blocks, layers);
+    // LoRA (nn/lora.h): the frozen base computes no weight gradients, so its matmuls' backward is
+    // one forward's work (the input gradients), not two; the attention core's is still two; the
+    // adapters (this GPU's share: lora_block_parameters) cost 6 FLOPs per parameter and token.
+    const double lw = static_cast<double>(layers);
     const double model_flops =
-        tokens_mb * 3.0 * (static_cast<double>(layers) * F.layer_forward + (last ? F.head_forward : 0.0)) / tt;
+        m.lora_rank > 0
+            ? tokens_mb * ((lw * (2.0 * F.layer_forward + F.attention_forward) + (last ? 2.0 * F.head_forward : 0.0)) / tt +
+                           lw * 6.0 * static_cast<double>(lora_block_parameters(m, t)))
+            : tokens_mb * 3.0 * (lw * F.layer_forward + (last ? F.head_forward : 0.0)) / tt;
     double recompute_flops = 0;
     if (l.checkpointing == Checkpointing::full) {
       recompute_flops = tokens_mb * static_cast<double>(layers) * F.layer_forward / tt;
@@ -172,7 +180,10 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
                                                     : 1.0);
 
   // Data parallelism.
-  const double P = static_cast<double>(max_stage_params);
+  // What the gradients, their reduction and the update cover: the stage's parameters, or a LoRA
+  // run's adapters alone (the frozen base has none).
+  const double P = m.lora_rank > 0 ? static_cast<double>(max_stage_blocks * lora_block_parameters(m, t))
+                                   : static_cast<double>(max_stage_params);
   if (d > 1) {
     const double Sg = P * bp.grad, Sp = P * bp.param;
     const double w_b = 2.0 / 3.0 * w_compute + w_recompute;  // the backward of one micro-batch
