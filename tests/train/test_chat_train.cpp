@@ -162,6 +162,14 @@ TEST_F(ChatTrain, ShardsAreReusedAndForeignFilesKept) {
   train(config("second", 1, {"--data.shards_dir=" + shards}));
   EXPECT_NE(last_log.find("chat: reusing 1 chat shard(s)"), std::string::npos) << last_log;
   EXPECT_NE(last_log.find("of 200 conversations"), std::string::npos) << last_log;
+  // A run killed while encoding leaves its writer's temporary: the next run removes it (its pid is
+  // no live process) and writes the shards again.
+  fs::remove(fs::path(shards) / "manifest.json");
+  const fs::path stale = fs::path(shards) / "shard_00000.bin.tmp.999999999.0123456789abcdef";
+  train_testing::write_text(stale, "half a shard");
+  train(config("after_kill", 1, {"--data.shards_dir=" + shards}));
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_NE(last_log.find("the temporary of a shard writer that did not finish"), std::string::npos) << last_log;
   train_testing::write_text(scratch.path() / "mine", "keep me");
   const std::string e = error_of([&] {
     train(config("third", 1, {"--data.shards_dir=" + scratch.str(""), "--data.train_on=all"}));

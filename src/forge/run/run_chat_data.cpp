@@ -128,14 +128,7 @@ std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::T
         if (line.is_string()) log << line.get<std::string>() << "\n";
     return *paths;
   }
-  // Note [nothing deletes what it did not write]: only chat shards and their manifest may be replaced.
-  io::check_output_dir(dir, "data.shards_dir", [](const fs::path& entry) {
-    const std::string n = entry.filename().string();
-    const std::string flags = ".flags.bin";
-    const bool flag_file = n.size() > flags.size() && n.compare(n.size() - flags.size(), flags.size(), flags) == 0 &&
-                           is_shard_file_name(n.substr(0, n.size() - flags.size()) + ".bin");
-    return is_shard_file_name(entry) || flag_file || n == "manifest.json";
-  }, /*force=*/false);
+  claim_shards_dir(dir, log);
   fs::create_directories(dir);
   std::ostringstream said;  // what encoding logs: the manifest keeps it for the runs that reuse the shards
   std::vector<std::string> out;

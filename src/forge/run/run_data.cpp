@@ -1,10 +1,14 @@
 // Tokenizer, shards, random tokens and the bigram baseline (contracts in run_data.h).
 #include "forge/run/run_data.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -144,16 +148,42 @@ std::vector<std::string> prepare_shards(const RunConfig& cfg, const data::Tokeni
     log << "data: reusing " << paths->size() << " token shard(s) in " << dir.string() << "\n";
     return *paths;
   }
-  // Note [nothing deletes what it did not write]: only shards and their manifest may be replaced.
-  io::check_output_dir(dir, "data.shards_dir", [](const fs::path& entry) {
-    return is_shard_file_name(entry) || entry.filename() == kManifestFile || entry.filename() == "random_tokens.bin";
-  }, /*force=*/false);
+  claim_shards_dir(dir, log);
   const auto t0 = Clock::now();
   auto paths = encode_files_to_shards(tok, files, dir.string(), nullptr, cfg.data.text_key, cfg.data.eos_token);
- write_manifest(dir, want, paths);
+  write_manifest(dir, want, paths);
   log << "data: tokenized " << files.size() << " file(s) into " << dir.string() << " in "
       << fixed1(seconds_since(t0)) << " s\n";
   return paths;
+}
+
+bool is_shards_dir_entry(const fs::path& entry) {
+  std::string n = entry.filename().string();
+  if (io::is_temporary_name(n)) n = n.substr(0, n.rfind('.', n.rfind('.', n.rfind('.') - 1) - 1));
+  const std::string flags = ".flags.bin";
+  const bool flag_file = n.size() > flags.size() && n.compare(n.size() - flags.size(), flags.size(), flags) == 0 &&
+                         is_shard_file_name(n.substr(0, n.size() - flags.size()) + ".bin");
+  return is_shard_file_name(n) || flag_file || n == kManifestFile || n == "random_tokens.bin";
+}
+
+void claim_shards_dir(const fs::path& dir, std::ostream& log) {
+  // Note [nothing deletes what it did not write]: only shards, their flags and manifest, and the
+  // temporaries of those, may be there.
+  io::check_output_dir(dir, "data.shards_dir", [](const fs::path& e) { return is_shards_dir_entry(e); },
+                       /*force=*/false);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!io::is_temporary_name(n)) continue;
+    // "<name>.tmp.<pid>.<hex>": a writer's temporary; its writer is gone when no process has the pid.
+    const size_t hex_dot = n.rfind('.'), pid_dot = n.rfind('.', hex_dot - 1);
+    const long pid = std::strtol(n.substr(pid_dot + 1, hex_dot - pid_dot - 1).c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
+      fs::remove(e.path(), ec);
+      log << "data: removed " << e.path().string() << ", the temporary of a shard writer that did not finish\n";
+    }
+  }
 }
 
 // Note [shard manifests] (run_data.h).

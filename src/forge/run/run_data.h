@@ -85,6 +85,14 @@ bool is_shard_file_name(const std::filesystem::path& path);
 // paths of `dir`'s manifest when it holds `want` and every shard listed is there, else nullopt.
 std::optional<std::vector<std::string>> manifest_shards(const std::filesystem::path& dir,
                                                         const nlohmann::json& want);
+// Whether `entry` may be in a shards directory: a shard (shard_NNNNN.bin), a chat run's flags
+// beside it (shard_NNNNN.flags.bin), manifest.json, random_tokens.bin, or the temporary of one of
+// those (io::is_temporary_name: what a writer killed mid-write leaves).
+bool is_shards_dir_entry(const std::filesystem::path& entry);
+// Before shards are written into `dir`: refuses a directory holding anything else (Note [nothing
+// deletes what it did not write]; data.shards_dir), and removes the temporaries whose writer
+// process is gone (a run killed while encoding), saying so in `log`.
+void claim_shards_dir(const std::filesystem::path& dir, std::ostream& log);
 // Writes `dir`/manifest.json: `want`, the shards' file names and `extra` (e.g. what encoding them
 // logged, said again when they are reused).
 void write_manifest(const std::filesystem::path& dir, const nlohmann::json& want,
