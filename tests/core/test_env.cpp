@@ -122,6 +122,7 @@ TEST(Env, TableDeclaresEverySwitchOnce) {
       {"FORGE_CE_WIDE_ROWS", env::Category::performance},
       {"FORGE_CPU_MEMORY_LIMIT", env::Category::debugging},
       {"FORGE_CUDA_ALLOC", env::Category::debugging},
+      {"FORGE_CUDA_MEMORY_LIMIT", env::Category::debugging},
       {"FORGE_CUDNN_PLAN_TUNING", env::Category::performance},
       {"FORGE_DIST_TIMEOUT", env::Category::debugging},
       {"FORGE_FLASH_ATTENTION", env::Category::performance},

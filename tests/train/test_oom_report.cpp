@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "forge/core/env.h"
+#include "forge/core/memory_owner.h"
 #include "testing/cli_testing.h"
 #include "train_testing.h"
 
@@ -66,6 +68,23 @@ TEST(OomReport, ABadLimitIsRefusedNamingTheVariable) {
   const auto r = testing::run_forge({"info"}, testing::Stderr::merged, {{"FORGE_CPU_MEMORY_LIMIT", "lots"}});
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("FORGE_CPU_MEMORY_LIMIT = 'lots' is not a size"), std::string::npos) << r.out;
+  // The GPU's limit is parsed the same way (read by the CUDA allocator; tested on a GPU in
+  // CudaAllocator.AMemoryLimitFailsARunAsAFullSmallerGpuWould).
+  EXPECT_EQ(parse_memory_limit("FORGE_CUDA_MEMORY_LIMIT"), std::nullopt);
+  {
+    const env::Override o("FORGE_CUDA_MEMORY_LIMIT", "40GiB");
+    EXPECT_EQ(parse_memory_limit("FORGE_CUDA_MEMORY_LIMIT"), int64_t{40} << 30);
+  }
+  {
+    const env::Override o("FORGE_CUDA_MEMORY_LIMIT", "1.5 GB");
+    try {
+      (void)parse_memory_limit("FORGE_CUDA_MEMORY_LIMIT");
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FORGE_CUDA_MEMORY_LIMIT = '1.5 GB' is not a size"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

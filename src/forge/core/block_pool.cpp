@@ -364,6 +364,11 @@ void BlockPool::throw_out_of_memory(size_t requested, size_t rounded, size_t seg
     } catch (...) {
     }
   }
+  if (backend_.limit >= 0) {
+    snap.limit = backend_.limit;
+    device += detail::concat(" (", backend_.limit_name ? backend_.limit_name : "a limit", " = ", backend_.limit,
+                             " bytes: raise it or unset it)");
+  }
   std::string held;  // the three largest owners
   for (size_t i = 0; i < snap.live.size() && i < 3; ++i)
     held += (i ? ", " : "") + snap.live[i].owner + " " + format_bytes(static_cast<size_t>(snap.live[i].bytes));

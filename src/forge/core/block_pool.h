@@ -92,6 +92,10 @@ class BlockPool {
     std::function<void(EventId)> release_event;
     // (free, total) bytes of the device, for out-of-memory messages; optional.
     std::function<std::pair<size_t, size_t>()> memory_info;
+    // A cap on the segments' bytes that allocate_segment enforces (FORGE_CUDA_MEMORY_LIMIT),
+    // named in out-of-memory messages and snapshots; -1: none.
+    int64_t limit = -1;
+    const char* limit_name = nullptr;
   };
 
   BlockPool(std::string name, Backend backend);

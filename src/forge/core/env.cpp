@@ -85,6 +85,13 @@ const std::vector<Spec>& table() {
        .meaning = "plain: a cudaMalloc/cudaFree per storage instead of the caching allocator, so "
                   "compute-sanitizer pins a fault on its tensor (docs/cuda.md)",
        .choices = {"caching", "plain"}},
+      {.name = "FORGE_CUDA_MEMORY_LIMIT",
+       .kind = Kind::string,
+       .category = Category::debugging,
+       .default_value = "",
+       .meaning = "a byte limit (512MB, 40GiB, ...) on the device memory each GPU's caching allocator takes "
+                  "from cudaMalloc: beyond it allocations fail as on a full GPU, with the out-of-memory snapshot "
+                  "by owner (a smaller GPU simulated on a larger one; Note [memory owners]; docs/train.md)"},
       {.name = "FORGE_CUDNN_PLAN_TUNING",
        .kind = Kind::flag,
        .category = Category::performance,

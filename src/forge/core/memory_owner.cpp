@@ -58,27 +58,34 @@ std::vector<OwnerBytes> bytes_by_owner(const std::vector<std::pair<const char*, 
   return out;
 }
 
+std::optional<int64_t> parse_memory_limit(const char* variable) {
+  const std::string s = env::string(variable);
+  if (s.empty()) return std::nullopt;
+  size_t end = 0;
+  double n = 0;
+  try {
+    n = std::stod(s, &end);
+  } catch (...) {
+    end = 0;
+  }
+  std::string unit = s.substr(end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> units = {{"", 1},         {"b", 1},          {"kb", 1e3},
+                                                      {"mb", 1e6},     {"gb", 1e9},       {"kib", 1024.0},
+                                                      {"mib", 1048576.0}, {"gib", 1073741824.0}};
+  const auto u = units.find(unit);
+  FORGE_CHECK(end > 0 && n > 0 && u != units.end(), variable, " = '", s,
+              "' is not a size; give bytes or a number with kB, MB, GB, KiB, MiB or GiB (e.g. 512MB)");
+  return static_cast<int64_t>(n * u->second);
+}
+
 std::optional<int64_t> cpu_memory_limit() {
-  static const std::optional<int64_t> limit = []() -> std::optional<int64_t> {
-    const std::string s = env::string("FORGE_CPU_MEMORY_LIMIT");
-    if (s.empty()) return std::nullopt;
-    size_t end = 0;
-    double n = 0;
-    try {
-      n = std::stod(s, &end);
-    } catch (...) {
-      end = 0;
-    }
-    std::string unit = s.substr(end);
-    for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    static const std::map<std::string, double> units = {{"", 1},         {"b", 1},          {"kb", 1e3},
-                                                        {"mb", 1e6},     {"gb", 1e9},       {"kib", 1024.0},
-                                                        {"mib", 1048576.0}, {"gib", 1073741824.0}};
-    const auto u = units.find(unit);
-    FORGE_CHECK(end > 0 && n > 0 && u != units.end(), "FORGE_CPU_MEMORY_LIMIT = '", s,
-                "' is not a size; give bytes or a number with kB, MB, GB, KiB, MiB or GiB (e.g. 512MB)");
-    return static_cast<int64_t>(n * u->second);
-  }();
+  static const std::optional<int64_t> limit = parse_memory_limit("FORGE_CPU_MEMORY_LIMIT");
+  return limit;
+}
+
+std::optional<int64_t> cuda_memory_limit() {
+  static const std::optional<int64_t> limit = parse_memory_limit("FORGE_CUDA_MEMORY_LIMIT");
   return limit;
 }
 

@@ -83,5 +83,13 @@ class OutOfMemoryError : public Error {
 // bytes), read once; nullopt when unset. With a limit the CPU allocator keeps each live block's
 // size and owner and throws OutOfMemoryError beyond it (tests, and a run on a shared host).
 std::optional<int64_t> cpu_memory_limit();
+// FORGE_CUDA_MEMORY_LIMIT, read once: a cap on the device memory each CUDA caching allocator
+// (one per device, its CUDA graph pools included) obtains from cudaMalloc. Beyond it a request
+// fails as on a full device, with the same out-of-memory snapshot: a smaller GPU simulated on a
+// larger one (what does a run need on a 40 GB card? what held the memory at that point?).
+std::optional<int64_t> cuda_memory_limit();
+// The size a variable gives ("512MB", "2GiB", a count of bytes); nullopt when unset; an error
+// naming the variable for anything else.
+std::optional<int64_t> parse_memory_limit(const char* variable);
 
 }  // namespace forge

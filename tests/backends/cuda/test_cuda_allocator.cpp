@@ -11,6 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -22,12 +25,15 @@
 #include "forge/backends/cuda/stream.h"
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/forge.h"
+#include "testing/cli_testing.h"
+#include "train/train_testing.h"
 
 namespace forge {
 namespace {
 
 using namespace cuda_testing;
 constexpr int64_t MiB = 1024 * 1024;
+namespace fs = std::filesystem;
 
 #define SKIP_WITHOUT_CACHING_ALLOCATOR() \
   do { if (!cuda::caching_allocator_enabled()) GTEST_SKIP() << "FORGE_CUDA_ALLOC=plain"; } while (0)
@@ -188,6 +194,36 @@ TEST(CudaAllocator, OutOfMemoryIsAClearErrorAndTheAllocatorRecovers) {
   }
   EXPECT_EQ(cuda::memory_reserved(0), reserved_before - 64 * MiB) << "the retry released the cached segment";
   expect_equal(full({1000}, 2.0, {.device = kGpu}), full({1000}, 2.0), "allocating after an out-of-memory error");
+}
+
+// FORGE_CUDA_MEMORY_LIMIT: forge train on the GPU held to 64 MB fails as on a full 64 MB card,
+// the message naming the limit and the snapshot's figures being the limit's (read in a child
+// process: the limit is read once per process).
+TEST(CudaAllocator, AMemoryLimitFailsARunAsAFullSmallerGpuWould) {
+  FORGE_SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CACHING_ALLOCATOR();
+  train_testing::Scratch scratch;
+  train_testing::write_corpus(scratch.path() / "corpus");
+  const fs::path cfg = scratch.path() / "oom.toml";
+  std::ofstream(cfg) << train_testing::tiny_toml(scratch.path(), "oom", 3);
+  const auto r = testing::run_forge({"train", cfg.string(), "--run.device=cuda", "--train.batch_size=4096",
+                                     "--eval.every=0"},
+                                    testing::Stderr::merged, {{"FORGE_CUDA_MEMORY_LIMIT", "64MB"}});
+  ASSERT_NE(r.status, 0) << r.out;
+  for (const char* part : {"CUDA caching allocator on cuda:0", "out of memory", "FORGE_CUDA_MEMORY_LIMIT = 64000000",
+                           "oom_snapshot.rank0.json"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << "missing '" << part << "' in:\n" << r.out;
+  const fs::path snap = scratch.path() / "runs" / "oom" / "oom_snapshot.rank0.json";
+  ASSERT_TRUE(fs::exists(snap)) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(snap));
+  EXPECT_EQ(j["allocator"]["limit_bytes"].get<int64_t>(), 64'000'000) << j.dump(2);
+  EXPECT_LE(j["allocator"]["reserved_bytes"].get<int64_t>(), 64'000'000) << j.dump(2);
+  EXPECT_GT(j["requested_bytes"].get<int64_t>(), 0);
+  // The same run without the limit trains (the failure was the limit's).
+  const auto ok = testing::run_forge({"train", cfg.string(), "--run.device=cuda", "--train.batch_size=4096",
+                                      "--eval.every=0", "--run.name=unlimited"},
+                                     testing::Stderr::merged);
+  EXPECT_EQ(ok.status, 0) << ok.out;
 }
 
 // ---- streams and record_stream --------------------------------------------------------

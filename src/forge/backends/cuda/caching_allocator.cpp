@@ -38,6 +38,7 @@
 // stats() add the pools up, and its peaks are those of the sum; empty_cache() leaves graph
 // pools alone (their blocks are addresses of a graph) and does nothing during a capture.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +54,7 @@
 #include "forge/backends/cuda/tensor_kernels.h"
 #include "forge/core/block_pool.h"
 #include "forge/core/env.h"
+#include "forge/core/memory_owner.h"
 
 namespace forge::cuda {
 namespace {
@@ -78,8 +80,20 @@ class DeviceAllocator : public Allocator {
   int device_;
 };
 
-// (free, total) bytes of `device`; (0, 0) when the runtime cannot say.
+// The bytes each device's allocators obtained from cudaMalloc, against FORGE_CUDA_MEMORY_LIMIT
+// (cuda_memory_limit in memory_owner.h).
+constexpr int kMaxDevices = 64;
+std::atomic<int64_t> g_device_bytes[kMaxDevices];
+
+std::atomic<int64_t>& device_bytes(int device) { return g_device_bytes[std::clamp(device, 0, kMaxDevices - 1)]; }
+
+// (free, total) bytes of `device`, (0, 0) when the runtime cannot say; under
+// FORGE_CUDA_MEMORY_LIMIT, of the limit.
 std::pair<size_t, size_t> device_memory_info(int device) {
+  if (const std::optional<int64_t> limit = cuda_memory_limit()) {
+    const int64_t used = device_bytes(device).load();
+    return {static_cast<size_t>(std::max<int64_t>(*limit - used, 0)), static_cast<size_t>(*limit)};
+  }
   int previous = -1;
   size_t free_b = 0, total_b = 0;
   if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
@@ -92,10 +106,12 @@ std::pair<size_t, size_t> device_memory_info(int device) {
   return {0, 0};
 }
 
-// cudaMalloc of `bytes` on `device`; nullptr when the device is out of memory. During a
-// stream capture of this thread cudaMalloc counts as unsafe: relaxed for this call (Note
-// [graph memory pools]).
+// cudaMalloc of `bytes` on `device`; nullptr when the device is out of memory (or the request
+// would pass FORGE_CUDA_MEMORY_LIMIT). During a stream capture of this thread cudaMalloc counts
+// as unsafe: relaxed for this call (Note [caching allocator] in block_pool.h).
 void* device_malloc(int device, size_t bytes) {
+  const std::optional<int64_t> limit = cuda_memory_limit();
+  if (limit && device_bytes(device).load() + static_cast<int64_t>(bytes) > *limit) return nullptr;
   DeviceGuard guard(device);
   void* p = nullptr;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -107,10 +123,12 @@ void* device_malloc(int device, size_t bytes) {
     return nullptr;
   }
   FORGE_CUDA_CHECK(err);
+  device_bytes(device) += static_cast<int64_t>(bytes);
   return p;
 }
 
-void device_free(void* p) {
+void device_free(int device, void* p, size_t bytes) {
+  device_bytes(device) -= static_cast<int64_t>(bytes);
   // cudaFree needs no particular current device. At exit the runtime may already be
   // unloading (cudaErrorCudartUnloading): the memory goes with the process then.
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
@@ -266,7 +284,7 @@ class CachingAllocator final : public DeviceAllocator {
     const int device = device_;
     BlockPool::Backend b;
     b.allocate_segment = [device](size_t bytes) { return device_malloc(device, bytes); };
-    b.free_segment = [](void* p, size_t) { device_free(p); };
+    b.free_segment = [device](void* p, size_t bytes) { device_free(device, p, bytes); };
     b.record_event = [](BlockPool::StreamId) -> BlockPool::EventId { return reinterpret_cast<BlockPool::EventId>(1); };
     b.event_done = [g](BlockPool::EventId) { return !g->capturing; };
     b.wait_event = [g](BlockPool::EventId) {
@@ -274,6 +292,8 @@ class CachingAllocator final : public DeviceAllocator {
     };
     b.release_event = [](BlockPool::EventId) {};
     b.memory_info = [device] { return device_memory_info(device); };
+    b.limit = cuda_memory_limit().value_or(-1);
+    b.limit_name = "FORGE_CUDA_MEMORY_LIMIT";
     return b;
   }
 
@@ -284,7 +304,7 @@ class CachingAllocator final : public DeviceAllocator {
     const int device = device_;
     BlockPool::Backend b;
     b.allocate_segment = [device](size_t bytes) { return device_malloc(device, bytes); };
-    b.free_segment = [](void* p, size_t) { device_free(p); };
+    b.free_segment = [device](void* p, size_t bytes) { device_free(device, p, bytes); };
     b.record_event = [this, device](BlockPool::StreamId stream) -> BlockPool::EventId {
       DeviceGuard guard(device);
       cudaEvent_t e = nullptr;
@@ -309,6 +329,8 @@ class CachingAllocator final : public DeviceAllocator {
       }
     };
     b.memory_info = [device] { return device_memory_info(device); };
+    b.limit = cuda_memory_limit().value_or(-1);
+    b.limit_name = "FORGE_CUDA_MEMORY_LIMIT";
     return b;
   }
 
@@ -353,17 +375,20 @@ class PlainAllocator final : public DeviceAllocator {
 
   void deallocate(void* ptr, size_t nbytes) override {
     if (ptr == nullptr) return;
-    device_free(ptr);
+    int64_t n = static_cast<int64_t>(nbytes);
     try {
       std::lock_guard<std::mutex> lock(mu_);
       const auto it = sizes_.find(ptr);
-      const int64_t n = it != sizes_.end() ? it->second : static_cast<int64_t>(nbytes);
-      if (it != sizes_.end()) sizes_.erase(it);
+      if (it != sizes_.end()) {
+        n = it->second;
+        sizes_.erase(it);
+      }
       stats_.allocated -= n;
       stats_.reserved -= n;
       ++stats_.num_device_frees;
     } catch (...) {
     }
+    device_free(device_, ptr, static_cast<size_t>(n));
   }
 
   MemoryStats stats() override {
