@@ -16,6 +16,8 @@
 #                on the composed attention path for now: the cost is what this measures)
 #   PHASE=lora   benchmarks/lora/run_lora.sh: a LLaMA-3.2-1B-shaped LoRA fine-tune, forge beside PEFT +
 #                transformers (eager and torch.compile): tokens/s and peak memory
+#   PHASE=lora_mem  the forge LoRA run above held to LIMIT (default 23GiB, PEFT + torch.compile's peak):
+#                its out-of-memory snapshot, live bytes by owner (FORGE_CUDA_MEMORY_LIMIT)
 #   PHASE=chat   tests/python/chat_template_oracle.py: transformers' renderings of the chat fixtures
 #                (golden.json, copied into $OUT/chat/ to commit here)
 #   PHASE=peft   tests/python/peft_oracle.py: PEFT loads forge's exported LoRA adapters (GPT-2 and
@@ -27,8 +29,8 @@ export NCCL_NVLS_ENABLE=0
 R=${RESULTS:-/tmp/forge_composition}
 OUT=${OUT:-$R/out}
 mkdir -p "$R" "$OUT"
-[[ -d .deps/root/usr/lib/x86_64-linux-gnu ]] &&
-  export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# (.deps/root is unpacked by the build phase: the path goes in even before it exists)
+export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 H=build-ab/head
 for phase in ${PHASE:?PHASE=build, ab or long}; do
 case $phase in
@@ -64,11 +66,23 @@ PY
       --gtest_filter="${CUDA_FILTER:-CudaPackedAttention*:CudaRope*:CudaAttentionBlocks*:*scaled_dot_product_attention*:*rope*}" \
       > "$OUT/packing_tests.log" 2>&1
     echo "packing cuda tests rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  " "$OUT/packing_tests.log" | head -20
-    # The same text corpus both ways (the fortunes of .deps, else the demo text the tests write).
-    corpus=/usr/share/games/fortunes; [ -d "$corpus" ] || corpus="$PWD/.deps/root/usr/share/games/fortunes"
+    # The same text both ways: the project's docs and sources cut into paragraphs, one JSON Lines
+    # document each (many short documents, lengths from a line to a few hundred tokens).
+    corpus="$R/pack_corpus.jsonl"
+    python3 - "$corpus" docs src <<'PY'
+import json, pathlib, sys
+n = 0
+with open(sys.argv[1], "w") as out:
+    for root in sys.argv[2:]:
+        for f in sorted(pathlib.Path(root).rglob("*")):
+            if f.suffix not in (".md", ".cpp", ".h", ".cu"): continue
+            for para in f.read_text(errors="replace").split("\n\n"):
+                if para.strip(): out.write(json.dumps({"text": para}) + "\n"); n += 1
+print(f"packing corpus: {n} documents in {sys.argv[1]}")
+PY
     for p in none documents; do
       timeout 200 "$H/forge" train configs/gpt2-124m.toml --run.dir="$R/runs" --run.name="pack_$p" --run.overwrite=true \
-        --data.files="$corpus" --data.exclude='*.dat,*.u8' --data.tokenizer="$PWD/.fixtures/tokenizers/gpt2/tokenizer.json" \
+        --data.source=files --data.files="$corpus" --data.tokenizer="$PWD/.fixtures/tokenizers/gpt2/tokenizer.json" \
         --data.packing=$p --train.steps=40 --train.log_every=10 --eval.every=0 --checkpoint.at_end=false \
         > "$OUT/pack_$p.log" 2>&1
       echo "packing=$p rc=$? $(grep -E 'packed documents|cuda graph' "$OUT/pack_$p.log" | head -2 | tr '\n' ' ')"
@@ -88,6 +102,20 @@ PY
     ls -la "$OUT/chat" 2>/dev/null ;;
   lora)
     FORGE="$H/forge" RESULTS="$R/lora" OUT="$OUT" benchmarks/lora/run_lora.sh ;;
+  lora_mem)  # what holds forge's LoRA memory: the run held to PEFT + torch.compile's peak fails there, and
+             # its out-of-memory snapshot says by owner (FORGE_CUDA_MEMORY_LIMIT)
+    FORGE_CUDA_MEMORY_LIMIT=${LIMIT:-23GiB} PEERS="" STEPS=2 WARMUP=1 FORGE="$H/forge" RESULTS="$R/lora_mem" OUT= \
+      benchmarks/lora/run_lora.sh > /dev/null 2>&1
+    grep -m1 "out of memory" "$R/lora_mem/lora.forge.log" | cut -c1-600
+    cp "$R/lora_mem/runs/lora/oom_snapshot.rank0.json" "$OUT/lora_oom_snapshot.json" 2>/dev/null &&
+      python3 - "$OUT/lora_oom_snapshot.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("requested", j["requested_bytes"] / 2**30, "GiB for", j["failed_owner"])
+for o in j["live_by_owner"][:40]: print(f'{o["bytes"] / 2**30:8.3f} GiB {o["blocks"]:5d} blocks  {o["owner"]}')
+print("plan:", json.dumps(j.get("plan", {}).get("memory_per_gpu_bytes")))
+PY
+    ;;
   peft)
     timeout 400 python3 tests/python/peft_oracle.py --forge "$H/forge" --init-from-bin "$H/tests/forge_hf_init_from" \
       --device cuda:0 2>&1 | tee "$OUT/peft_oracle.log" | tail -6 ;;

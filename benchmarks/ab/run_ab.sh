@@ -48,6 +48,12 @@ deps_args() {  # the header-only packages and data the GPU machine lacks (script
       for deb in "$ROOT"/.deps/*.deb; do dpkg -x "$deb" "$ROOT/.deps/root"; done
     ) 9> "$ROOT/.deps/.unpack.lock"
     [ -f /usr/include/xxhash.h ] || args+=(-DXXHASH_INCLUDE_DIR="$ROOT/.deps/root/usr/include")
+    # The tokenizer libraries (Hugging Face pre-tokenizer regexes, normalisers, .model files).
+    local lib="$ROOT/.deps/root/usr/lib/x86_64-linux-gnu" inc="$ROOT/.deps/root/usr/include"
+    [ -f /usr/include/pcre2.h ] || ! [ -e "$lib/libpcre2-8.so" ] || args+=(-DPCRE2_INCLUDE_DIR="$inc" -DPCRE2_LIBRARY="$lib/libpcre2-8.so")
+    [ -f /usr/include/utf8proc.h ] || ! [ -e "$lib/libutf8proc.so" ] || args+=(-DUTF8PROC_INCLUDE_DIR="$inc" -DUTF8PROC_LIBRARY="$lib/libutf8proc.so")
+    [ -f /usr/include/sentencepiece_processor.h ] || ! [ -e "$lib/libsentencepiece.so" ] ||
+      args+=(-DSENTENCEPIECE_INCLUDE_DIR="$inc" -DSENTENCEPIECE_LIBRARY="$lib/libsentencepiece.so")
   fi
   echo "${args[@]}"
 }

@@ -64,8 +64,9 @@
 // two ids are equal as well: the forward reads its two rows' ids once and the key's id per
 // element of every block (from global memory: (B, S) ids are small and stay in L1/L2); the
 // backward reads its two keys' ids once and the query's per element. Every block then takes the
-// masked path. No key block is skipped for being of other documents yet (the ids are compared,
-// not ordered): packed rows cost what unpacked rows cost, not less.
+// masked path. The key blocks outside the rows' documents are not visited at all (Note [flash
+// document ranges] in flash_attention_common.cuh), nor, in the backward, the query blocks outside
+// the keys' documents: a row of short documents costs a fraction of an unpacked row.
 //
 // This file: the forward kernel and the entry points; the backward kernels are in
 // flash_attention_backward.cu, the shared helpers in flash_attention_common.cuh.
@@ -124,14 +125,23 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
     const int last = min(q0 + Br, T) - 1;
     kend = min(S, max(0, last + shift + 1));
   }
-  const int n_kb = (kend + Bc - 1) / Bc;
+  // Note [flash document ranges]: with documents, only the key blocks of the rows' documents.
+  int kb_begin = 0, kb_end = (kend + Bc - 1) / Bc;
+  if (p.doc_q) {
+    int lo = 0, hi = 0;
+    document_envelope(p.doc_q + static_cast<int64_t>(b) * T, q0, min(q0 + Br, T), p.doc_k + static_cast<int64_t>(b) * S,
+                      0, kend, lo, hi);
+    kb_begin = lo / Bc;
+    kb_end = lo < hi ? (hi + Bc - 1) / Bc : kb_begin;
+  }
+  const int n_kb = kb_end - kb_begin;
 
-  // Pipeline: Q and key block 0 first; the loads of block kb + 1 (cp.async into the other
-  // stage) run while block kb is computed.
+  // Pipeline: Q and the first key block first; the loads of block kb + 1 (cp.async into the
+  // other stage) run while block kb is computed.
   load_tile_async<Br, D>(qbase, p.q_st, q0, T, sQ, KS);
   if (n_kb > 0) {
-    load_tile_async<Bc, D>(kbase_p, p.k_st, 0, S, sKV, KS);
-    load_tile_async<Bc, D>(vbase_p, p.v_st, 0, S, sKV + Bc * KS, KS);
+    load_tile_async<Bc, D>(kbase_p, p.k_st, kb_begin * Bc, S, sKV, KS);
+    load_tile_async<Bc, D>(vbase_p, p.v_st, kb_begin * Bc, S, sKV + Bc * KS, KS);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -155,16 +165,16 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
   const float ninf = -INFINITY;
   float m0 = ninf, m1 = ninf, l0 = 0.f, l1 = 0.f;
 
-  for (int kb = 0; kb < n_kb; ++kb) {
-    const int kbase = kb * Bc;
-    const bool prefetch = kb + 1 < n_kb;
-    if (prefetch) {  // the other stage was last read in iteration kb - 1, which ended with a barrier
-      uint16_t* next = sKV + ((kb + 1) & 1) * 2 * Bc * KS;
+  for (int i = 0; i < n_kb; ++i) {  // iteration i: key block kb_begin + i, in stage i & 1
+    const int kbase = (kb_begin + i) * Bc;
+    const bool prefetch = i + 1 < n_kb;
+    if (prefetch) {  // the other stage was last read in iteration i - 1, which ended with a barrier
+      uint16_t* next = sKV + ((i + 1) & 1) * 2 * Bc * KS;
       load_tile_async<Bc, D>(kbase_p, p.k_st, kbase + Bc, S, next, KS);
       load_tile_async<Bc, D>(vbase_p, p.v_st, kbase + Bc, S, next + Bc * KS, KS);
       cp_async_commit();
     }
-    const uint16_t* sK = sKV + (kb & 1) * 2 * Bc * KS;
+    const uint16_t* sK = sKV + (i & 1) * 2 * Bc * KS;
     const uint16_t* sV = sK + Bc * KS;
 
     // S = Q K^T: B[k = d][n = key] = K[key][d], K row-major.
@@ -241,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const FwdParams p) 
       }
     }
     if (prefetch) cp_async_wait<0>();
-    __syncthreads();  // block kb + 1 visible to all; block kb's stage free for kb + 2
+    __syncthreads();  // the next block visible to all; this block's stage free for the one after
   }
 
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

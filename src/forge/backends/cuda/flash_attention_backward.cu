@@ -104,8 +104,15 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
     doc0 = j0 < S ? dk_ids[j0] : 0;
     doc1 = j1 < S ? dk_ids[j1] : 0;
   }
-  // The first query that may see key kbase (causal), as a block index.
-  const int qstart = p.causal ? max(0, kbase - shift) / Br : 0;
+  // The first query that may see key kbase (causal), as a block index; with documents, the
+  // query blocks of the keys' documents only (Note [flash document ranges]).
+  int qstart = p.causal ? max(0, kbase - shift) / Br : 0, qend = (T + Br - 1) / Br;
+  if (p.doc_k) {
+    int lo = 0, hi = 0;
+    document_envelope(p.doc_k + static_cast<int64_t>(b) * S, kbase, min(kbase + Bc, S), doc_q, qstart * Br, T, lo, hi);
+    qstart = lo / Br;
+    qend = lo < hi ? (hi + Br - 1) / Br : qstart;
+  }
 
   // dQ tile split: MT row tiles of 16, WPM warps per row tile, NPW 8-column tiles per warp.
   constexpr int MT = Br / 16, WPM = 4 / MT, NPW = ND / WPM;
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) flash_bwd_kernel(const BwdParams p) 
   // The iterations: every query block that can see this key block, of every query head of the
   // group (it = hg * nq + block). The loads of iteration it + 1 (cp.async into the other stage;
   // lse and D_i through registers) run while iteration it is computed.
-  const int nq = max(0, (T + Br - 1) / Br - qstart), total = p.G * nq;
+  const int nq = max(0, qend - qstart), total = p.G * nq;
   auto issue = [&](int it, int st) {
     const int h = hk * p.G + it / nq, q0 = (qstart + it % nq) * Br;
     uint16_t* dst = sQdO + 2 * st * Br * KS;

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -178,6 +179,53 @@ extern __shared__ __align__(16) unsigned char flash_smem[];
 extern std::atomic<int64_t> g_flash_calls;
 
 // ---- host side ---------------------------------------------------------------------------
+
+// Note [flash document ranges]: with packed documents (Note [flash documents]) a CTA visits only
+// the tiles inside an envelope: the span [lo, hi) from the first to the last of `other` (the
+// keys for a block of queries, the queries for a block of keys) whose document id lies between
+// the smallest and the largest id of its own `mine`. Any pair the mask allows has equal ids,
+// so its partner's id lies in that interval and the partner inside the span: the tiles outside
+// it are masked whole, and skipping them changes no bit. Packing numbers documents in order, so
+// for a row of short documents the span is little more than the block's own documents (every
+// key of the row for unpacked rows: one id). Every thread of the CTA calls it (it synchronises);
+// lo == hi when no element of `other` qualifies.
+__device__ inline void document_envelope(const int32_t* mine, int mine_begin, int mine_end, const int32_t* other,
+                                         int other_begin, int other_end, int& lo, int& hi) {
+  __shared__ int bounds[4];  // smallest and largest id of mine; first and last index of other
+  if (threadIdx.x == 0) {
+    bounds[0] = bounds[2] = INT_MAX;
+    bounds[1] = bounds[3] = INT_MIN;
+  }
+  __syncthreads();
+  int mn = INT_MAX, mx = INT_MIN;
+  for (int i = mine_begin + static_cast<int>(threadIdx.x); i < mine_end; i += static_cast<int>(blockDim.x)) {
+    mn = min(mn, mine[i]);
+    mx = max(mx, mine[i]);
+  }
+  if (mn <= mx) {
+    atomicMin(&bounds[0], mn);
+    atomicMax(&bounds[1], mx);
+  }
+  __syncthreads();
+  mn = bounds[0];
+  mx = bounds[1];
+  int first = INT_MAX, last = INT_MIN;
+  for (int i = other_begin + static_cast<int>(threadIdx.x); i < other_end; i += static_cast<int>(blockDim.x)) {
+    const int id = other[i];
+    if (id >= mn && id <= mx) {
+      first = min(first, i);
+      last = max(last, i);
+    }
+  }
+  if (first <= last) {
+    atomicMin(&bounds[2], first);
+    atomicMax(&bounds[3], last);
+  }
+  __syncthreads();
+  lo = bounds[2] == INT_MAX ? other_begin : bounds[2];
+  hi = bounds[3] == INT_MIN ? other_begin : bounds[3] + 1;
+  __syncthreads();  // bounds may be reused by a later call
+}
 
 inline const uint16_t* cptr(const Tensor& t) { return static_cast<const uint16_t*>(t.data_ptr()); }
 inline uint16_t* mptr(const Tensor& t) { return t.defined() ? static_cast<uint16_t*>(t.data_ptr()) : nullptr; }
