@@ -29,7 +29,11 @@ export NCCL_NVLS_ENABLE=0
 R=${RESULTS:-/tmp/forge_composition}
 OUT=${OUT:-$R/out}
 mkdir -p "$R" "$OUT"
-# (.deps/root is unpacked by the build phase: the path goes in even before it exists)
+# .deps/root: the libraries the GPU machine lacks (a device call that carries .deps replaces it,
+# so every call unpacks it again, as run_ab.sh's build and runs phases do).
+if compgen -G ".deps/*.deb" > /dev/null; then
+  mkdir -p .deps/root && for deb in .deps/*.deb; do dpkg -x "$deb" .deps/root; done
+fi
 export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 H=build-ab/head
 for phase in ${PHASE:?PHASE=build, ab or long}; do

@@ -91,6 +91,22 @@ std::vector<OpCase> matmul_cases() {
                {real({3, 4}, 79), real({6, 4}, 80).constant(), real({6}, 81), real({5, 6}, 82).constant(),
                 real({5}, 83).constant()},
                [](const TensorList& in) { return gelu_mlp(in[0], in[1], in[2], in[3], in[4]); }});
+  // lora_linear: x (*, in), weight (out, in), bias (out) or none, A (r, in), B (out, r), scale.
+  const OpFn lora = [](const TensorList& in) { return lora_linear(in[0], in[1], in[2], in[3], in[4], 1.75); };
+  c.push_back({"lora_linear", "[2,3,6] x W[5,6] + b, rank 2, everything trains",
+               {real({2, 3, 6}, 91), real({5, 6}, 92), real({5}, 93), real({2, 6}, 94), real({5, 2}, 95)}, lora});
+  c.push_back({"lora_linear", "frozen base (no bias), transposed input: x, A and B train",
+               {real({4, 6}, 96).transposed(), real({3, 6}, 97).constant(), real({2, 6}, 98), real({3, 2}, 99)},
+               [](const TensorList& in) { return lora_linear(in[0], in[1], Tensor(), in[2], in[3], 0.5); }});
+  c.push_back({"lora_linear", "frozen input and base: the adapters' gradients alone",
+               {real({4, 6}, 100).constant(), real({3, 6}, 101).constant(), real({3}, 102).constant(),
+                real({4, 6}, 103), real({3, 4}, 104)},
+               lora});
+  for (OpCase& k : c)
+    if (k.op == "lora_linear")
+      k.tolerance16(3e-2,
+                    "two chained products over six or fewer terms and a scaled rank-r sum added to the first: "
+                    "the 16-bit rounding of h = s x A^T is not averaged out");
   for (OpCase& k : c)
     if (k.op == "gelu_mlp")
       k.tolerance16(3e-2,

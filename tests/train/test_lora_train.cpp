@@ -73,6 +73,22 @@ class LoraTrain : public ::testing::Test {
   std::string last_log;
 };
 
+// The MFU's FLOPs per token (docs/train.md): the adapters count 6 per parameter, the frozen base 4
+// (no weight gradients). The split of the matmul parameters behind it: the trained ones are the
+// adapters, the frozen ones every other parameter but the look-up-only position table.
+TEST_F(LoraTrain, MatmulParametersSplitIntoTheAdaptersAndTheFrozenBase) {
+  RunConfig c = config("flops", 1);
+  c.model.vocab_size = 300;
+  const LanguageModel m = build_language_model(c);
+  const MatmulParameters n = matmul_parameters_by_training(m);
+  const ParameterCounts counts = parameter_counts(m);
+  EXPECT_GT(n.trained, 0);
+  EXPECT_EQ(n.trained, counts.trainable);
+  EXPECT_EQ(n.trained + n.frozen, matmul_parameters(m));
+  EXPECT_EQ(n.frozen, counts.total - counts.trainable - c.model.block_size * c.model.n_embd)
+      << "all but the adapters and transformer.wpe";
+}
+
 TEST_F(LoraTrain, ConfigErrorsNameTheKeyAndTheFix) {
   auto err = [&](std::vector<std::string> o) { return error_of([&] { config("bad", 2, std::move(o)); }); };
   EXPECT_NE(err({"--lora.rank=0"}).find("lora.rank must be > 0"), std::string::npos);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <typeinfo>
 #include <utility>
 
 #include "forge/autograd/grad_mode.h"
@@ -10,6 +11,7 @@
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/dropout.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/matmul.h"
 
 namespace forge::nn {
@@ -135,8 +137,14 @@ Tensor LoraLinear::delta(const Tensor& x) const {
 }
 
 Tensor LoraLinear::forward(const Tensor& x) const {
-  const Tensor y = base->forward(x);
-  return attached() ? ops::add(y, delta(x)) : y;
+  if (!attached()) return base->forward(x);
+  // Note [fused LoRA linear] (ops/matmul.cpp): one node, keeping (tokens, r) beyond the frozen
+  // linear's own, where the base is a plain linear (not FP8's, not a subclass) and the adapter's
+  // input is x itself (no dropout in training: its mask would be another input).
+  const bool plain = typeid(*base) == typeid(Linear) && !(base->fp8 && fp8::training_recipe());
+  if (plain && !(dropout > 0 && is_training()))
+    return ops::lora_linear(x, base->weight, base->bias, lora_A->weight, lora_B->weight, scale);
+  return ops::add(base->forward(x), delta(x));
 }
 
 void LoraLinear::attach(Generator& gen) {

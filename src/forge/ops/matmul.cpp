@@ -59,7 +59,7 @@ using autograd::GradMask;
 using autograd::record;
 
 // The differentiable ops this file defines (Note [op registry] in ops/registry.h).
-[[maybe_unused]] const bool kRegisteredOps = register_ops({"matmul", "mm", "bmm", "linear", "linear_gelu", "gelu_mlp"});
+[[maybe_unused]] const bool kRegisteredOps = register_ops({"matmul", "mm", "bmm", "linear", "linear_gelu", "gelu_mlp", "lora_linear"});
 
 namespace {
 
@@ -370,6 +370,113 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const std::shared_ptr<autograd::DeferredGrads>& defer) {
   return linear_impl("linear", x, weight, bias, false, defer ? defer : autograd::current_weight_grad_queue());
+}
+
+// Note [fused LoRA linear]: y = x W^T + b + scale (x A^T) B^T as one node. Composed of linear,
+// mul and add, the adapter's branch keeps three (M, out) tensors per layer alive until the
+// backward (the scaled product saved by mul, both addends saved by add: a 1B LLaMA's blocks held
+// 2.9x their activations in LoRA). Here the forward writes x W^T + b, then adds the rank-r
+// product into it with the GEMM's beta = 1 (h = scale x A^T is (M, r), scaled in place), and the
+// node keeps x, W, A, B and h: what the frozen linear keeps, plus (M, r). The backward, from dy:
+//   g_h = scale dy B (M, r)      dA = g_h^T x      dB = dy^T h      dx = dy W + g_h A
+// (dx's second term added by a GEMM with beta = 1 into the first; dW and db only for a base that
+// trains). h and g_h carry the scale (both (M, r): scaling them is free). Gradient buffers are written in
+// place where claimed (DDP's buckets).
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& A, const Tensor& B,
+                   double scale) {
+  constexpr const char* name = "lora_linear";
+  check_linear(name, x, weight, bias);
+  detail::check_same_device(name, {x, A, B});
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  FORGE_CHECK(A.defined() && B.defined() && A.dim() == 2 && B.dim() == 2 && A.size(1) == in &&
+                  B.size(0) == out_features && B.size(1) == A.size(0) && A.dtype() == x.dtype() && B.dtype() == x.dtype(),
+              name, ": the adapter must be A (r, ", in, ") and B (", out_features, ", r) of dtype ", dtype_name(x.dtype()),
+              ", got ", A.defined() ? A.shape() : Shape{}, " and ", B.defined() ? B.shape() : Shape{});
+  const int64_t r = A.size(0);
+  Shape y_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t M = shape_numel(y_shape);
+  y_shape.push_back(out_features);
+  const TensorOptions opt{.dtype = x.dtype(), .device = x.device()};
+  const Tensor x2 = reshape(x.detach(), {M, in});
+  const Tensor w = weight.detach(), b = bias.defined() ? bias.detach() : Tensor(), a = A.detach(), bb = B.detach();
+  Tensor y2 = empty({M, out_features}, opt), h = empty({M, r}, opt);
+  if (x.is_cpu()) {
+    cpu_linear(x2, w, b, y2);
+    cpu::matmul(x2, transpose(a, 0, 1), h);
+    mul_(h, scale);
+    Tensor d = empty({M, out_features}, opt);
+    cpu::matmul(h, transpose(bb, 0, 1), d);
+    cpu::binary(BinaryOp::add, y2, d, y2);
+  } else {
+#ifdef FORGE_WITH_CUDA
+    cuda::linear_forward(x2, w, b, y2);
+    cuda::matmul(x2, transpose(a, 0, 1), h);
+    mul_(h, scale);
+    cuda::matmul(h, transpose(bb, 0, 1), y2, 1.0);
+#else
+    FORGE_THROW(name, ": a CUDA tensor in a build without CUDA");
+#endif
+  }
+  Tensor y = Tensor::make(y2.storage(), y_shape, contiguous_strides(y_shape), 0, y2.dtype());
+
+  const Tensor w_leaf = detail::grad_buffer_owner(weight), b_leaf = detail::grad_buffer_owner(bias);
+  const Tensor a_leaf = detail::grad_buffer_owner(A), b2_leaf = detail::grad_buffer_owner(B);
+  const bool adapter_grads = A.requires_grad() || B.requires_grad();
+  const Tensor x_saved = weight.requires_grad() || A.requires_grad() ? x2 : Tensor();
+  const Tensor w_saved = x.requires_grad() ? w : Tensor();
+  const Tensor a_saved = x.requires_grad() ? a : Tensor();
+  const Tensor b_saved = x.requires_grad() || adapter_grads ? bb : Tensor();
+  const Tensor h_saved = B.requires_grad() ? h : Tensor();
+  const Shape x_shape = x.shape();
+  auto backward = [x_saved, w_saved, a_saved, b_saved, h_saved, w_leaf, b_leaf, a_leaf, b2_leaf, x_shape, M, in,
+                   out_features, r, scale](const Tensor& g, const GradMask& need) {
+    const Tensor dy = reshape(g, {M, out_features});
+    const TensorOptions o{.dtype = dy.dtype(), .device = dy.device()};
+    Tensor gh;  // dy B, (M, r)
+    if (need[0] || need[3]) {
+      gh = empty({M, r}, o);
+      if (dy.is_cpu()) cpu::matmul(dy, b_saved, gh);
+      else FORGE_ON_CUDA("lora_linear", cuda::matmul(dy, b_saved, gh));
+      mul_(gh, scale);
+    }
+    Tensor dx, dw, db, da, dbb;
+    if (need[0]) {
+      dx = input_gradient(dy, w_saved, x_shape);  // contiguous, ours (Note [input gradient accumulated in the GEMM])
+      Tensor dx2 = reshape(dx, {M, in});
+      if (dy.is_cpu()) {
+        Tensor t = empty({M, in}, o);
+        cpu::matmul(gh, a_saved, t);
+        cpu::binary(BinaryOp::add, dx2, t, dx2);
+      } else {
+        FORGE_ON_CUDA("lora_linear", cuda::matmul(gh, a_saved, dx2, 1.0));
+      }
+    }
+    if (need[3]) {
+      da = detail::grad_output(a_leaf, {r, in}, o);
+      if (dy.is_cpu()) cpu::matmul(transpose(gh, 0, 1), x_saved, da);
+      else FORGE_ON_CUDA("lora_linear", cuda::matmul(transpose(gh, 0, 1), x_saved, da));
+    }
+    if (need[4]) {
+      dbb = detail::grad_output(b2_leaf, {out_features, r}, o);
+      if (dy.is_cpu()) cpu::matmul(transpose(dy, 0, 1), h_saved, dbb);
+      else FORGE_ON_CUDA("lora_linear", cuda::matmul(transpose(dy, 0, 1), h_saved, dbb));
+    }
+    if (need[1] || need[2]) {  // a base that trains too
+      if (need[1]) dw = detail::grad_output(w_leaf, {out_features, in}, o);
+      if (dy.is_cpu()) {
+        if (need[1]) cpu::matmul(transpose(dy, 0, 1), x_saved, dw);
+        if (need[2]) db = sum(dy, {0});
+      } else {
+        if (need[2]) db = detail::grad_output(b_leaf, {out_features}, o);
+        FORGE_ON_CUDA("lora_linear", cuda::linear_backward_params(dy, x_saved, dw, db));
+      }
+    }
+    return TensorList{dx, dw, db, da, dbb};
+  };
+  record(name, y, {x, weight, bias, A, B}, backward, {x_saved, w_saved, a_saved, b_saved, h_saved});
+  // Note [input gradient accumulated in the GEMM]
+  if (y.grad_fn() && !x.is_cpu() && x.requires_grad()) y.grad_fn()->fuse_input_grad = 0;
+  return y;
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {

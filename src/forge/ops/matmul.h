@@ -52,6 +52,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const std::shared_ptr<autograd::DeferredGrads>& defer);
 
+// LoRA's adapted linear: linear(x, weight, bias) + scale * linear(linear(x, A), B), the same
+// values as composed, one autograd node that keeps only (M, r) beyond what the plain linear keeps
+// (Note [fused LoRA linear] in matmul.cpp). A (r, in), B (out, r), one dtype with x.
+// Differentiable in all five (the frozen base's weight and bias usually need no gradient).
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& A, const Tensor& B,
+                   double scale);
 // gelu_tanh(linear(x, weight, bias)), GPT-2's MLP up-projection. On CUDA one GEMM writes
 // both the pre-activation (saved for backward) and its GELU (cuBLASLt GELU_AUX_BIAS
 // epilogue, when the output width is a multiple of 8); elsewhere linear, then gelu_tanh.

@@ -409,15 +409,14 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool bias, Process
       sequence_parallel(sp),
       group(std::move(g)) {}
 
-Tensor RowParallelLinear::forward(const Tensor& x) const { return forward_adding(x, nullptr); }
+Tensor RowParallelLinear::forward(const Tensor& x) const { return forward_partial(x, nullptr); }
 
-Tensor RowParallelLinear::forward_adding(const Tensor& x, const std::function<Tensor(const Tensor&)>& extra) const {
+Tensor RowParallelLinear::forward_partial(const Tensor& x, const std::function<Tensor(const Tensor&)>& partial_of) const {
   leave_regions();
   const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
   FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
               " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
-  Tensor partial = ops::linear(xs, weight, Tensor());
-  if (extra) partial = ops::add(partial, extra(xs));
+  const Tensor partial = partial_of ? partial_of(xs) : ops::linear(xs, weight, Tensor());
   const Tensor y =
       sequence_parallel ? reduce_scatter_sequence(partial, group) : reduce_from_region_in_place(partial, group);
   return bias.defined() ? ops::add(y, bias) : y;

@@ -123,10 +123,11 @@ class RowParallelLinear : public nn::Linear {
   RowParallelLinear(int64_t in, int64_t out, bool bias, ProcessGroupPtr group, bool input_is_parallel = true,
                     bool sequence_parallel = false);
   Tensor forward(const Tensor& x) const override;
-  // forward with extra(xs) added to this rank's partial product before the ranks' partial
-  // products are summed (xs: this rank's slice of the input): a row-parallel LoRA adapter's
-  // partial output rides the base's one reduction (parallel/tensor_parallel_lora.h).
-  Tensor forward_adding(const Tensor& x, const std::function<Tensor(const Tensor& xs)>& extra) const;
+  // forward with this rank's partial product computed by partial(xs) instead of
+  // linear(xs, weight) (xs: this rank's slice of the input), before the ranks' partial products
+  // are summed: a row-parallel LoRA adapter's partial output rides the base's one reduction, the
+  // base's product and the adapter's in one node (parallel/tensor_parallel_lora.h).
+  Tensor forward_partial(const Tensor& x, const std::function<Tensor(const Tensor& xs)>& partial) const;
   // This rank's columns of the whole linear's weight (out, in), and its whole bias.
   void load_whole(const Tensor& weight, const Tensor& bias);
 

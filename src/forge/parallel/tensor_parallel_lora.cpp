@@ -32,11 +32,18 @@ ColumnParallelLora::ColumnParallelLora(std::shared_ptr<nn::Linear> b, const nn::
 }
 
 Tensor ColumnParallelLora::forward(const Tensor& x) const {
+  if (!attached()) return base->forward(x);
+  // Without dropout in training, the base's product and the adapter's in one node on the whole
+  // input from the base's region entry (Note [fused LoRA linear] in ops/matmul.cpp; the base's
+  // weight gradient is not wanted, so nothing waits for a deferred queue); with it, the base's
+  // forward and the composed branch on the same entry (Note [one collective per input]).
+  if (!(dropout > 0 && is_training())) {
+    const Tensor in = enter_column_region(x, group, sequence_parallel).input;
+    return ops::lora_linear(in, base->weight, base->bias, lora_A->weight, lora_B->weight, scale);
+  }
   const Tensor y = base->forward(x);
-  if (!attached()) return y;
-  // The base's entry into its region (the same one: Note [one collective per input]): the whole input.
   const Tensor in = enter_column_region(x, group, sequence_parallel).input;
-  const Tensor d = dropout > 0 ? ops::dropout(in, dropout, is_training()) : in;
+  const Tensor d = ops::dropout(in, dropout, is_training());
   return ops::add(y, ops::mul(ops::linear(ops::linear(d, lora_A->weight), lora_B->weight), scale));
 }
 
@@ -46,9 +53,12 @@ RowParallelLora::RowParallelLora(std::shared_ptr<RowParallelLinear> b, const nn:
 Tensor RowParallelLora::forward(const Tensor& x) const {
   const auto& row = static_cast<const RowParallelLinear&>(*base);
   if (!attached()) return row.forward(x);
-  return row.forward_adding(x, [this](const Tensor& xs) {
-    const Tensor d = dropout > 0 ? ops::dropout(xs, dropout, is_training()) : xs;
-    return ops::mul(ops::linear(ops::linear(d, lora_A->weight), lora_B->weight), scale);
+  return row.forward_partial(x, [this, &row](const Tensor& xs) {
+    if (!(dropout > 0 && is_training()))  // Note [fused LoRA linear]
+      return ops::lora_linear(xs, row.weight, Tensor(), lora_A->weight, lora_B->weight, scale);
+    const Tensor d = ops::dropout(xs, dropout, is_training());
+    return ops::add(ops::linear(xs, row.weight, Tensor()),
+                    ops::mul(ops::linear(ops::linear(d, lora_A->weight), lora_B->weight), scale));
   });
 }
 

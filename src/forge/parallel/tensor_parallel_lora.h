@@ -14,7 +14,7 @@
 // - Row-parallel base (weight columns split: this rank's partial sum over in / W inputs): A split
 //   along in like the base, B replicated. B (A_r x_r) summed over the ranks is B A x, so each
 //   rank adds its adapter's partial output to its partial product before the one all-reduce (or
-//   reduce-scatter) of the base (RowParallelLinear::forward_adding). B's gradient is partial on
+//   reduce-scatter) of the base (RowParallelLinear::forward_partial). B's gradient is partial on
 //   each rank (it sees A_r x_r only): summed over the group after backward.
 // - A replicated key-value projection (ReplicatedKVLinear) is a column-parallel one whose rows
 //   are one head: B holds that head's rows (shared like the weight, kv_replica), A replicated.

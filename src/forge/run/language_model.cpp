@@ -60,12 +60,17 @@ ParameterCounts parameter_counts(const Model& m) {
   return n;
 }
 
-int64_t matmul_parameters(const Model& m) {
-  int64_t n = 0;
+MatmulParameters matmul_parameters_by_training(const Model& m) {
+  MatmulParameters n;
   for (const auto& [name, p] : m.module->named_parameters())
     if (name.find("wpe.") == std::string::npos && name.find("embed_tokens.") == std::string::npos)
-      n += shape_numel(m.whole_shape(name));
+      (p.requires_grad() ? n.trained : n.frozen) += shape_numel(m.whole_shape(name));
   return n;
+}
+
+int64_t matmul_parameters(const Model& m) {
+  const MatmulParameters n = matmul_parameters_by_training(m);
+  return n.trained + n.frozen;
 }
 
 }  // namespace forge::train

@@ -53,5 +53,12 @@ ParameterCounts parameter_counts(const Model& m);
 // look-up-only embedding tables, GPT's positions (transformer.wpe) and LLaMA's input embedding
 // (model.embed_tokens). A split model (tensor parallelism) counts the whole model's.
 int64_t matmul_parameters(const Model& m);
+// The same parameters split into those that train and those that do not (a LoRA run's frozen
+// base): the model FLOPs per token are then 6 per trained and 4 per frozen one (forward and input
+// gradient, no weight gradient), as forge plan counts them.
+struct MatmulParameters {
+  int64_t trained = 0, frozen = 0;
+};
+MatmulParameters matmul_parameters_by_training(const Model& m);
 
 }  // namespace forge::train

@@ -219,9 +219,15 @@ class LanguageTask final : public Task {
     return s;
   }
 
+  // 6 FLOPs per matmul parameter and token, plus attention's 12 L T width; with LoRA the frozen
+  // base's parameters count 4 (no weight gradients), as forge plan counts them: the MFU of what
+  // the step computes, not of full training's work.
   std::optional<double> flops_per_unit() const override {
-    return telemetry::transformer_flops_per_token(static_cast<double>(matmul_parameters(model_)),
-                                                  cfg_.model.n_layer, cfg_.train.seq_len, width());
+    const MatmulParameters n = matmul_parameters_by_training(model_);
+    const double frozen_saving = cfg_.lora.enabled() ? 2.0 * static_cast<double>(n.frozen) : 0.0;
+    return telemetry::transformer_flops_per_token(static_cast<double>(n.trained + n.frozen), cfg_.model.n_layer,
+                                                  cfg_.train.seq_len, width()) -
+           frozen_saving;
   }
   std::optional<EpochPlace> epoch_of(int64_t) const override { return std::nullopt; }
   void on_step(int64_t, double, int64_t) override {}
