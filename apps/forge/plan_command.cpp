@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "forge/core/error.h"
@@ -14,6 +16,7 @@
 #include "forge/plan/plan.h"
 #include "forge/plan/report.h"
 #include "forge/run/config.h"
+#include "forge/run/run_chat_data.h"
 #include "forge/nn/lora.h"
 #include "forge/run/run_model_spec.h"
 
@@ -71,6 +74,68 @@ constexpr const char* kFooter =
     "  forge plan --config configs/tiny.toml --gpu cpu          (the CPU demo, forge's activation model)\n"
     "  forge plan llama3-8b --summary                           (per-module shapes, parameters, FLOPs)\n"
     "Every formula, its source and the validation against forge's own runs: docs/plan.md.";
+
+// Chat SFT's data (train::summarize_chat_data) beside the plan: how many rows the conversations
+// fill, what share of the computed tokens the loss covers, and how many epochs train.steps is.
+struct SftFigures {
+  double fill = 0, trained_share = 0, rows_trained = 0, epochs = 0, steps_per_epoch = 0, epoch_s = 0;
+};
+SftFigures sft_figures(const train::ChatDataSummary& s, const train::RunConfig& cfg, const plan::PlanResult& r) {
+  SftFigures f;
+  const double positions = static_cast<double>(s.rows) * static_cast<double>(s.seq_len);
+  // A conversation of n tokens takes n - 1 positions (Note [chat rows]).
+  f.fill = positions > 0 ? static_cast<double>(s.train_tokens - s.train_conversations) / positions : 0;
+  f.trained_share = positions > 0 ? static_cast<double>(s.trained_targets) / positions : 0;
+  f.rows_trained = static_cast<double>(cfg.train.steps * cfg.train.batch_size);
+  f.epochs = s.rows > 0 ? f.rows_trained / static_cast<double>(s.rows) : 0;
+  f.steps_per_epoch = static_cast<double>(s.rows) / static_cast<double>(std::max<int64_t>(1, cfg.train.batch_size));
+  f.epoch_s = f.steps_per_epoch * r.time.step;
+  return f;
+}
+
+std::string format_sft(const train::ChatDataSummary& s, const train::RunConfig& cfg, const plan::PlanResult& r) {
+  const SftFigures f = sft_figures(s, cfg, r);
+  auto n = [](int64_t v) { return plan::with_commas(v); };
+  std::ostringstream o;
+  o << "\nchat SFT (data.format = \"chat\", train_on = \"" << cfg.data.train_on
+    << "\"; the files encoded as the run encodes them)\n";
+  o << "  conversations  " << n(s.encoded.conversations) << " in " << s.files << " file(s): " << n(s.train_conversations)
+    << " train, " << n(s.val_conversations) << " validation";
+  if (s.skipped > 0) o << "; " << n(s.skipped) << " skipped (no trained token left)";
+  if (s.encoded.cut > 0)
+    o << "; " << n(s.encoded.cut) << " cut at train.seq_len + 1 = " << s.seq_len + 1 << " tokens ("
+      << n(s.encoded.trained_cut) << " trained tokens lost)";
+  o << "\n";
+  o << "  rows           " << n(s.rows) << " rows of " << s.seq_len << " positions, " << plan::fixed(100 * f.fill, 1)
+    << "% filled by conversations (packed whole, each attending to itself)\n";
+  o << "  trained        " << n(s.trained_targets) << " targets, " << plan::fixed(100 * f.trained_share, 1)
+    << "% of the positions computed: the loss covers these, the step computes them all\n";
+  o << "  epochs         train.steps " << cfg.train.steps << " x batch " << cfg.train.batch_size << " = "
+    << n(static_cast<int64_t>(f.rows_trained)) << " rows = " << plan::fixed(f.epochs, 2) << " epochs"
+    << (cfg.data.order == "random" ? " (rows drawn at random, with replacement)" : "") << "; one epoch = "
+    << plan::fixed(f.steps_per_epoch, 1) << " steps, " << plan::duration(f.epoch_s) << " at this plan's step time\n";
+  return o.str();
+}
+
+nlohmann::json sft_json(const train::ChatDataSummary& s, const train::RunConfig& cfg, const plan::PlanResult& r) {
+  const SftFigures f = sft_figures(s, cfg, r);
+  return {{"files", s.files},
+          {"conversations", s.encoded.conversations},
+          {"train_conversations", s.train_conversations},
+          {"val_conversations", s.val_conversations},
+          {"skipped", s.skipped},
+          {"cut", s.encoded.cut},
+          {"trained_tokens_cut", s.encoded.trained_cut},
+          {"train_tokens", s.train_tokens},
+          {"rows", s.rows},
+          {"seq_len", s.seq_len},
+          {"fill", f.fill},
+          {"trained_targets", s.trained_targets},
+          {"trained_share", f.trained_share},
+          {"epochs", f.epochs},
+          {"steps_per_epoch", f.steps_per_epoch},
+          {"epoch_s", f.epoch_s}};
+}
 
 // The config's model. forge::train::load_config checks the data files too; a config whose
 // data is not on this machine is read again with the data keys pointed at the config itself,
@@ -228,6 +293,7 @@ int run_plan(const std::vector<std::string>& overrides) {
               ") need --config");
   ModelSpec m;
   int64_t default_batch = 0, default_micro_batch = 0, default_grad_accum = 0;
+  train::RunConfig config;          // --config's, resolved
   parallel::Layout config_layout;  // a config's own [dist] keys: the defaults of --tp, --pp, --zero, --offload
   double default_tokens = 0;
   bool cpu_config = false, config_checkpointing = false, data_given = false;
@@ -237,7 +303,7 @@ int run_plan(const std::vector<std::string>& overrides) {
     m = p.spec;
     default_batch = p.default_batch;
   } else if (!a.config.empty()) {
-    train::RunConfig cfg;
+    train::RunConfig& cfg = config;
     m = model_from_config(a.config, overrides, cfg);
     // Note [global batch]: train.batch_size is the batch of an optimizer step; with one data-parallel
     // rank a micro-batch is batch_size / grad_accum.
@@ -501,15 +567,23 @@ int run_plan(const std::vector<std::string>& overrides) {
   }
   in.layout = l;
   const PlanResult r = evaluate(in);
+  // Chat SFT (docs/chat.md): what the config's conversations come to, encoded as the run encodes them.
+  std::optional<train::ChatDataSummary> sft;
+  if (!a.config.empty() && config.data.format == "chat" && data_given) {
+    std::ostringstream quiet;  // (the template's and tokenizer's log lines: the run says them)
+    sft = train::summarize_chat_data(config, quiet);
+  }
   if (a.json) {
     nlohmann::json j = plan_json(in, r);
     j["training"]["tokens_default"] = default_tokens_used;
+    if (sft) j["sft"] = sft_json(*sft, config, r);
     std::cout << j.dump(2) << "\n";
   } else {
     if (default_tokens_used)
       std::cerr << "forge plan: no --tokens: planning " << si(in.tokens) << " tokens"
                 << (default_tokens > 0 ? " (the config's run)" : " (20 per parameter, Chinchilla-optimal)") << "\n";
     std::cout << format_plan(in, r);
+    if (sft) std::cout << format_sft(*sft, config, r);
     if (!r.memory.fits)
       std::cout << "\nThis layout does not fit. The same command with --search lists the layouts of " << gpus
                 << " GPU(s) that fit (data, tensor and pipeline parallelism, ZeRO, offload, checkpointing), ranked "

@@ -3,6 +3,10 @@
 // the random prompts are masked out of the loss (Note [chat masks]); and the refusals.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +19,7 @@
 #include "forge/run/language_model.h"
 #include "forge/train/trainer.h"
 #include "testing/tensor_testing.h"
+#include "testing/cli_testing.h"
 #include "train_testing.h"
 
 namespace forge::train {
@@ -44,7 +49,10 @@ class ChatTrain : public ::testing::Test {
     train_testing::write_text(scratch.path() / "chat.jsonl", lines);
   }
   RunConfig config(const std::string& name, int64_t steps, const std::vector<std::string>& overrides = {}) {
-    const std::string toml =
+    return parse_config(toml(name, steps), name + ".toml", overrides);
+  }
+  std::string toml(const std::string& name, int64_t steps) {
+    return
         "[run]\nname = \"" + name + "\"\ndir = \"" + scratch.str("runs") + "\"\nseed = 7\ndevice = \"cpu\"\n"
         "[model]\ntype = \"gpt\"\nblock_size = 64\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
         "[data]\nfiles = [\"" + scratch.str("chat.jsonl") + "\"]\nformat = \"chat\"\ntokenizer = \"" +
@@ -54,7 +62,6 @@ class ChatTrain : public ::testing::Test {
         "[train]\nsteps = " + std::to_string(steps) + "\nbatch_size = 8\nseq_len = 64\nlog_every = 50\n"
         "[eval]\nevery = 0\nbatches = 4\nbigram_baseline = false\n"
         "[checkpoint]\nevery = 0\n";
-    return parse_config(toml, name + ".toml", overrides);
   }
   TrainResult train(const RunConfig& c) {
     std::ostringstream log;
@@ -176,6 +183,53 @@ TEST_F(ChatTrain, ShardsAreReusedAndForeignFilesKept) {
   });
   EXPECT_NE(e.find("data.shards_dir"), std::string::npos) << e;
   EXPECT_EQ(train_testing::read_text(scratch.path() / "mine"), "keep me");
+}
+
+// forge plan for chat SFT (docs/plan.md): the conversations encoded as the run encodes them give
+// the run's own figures (training conversations, rows, trained targets, as its log says them), the
+// epochs train.steps makes, and nothing is left behind in the temporary directory.
+TEST_F(ChatTrain, PlanCountsTheRunsRowsTrainedTargetsAndEpochs) {
+  const fs::path cfg = scratch.path() / "plan.toml";
+  train_testing::write_text(cfg, toml("planned", 40));
+  auto temporaries = [] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path()))
+      n += e.path().filename().string().rfind("forge-plan-chat-", 0) == 0;
+    return n;
+  };
+  const int before = temporaries();
+  const auto p = testing::run_forge({"plan", "--config", cfg.string(), "--gpu", "cpu", "--json"}, testing::Stderr::dropped);
+  ASSERT_EQ(p.status, 0) << p.out;
+  const auto j = nlohmann::json::parse(p.out);
+  ASSERT_TRUE(j.contains("sft")) << p.out;
+  const auto& s = j["sft"];
+  EXPECT_EQ(temporaries(), before) << "the plan's encoding directory is removed";
+
+  train(config("planned", 1));
+  const size_t mid = last_log.find(" training conversations in ");
+  ASSERT_NE(mid, std::string::npos) << last_log;
+  const size_t line = last_log.rfind('\n', mid) + 1;  // (npos + 1 = 0: the first line)
+  long conversations = 0, rows = 0, seq = 0, trained = 0;
+  ASSERT_EQ(std::sscanf(last_log.c_str() + line, "chat: %ld training conversations in %ld rows of %ld (%ld trained targets)",
+                        &conversations, &rows, &seq, &trained),
+            4)
+      << last_log.substr(line, 200);
+  EXPECT_EQ(s["train_conversations"].get<int64_t>(), conversations);
+  EXPECT_EQ(s["rows"].get<int64_t>(), rows);
+  EXPECT_EQ(s["seq_len"].get<int64_t>(), seq);
+  EXPECT_EQ(s["trained_targets"].get<int64_t>(), trained);
+  EXPECT_EQ(s["conversations"].get<int64_t>(), 200);
+  EXPECT_EQ(s["train_conversations"].get<int64_t>() + s["val_conversations"].get<int64_t>(), 200);
+  EXPECT_NEAR(s["epochs"].get<double>(), 40.0 * 8 / static_cast<double>(rows), 1e-9);
+  EXPECT_GT(s["fill"].get<double>(), 0.5);
+  EXPECT_LE(s["fill"].get<double>(), 1.0);
+  EXPECT_GT(s["trained_share"].get<double>(), 0.0);
+  EXPECT_LT(s["trained_share"].get<double>(), s["fill"].get<double>()) << "the questions are not trained";
+  // The table says the same.
+  const auto t = testing::run_forge({"plan", "--config", cfg.string(), "--gpu", "cpu"}, testing::Stderr::dropped);
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("chat SFT (data.format = \"chat\""), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find(std::to_string(rows) + " rows of 64 positions"), std::string::npos) << t.out;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The data of a chat run (contract in run_chat_data.h).
 #include "forge/run/run_chat_data.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <ostream>
@@ -60,7 +63,7 @@ data::ChatTemplate resolve_chat_template(const RunConfig& cfg, std::ostream& log
 }
 
 std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std::shared_ptr<const data::Tokenizer> tok,
-                                                      const data::ChatTemplate& tmpl, std::ostream& log) {
+                                                      const data::ChatTemplate& tmpl, std::ostream& log, bool save) {
   std::vector<std::string> added;
   const int64_t before = tok->vocab_size();
   auto grown = data::with_special_tokens(std::move(tok), tmpl.special_tokens(), &added);
@@ -69,7 +72,7 @@ std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std:
   for (const auto& t : added) names += (names.empty() ? "\"" : ", \"") + t + "\"";
   log << "chat: added the template's special tokens " << names << " to the tokenizer (vocabulary " << before << " -> "
       << grown->vocab_size() << "; model.vocab_size follows)\n";
-  grown->save((fs::path(cfg.run_dir()) / kTokenizerFile).string());
+  if (save) grown->save((fs::path(cfg.run_dir()) / kTokenizerFile).string());
   return grown;
 }
 
@@ -163,6 +166,62 @@ std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::T
   std::istringstream in(said.str());
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   write_manifest(dir, want, out, {{"log", lines}});
+  return out;
+}
+
+ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log) {
+  FORGE_CHECK(cfg.data.format == "chat", "summarize_chat_data: data.format is \"", cfg.data.format, "\", not \"chat\"");
+  const data::ChatTemplate tmpl = resolve_chat_template(cfg, log);
+  const std::vector<std::string> files = resolve_data_files(cfg.data);
+  FORGE_CHECK(!cfg.data.tokenizer.empty(), "data.format = \"chat\" needs data.tokenizer (the tokenizer the template's "
+              "text is encoded with): set it, or model.init_from a directory with a tokenizer.json");
+  const auto tok = chat_tokenizer(cfg, data::load_tokenizer(cfg.data.tokenizer), tmpl, log, /*save=*/false);
+  // A directory of this call's own: created here (create_directory fails on an existing one, so
+  // nothing of anyone else's is reused or removed) and removed whole at the end.
+  fs::path dir;
+  for (int attempt = 0;; ++attempt) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "forge-plan-chat-%ld-%d", static_cast<long>(::getpid()), attempt);
+    dir = fs::temp_directory_path() / name;
+    if (fs::create_directory(dir)) break;
+    FORGE_CHECK(attempt < 100, "forge plan: cannot create a temporary directory in ", fs::temp_directory_path().string());
+  }
+  struct Remove {
+    fs::path d;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  } remove{dir};
+  const data::ChatTrainOn train_on = data::parse_chat_train_on(cfg.data.train_on);
+  ChatDataSummary out;
+  out.files = static_cast<int64_t>(files.size());
+  out.seq_len = cfg.train.seq_len;
+  std::vector<std::vector<data::ChatSpan>> per_shard;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string shard = (dir / ("shard_" + std::to_string(i) + ".bin")).string();
+    const ChatEncodeStats s = encode_chat_file(tmpl, *tok, train_on, cfg.train.seq_len + 1,
+                                               std::max<int64_t>(cfg.model.vocab_size, tok->vocab_size()), files[i], shard);
+    out.encoded.conversations += s.conversations;
+    out.encoded.written += s.written;
+    out.encoded.tokens += s.tokens;
+    out.encoded.trained += s.trained;
+    out.encoded.cut += s.cut;
+    out.encoded.trained_cut += s.trained_cut;
+    out.skipped += static_cast<int64_t>(s.skipped_lines.size());
+    if (s.written == 0) continue;
+    auto t = std::make_shared<const data::TokenShard>(shard);
+    per_shard.push_back(data::chat_conversations(t, std::make_shared<const data::TokenShard>(data::chat_flags_path(shard))));
+  }
+  FORGE_CHECK(!per_shard.empty(), "data.format = \"chat\": no conversation of data.files has a trained token (",
+              files.size(), " file(s)); check the files' assistant messages, or raise train.seq_len");
+  const data::ChatSplit split = data::split_chat(per_shard, cfg.data.val_files.empty() ? cfg.data.val_fraction : 0.0);
+  out.train_conversations = static_cast<int64_t>(split.train.size());
+  out.val_conversations = static_cast<int64_t>(split.val.size());
+  for (const auto& c : split.train) out.train_tokens += c.size();
+  const data::ChatRows rows(split.train, 1, cfg.train.seq_len, data::ChatRows::Order::sequential);
+  out.rows = rows.num_rows();
+  out.trained_targets = rows.trained_targets();
   return out;
 }
 

@@ -31,9 +31,10 @@ namespace forge::train {
 // The run's chat template (see above); logs where it came from.
 data::ChatTemplate resolve_chat_template(const RunConfig& cfg, std::ostream& log);
 
-// `tok` with the template's special tokens (see above); logs what was added.
+// `tok` with the template's special tokens (see above); logs what was added; saves the grown
+// tokenizer in the run directory unless `save` is false (forge plan writes nothing).
 std::shared_ptr<const data::Tokenizer> chat_tokenizer(const RunConfig& cfg, std::shared_ptr<const data::Tokenizer> tok,
-                                                      const data::ChatTemplate& tmpl, std::ostream& log);
+                                                      const data::ChatTemplate& tmpl, std::ostream& log, bool save = true);
 
 // What encoding a chat file did.
 struct ChatEncodeStats {
@@ -57,5 +58,20 @@ ChatEncodeStats encode_chat_file(const data::ChatTemplate& tmpl, const data::Tok
 std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::Tokenizer& tok,
                                              const data::ChatTemplate& tmpl, const std::vector<std::string>& files,
                                              const std::string& dir, std::ostream& log);
+
+// What a chat run's data come to (forge plan for SFT): each file encoded as the run will encode it,
+// into a temporary directory of its own (removed before returning), the conversations split into
+// training and validation as the run splits them and the training ones packed into rows of
+// train.seq_len (Note [chat rows]). Nothing else is written.
+struct ChatDataSummary {
+  int64_t files = 0;
+  ChatEncodeStats encoded;          // every file's, summed (skipped_lines: their count only)
+  int64_t skipped = 0;              // conversations with no trained token left
+  int64_t train_conversations = 0, val_conversations = 0;
+  int64_t train_tokens = 0;         // tokens of the training conversations
+  int64_t rows = 0, seq_len = 0;    // rows of seq_len positions the training conversations fill
+  int64_t trained_targets = 0;      // trained targets in those rows
+};
+ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log);
 
 }  // namespace forge::train
