@@ -282,5 +282,78 @@ TEST(Fp8Linear, NonFiniteAmaxIsReportedByLayerAndOperand) {
   EXPECT_STREQ(fp8::operand_name(Operand::gradient), "gradient");
 }
 
+// Note [FP8 delayed scaling]: a tensorwise cast is scaled by the largest amax of the layer's last
+// `history` casts of that operand, the first cast by its own; values above that amax saturate, so
+// a delayed cast of x equals a current cast of x clipped to the history's amax (the clip leaves
+// exactly that amax). The history keeps `history` entries, oldest out first; an evaluation's
+// forward (no grad) reads the history but adds nothing; a non-finite amax is not entered.
+TEST(Fp8DelayedScaling, TheHistorysLargestAmaxScalesTheNextCast) {
+  auto vals = [](const Tensor& t) { return t.to(DType::f64).contiguous().to_vector<double>(); };
+  auto clip = [](const Tensor& t, double a) {  // each entry clamped to [-a, a]
+    std::vector<float> v = t.to(DType::f32).contiguous().to_vector<float>();
+    for (float& e : v) e = std::clamp(e, static_cast<float>(-a), static_cast<float>(a));
+    return from_vector(v, t.shape());
+  };
+  fp8::set_training_scaling({.scaling = fp8::Scaling::delayed, .history = 2});
+  Generator gen(77);
+  const Tensor w = uniform({5, 8}, -0.5, 0.5, {}, &gen);
+  auto x_with_amax = [&](double a) {
+    Tensor x = uniform({6, 8}, -0.5 * a, 0.5 * a, {}, &gen);
+    NoGradGuard no_grad;
+    x.narrow(0, 0, 1).narrow(1, 0, 1).fill_(a);  // its amax exactly a
+    return x;
+  };
+  auto current = [&](const Tensor& x) {  // what current scaling gives (fp8::linear's forward GEMM)
+    return fp8::quantized_matmul(x, Operand::activation, w, Operand::weight, Recipe::tensorwise);
+  };
+  const Tensor x1 = x_with_amax(1.0), x2 = x_with_amax(4.0), x3 = x_with_amax(3.0), x4 = x_with_amax(2.5);
+  // Cast 1: no history, its own amax.
+  EXPECT_EQ(vals(fp8::linear(x1, w, Tensor(), Recipe::tensorwise, "L")), vals(current(x1)));
+  // Cast 2 (amax 4): scaled by the history's 1, so it saturates at 1.
+  EXPECT_EQ(vals(fp8::linear(x2, w, Tensor(), Recipe::tensorwise, "L")), vals(current(clip(x2, 1.0))));
+  EXPECT_NE(vals(current(x2)), vals(current(clip(x2, 1.0)))) << "the saturation shows";
+  // Cast 3 (amax 3): the history holds 1 and 4, so 4: no saturation, a coarser scale than its own.
+  // Reference: x3's rows quantized in a matrix whose amax is 4 (one more row holding 4).
+  {
+    const Tensor with4 = ops::cat({x3, full({1, 8}, 4.0)}, 0);
+    const Tensor x3q = fp8::dequantize(fp8::quantize(with4, Format::e4m3, Recipe::tensorwise, Operand::activation))
+                           .narrow(0, 0, 6);
+    const Tensor wq = fp8::dequantize(fp8::quantize(w, Format::e4m3, Recipe::tensorwise, Operand::weight));
+    const std::vector<double> got = vals(fp8::linear(x3, w, Tensor(), Recipe::tensorwise, "L")),
+                              want = vals(ops::matmul(x3q, ops::transpose(wq, 0, 1)));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << i;
+    EXPECT_NE(got, vals(current(x3))) << "not its own scale";
+  }
+  auto history = [](const char* layer, Operand op) { return fp8::amax_histories().at(layer)[static_cast<size_t>(op)]; };
+  EXPECT_EQ(history("L", Operand::activation), (std::vector<float>{4.0f, 3.0f})) << "two kept, the oldest out";
+  EXPECT_EQ(history("L", Operand::weight).size(), 2u);
+  // An evaluation's forward reads the history (max 4) and adds nothing.
+  {
+    NoGradGuard no_grad;
+    (void)fp8::linear(x4, w, Tensor(), Recipe::tensorwise, "L");
+  }
+  EXPECT_EQ(history("L", Operand::activation), (std::vector<float>{4.0f, 3.0f}));
+  // A non-finite tensor is not entered (the guardrail reports it).
+  Tensor bad = x_with_amax(1.0);
+  {
+    NoGradGuard no_grad;
+    bad.narrow(0, 1, 1).narrow(1, 1, 1).fill_(std::numeric_limits<double>::infinity());
+  }
+  (void)fp8::linear(bad, w, Tensor(), Recipe::tensorwise, "L");
+  (void)fp8::take_guard_events();
+  EXPECT_EQ(history("L", Operand::activation), (std::vector<float>{4.0f, 3.0f}));
+  // The backward's dy cast has a history of its own.
+  Tensor xg = x_with_amax(1.0).requires_grad_();
+  fp8::linear(xg, w, Tensor(), Recipe::tensorwise, "G").sum().backward();
+  EXPECT_EQ(history("G", Operand::gradient).size(), 1u);
+  // The record for telemetry.fp8_amax: each layer's largest amax per operand, then cleared.
+  const auto rec = fp8::take_amax_record();
+  EXPECT_EQ(rec.at("L")[static_cast<size_t>(Operand::activation)], 4.0);
+  EXPECT_TRUE(fp8::take_amax_record().empty());
+  fp8::set_training_scaling({});
+  EXPECT_TRUE(fp8::amax_histories().empty()) << "setting the scaling clears the histories";
+}
+
 }  // namespace
 }  // namespace forge

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "forge/core/error.h"
+#include "forge/io/checkpoint.h"
 #include "forge/ops/fp8.h"
 #include "forge/run/config.h"
 #include "forge/train/trainer.h"
@@ -77,6 +80,74 @@ TEST(Fp8Train, RefusedOnAGpuAndForAnUnknownRecipe) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("run.fp8 = 'delayed'"), std::string::npos) << e.what();
   }
+}
+
+// Note [FP8 delayed scaling] in a run: the amax histories are the run's state, saved in the
+// checkpoint (extra.fp8_amax_histories) and restored, so a run stopped at step 3 and resumed
+// reproduces the uninterrupted run's losses and weights bit for bit; without them the resumed
+// run would scale its first casts by their own amax and differ. telemetry.fp8_amax puts each
+// layer's largest amax per operand in the progress records.
+TEST(Fp8Train, DelayedScalingResumesBitIdenticallyFromTheCheckpointedHistories) {
+  Scratch scratch;
+  train_testing::write_corpus(scratch.path() / "corpus");
+  auto config = [&](const std::string& name, int64_t steps) {
+    return parse_config(train_testing::tiny_toml(scratch.path(), name, steps), name + ".toml",
+                        {"--run.fp8=tensorwise", "--run.fp8_scaling=delayed", "--run.fp8_amax_history=4",
+                         "--run.dtype=f32", "--checkpoint.every=3", "--schedule.decay_steps=6", "--eval.every=0",
+                         "--telemetry.fp8_amax=true", "--train.log_every=1"});
+  };
+  auto train = [](const RunConfig& c, TrainOptions o = {}) {
+    std::ostringstream log;
+    return run_training(c, o, log);
+  };
+  const TrainResult full = train(config("full", 6));
+  (void)train(config("split", 3));
+  const TrainResult resumed = train(config("split", 6), {.resume = true});
+  fp8::set_training_recipe(std::nullopt);
+  fp8::set_training_scaling({});
+  ASSERT_EQ(resumed.start_step, 3);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << "step " << 4 + i;
+  const io::CheckpointData a = io::load_checkpoint(full.last_checkpoint), b = io::load_checkpoint(resumed.last_checkpoint);
+  for (const auto& [name, t] : a.model)
+    EXPECT_EQ(t.to_vector<float>(), b.model.at(name).to_vector<float>()) << name;
+  // The checkpoint holds the histories: every block linear, each operand, at most 4 entries.
+  ASSERT_TRUE(a.extra.contains("fp8_amax_histories")) << a.extra.dump();
+  const auto& h = a.extra["fp8_amax_histories"];
+  ASSERT_TRUE(h.contains("transformer.h.0.attn.c_attn")) << h.dump();
+  EXPECT_EQ(h["transformer.h.0.attn.c_attn"]["activation"].size(), 4u) << h.dump();
+  EXPECT_EQ(h["transformer.h.0.attn.c_attn"]["gradient"].size(), 4u) << h.dump();
+  // The progress records carry the amaxes.
+  std::ifstream in(scratch.path() / "runs" / "full" / "metrics.jsonl");
+  int with = 0;
+  for (std::string line; std::getline(in, line);)
+    if (const auto r = nlohmann::json::parse(line); r.contains("fp8_amax") && r["fp8_amax"].contains("transformer.h.1.mlp.c_fc")) {
+      ++with;
+      EXPECT_GT(r["fp8_amax"]["transformer.h.1.mlp.c_fc"]["weight"].get<double>(), 0.0) << r.dump();
+    }
+  EXPECT_GE(with, 6);
+}
+
+TEST(Fp8Train, DelayedScalingErrorsNameTheKeyAndTheFix) {
+  Scratch scratch;
+  auto error = [&](const std::vector<std::string>& o) {
+    try {
+      (void)parse_config(train_testing::tiny_toml(scratch.path()), "fp8.toml", o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(error({"--run.fp8=rowwise", "--run.fp8_scaling=delayed"}).find("needs run.fp8 = \"tensorwise\""),
+            std::string::npos);
+  EXPECT_NE(error({"--run.fp8=tensorwise", "--run.fp8_scaling=delay"}).find("run.fp8_scaling = 'delay' is unknown"),
+            std::string::npos);
+  EXPECT_NE(error({"--run.fp8=tensorwise", "--run.fp8_amax_history=0"}).find("run.fp8_amax_history must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(error({"--run.fp8=tensorwise", "--run.fp8_scaling=delayed", "--model.checkpoint_activations=true"})
+                .find("model.checkpoint_activations"),
+            std::string::npos);
+  EXPECT_NE(error({"--telemetry.fp8_amax=true"}).find("needs run.fp8"), std::string::npos);
 }
 
 }  // namespace

@@ -74,7 +74,17 @@ Groups groups_of(const Quantized& q) {
 
 }  // namespace
 
+namespace {
+// quantize(), with a tensorwise amax given (delayed scaling) instead of measured when `given` >= 0.
+Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given);
+}  // namespace
+
 Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operand) {
+  return quantize_with(x, format, recipe, operand, -1.0f);
+}
+
+namespace {
+Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given) {
   FORGE_CHECK(x.defined() && x.dim() == 2 && x.is_cpu() && is_floating(x.dtype()),
               "fp8::quantize: expected a 2-D floating-point CPU matrix, got ", x.defined() ? x.shape() : Shape{});
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -91,6 +101,7 @@ Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operan
       const float e = std::fabs(v[static_cast<size_t>(i * cols + j)]);
       a = std::isnan(e) || std::isnan(a) ? NAN : std::max(a, e);
     }
+  if (given >= 0.0f && recipe == Recipe::tensorwise && std::isfinite(amax[0])) amax[0] = given;
   const auto fmax = static_cast<float>(info(format).max);
   std::vector<float> scale(static_cast<size_t>(ngroups));
   for (size_t k = 0; k < scale.size(); ++k)
@@ -110,6 +121,7 @@ Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operan
   q.operand = operand;
   return q;
 }
+}  // namespace
 
 Tensor dequantize(const Quantized& q) {
   const Groups g = groups_of(q);
@@ -155,12 +167,20 @@ Tensor scaled_matmul(const Tensor& x, const Tensor& w, Recipe recipe) {
   return from_vector(out, {m, n});
 }
 
-Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Operand b_role, Recipe recipe) {
+namespace {
+// quantized_matmul with tensorwise amaxes given for a and b_t (-1: measured).
+Tensor quantized_matmul_with(const Tensor& a, Operand a_role, float a_amax, const Tensor& b_t, Operand b_role,
+                             float b_amax, Recipe recipe) {
   FORGE_CHECK(a.dim() == 2 && b_t.dim() == 2 && a.size(1) == b_t.size(1), "fp8::quantized_matmul: expected a (m, r) and "
               "b_t (n, r), got ", a.shape(), " and ", b_t.shape());
-  const Tensor aq = dequantize(quantize(a, format_of(recipe, a_role), recipe, a_role));
-  const Tensor bq = dequantize(quantize(b_t, format_of(recipe, b_role), recipe, b_role));
+  const Tensor aq = dequantize(quantize_with(a, format_of(recipe, a_role), recipe, a_role, a_amax));
+  const Tensor bq = dequantize(quantize_with(b_t, format_of(recipe, b_role), recipe, b_role, b_amax));
   return ops::matmul(aq, ops::transpose(bq, 0, 1));
+}
+}  // namespace
+
+Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Operand b_role, Recipe recipe) {
+  return quantized_matmul_with(a, a_role, -1.0f, b_t, b_role, -1.0f, recipe);
 }
 
 namespace {
@@ -175,7 +195,61 @@ void guard(const Tensor& m, Operand op, Recipe recipe, const std::string& layer)
       return;
     }
 }
+
+// Note [FP8 delayed scaling]: the histories and the telemetry record.
+ScalingOptions g_scaling;
+AmaxHistories g_histories;
+std::map<std::string, std::array<double, 3>> g_amax_record;
+
+float tensor_amax(const Tensor& m) {
+  const std::vector<float> v = m.to(DType::f32).contiguous().to_vector<float>();
+  float a = 0.0f;
+  for (float e : v) a = std::isnan(e) || std::isnan(a) ? NAN : std::max(a, std::fabs(e));
+  return a;
+}
+
+// The amax a cast of `m` (layer, operand) is scaled by: -1 (measure it: current scaling, or a
+// recipe with more than one group) or the delayed amax; a training cast (`training`: not an
+// evaluation's or a sample's forward) records its own amax and joins its history.
+float cast_amax(const Tensor& m, Operand op, Recipe recipe, const std::string& layer, bool training) {
+  const bool delayed = g_scaling.scaling == Scaling::delayed && recipe == Recipe::tensorwise;
+  if (!training) {
+    if (!delayed) return -1.0f;
+    const auto it = g_histories.find(layer);
+    if (it == g_histories.end() || it->second[static_cast<size_t>(op)].empty()) return -1.0f;
+    const std::vector<float>& h = it->second[static_cast<size_t>(op)];
+    return *std::max_element(h.begin(), h.end());
+  }
+  const float current = tensor_amax(m);
+  auto& rec = g_amax_record.try_emplace(layer, std::array<double, 3>{-1, -1, -1}).first->second;
+  double& r = rec[static_cast<size_t>(op)];
+  if (std::isfinite(current)) r = std::max(r, static_cast<double>(current));
+  if (!delayed) return -1.0f;
+  std::vector<float>& h = g_histories[layer][static_cast<size_t>(op)];
+  float used = current;
+  if (!h.empty()) used = *std::max_element(h.begin(), h.end());
+  if (std::isfinite(current)) {
+    h.push_back(current);
+    if (static_cast<int64_t>(h.size()) > g_scaling.history) h.erase(h.begin());
+  }
+  return std::isfinite(current) ? used : -1.0f;  // a non-finite tensor: its own (NaN) scale, for the guard
+}
 }  // namespace
+
+void set_training_scaling(ScalingOptions o) {
+  FORGE_CHECK(o.history >= 1, "run.fp8_amax_history must be >= 1, got ", o.history);
+  g_scaling = o;
+  g_histories.clear();
+  g_amax_record.clear();
+}
+ScalingOptions training_scaling() { return g_scaling; }
+AmaxHistories amax_histories() { return g_histories; }
+void restore_amax_histories(const AmaxHistories& h) { g_histories = h; }
+std::map<std::string, std::array<double, 3>> take_amax_record() {
+  std::map<std::string, std::array<double, 3>> out;
+  out.swap(g_amax_record);
+  return out;
+}
 
 std::vector<GuardEvent> take_guard_events() {
   std::vector<GuardEvent> out;
@@ -197,11 +271,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, 
   out_shape.back() = n;
   Tensor y;
   const Tensor x2 = x.detach().reshape({-1, k}), wd = w.detach();
+  float ax = -1.0f, aw = -1.0f;
+  const bool training = grad_enabled();  // (an evaluation's forward leaves the histories alone)
   {
     NoGradGuard no_grad;
     guard(x2, Operand::activation, recipe, layer);
     guard(wd, Operand::weight, recipe, layer);
-    Tensor y2 = quantized_matmul(x2, Operand::activation, wd, Operand::weight, recipe);
+    // Note [FP8 delayed scaling]: the x and w casts' amaxes (measured, or from their histories).
+    ax = cast_amax(x2, Operand::activation, recipe, layer, training);
+    aw = cast_amax(wd, Operand::weight, recipe, layer, training);
+    Tensor y2 = quantized_matmul_with(x2, Operand::activation, ax, wd, Operand::weight, aw, recipe);
     if (b.defined()) y2 = ops::add(y2, b.detach().to(DType::f32));
     y = y2.to(x.dtype()).reshape(out_shape);
   }
@@ -209,21 +288,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, 
   if (!autograd::any_requires_grad(inputs)) return y;
   const Shape x_shape = x.shape();
   const DType xd = x.dtype(), wdt = w.dtype();
+  // The forward's amaxes serve the backward's casts of x and w too (the GPU casts them once, in
+  // the forward); dy's cast is scaled once for both of its GEMMs.
   autograd::record("fp8_linear", y, inputs,
                    [x2, wd, recipe, x_shape, xd, wdt, has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32,
-                    n, layer](const Tensor& g, const autograd::GradMask& need) {
+                    n, layer, ax, aw](const Tensor& g, const autograd::GradMask& need) {
                      NoGradGuard no_grad;
                      const Tensor dy = g.reshape({-1, n}).to(DType::f32).contiguous();
                      guard(dy, Operand::gradient, recipe, layer);
+                     const float ag = cast_amax(dy, Operand::gradient, recipe, layer, true);
                      TensorList out(has_bias ? 3 : 2);
                      if (need[0])  // dx = dy w: dy by (w^T) grouped along n
-                       out[0] = quantized_matmul(dy, Operand::gradient, ops::transpose(wd, 0, 1).contiguous(),
-                                                 Operand::weight, recipe)
+                       out[0] = quantized_matmul_with(dy, Operand::gradient, ag, ops::transpose(wd, 0, 1).contiguous(),
+                                                      Operand::weight, aw, recipe)
                                     .to(xd)
                                     .reshape(x_shape);
                      if (need[1])  // dw = dy^T x: dy^T by x^T, both grouped along the tokens
-                       out[1] = quantized_matmul(ops::transpose(dy, 0, 1).contiguous(), Operand::gradient,
-                                                 ops::transpose(x2, 0, 1).contiguous(), Operand::activation, recipe)
+                       out[1] = quantized_matmul_with(ops::transpose(dy, 0, 1).contiguous(), Operand::gradient, ag,
+                                                      ops::transpose(x2, 0, 1).contiguous(), Operand::activation, ax,
+                                                      recipe)
                                     .to(wdt);
                      if (has_bias && need[2]) out[2] = ops::sum(dy, std::vector<int64_t>{0}).to(bias_dtype);
                      return out;

@@ -23,7 +23,9 @@
 // operands quantized in e4m3 by the recipe, the products accumulated in f64 and rounded once to
 // f32 (the tensor cores' promoted f32 accumulation without its order), each product scaled by
 // its operands' groups (per tile pair under blockwise: DeepSeek's promotion every 128 products).
+#include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,6 +92,32 @@ struct GuardEvent {
 // The events recorded since the last call, in order (process-wide), and clears them.
 std::vector<GuardEvent> take_guard_events();
 const char* operand_name(Operand op);  // "activation" | "weight" | "gradient"
+
+// Note [FP8 delayed scaling]: under current scaling (the default) a cast's scale comes from the
+// amax of the tensor being cast. Delayed scaling (run.fp8_scaling = "delayed", tensorwise only:
+// Transformer Engine's per-tensor recipe) takes it from the largest amax of the same layer's and
+// operand's last `history` casts (run.fp8_amax_history), the current one excluded, so that on a
+// GPU the scale is known before the tensor is read; the current amax then joins the history (the
+// oldest leaves). A layer's first cast, with no history yet, is scaled by its own amax. Values
+// above what the delayed scale covers saturate to the format's largest (Note [FP8 rounding]). A
+// non-finite amax is not entered into a history (the guardrail reports it, the step is skipped).
+// The histories are the run's state: forge train saves them in the checkpoint and restores them,
+// so that a resumed run scales exactly as an uninterrupted one.
+enum class Scaling : uint8_t { current, delayed };
+struct ScalingOptions {
+  Scaling scaling = Scaling::current;
+  int64_t history = 16;  // casts remembered per layer and operand (delayed)
+};
+// Sets the process's scaling and clears every history.
+void set_training_scaling(ScalingOptions o);
+ScalingOptions training_scaling();
+// The histories (oldest first) by layer, then operand (activation, weight, gradient), and back.
+using AmaxHistories = std::map<std::string, std::array<std::vector<float>, 3>>;
+AmaxHistories amax_histories();
+void restore_amax_histories(const AmaxHistories& h);
+// The largest amax of each layer's casts per operand since the last call (-1: no cast of that
+// operand), for telemetry.fp8_amax; clears the record.
+std::map<std::string, std::array<double, 3>> take_amax_record();
 
 // The recipe of the linear layers' GEMMs for this process (nn::Linear reads it; forge train sets
 // it from run.fp8): none (off) by default.

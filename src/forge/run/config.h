@@ -6,7 +6,8 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, fp8, attention, deterministic,
+//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, fp8, fp8_scaling, fp8_amax_history,
+//                attention, deterministic,
 //                gemm_tuning, cuda_graph, time_limit, preempt_signal
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
 //                n_embd, dropout, bias, checkpoint_activations, n_kv_head, dim, ffn_hidden,
@@ -63,6 +64,8 @@ struct RunSection {
                                    // (Note [one command starts or continues]; never the default)
   bool allow_tf32 = false;         // f32 GEMMs on CUDA in TF32 (faster; changes results: relative error ~1e-3)
   std::string fp8 = "off";         // the linear layers' GEMMs in FP8: "off" | "tensorwise" | "rowwise" | "blockwise" (ops/fp8.h)
+  std::string fp8_scaling = "current";  // "current" | "delayed" (tensorwise: Note [FP8 delayed scaling])
+  int64_t fp8_amax_history = 16;   // delayed scaling: casts remembered per layer and operand
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
   std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)
@@ -171,6 +174,7 @@ struct TelemetrySection {
   bool gpu_sampling = true;        // NVML samples of the GPU in every progress record (bench/gpu_sampler.h)
   double idle_warn_pct = 10.0;     // warn when the GPU ran no kernel for more than this % of an interval
   std::string profile_steps;       // "A:B": a Chrome/Perfetto trace of steps A..B per rank (train/step_trace.h)
+  bool fp8_amax = false;           // run.fp8: each layer's largest amax per operand in every progress record
 };
 
 // Switches that change what a run computes: never hidden environment variables, always recorded

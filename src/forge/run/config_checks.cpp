@@ -73,6 +73,19 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(c.run.device == "cpu", "run.fp8 = \"", c.run.fp8, "\" runs as the CPU emulation only so far "
                 "(issue 39: the GPU kernels are not built yet); set run.device = \"cpu\" or run.fp8 = \"off\"");
   }
+  FORGE_CHECK(c.run.fp8_scaling == "current" || c.run.fp8_scaling == "delayed", "run.fp8_scaling = '", c.run.fp8_scaling,
+              "' is unknown; use \"current\" or \"delayed\"", suggest_choice(c.run.fp8_scaling, {"current", "delayed"}));
+  FORGE_CHECK(c.run.fp8_amax_history >= 1, "run.fp8_amax_history must be >= 1, got ", c.run.fp8_amax_history);
+  if (c.run.fp8_scaling == "delayed") {
+    FORGE_CHECK(c.run.fp8 == "tensorwise", "run.fp8_scaling = \"delayed\" scales a whole tensor from its history: it "
+                "needs run.fp8 = \"tensorwise\" (run.fp8 is \"", c.run.fp8, "\"); rowwise and blockwise scale "
+                "each group by its own amax (run.fp8_scaling = \"current\")");
+    FORGE_CHECK(!c.model.checkpoint_activations, "run.fp8_scaling = \"delayed\" with model.checkpoint_activations: "
+                "a recomputed forward would cast again and move the amax histories, so that its activations differ "
+                "from the first forward's; use run.fp8_scaling = \"current\" or turn checkpointing off");
+  }
+  FORGE_CHECK(!c.telemetry.fp8_amax || c.run.fp8 != "off", "telemetry.fp8_amax records the FP8 casts' amaxes: it needs "
+              "run.fp8 (\"tensorwise\", \"rowwise\" or \"blockwise\")");
   (void)parse_duration(c.run.time_limit, "run.time_limit");  // Note [preemption]
   (void)parse_stop_signal(c.run.preempt_signal, "run.preempt_signal");
 

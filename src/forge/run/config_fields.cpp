@@ -40,6 +40,12 @@ const std::vector<Field>& fields() {
                   "the linear layers' matrix products in FP8 (Note [FP8 recipes]): \"off\", \"tensorwise\", "
                   "\"rowwise\" or \"blockwise\"; the blocks' linears only (not the output head); so far the CPU "
                   "emulation (slow; docs/fp8.md), refused on a GPU"),
+      FORGE_FIELD(run, fp8_scaling,
+                  "where an FP8 cast's scale comes from (Note [FP8 delayed scaling]): \"current\" (the amax of the "
+                  "tensor cast) or \"delayed\" (the largest amax of the layer's last run.fp8_amax_history casts of "
+                  "that operand; run.fp8 = \"tensorwise\" only; the histories are saved in checkpoints)"),
+      FORGE_FIELD(run, fp8_amax_history,
+                  "delayed FP8 scaling: how many casts of each layer and operand the amax history remembers (>= 1)"),
       FORGE_FIELD(run, attention,
                   "which CUDA attention kernels run: \"auto\" (cuDNN's fused attention where it applies, then forge's "
                   "flash kernels, then the composed GEMM path), \"flash\" (forge's flash kernels, then the composed "
@@ -217,6 +223,9 @@ const std::vector<Field>& fields() {
                   "on a GPU: NVML read every 100 ms off the training thread; each progress record gets the mean "
                   "utilisation, memory-controller utilisation and power, the lowest SM clock, the highest temperature, "
                   "the memory used and the clock-event reasons (gpu_* keys)"),
+      FORGE_FIELD(telemetry, fp8_amax,
+                  "with run.fp8: every progress record gets fp8_amax, each layer's largest amax since the last record "
+                  "per operand (activation, weight, gradient): where a scale is heading before it overflows"),
       FORGE_FIELD(telemetry, idle_warn_pct,
                   "warn when the GPU ran no kernel for more than this percentage of a logging interval (the input "
                   "pipeline or the host kept it waiting)"),

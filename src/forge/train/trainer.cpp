@@ -66,6 +66,45 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of a step's casts, by layer and operand
 // (the first 20 events of the run in full, then a count per step).
+// Note [FP8 delayed scaling] (ops/fp8.h): the amax histories in a checkpoint's extra state, as
+// {layer: {"activation": [...], "weight": [...], "gradient": [...]}} (oldest first), and back. A
+// checkpoint is read as untrusted input: anything but that shape of finite non-negative numbers is
+// an error naming the checkpoint.
+constexpr const char* kFp8HistoriesKey = "fp8_amax_histories";
+constexpr fp8::Operand kFp8Operands[] = {fp8::Operand::activation, fp8::Operand::weight, fp8::Operand::gradient};
+
+json fp8_histories_json() {
+  json j = json::object();
+  for (const auto& [layer, ops] : fp8::amax_histories()) {
+    json o = json::object();
+    for (fp8::Operand op : kFp8Operands) o[fp8::operand_name(op)] = ops[static_cast<size_t>(op)];
+    j[layer] = o;
+  }
+  return j;
+}
+
+fp8::AmaxHistories fp8_histories_from(const json& j, int64_t keep, const std::string& where) {
+  FORGE_CHECK(j.is_object(), where, ": extra.", kFp8HistoriesKey, " is not an object of layers");
+  fp8::AmaxHistories h;
+  for (const auto& [layer, o] : j.items()) {
+    FORGE_CHECK(o.is_object(), where, ": extra.", kFp8HistoriesKey, ".", layer, " is not an object of operands");
+    auto& ops = h[layer];
+    for (fp8::Operand op : kFp8Operands) {
+      const char* name = fp8::operand_name(op);
+      if (!o.contains(name)) continue;
+      FORGE_CHECK(o[name].is_array(), where, ": extra.", kFp8HistoriesKey, ".", layer, ".", name, " is not an array");
+      std::vector<float>& v = ops[static_cast<size_t>(op)];
+      for (const auto& e : o[name]) {
+        FORGE_CHECK(e.is_number() && std::isfinite(e.get<double>()) && e.get<double>() >= 0, where, ": extra.",
+                    kFp8HistoriesKey, ".", layer, ".", name, " holds ", e.dump(), ", not a finite amax");
+        v.push_back(e.get<float>());
+      }
+      if (static_cast<int64_t>(v.size()) > keep) v.erase(v.begin(), v.end() - keep);  // a shorter history asked now
+    }
+  }
+  return h;
+}
+
 void report_fp8_guard_events(int64_t step, std::ostream& log) {
   static int64_t logged = 0;
   const std::vector<fp8::GuardEvent> events = fp8::take_guard_events();
@@ -216,6 +255,21 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
   fp8::set_training_recipe(cfg.run.fp8 == "off" ? std::nullopt : std::optional(fp8::recipe_from_name(cfg.run.fp8)));
+  const bool fp8_delayed = cfg.run.fp8 != "off" && cfg.run.fp8_scaling == "delayed";
+  FORGE_CHECK(!fp8_delayed || world_size == 1, "run.fp8_scaling = \"delayed\" with ", world_size, " processes: the "
+              "amax histories are kept per process and not yet reduced over the data-parallel group, so that a "
+              "checkpoint (rank 0's) could not resume the other ranks exactly; use run.fp8_scaling = \"current\"");
+  fp8::set_training_scaling({.scaling = fp8_delayed ? fp8::Scaling::delayed : fp8::Scaling::current,
+                             .history = cfg.run.fp8_amax_history});
+  if (fp8_delayed && ck) {
+    if (ck->extra.is_object() && ck->extra.contains(kFp8HistoriesKey)) {
+      fp8::restore_amax_histories(
+          fp8_histories_from(ck->extra[kFp8HistoriesKey], cfg.run.fp8_amax_history, "checkpoint " + ck_path.string()));
+    } else {
+      log << "fp8: checkpoint " << ck_path.string() << " holds no amax histories (its run scaled FP8 casts "
+          << "currently): delayed scaling starts from empty histories\n";
+    }
+  }
   ops::set_attention_backend(cfg.run.attention);
   ops::set_deterministic(cfg.run.deterministic);
   // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
@@ -415,6 +469,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     const double waited = seconds_since(t_writer);
     json extra = task->checkpoint_extra();
     extra[units.name] = units_done;
+    if (fp8_delayed) extra[kFp8HistoriesKey] = fp8_histories_json();  // Note [FP8 delayed scaling]
     checkpoint_elapsed = run_elapsed();
     checkpoint_elapsed_step = at;
     extra["elapsed_s"] = checkpoint_elapsed;
@@ -560,6 +615,16 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                   {units.name, units_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
+      if (cfg.telemetry.fp8_amax) {  // each layer's largest amax per operand since the last record
+        json a = json::object();
+        for (const auto& [layer, m] : fp8::take_amax_record()) {
+          json o = json::object();
+          for (fp8::Operand op : kFp8Operands)
+            if (m[static_cast<size_t>(op)] >= 0) o[fp8::operand_name(op)] = m[static_cast<size_t>(op)];
+          a[layer] = o;
+        }
+        rec["fp8_amax"] = a;
+      }
       if (gpu_sampler) {
         const bench::GpuActivity& a = activity;
         if (a.samples > 0) {
