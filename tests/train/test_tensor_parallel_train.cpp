@@ -295,6 +295,42 @@ TEST_F(TensorParallelTrain, LlamaEvaluatesOnTextAsInOneProcess) {
   for (size_t i = 0; i < vt.size(); ++i) EXPECT_NEAR(vt[i], vs[i], 1e-6 * std::abs(vs[i])) << "evaluation " << i;
 }
 
+// Note [FP8 under tensor parallelism] (ops/fp8.h): run.fp8 under tp 2 casts every split linear as
+// the whole one (the amaxes of the scale groups that span a split dimension maxed over the tp
+// group), so the FP8 run at tp 2 reproduces the one-process FP8 run (see the tolerances below): GPT (column-parallel fused
+// c_attn, row-parallel projections) and LLaMA with replicated key-value heads under sequence
+// parallelism; tensorwise and rowwise. Without the reduction each rank would scale its shard by
+// its own amax and the first loss would already differ. Blockwise needs shards of whole 128-wide
+// tiles, and says so.
+TEST_F(TensorParallelTrain, Fp8CastsEachSplitLinearAsTheWholeOne) {
+  for (const char* recipe : {"tensorwise", "rowwise"})
+    for (const char* model : {"gpt", "llama_kv1"}) {
+      const std::string base = std::string("fp8_") + recipe + "_" + model;
+      auto args = model_args(root_, base + "_single", 8, model, "sgd");
+      set_arg(args, "run.fp8", recipe);
+      const ShellRun single = runs.run_single(args);
+      ASSERT_EQ(single.status, 0) << single.out;
+      set_arg(args, "run.name", base + "_tp2");
+      add_tp(args, 2, std::string(model) != "gpt");
+      const ShellRun tp = runs.run_mpi(2, args);
+      ASSERT_EQ(tp.status, 0) << tp.out;
+      // Step 1's loss, before any update: the same casts, so the same loss but for the order of
+      // sums (without the reduction: 3e-5 to 7e-5 relative). Later, an order-of-sums difference
+      // can move a value across an FP8 rounding boundary (a step of 1/16 in e4m3): the runs then
+      // agree to 2e-5 (GPT: 1e-6 throughout).
+      const auto lt = dtt::losses(root_ / (base + "_tp2")), ls = dtt::losses(root_ / (base + "_single"));
+      ASSERT_TRUE(lt.count(1) && ls.count(1)) << base;
+      EXPECT_NEAR(lt.at(1), ls.at(1), 1e-6 * std::abs(ls.at(1))) << base << ": the first loss";
+      expect_same_run(root_ / (base + "_tp2"), root_ / (base + "_single"), 1, 2e-5, 5e-4, base + " tp2 vs one process");
+    }
+  auto args = model_args(root_, "fp8_blockwise_tp2", 2, "gpt", "sgd");
+  set_arg(args, "run.fp8", "blockwise");
+  add_tp(args, 2, false);
+  const ShellRun r = runs.run_mpi(2, args);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("run.fp8 = \"blockwise\" under tensor parallelism needs"), npos) << r.out;
+}
+
 // forge export and forge sample read a tp checkpoint like any other (the model is whole in it):
 // export writes HF names and layouts that import back to the checkpoint's weights exactly, with
 // the whole model's shapes and config; sample generates from it. A GPT with biases (a row-parallel

@@ -75,8 +75,12 @@ Groups groups_of(const Quantized& q) {
 }  // namespace
 
 namespace {
-// quantize(), with a tensorwise amax given (delayed scaling) instead of measured when `given` >= 0.
-Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given);
+using AllMax = std::function<void(std::vector<float>&)>;
+// quantize(), with a tensorwise amax given (delayed scaling) instead of measured when `given` >= 0,
+// and the groups' amaxes maxed over a tensor-parallel group when `reduce` is given (Note [FP8
+// under tensor parallelism]).
+Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given,
+                        const AllMax* reduce = nullptr);
 }  // namespace
 
 Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operand) {
@@ -84,7 +88,8 @@ Quantized quantize(const Tensor& x, Format format, Recipe recipe, Operand operan
 }
 
 namespace {
-Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given) {
+Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand operand, float given,
+                        const AllMax* reduce) {
   FORGE_CHECK(x.defined() && x.dim() == 2 && x.is_cpu() && is_floating(x.dtype()),
               "fp8::quantize: expected a 2-D floating-point CPU matrix, got ", x.defined() ? x.shape() : Shape{});
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -102,6 +107,10 @@ Quantized quantize_with(const Tensor& x, Format format, Recipe recipe, Operand o
       a = std::isnan(e) || std::isnan(a) ? NAN : std::max(a, e);
     }
   if (given >= 0.0f && recipe == Recipe::tensorwise && std::isfinite(amax[0])) amax[0] = given;
+  if (reduce && *reduce) {  // NaN as +inf (a max over ranks of NaN is not defined); non-finite either way
+    for (float& a : amax) a = std::isnan(a) ? INFINITY : a;
+    (*reduce)(amax);
+  }
   const auto fmax = static_cast<float>(info(format).max);
   std::vector<float> scale(static_cast<size_t>(ngroups));
   for (size_t k = 0; k < scale.size(); ++k)
@@ -170,11 +179,12 @@ Tensor scaled_matmul(const Tensor& x, const Tensor& w, Recipe recipe) {
 namespace {
 // quantized_matmul with tensorwise amaxes given for a and b_t (-1: measured).
 Tensor quantized_matmul_with(const Tensor& a, Operand a_role, float a_amax, const Tensor& b_t, Operand b_role,
-                             float b_amax, Recipe recipe) {
+                             float b_amax, Recipe recipe, const AllMax* a_reduce = nullptr,
+                             const AllMax* b_reduce = nullptr) {
   FORGE_CHECK(a.dim() == 2 && b_t.dim() == 2 && a.size(1) == b_t.size(1), "fp8::quantized_matmul: expected a (m, r) and "
               "b_t (n, r), got ", a.shape(), " and ", b_t.shape());
-  const Tensor aq = dequantize(quantize_with(a, format_of(recipe, a_role), recipe, a_role, a_amax));
-  const Tensor bq = dequantize(quantize_with(b_t, format_of(recipe, b_role), recipe, b_role, b_amax));
+  const Tensor aq = dequantize(quantize_with(a, format_of(recipe, a_role), recipe, a_role, a_amax, a_reduce));
+  const Tensor bq = dequantize(quantize_with(b_t, format_of(recipe, b_role), recipe, b_role, b_amax, b_reduce));
   return ops::matmul(aq, ops::transpose(bq, 0, 1));
 }
 }  // namespace
@@ -261,7 +271,8 @@ const char* operand_name(Operand op) {
   return op == Operand::activation ? "activation" : op == Operand::weight ? "weight" : "gradient";
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer,
+              const Split& split) {
   FORGE_CHECK(x.is_cpu() && w.is_cpu(), "run.fp8 = \"", recipe_name(recipe),
               "\" runs as the CPU emulation only so far (issue 39); set run.fp8 = \"off\" on a GPU");
   FORGE_CHECK(x.dim() >= 1 && w.dim() == 2 && x.shape().back() == w.size(1), "fp8::linear: input ", x.shape(),
@@ -280,7 +291,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, 
     // Note [FP8 delayed scaling]: the x and w casts' amaxes (measured, or from their histories).
     ax = cast_amax(x2, Operand::activation, recipe, layer, training);
     aw = cast_amax(wd, Operand::weight, recipe, layer, training);
-    Tensor y2 = quantized_matmul_with(x2, Operand::activation, ax, wd, Operand::weight, aw, recipe);
+    // Note [FP8 under tensor parallelism]: which casts' amaxes are maxed over the group.
+    const bool tw = recipe == Recipe::tensorwise, rw = recipe == Recipe::rowwise;
+    const AllMax* x_red = (tw || rw) && split.k ? &split.all_max : nullptr;
+    const AllMax* w_red = (tw && (split.k || split.n)) || (rw && split.k) ? &split.all_max : nullptr;
+    Tensor y2 = quantized_matmul_with(x2, Operand::activation, ax, wd, Operand::weight, aw, recipe, x_red, w_red);
     if (b.defined()) y2 = ops::add(y2, b.detach().to(DType::f32));
     y = y2.to(x.dtype()).reshape(out_shape);
   }
@@ -292,21 +307,26 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, 
   // the forward); dy's cast is scaled once for both of its GEMMs.
   autograd::record("fp8_linear", y, inputs,
                    [x2, wd, recipe, x_shape, xd, wdt, has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32,
-                    n, layer, ax, aw](const Tensor& g, const autograd::GradMask& need) {
+                    n, layer, ax, aw, split](const Tensor& g, const autograd::GradMask& need) {
                      NoGradGuard no_grad;
                      const Tensor dy = g.reshape({-1, n}).to(DType::f32).contiguous();
                      guard(dy, Operand::gradient, recipe, layer);
                      const float ag = cast_amax(dy, Operand::gradient, recipe, layer, true);
                      TensorList out(has_bias ? 3 : 2);
+                     const bool tw = recipe == Recipe::tensorwise, rw = recipe == Recipe::rowwise;
+                     const AllMax* along_n = (tw || rw) && split.n ? &split.all_max : nullptr;
+                     const AllMax* wt_red = (tw && (split.k || split.n)) || (rw && split.n) ? &split.all_max : nullptr;
+                     const AllMax* dyt_red = tw && split.n ? &split.all_max : nullptr;
+                     const AllMax* xt_red = tw && split.k ? &split.all_max : nullptr;
                      if (need[0])  // dx = dy w: dy by (w^T) grouped along n
                        out[0] = quantized_matmul_with(dy, Operand::gradient, ag, ops::transpose(wd, 0, 1).contiguous(),
-                                                      Operand::weight, aw, recipe)
+                                                      Operand::weight, aw, recipe, along_n, wt_red)
                                     .to(xd)
                                     .reshape(x_shape);
                      if (need[1])  // dw = dy^T x: dy^T by x^T, both grouped along the tokens
                        out[1] = quantized_matmul_with(ops::transpose(dy, 0, 1).contiguous(), Operand::gradient, ag,
                                                       ops::transpose(x2, 0, 1).contiguous(), Operand::activation, ax,
-                                                      recipe)
+                                                      recipe, dyt_red, xt_red)
                                     .to(wdt);
                      if (has_bias && need[2]) out[2] = ops::sum(dy, std::vector<int64_t>{0}).to(bias_dtype);
                      return out;

@@ -25,6 +25,7 @@
 // its operands' groups (per tile pair under blockwise: DeepSeek's promotion every 128 products).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -77,7 +78,24 @@ Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Oper
 // b (n) or undefined; the result has x's dtype. The CPU only: the emulation (slow, for tests);
 // a CUDA tensor throws naming run.fp8.
 // `layer` names the layer in guardrail events (Note [FP8 guardrails]).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer = "linear");
+//
+// Note [FP8 under tensor parallelism]: a split linear must cast exactly as the whole one, so every
+// scale group that spans a split dimension takes its amax over the group's ranks (`Split`,
+// all_max: element-wise max in place, the tensor-parallel group's all-reduce). `k`: the reduction
+// dimension (in_features) is split (a row-parallel linear); `n`: the output features are (a column-
+// parallel one, or a replicated key-value head: max is indifferent to a head held twice). Which
+// casts reduce: tensorwise, every operand with a split dimension (x when k; w when k or n; dy when
+// n); rowwise, the groups along a split reduction dimension (x and w in the forward when k; dy and
+// w^T in dx = dy w when n; none in dw, reduced over the tokens); blockwise none: its tiles and
+// blocks stay inside a shard when the split dimensions are multiples of 128, which the caller
+// checks. The dequantized operands are then the whole linear's slices, and the product summed over
+// the ranks is the whole product up to the order of the sum.
+struct Split {
+  bool k = false, n = false;
+  std::function<void(std::vector<float>&)> all_max;
+};
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer = "linear",
+              const Split& split = {});
 
 // Note [FP8 guardrails]: an inf or NaN in a tensor makes its group's amax, and so its scale, non-
 // finite; cast with it the whole group would be garbage. fp8::linear checks the scales of each cast

@@ -18,6 +18,7 @@
 #include "forge/ops/index.h"
 #include "forge/ops/join.h"
 #include "forge/ops/loss.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/matmul.h"
 #include "forge/ops/reduce.h"
 #include "forge/ops/unary.h"
@@ -376,10 +377,42 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool bias, P
               " parts would interleave the parts; gather each part instead");
 }
 
+namespace {
+// Note [FP8 under tensor parallelism] (ops/fp8.h): the recipe of this linear's GEMMs, if run.fp8
+// applies to it, and the element-wise max of amaxes over its group.
+std::optional<fp8::Recipe> fp8_recipe(const nn::Linear& l) {
+  return l.fp8 ? fp8::training_recipe() : std::nullopt;
+}
+fp8::Split fp8_split(bool k, bool n, const ProcessGroupPtr& group) {
+  fp8::Split s{.k = k, .n = n, .all_max = {}};
+  if (size_of(group) > 1)
+    s.all_max = [group](std::vector<float>& amax) {
+      const Tensor t = from_vector(amax, {static_cast<int64_t>(amax.size())});
+      group->all_reduce(t, ReduceOp::max)->wait();
+      amax = t.to_vector<float>();
+    };
+  return s;
+}
+// Blockwise keeps its tiles and blocks inside a shard only when the split dimension's shard is a
+// whole number of them.
+void check_fp8_blocks(const nn::Linear& l, int64_t shard, const char* what) {
+  const std::optional<fp8::Recipe> r = fp8_recipe(l);
+  FORGE_CHECK(!r || *r != fp8::Recipe::blockwise || shard % fp8::kBlock == 0, "run.fp8 = \"blockwise\" under "
+              "tensor parallelism needs each rank's ", what, " (", shard, " in ", l.name.empty() ? "a linear" : l.name,
+              ") to be a multiple of ", fp8::kBlock, " so that no 128-wide tile or block spans two ranks; use "
+              "run.fp8 = \"tensorwise\" or \"rowwise\", or another dist.tp");
+}
+}  // namespace
+
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "ColumnParallelLinear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
   const RegionEntry in = enter_column_region(x, group, sequence_parallel);
+  if (const std::optional<fp8::Recipe> r = fp8_recipe(*this)) {  // Note [FP8 under tensor parallelism]
+    check_fp8_blocks(*this, out_features, "output features");
+    const Tensor y = fp8::linear(in.input, weight, bias, *r, name, fp8_split(false, true, group));
+    return gather_output ? gather_last_dim(y, group) : y;
+  }
   const Tensor y = ops::linear(in.input, weight, bias, in.defer);
   return gather_output ? gather_last_dim(y, group) : y;
 }
@@ -416,7 +449,15 @@ Tensor RowParallelLinear::forward_partial(const Tensor& x, const std::function<T
   const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
   FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
               " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
-  const Tensor partial = partial_of ? partial_of(xs) : ops::linear(xs, weight, Tensor());
+  Tensor partial;
+  if (partial_of) {
+    partial = partial_of(xs);
+  } else if (const std::optional<fp8::Recipe> r = fp8_recipe(*this)) {  // Note [FP8 under tensor parallelism]
+    check_fp8_blocks(*this, in_features, "input features");
+    partial = fp8::linear(xs, weight, Tensor(), *r, name, fp8_split(true, false, group));
+  } else {
+    partial = ops::linear(xs, weight, Tensor());
+  }
   const Tensor y =
       sequence_parallel ? reduce_scatter_sequence(partial, group) : reduce_from_region_in_place(partial, group);
   return bias.defined() ? ops::add(y, bias) : y;
@@ -480,6 +521,11 @@ ReplicatedKVLinear::ReplicatedKVLinear(int64_t in, int64_t out, int64_t hd, Proc
 
 Tensor ReplicatedKVLinear::forward(const Tensor& x) const {
   const RegionEntry in = enter_column_region(x, group, sequence_parallel);
+  // (Note [FP8 under tensor parallelism]: this rank's head is a slice of the whole projection's rows.)
+  if (const std::optional<fp8::Recipe> r = fp8_recipe(*this)) {
+    check_fp8_blocks(*this, out_features, "output features");
+    return fp8::linear(in.input, weight, Tensor(), *r, name, fp8_split(false, true, group));
+  }
   return ops::linear(in.input, weight, Tensor(), in.defer);
 }
 
