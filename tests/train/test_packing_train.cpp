@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "forge/run/config.h"
+#include "forge/train/strategy.h"
 #include "forge/train/trainer.h"
 #include "testing/cli_testing.h"
 #include "testing/tensor_testing.h"
@@ -39,6 +41,43 @@ fs::path write_documents(const fs::path& dir, int n, uint64_t seed) {
     out << "{\"text\": \"" << text << "\"}\n";
   }
   return p;
+}
+
+// Note [token weights on the device]: the weights a CUDA graph's replay computes from its batches'
+// targets (device tensors) are the host's doubles rounded to the loss's dtype, bit for bit, and
+// weighted() by them gives the host path's values, here for micro-batches of different counts, a
+// micro-batch that counts nothing (w = 0: a 0, not a NaN) and two data-parallel ranks' halves.
+TEST(TokenWeights, TheDevicesWeightsAreTheHostsBitForBit) {
+  Generator gen(9);
+  auto targets = [&](int64_t rows, int64_t cols, double drop) {
+    const std::vector<double> u = uniform({rows * cols}, 0, 1, {.dtype = DType::f64}, &gen).to_vector<double>();
+    std::vector<int64_t> t(u.size());
+    for (size_t i = 0; i < u.size(); ++i) t[i] = u[i] < drop ? -100 : static_cast<int64_t>(i % 7);
+    return from_vector(t, {rows, cols});
+  };
+  std::vector<data::Batch> mbs(3);
+  mbs[0].targets = targets(4, 16, 0.3);
+  mbs[1].targets = targets(4, 16, 0.7);
+  mbs[2].targets = full({4, 16}, -100.0, {.dtype = DType::i64});  // nothing counts
+  const Tensor counted = strategy_detail::counted_targets(mbs);
+  for (int64_t dp : {1, 2}) {
+    const int64_t rows = 4 / dp;
+    for (int64_t r = 0; r < dp; ++r) {
+      const std::vector<double> host = strategy_detail::token_weights(mbs, r * rows, rows, dp);
+      ASSERT_EQ(host.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        const Tensor local = mbs[k].targets.narrow(0, r * rows, rows);
+        const Tensor w = strategy_detail::device_token_weight(local, counted, 3, dp, DType::f32);
+        EXPECT_EQ(w.item<float>(), static_cast<float>(host[k])) << "dp " << dp << " rank " << r << " micro-batch " << k;
+        const Tensor loss = k == 2 ? full({}, std::numeric_limits<double>::quiet_NaN()) : full({}, 2.718281828);
+        const float a = strategy_detail::weighted(loss, w).item<float>(), b = strategy_detail::weighted(loss, host[k]).item<float>();
+        EXPECT_EQ(a, b) << k;
+        if (k == 2) {
+          EXPECT_EQ(a, 0.0f);
+        }
+      }
+    }
+  }
 }
 
 class PackingTrain : public ::testing::Test {

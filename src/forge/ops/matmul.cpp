@@ -204,6 +204,14 @@ void cuda_linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& out,
   if (pre.defined()) cuda::linear_gelu_forward(x, w, b, out, pre);
   else cuda::linear_forward(x, w, b, out);
 }
+// lora_linear's forward on CUDA (Note [fused LoRA linear]): y = x w^T + b, h = scale x a^T, y += h bb^T.
+void cuda_lora_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& a, const Tensor& bb,
+                       double scale, Tensor& y, Tensor& h) {
+  cuda::linear_forward(x, w, b, y);
+  cuda::matmul(x, transpose(a, 0, 1), h);
+  mul_(h, scale);
+  cuda::matmul(h, transpose(bb, 0, 1), y, 1.0);
+}
 #endif
 
 // dL/d(pre) = g * gelu_tanh'(pre).
@@ -408,14 +416,7 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, co
     cpu::matmul(h, transpose(bb, 0, 1), d);
     cpu::binary(BinaryOp::add, y2, d, y2);
   } else {
-#ifdef FORGE_WITH_CUDA
-    cuda::linear_forward(x2, w, b, y2);
-    cuda::matmul(x2, transpose(a, 0, 1), h);
-    mul_(h, scale);
-    cuda::matmul(h, transpose(bb, 0, 1), y2, 1.0);
-#else
-    FORGE_THROW(name, ": a CUDA tensor in a build without CUDA");
-#endif
+    FORGE_ON_CUDA(name, cuda_lora_forward(x2, w, b, a, bb, scale, y2, h));
   }
   Tensor y = Tensor::make(y2.storage(), y_shape, contiguous_strides(y_shape), 0, y2.dtype());
 

@@ -98,6 +98,12 @@ class DataParallelStrategy final : public Strategy {
                                                            cp_group_->size())
                           : strategy_detail::token_weights(micro_batches, lo, hi - lo, dp_size);
     }
+    // Note [token weights on the device]: a captured step's targets are on the GPU (DDP's step is
+    // the one captured: no context parallelism here).
+    const bool on_device = weights.empty() && strategy_detail::weighs_tokens(cfg_) &&
+                           !micro_batches.front().targets.is_cpu();
+    FORGE_CHECK(!on_device || !cp_group_, "train: token weights on the device under context parallelism");
+    const Tensor counted = on_device ? strategy_detail::counted_targets(micro_batches) : Tensor();
     for (int64_t k = 0; k < K; ++k) {
       // Every rank draws the same global micro-batch and trains on its own rows of it.
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
@@ -117,6 +123,9 @@ class DataParallelStrategy final : public Strategy {
       // multiplication, so their numbers are unchanged.
       if (!weights.empty())
         loss = strategy_detail::weighted(loss, weights[static_cast<size_t>(k)]);
+      else if (on_device)
+        loss = strategy_detail::weighted(
+            loss, strategy_detail::device_token_weight(mb.targets, counted, K, dp_size, loss.dtype()));
       else if ((hi - lo) * dp_size != rows)
         loss = loss * (static_cast<double>((hi - lo) * dp_size) / static_cast<double>(rows));
       const Tensor l = loss.detach().to(DType::f32);

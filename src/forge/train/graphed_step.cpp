@@ -38,10 +38,8 @@ std::string graph_blocker(const RunConfig& cfg, Device device, bool phases_on) {
   if (cfg.model.dropout > 0)
     return "model.dropout > 0 draws a new random seed on the host at every call, which a replay would repeat";
   if (phases_on) return "FORGE_TRAIN_PHASES times the step's phases with events the host reads";
-  if (cfg.data.packing == "documents" || cfg.data.format == "chat")
-    return std::string(cfg.data.format == "chat" ? "data.format = \"chat\"" : "data.packing = \"documents\"") +
-           " weighs each micro-batch by its counted targets (Note [token-weighted loss]), numbers a replay would "
-           "repeat";
+  // (Packed documents and chat masks weigh micro-batches by their counted targets: in a replay
+  // those weights come from the static batches on the device, Note [token weights on the device].)
   return "";
 }
 

@@ -48,6 +48,10 @@ class SingleProcess final : public Strategy {
     // Note [token-weighted loss]: empty unless some targets do not count.
     const std::vector<double> weights =
         strategy_detail::token_weights(micro_batches, 0, micro_batches.front().inputs.size(0), 1);
+    // Note [token weights on the device]: a captured step's targets are on the GPU.
+    const bool on_device = weights.empty() && strategy_detail::weighs_tokens(cfg_) &&
+                           !micro_batches.front().targets.is_cpu();
+    const Tensor counted = on_device ? strategy_detail::counted_targets(micro_batches) : Tensor();
     Tensor loss_sum;  // on the device: read once per step
     for (int64_t k = 0; k < K; ++k) {
       const data::Batch& global = micro_batches[static_cast<size_t>(k)];
@@ -57,6 +61,8 @@ class SingleProcess final : public Strategy {
       const ops::LossGradDivisor expect(K, scaler_ ? scaler_->scale_tensor() : Tensor());
       Tensor loss = model_.training_loss(b);
       if (!weights.empty()) loss = strategy_detail::weighted(loss, weights[static_cast<size_t>(k)]);
+      else if (on_device)
+        loss = strategy_detail::weighted(loss, strategy_detail::device_token_weight(b.targets, counted, K, 1, loss.dtype()));
       const Tensor l = loss.detach().to(DType::f32);
       loss_sum = loss_sum.defined() ? loss_sum + l : l;
       Tensor scaled = K == 1 ? loss : loss / static_cast<double>(K);

@@ -105,6 +105,27 @@ Tensor weighted(const Tensor& loss, double w) {
   return ops::where(ops::eq(loss.detach(), loss.detach()), loss, 0.0) * 0.0;  // (NaN != NaN)
 }
 
+// Note [token weights on the device] (strategy.h).
+Tensor counted_targets(const std::vector<data::Batch>& micro_batches) {
+  Tensor n;
+  for (const data::Batch& b : micro_batches) {
+    const Tensor c = ops::sum(ops::ne(b.targets, -100.0).to(DType::f64));
+    n = n.defined() ? n + c : c;
+  }
+  return n;
+}
+
+Tensor device_token_weight(const Tensor& local_targets, const Tensor& counted, int64_t K, int64_t G, DType dtype) {
+  const Tensor n = ops::sum(ops::ne(local_targets, -100.0).to(DType::f64));
+  return (n * static_cast<double>(K * G) / counted).to(dtype);
+}
+
+Tensor weighted(const Tensor& loss, const Tensor& w) {
+  return ops::where(ops::eq(loss.detach(), loss.detach()), loss, 0.0) * w;
+}
+
+bool weighs_tokens(const RunConfig& cfg) { return cfg.data.packing == "documents" || cfg.data.format == "chat"; }
+
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,
                         const parallel::ProcessGroupPtr& cp_group) {
   NoGradGuard no_grad;

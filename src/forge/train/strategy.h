@@ -184,6 +184,19 @@ std::vector<double> token_weights(const std::vector<data::Batch>& micro_batches,
 // loss * w; a micro-batch with no target of its own (w = 0, its mean NaN) gives a 0 that still
 // carries the graph (its backward writes zero gradients: every row of it is ignored).
 Tensor weighted(const Tensor& loss, double w);
+// Note [token weights on the device]: the step as a CUDA graph runs on its static batches, whose
+// targets are on the GPU, and a replay cannot take numbers from the host. The same weights then
+// come from device tensors: N, the counted targets of every global micro-batch (f64, once per
+// step), and per micro-batch w_k = n_k K G / N from its local part's targets, in f64 (the host's
+// double arithmetic, exact in the counts) and rounded to the loss's dtype as the host's double is;
+// weighted() then multiplies where(loss == loss, loss, 0) by it, the same bits as the host path
+// for any w (and a 0, not a NaN, for w = 0). When every target counts, w_k is exactly 1.
+// `G`: the ranks the loss is averaged over (dp, or dp x cp).
+Tensor counted_targets(const std::vector<data::Batch>& micro_batches);
+Tensor device_token_weight(const Tensor& local_targets, const Tensor& counted, int64_t K, int64_t G, DType dtype);
+Tensor weighted(const Tensor& loss, const Tensor& w);
+// Whether a run's loss is weighted by counted targets (packed documents, chat masks).
+bool weighs_tokens(const RunConfig& cfg);
 // Strategy::evaluate on one model replica; under context parallelism every rank of cp_group
 // calls it, each on its part of the sequences, and all get the sums of the whole.
 EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t max_batches, bool count_correct,

@@ -284,6 +284,26 @@ TEST_F(GraphedTraining, LlamaWithGroupedQueryAttentionGivesTheSameBits) {
                              "train.seq_len=64"});
 }
 
+// Note [token weights on the device]: packed documents weigh each micro-batch by its counted
+// targets (Note [token-weighted loss]); a replay takes those weights from the static batches on
+// the GPU and gives the eager run's bits. Two micro-batches per step (different counts), head size
+// 64 in bf16: the flash kernels with document ids.
+TEST_F(GraphedTraining, PackedDocumentsWeighTheirTokensOnTheDeviceAndGiveTheSameBits) {
+  const fs::path docs = scratch.path() / "docs" / "docs.jsonl";
+  fs::create_directories(docs.parent_path());
+  {
+    std::ofstream out(docs);
+    for (int i = 0; i < 300; ++i) {
+      std::string text = train_testing::synthetic_text(20 + static_cast<size_t>((i * 37) % 140), 5 + static_cast<uint64_t>(i));
+      for (char& ch : text)
+        if (ch == '\n') ch = ' ';
+      out << "{\"text\": \"" << text << "\"}\n";
+    }
+  }
+  expect_same_bits("packed", {"run.dtype=bf16", "data.files=[\"" + docs.string() + "\"]", "data.packing=documents",
+                              "train.grad_accum=2", "model.n_embd=128", "model.block_size=64", "train.seq_len=64"});
+}
+
 TEST_F(GraphedTraining, DropoutAndZeroRunWithoutTheGraphAndSaySo) {
   {
     const Run r = train("dropout", {"run.dtype=bf16", "model.dropout=0.1"});
