@@ -18,12 +18,22 @@ namespace {
 
 using namespace cuda_testing;
 
+// The attention switches these tests depend on, whatever an earlier test of the process left
+// (forge train's run.deterministic is process-wide): not deterministic (the flash kernels apply),
+// restored at the end.
+struct FlashAllowed {
+  const bool was = ops::deterministic();
+  FlashAllowed() { ops::set_deterministic(false); }
+  ~FlashAllowed() { ops::set_deterministic(was); }
+};
+
 // Note [document masks] on the GPU: packed documents (ids) against the CPU, whole attention and
 // ring attention's blocks, with documents across the two chunks; on every back-end: the flash
 // kernels with the ids (Note [flash documents]; bf16, head size 64), the composed path with their
 // dense mask (f32, and run.attention = "composed").
 TEST(CudaPackedAttention, DocumentIdsMatchTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
+  const FlashAllowed flash_allowed;
   std::vector<int64_t> docs(256);
   for (int64_t t = 0; t < 256; ++t) docs[static_cast<size_t>(t)] = t < 40 ? 0 : t < 41 ? 1 : t < 170 ? 2 : 3;
   const std::string before = ops::attention_backend();
@@ -67,6 +77,7 @@ TEST(CudaPackedAttention, DocumentIdsMatchTheCpu) {
 // block.
 TEST(CudaPackedAttention, ShortDocumentsSkipBlocksAndMatchTheCpu) {
   FORGE_SKIP_WITHOUT_GPU();
+  const FlashAllowed flash_allowed;
   const int64_t B = 2, H = 4, Hkv = 2, T = 500;
   Generator gen(41);
   std::vector<int64_t> lengths;
