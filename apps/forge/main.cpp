@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
 
   forge::app::SampleArgs sample_args;
   auto* sample = app.add_subcommand("sample", "generate text from a trained language model");
-  sample->add_option("--checkpoint", sample_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
+  sample->add_option("--checkpoint", sample_args.checkpoint, "a checkpoint directory, a run directory (its latest), or a Hugging Face model directory (config.json, weights, tokenizer.json)")
       ->required();
   sample->add_option("--adapter", sample_args.adapter,
                      "a PEFT LoRA directory (forge export of a LoRA run) applied to the checkpoint's model");
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
 
   forge::app::EvalArgs eval_args;
   auto* eval = app.add_subcommand("eval", "a checkpoint's loss and perplexity on files, accuracy on multiple-choice tasks");
-  eval->add_option("--checkpoint", eval_args.checkpoint, "a checkpoint directory, or a run directory (its latest)")
+  eval->add_option("--checkpoint", eval_args.checkpoint, "a checkpoint directory, a run directory (its latest), or a Hugging Face model directory (config.json, weights, tokenizer.json)")
       ->required();
   eval->add_option("--adapter", eval_args.adapter,
                    "a PEFT LoRA directory (forge export of a LoRA run) applied to the checkpoint's model");

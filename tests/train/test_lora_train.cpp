@@ -197,8 +197,17 @@ TEST_F(LoraTrain, ExportedAdapterRoundTripsIntoForge) {
   applied.model.module->eval();
   const std::vector<double> want = trained.model.forward(idx).to_vector<double>();
   EXPECT_EQ(applied.model.forward(idx).to_vector<double>(), want);
-  // The base alone differs (the adapters did something).
+  // The base as its Hugging Face directory (forge export's, as a PEFT user holds it) with the
+  // adapter: the same logits.
+  const LoadedCheckpoint from_hf = load_language_checkpoint(hf.string(), "test", "cpu", "f32", peft.string());
+  from_hf.model.module->eval();
+  EXPECT_EQ(from_hf.model.forward(idx).to_vector<double>(), want);
+  EXPECT_EQ(from_hf.step, 0);
+  // The base alone differs (the adapters did something), from either kind of directory.
   const LoadedCheckpoint plain = load_language_checkpoint(base.last_checkpoint, "test");
+  const LoadedCheckpoint plain_hf = load_language_checkpoint(hf.string(), "test");
+  plain_hf.model.module->eval();
+  EXPECT_EQ(plain_hf.model.forward(idx).to_vector<double>(), plain.model.forward(idx).to_vector<double>());
   EXPECT_NE(plain.model.forward(idx).to_vector<double>(), want);
 
   // --merge: the base with W + alpha / r B A; an export of the model without LoRA.

@@ -18,6 +18,7 @@
 #include "forge/nn/model_registry.h"
 #include "forge/nn/causal_lm.h"
 #include "forge/ops/creation.h"
+#include "forge/run/hf_model.h"
 #include "forge/run/run_checkpoint.h"
 #include "forge/run/run_data.h"
 
@@ -188,7 +189,8 @@ namespace {
 // The checkpoint's model as the base of a PEFT adapter: built with the adapter's options, the
 // base's tensors (any LoRA factors of its own left out) and the adapter's factors loaded, each
 // tensor of the model from exactly one of them.
-void load_with_adapter(LoadedCheckpoint& r, const io::CheckpointData& ck, const std::string& dir, const std::string& who) {
+void load_with_adapter(LoadedCheckpoint& r, const io::NamedTensors& base, const std::string& dir,
+                       const std::string& who) {
   PeftAdapter a = load_peft_adapter(dir);
   r.cfg.lora = a.options;
   r.cfg.lora.dropout = 0;  // (inference)
@@ -199,7 +201,7 @@ void load_with_adapter(LoadedCheckpoint& r, const io::CheckpointData& ck, const 
   }
   r.model = build_language_model(r.cfg);
   io::TensorItems state;
-  for (const auto& [name, t] : ck.model.items())
+  for (const auto& [name, t] : base.items())
     if (!nn::is_lora_parameter(name)) state.emplace_back(name, t);
   const size_t base_count = state.size();
   state.insert(state.end(), a.tensors.begin(), a.tensors.end());
@@ -222,6 +224,31 @@ LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const s
               dtype, "'");
   const Device where = resolve_run_device(device);  // (checks the device exists, naming the forms)
   LoadedCheckpoint r;
+  std::error_code ec;
+  const auto to_target = [&](LoadedCheckpoint& m) {
+    m.model.module->to(where, dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32);
+  };
+  // A Hugging Face model directory (config.json beside the weights, no state.json): read as
+  // model.init_from reads it (Note [init_from precedence]), with its tokenizer.
+  if (fs::is_directory(checkpoint, ec) && fs::is_regular_file(fs::path(checkpoint) / "config.json", ec) &&
+      !fs::exists(fs::path(checkpoint) / "state.json", ec)) {
+    r.dir = checkpoint;
+    r.cfg.model.init_from = checkpoint;
+    apply_init_from(r.cfg);
+    FORGE_CHECK(!r.cfg.data.tokenizer.empty() && fs::is_regular_file(r.cfg.data.tokenizer, ec), who,
+                ": Hugging Face model directory '", checkpoint, "' has no tokenizer.json (what forge export and "
+                "save_pretrained with the tokenizer write); copy the model's tokenizer.json there");
+    r.tok = data::load_tokenizer(r.cfg.data.tokenizer);
+    r.model = build_language_model(r.cfg);
+    const io::NamedTensors weights = load_init_from(r.cfg, r.model.whole_shapes());
+    if (!adapter.empty()) {
+      load_with_adapter(r, weights, adapter, who);
+    } else {
+      r.model.module->load_state_dict(weights.items());
+    }
+    to_target(r);
+    return r;
+  }
   r.dir = resolve_checkpoint(checkpoint, (who + ": --checkpoint").c_str());
   const io::CheckpointData ck = io::load_checkpoint(r.dir);
   r.step = ck.step;
@@ -229,20 +256,19 @@ LoadedCheckpoint load_language_checkpoint(const std::string& checkpoint, const s
   FORGE_CHECK(r.cfg.is_language_model(), who, ": checkpoint '", r.dir.string(), "' holds a ", r.cfg.model.type,
               " model, not a language model");
   const fs::path tok_path = r.dir.parent_path().parent_path() / kTokenizerFile;
-  std::error_code ec;
   FORGE_CHECK(fs::is_regular_file(tok_path, ec), who, ": the run's tokenizer '", tok_path.string(),
               "' is missing (a checkpoint is read with the tokenizer.json of its run directory; a run on "
               "pre-encoded shards without data.tokenizer has none: copy the tokenizer that encoded them there)");
   r.tok = data::load_tokenizer(tok_path.string());
   if (!adapter.empty()) {
-    load_with_adapter(r, ck, adapter, who);
+    load_with_adapter(r, ck.model, adapter, who);
   } else {
     r.model = build_language_model(r.cfg);
     io::check_compatible(io::named_shapes(io::NamedTensors(r.model.module->state_dict())), ck.model,
                          "checkpoint '" + r.dir.string() + "'");
     r.model.module->load_state_dict(ck.model.items());
   }
-  r.model.module->to(where, dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32);
+  to_target(r);
   return r;
 }
 
