@@ -13,12 +13,14 @@
 #include "forge/ops/fp8.h"
 #include "forge/run/config.h"
 #include "forge/train/trainer.h"
+#include "train/dist_train_testing.h"
 #include "train_testing.h"
 
 namespace forge::train {
 namespace {
 
 using train_testing::Scratch;
+namespace fs = std::filesystem;
 
 TEST(Fp8Train, EachRecipeTrainsBesideTheRunWithoutFp8) {
   Scratch scratch;
@@ -148,6 +150,50 @@ TEST(Fp8Train, DelayedScalingErrorsNameTheKeyAndTheFix) {
                 .find("model.checkpoint_activations"),
             std::string::npos);
   EXPECT_NE(error({"--telemetry.fp8_amax=true"}).find("needs run.fp8"), std::string::npos);
+}
+
+// Delayed scaling under data parallelism: each training cast's amax is maxed over the ranks before
+// it joins the history, so both ranks keep rank 0's histories; a 2-rank run stopped at step 3 and
+// resumed (from rank 0's histories in the checkpoint) then reproduces the uninterrupted 2-rank run
+// bit for bit. (Without the reduction rank 1 would resume with rank 0's histories, not its own,
+// and its scales, so the resumed losses, would differ.) Delayed scaling under tp is refused.
+TEST(Fp8Train, DelayedScalingUnderDataParallelismResumesBitIdentically) {
+  namespace dtt = forge::dist_train_testing;
+  const dtt::Runs runs{"forge_fp8_"};
+  const fs::path root = runs.test_root();
+  auto args = [&](const std::string& name, int64_t steps) {
+    auto a = dtt::base_args(root, name, steps, "adamw");
+    dtt::set_arg(a, "run.fp8", "tensorwise");
+    dtt::set_arg(a, "run.fp8_scaling", "delayed");
+    dtt::set_arg(a, "run.fp8_amax_history", "3");
+    dtt::set_arg(a, "checkpoint.every", "3");
+    dtt::set_arg(a, "schedule.decay_steps", "6");
+    return a;
+  };
+  const dtt::ShellRun full = runs.run_mpi(2, args("full", 6));
+  ASSERT_EQ(full.status, 0) << full.out;
+  const dtt::ShellRun first = runs.run_mpi(2, args("split", 3));
+  ASSERT_EQ(first.status, 0) << first.out;
+  auto more = args("split", 6);
+  dtt::set_arg(more, "run.overwrite", "false");
+  const dtt::ShellRun resumed =
+      dtt::shell(runs.rank_env() + "mpirun --oversubscribe --bind-to none -np 2 " + runs.forge_cmd(more) + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resume: from"), std::string::npos) << resumed.out;
+  const auto lf = dtt::losses(root / "full"), ls = dtt::losses(root / "split");
+  for (int64_t step = 4; step <= 6; ++step) {
+    ASSERT_TRUE(lf.count(step) && ls.count(step)) << step;
+    EXPECT_EQ(ls.at(step), lf.at(step)) << "step " << step;
+  }
+  dtt::expect_same_run(root / "split", root / "full", 4, 0.0, 0.0, "fp8 delayed dp 2: resumed vs uninterrupted");
+
+  auto tp = args("tp", 2);
+  dtt::set_arg(tp, "dist.tp", "2");
+  const dtt::ShellRun refused = runs.run_mpi(2, tp);
+  EXPECT_NE(refused.status, 0) << refused.out;
+  EXPECT_NE(refused.out.find("with dist.tp, dist.pp or dist.cp > 1 is not supported yet"), std::string::npos)
+      << refused.out;
+  dtt::remove_scratch(runs, root);
 }
 
 }  // namespace

@@ -210,6 +210,7 @@ void guard(const Tensor& m, Operand op, Recipe recipe, const std::string& layer)
 ScalingOptions g_scaling;
 AmaxHistories g_histories;
 std::map<std::string, std::array<double, 3>> g_amax_record;
+AllMax g_amax_reduce;
 
 float tensor_amax(const Tensor& m) {
   const std::vector<float> v = m.to(DType::f32).contiguous().to_vector<float>();
@@ -230,7 +231,12 @@ float cast_amax(const Tensor& m, Operand op, Recipe recipe, const std::string& l
     const std::vector<float>& h = it->second[static_cast<size_t>(op)];
     return *std::max_element(h.begin(), h.end());
   }
-  const float current = tensor_amax(m);
+  float current = tensor_amax(m);
+  if (delayed && g_amax_reduce) {  // NaN as +inf (a max over ranks of NaN is not defined)
+    std::vector<float> v{std::isnan(current) ? INFINITY : current};
+    g_amax_reduce(v);
+    current = v[0];
+  }
   auto& rec = g_amax_record.try_emplace(layer, std::array<double, 3>{-1, -1, -1}).first->second;
   double& r = rec[static_cast<size_t>(op)];
   if (std::isfinite(current)) r = std::max(r, static_cast<double>(current));
@@ -254,6 +260,7 @@ void set_training_scaling(ScalingOptions o) {
 }
 ScalingOptions training_scaling() { return g_scaling; }
 AmaxHistories amax_histories() { return g_histories; }
+void set_amax_reduce(std::function<void(std::vector<float>&)> all_max) { g_amax_reduce = std::move(all_max); }
 void restore_amax_histories(const AmaxHistories& h) { g_histories = h; }
 std::map<std::string, std::array<double, 3>> take_amax_record() {
   std::map<std::string, std::array<double, 3>> out;

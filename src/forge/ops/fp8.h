@@ -133,6 +133,11 @@ ScalingOptions training_scaling();
 using AmaxHistories = std::map<std::string, std::array<std::vector<float>, 3>>;
 AmaxHistories amax_histories();
 void restore_amax_histories(const AmaxHistories& h);
+// Delayed scaling under data parallelism: each training cast's amax is maxed over the data-parallel
+// group (`all_max`, element-wise in place) before it joins the history, so that every rank keeps the
+// same histories and scales alike (and rank 0's, in a checkpoint, resumes them all). Empty: none.
+// A collective per training cast: every rank makes the same casts in the same order.
+void set_amax_reduce(std::function<void(std::vector<float>&)> all_max);
 // The largest amax of each layer's casts per operand since the last call (-1: no cast of that
 // operand), for telemetry.fp8_amax; clears the record.
 std::map<std::string, std::array<double, 3>> take_amax_record();

@@ -256,9 +256,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
   fp8::set_training_recipe(cfg.run.fp8 == "off" ? std::nullopt : std::optional(fp8::recipe_from_name(cfg.run.fp8)));
   const bool fp8_delayed = cfg.run.fp8 != "off" && cfg.run.fp8_scaling == "delayed";
-  FORGE_CHECK(!fp8_delayed || world_size == 1, "run.fp8_scaling = \"delayed\" with ", world_size, " processes: the "
-              "amax histories are kept per process and not yet reduced over the data-parallel group, so that a "
-              "checkpoint (rank 0's) could not resume the other ranks exactly; use run.fp8_scaling = \"current\"");
+  FORGE_CHECK(!fp8_delayed || (layout.tp == 1 && layout.pp == 1 && layout.cp == 1), "run.fp8_scaling = \"delayed\" "
+              "with dist.tp, dist.pp or dist.cp > 1 is not supported yet (the ranks would keep different histories: "
+              "other layers, or other shards of a split operand); use run.fp8_scaling = \"current\", or data "
+              "parallelism alone (its ranks' histories are kept equal)");
   fp8::set_training_scaling({.scaling = fp8_delayed ? fp8::Scaling::delayed : fp8::Scaling::current,
                              .history = cfg.run.fp8_amax_history});
   if (fp8_delayed && ck) {
@@ -288,6 +289,18 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     pg = parallel::world() ? parallel::world() : parallel::init_world(denv, device);
     mesh.attach(pg);
   }
+  // Note [FP8 delayed scaling] under data parallelism (tp, pp and cp are 1: checked above): each
+  // training cast's amax maxed over the ranks before it joins the history, so every rank keeps
+  // rank 0's histories (which a checkpoint holds).
+  fp8::set_amax_reduce(nullptr);
+  if (fp8_delayed && pg && pg->size() > 1)
+    fp8::set_amax_reduce([group = std::weak_ptr<parallel::ProcessGroup>(pg)](std::vector<float>& amax) {
+      const parallel::ProcessGroupPtr g = group.lock();  // (the process-wide hook never owns the group)
+      FORGE_CHECK(g != nullptr, "fp8: the data-parallel group of delayed scaling is gone");
+      const Tensor t = from_vector(amax, {static_cast<int64_t>(amax.size())});
+      g->all_reduce(t, parallel::ReduceOp::max)->wait();
+      amax = t.to_vector<float>();
+    });
   // Rank 0 prepares the task's shared files (tokenizer, shards) first; the other ranks wait for it,
   // then reuse them. Rank 0 tells them whether it succeeded (one all-reduce of a flag), so that an
   // error there (bad data, a checkpoint that does not fit) stops every rank at once instead of
