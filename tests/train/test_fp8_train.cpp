@@ -12,6 +12,7 @@
 #include "forge/io/checkpoint.h"
 #include "forge/ops/fp8.h"
 #include "forge/run/config.h"
+#include "forge/train/fp8_state.h"
 #include "forge/train/trainer.h"
 #include "train/dist_train_testing.h"
 #include "train_testing.h"
@@ -194,6 +195,30 @@ TEST(Fp8Train, DelayedScalingUnderDataParallelismResumesBitIdentically) {
   EXPECT_NE(refused.out.find("with dist.tp, dist.pp or dist.cp > 1 is not supported yet"), std::string::npos)
       << refused.out;
   dtt::remove_scratch(runs, root);
+}
+
+// A checkpoint's amax histories are untrusted input: anything but {layer: {operand: [finite
+// amaxes >= 0]}} is an error naming the checkpoint and the field; a history longer than asked now
+// keeps its newest entries.
+TEST(Fp8Train, CheckpointedHistoriesAreCheckedWhenRead) {
+  const auto ok = fp8_histories_from(nlohmann::json::parse(R"({"a.b": {"activation": [1, 2, 3], "gradient": []}})"), 2, "ck");
+  EXPECT_EQ(ok.at("a.b")[static_cast<size_t>(fp8::Operand::activation)], (std::vector<float>{2, 3}));
+  EXPECT_TRUE(ok.at("a.b")[static_cast<size_t>(fp8::Operand::weight)].empty());
+  for (const char* bad : {R"([])", R"({"l": 3})", R"({"l": {"weight": 1}})", R"({"l": {"weight": [-1]}})",
+                          R"({"l": {"weight": ["x"]}})", R"({"l": {"weight": [1e400]}})"}) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(bad);
+    } catch (...) {
+      continue;  // (1e400 does not parse as a finite number either)
+    }
+    try {
+      (void)fp8_histories_from(j, 4, "checkpoint X");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checkpoint X: extra.fp8_amax_histories"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "forge/io/checkpoint.h"
 #include "forge/io/run_lock.h"
 #include "forge/ops/fp8.h"
+#include "forge/train/fp8_state.h"
 #include "forge/ops/attention.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
@@ -63,57 +64,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of a step's casts, by layer and operand
-// (the first 20 events of the run in full, then a count per step).
-// Note [FP8 delayed scaling] (ops/fp8.h): the amax histories in a checkpoint's extra state, as
-// {layer: {"activation": [...], "weight": [...], "gradient": [...]}} (oldest first), and back. A
-// checkpoint is read as untrusted input: anything but that shape of finite non-negative numbers is
-// an error naming the checkpoint.
-constexpr const char* kFp8HistoriesKey = "fp8_amax_histories";
-constexpr fp8::Operand kFp8Operands[] = {fp8::Operand::activation, fp8::Operand::weight, fp8::Operand::gradient};
-
-json fp8_histories_json() {
-  json j = json::object();
-  for (const auto& [layer, ops] : fp8::amax_histories()) {
-    json o = json::object();
-    for (fp8::Operand op : kFp8Operands) o[fp8::operand_name(op)] = ops[static_cast<size_t>(op)];
-    j[layer] = o;
-  }
-  return j;
-}
-
-fp8::AmaxHistories fp8_histories_from(const json& j, int64_t keep, const std::string& where) {
-  FORGE_CHECK(j.is_object(), where, ": extra.", kFp8HistoriesKey, " is not an object of layers");
-  fp8::AmaxHistories h;
-  for (const auto& [layer, o] : j.items()) {
-    FORGE_CHECK(o.is_object(), where, ": extra.", kFp8HistoriesKey, ".", layer, " is not an object of operands");
-    auto& ops = h[layer];
-    for (fp8::Operand op : kFp8Operands) {
-      const char* name = fp8::operand_name(op);
-      if (!o.contains(name)) continue;
-      FORGE_CHECK(o[name].is_array(), where, ": extra.", kFp8HistoriesKey, ".", layer, ".", name, " is not an array");
-      std::vector<float>& v = ops[static_cast<size_t>(op)];
-      for (const auto& e : o[name]) {
-        FORGE_CHECK(e.is_number() && std::isfinite(e.get<double>()) && e.get<double>() >= 0, where, ": extra.",
-                    kFp8HistoriesKey, ".", layer, ".", name, " holds ", e.dump(), ", not a finite amax");
-        v.push_back(e.get<float>());
-      }
-      if (static_cast<int64_t>(v.size()) > keep) v.erase(v.begin(), v.end() - keep);  // a shorter history asked now
-    }
-  }
-  return h;
-}
-
-void report_fp8_guard_events(int64_t step, std::ostream& log) {
-  static int64_t logged = 0;
-  const std::vector<fp8::GuardEvent> events = fp8::take_guard_events();
-  for (const fp8::GuardEvent& e : events)
-    if (logged++ < 20)
-      log << "fp8: step " << step << ": non-finite amax (" << e.amax << ") in " << e.layer << " (" << fp8::operand_name(e.operand)
-          << "): its group's scale is unusable; the step's non-finite check skips it" << std::endl;
-  if (!events.empty() && logged > 20) log << "fp8: step " << step << ": " << events.size() << " non-finite amax event(s)" << std::endl;
-}
 
 optim::ScheduleKind schedule_kind(const std::string& kind) {
   if (kind == "cosine") return optim::ScheduleKind::cosine;
@@ -254,23 +204,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
-  fp8::set_training_recipe(cfg.run.fp8 == "off" ? std::nullopt : std::optional(fp8::recipe_from_name(cfg.run.fp8)));
-  const bool fp8_delayed = cfg.run.fp8 != "off" && cfg.run.fp8_scaling == "delayed";
-  FORGE_CHECK(!fp8_delayed || (layout.tp == 1 && layout.pp == 1 && layout.cp == 1), "run.fp8_scaling = \"delayed\" "
-              "with dist.tp, dist.pp or dist.cp > 1 is not supported yet (the ranks would keep different histories: "
-              "other layers, or other shards of a split operand); use run.fp8_scaling = \"current\", or data "
-              "parallelism alone (its ranks' histories are kept equal)");
-  fp8::set_training_scaling({.scaling = fp8_delayed ? fp8::Scaling::delayed : fp8::Scaling::current,
-                             .history = cfg.run.fp8_amax_history});
-  if (fp8_delayed && ck) {
-    if (ck->extra.is_object() && ck->extra.contains(kFp8HistoriesKey)) {
-      fp8::restore_amax_histories(
-          fp8_histories_from(ck->extra[kFp8HistoriesKey], cfg.run.fp8_amax_history, "checkpoint " + ck_path.string()));
-    } else {
-      log << "fp8: checkpoint " << ck_path.string() << " holds no amax histories (its run scaled FP8 casts "
-          << "currently): delayed scaling starts from empty histories\n";
-    }
-  }
+  const bool fp8_delayed = configure_fp8(cfg, layout, ck ? &*ck : nullptr, ck_path, log);  // (train/fp8_state.h)
   ops::set_attention_backend(cfg.run.attention);
   ops::set_deterministic(cfg.run.deterministic);
   // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
@@ -289,18 +223,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     pg = parallel::world() ? parallel::world() : parallel::init_world(denv, device);
     mesh.attach(pg);
   }
-  // Note [FP8 delayed scaling] under data parallelism (tp, pp and cp are 1: checked above): each
-  // training cast's amax maxed over the ranks before it joins the history, so every rank keeps
-  // rank 0's histories (which a checkpoint holds).
-  fp8::set_amax_reduce(nullptr);
-  if (fp8_delayed && pg && pg->size() > 1)
-    fp8::set_amax_reduce([group = std::weak_ptr<parallel::ProcessGroup>(pg)](std::vector<float>& amax) {
-      const parallel::ProcessGroupPtr g = group.lock();  // (the process-wide hook never owns the group)
-      FORGE_CHECK(g != nullptr, "fp8: the data-parallel group of delayed scaling is gone");
-      const Tensor t = from_vector(amax, {static_cast<int64_t>(amax.size())});
-      g->all_reduce(t, parallel::ReduceOp::max)->wait();
-      amax = t.to_vector<float>();
-    });
+  set_fp8_amax_group(fp8_delayed ? pg : nullptr);  // Note [FP8 delayed scaling] under data parallelism
   // Rank 0 prepares the task's shared files (tokenizer, shards) first; the other ranks wait for it,
   // then reuse them. Rank 0 tells them whether it succeeded (one all-reduce of a flag), so that an
   // error there (bad data, a checkpoint that does not fit) stops every rank at once instead of
@@ -628,16 +551,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
                   {units.name, units_done}, {"elapsed_s", elapsed}, {"mem_bytes", mem}};
       if (place) rec["epoch"] = place->epoch;
       if (mfu >= 0) rec["mfu"] = mfu;
-      if (cfg.telemetry.fp8_amax) {  // each layer's largest amax per operand since the last record
-        json a = json::object();
-        for (const auto& [layer, m] : fp8::take_amax_record()) {
-          json o = json::object();
-          for (fp8::Operand op : kFp8Operands)
-            if (m[static_cast<size_t>(op)] >= 0) o[fp8::operand_name(op)] = m[static_cast<size_t>(op)];
-          a[layer] = o;
-        }
-        rec["fp8_amax"] = a;
-      }
+      if (cfg.telemetry.fp8_amax) rec["fp8_amax"] = fp8_amax_record_json();  // each layer's, since the last record
       if (gpu_sampler) {
         const bench::GpuActivity& a = activity;
         if (a.samples > 0) {
