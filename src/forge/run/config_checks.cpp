@@ -257,9 +257,6 @@ void validate(const RunConfig& c) {
                 c.train.seq_len / c.dist.cp, " tokens per context-parallel rank are not divisible by dist.tp = ",
                 c.dist.tp, " (sequence parallelism splits them further); choose train.seq_len a multiple of ",
                 c.dist.cp * c.dist.tp * 2);
-    FORGE_CHECK(c.dist.pp == 1, "dist.cp = ", c.dist.cp, " with dist.pp = ", c.dist.pp,
-                " is not built yet (the pipeline stages would pass each rank's sequence part); use dist.pp = 1 with "
-                "context parallelism");
     FORGE_CHECK(c.model.dropout == 0, "model.dropout = ", c.model.dropout, " with dist.cp = ", c.dist.cp,
                 " is not supported yet (the ranks' parts would draw other masks than one process); set model.dropout = 0");
   }

@@ -74,16 +74,19 @@ class PipelineStrategy final : public Strategy {
     seq_parts_ = split_ && split_->sequence_parallel() ? mesh.tp() : 1;
     // The gradient norm's group: the ranks that hold the other parts of this replica's model (the
     // pipeline, and with tensor parallelism its tp x pp ranks; one group per data-parallel rank).
+    // (Every rank creates every such group, in one order: new_group is collective over the world,
+    // and under context parallelism there is one per cp coordinate too.)
     norm_group_ = pp_;
-    if (split_) {
-      for (int d = 0; d < mesh.dp(); ++d) {
-        std::vector<int> ranks;
-        for (int p = 0; p < mesh.pp(); ++p)
-          for (int t = 0; t < mesh.tp(); ++t) ranks.push_back(mesh.rank_at(d, p, t));
+    if (split_)
+      for (const std::vector<int>& ranks : mesh.all_groups({"pp", "tp"}))
         if (auto g = world_->new_group(ranks)) norm_group_ = g;
-      }
-    }
     group_ = strategy_detail::data_parallel_group(mesh);
+    // Context parallelism (Note [context-parallel sequence layout]): every stage of a pipeline
+    // holds its cp ranks' parts of the same rows; the rows split over the dp ranks only, and the
+    // gradients reduce over dp x cp (group_).
+    cp_group_ = mesh.cp_group();
+    dp_size_ = mesh.dp();
+    dp_rank_ = mesh.dp_rank();
     width_ = nn::transformer_shape(cfg.model).d_model;
     // GPT's tied embedding: its two copies' gradients summed between the first and the last stage
     // of each pipeline (a group per data-parallel position; collective over the world).
@@ -91,9 +94,8 @@ class PipelineStrategy final : public Strategy {
       FORGE_CHECK(!layout.sharding().gradients(), "dist.zero_stage = ", layout.zero, " with dist.pp = ", layout.pp,
                   " and a head tied to the embedding (GPT) is not supported yet (the two stages shard the "
                   "embedding's gradient differently); use dist.zero_stage = 0 or 1");
-      for (int d = 0; d < mesh.dp(); ++d)
-        for (int t = 0; t < mesh.tp(); ++t)
-          if (auto g = world_->new_group({mesh.rank_at(d, 0, t), mesh.rank_at(d, mesh.pp() - 1, t)})) tied_group_ = g;
+      for (const std::vector<int>& stages : mesh.all_pp_groups())  // (first, last) of every pipeline
+        if (auto g = world_->new_group({stages.front(), stages.back()})) tied_group_ = g;
     }
     std::vector<std::pair<std::string, Tensor>> trainable;
     {
@@ -142,8 +144,11 @@ class PipelineStrategy final : public Strategy {
     std::vector<std::pair<Tensor, parallel::WorkPtr>> sends;
     Tensor loss_sum;
     // Note [token-weighted loss]: empty unless some targets do not count.
-    const int64_t all_rows = micro_batches.front().inputs.size(0), W = group_->size(), r = group_->rank();
-    const std::vector<double> token_w = strategy_detail::token_weights(micro_batches, r * all_rows / W, all_rows / W, W);
+    const int64_t all_rows = micro_batches.front().inputs.size(0), W = dp_size_, r = dp_rank_;
+    const std::vector<double> token_w =
+        cp_group_ ? strategy_detail::token_weights(micro_batches, r * all_rows / W, all_rows / W, group_->size(),
+                                                   cp_group_->rank(), cp_group_->size())
+                  : strategy_detail::token_weights(micro_batches, r * all_rows / W, all_rows / W, W);
     phases.mark(0);
     // ZB-H1 (Note [pipeline schedules]): each micro-batch's linears queue their weight gradients
     // (W) during its forward; B computes the rest; W runs the queue later. The data-parallel
@@ -239,9 +244,10 @@ class PipelineStrategy final : public Strategy {
                                                       mean_loss, phases);
   }
 
-  // The first data-parallel replica's stages evaluate together (a forward through the pipeline);
-  // rank 0 (its first stage) reports.
-  bool evaluates() const override { return group_->rank() == 0; }
+  // The first data-parallel replica's stages evaluate together (a forward through the pipeline;
+  // with context parallelism, all its cp ranks, each on its part of the sequences); rank 0 (its
+  // first stage) reports.
+  bool evaluates() const override { return dp_rank_ == 0; }
   EvalSums evaluate(data::BatchSource& batches, int64_t max_batches, bool count_correct) override {
     FORGE_CHECK(!count_correct, "evaluate: a pipeline stage counts no arg-max hits");
     NoGradGuard no_grad;
@@ -252,7 +258,8 @@ class PipelineStrategy final : public Strategy {
     for (int64_t b = 0; max_batches == 0 || b < max_batches; ++b) {
       auto batch = batches.next();
       if (!batch) break;
-      const data::Batch mb = batch->map([&](const Tensor& t) { return t.to(device_); });
+      const data::Batch mb = cp_group_ ? strategy_detail::local_part(*batch, 0, batch->inputs.size(0), cp_group_, device_)
+                                       : batch->map([&](const Tensor& t) { return t.to(device_); });
       const nn::Documents docs{mb.documents, mb.positions};
       // Each of this rank's chunks in order (one outside the interleaved schedule): virtual stage
       // c P + s receives from the rank before and sends to the rank after.
@@ -274,6 +281,7 @@ class PipelineStrategy final : public Strategy {
     model_.module->train(was_training);
     Tensor l = full({1}, loss_sum, {.dtype = DType::f64, .device = device_});
     pp_->all_reduce(l, parallel::ReduceOp::sum)->wait();
+    if (cp_group_) cp_group_->all_reduce(l, parallel::ReduceOp::sum)->wait();  // the parts' sums
     sums.loss_sum = l.item();
     FORGE_CHECK(sums.count > 0, "evaluate: no evaluation batch");
     return sums;
@@ -336,7 +344,9 @@ class PipelineStrategy final : public Strategy {
       for (int r = 0; r < world_->size(); ++r) {
         // Who wrote a file: every rank (ZeRO), or each stage's first data-parallel rank (DDP; with
         // tensor parallelism its tensor-parallel rank 0).
-        const bool first = r / static_cast<int>(layout_.tp * layout_.pp) == 0;
+        // (Rank r = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank: parallel/mesh.h.)
+        const int tp = static_cast<int>(layout_.tp), cp = static_cast<int>(layout_.cp), pp = static_cast<int>(layout_.pp);
+        const bool first = r / (tp * cp * pp) == 0 && (r / tp) % cp == 0;
         const bool wrote = sharded || (first && (!split_ || r % static_cast<int>(layout_.tp) == 0));
         if (!wrote) continue;
         files.push_back(file_of(r));
@@ -363,8 +373,8 @@ class PipelineStrategy final : public Strategy {
  private:
   // This rank's rows of a global micro-batch (every stage of a pipeline trains the same rows).
   data::Batch rows_of(const data::Batch& global) const {
-    const int64_t rows = global.inputs.size(0), W = group_->size(), r = group_->rank();
-    return strategy_detail::local_rows(global, r * rows / W, rows / W, device_);
+    const int64_t rows = global.inputs.size(0), W = dp_size_, r = dp_rank_;
+    return strategy_detail::local_part(global, r * rows / W, rows / W, cp_group_, device_);
   }
   // The activations (or their gradient) of micro-batch `mb` from stage `from`: (rows, T, C), or
   // this rank's slice of the sequence (rows, T / tp, C) under sequence parallelism.
@@ -384,6 +394,8 @@ class PipelineStrategy final : public Strategy {
   std::shared_ptr<const Model::Stage> stage_;
   std::shared_ptr<const parallel::tp::SplitModel> split_;  // tensor parallelism within each stage, or null
   int tp_rank_ = 0;
+  parallel::ProcessGroupPtr cp_group_;  // context parallelism's group, or null
+  int dp_size_ = 1, dp_rank_ = 0;        // the data-parallel ranks the rows split over
   int64_t seq_parts_ = 1;  // sequence parallelism: the activations between stages are T / tp long
   std::shared_ptr<nn::CausalLM> lm_;
   int64_t width_ = 0;
