@@ -91,6 +91,20 @@ inline void set_arg(std::vector<std::string>& args, const std::string& key, cons
   else *it = prefix + value;
 }
 
+// The run of `args` on text instead of random tokens: train_testing's corpus written to `corpus`,
+// a byte-level BPE of 300 tokens trained on it (the model's vocabulary), a tenth held out, and an
+// evaluation of 2 batches every 5 steps (the layouts' "evaluates as one process" tests).
+inline void use_text_with_evaluation(std::vector<std::string>& args, const fs::path& corpus) {
+  forge::train_testing::write_corpus(corpus);
+  set_arg(args, "model.vocab_size", "0");  // the tokenizer's: 300
+  set_arg(args, "data.source", "files");
+  set_arg(args, "data.files", "[\"" + corpus.string() + "\"]");
+  set_arg(args, "data.vocab_size", "300");
+  set_arg(args, "data.val_fraction", "0.1");
+  set_arg(args, "eval.every", "5");
+  set_arg(args, "eval.batches", "2");
+}
+
 // Every key is given on the command line; the config file itself is empty.
 inline fs::path empty_config(const std::string& tag) {
   const fs::path p = test_root(tag) / "empty.toml";
@@ -138,6 +152,15 @@ inline std::vector<double> val_losses(const fs::path& run) {
     if (j.contains("val_loss")) v.push_back(j["val_loss"].get<double>());
   }
   return v;
+}
+
+// The validation losses of run `got` equal those of `want` (relative 1e-6), which evaluated
+// `evaluations` times.
+inline void expect_same_val_losses(const fs::path& got, const fs::path& want, size_t evaluations) {
+  const std::vector<double> g = val_losses(got), w = val_losses(want);
+  ASSERT_EQ(w.size(), evaluations) << want;
+  ASSERT_EQ(g.size(), w.size()) << got;
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], w[i], 1e-6 * std::abs(w[i])) << got << ", evaluation " << i;
 }
 
 // Every "model: <type>, <count> parameters" in a run's output (each rank that logs one).

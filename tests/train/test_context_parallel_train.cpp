@@ -150,16 +150,8 @@ TEST_F(ContextParallelTrain, WithPipelineStagesMatchesTheSingleProcessRun) {
 // The same layout evaluates as one process does: the first replica's stages and all its cp ranks
 // run the validation windows' parts, their loss sums added over the pipeline and the cp group.
 TEST_F(ContextParallelTrain, WithPipelineStagesEvaluatesOnTextAsInOneProcess) {
-  const fs::path corpus = root_ / "cp_pp_corpus";
-  forge::train_testing::write_corpus(corpus);
   auto args = model_args(root_, "cp_pp_single", 10, "llama");
-  set_arg(args, "model.vocab_size", "0");  // the tokenizer's
-  set_arg(args, "data.source", "files");
-  set_arg(args, "data.files", "[\"" + corpus.string() + "\"]");
-  set_arg(args, "data.vocab_size", "300");
-  set_arg(args, "data.val_fraction", "0.1");
-  set_arg(args, "eval.every", "5");
-  set_arg(args, "eval.batches", "2");
+  dtt::use_text_with_evaluation(args, root_ / "cp_pp_corpus");
   const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   set_arg(args, "run.name", "cp_pp_np4");
@@ -168,10 +160,7 @@ TEST_F(ContextParallelTrain, WithPipelineStagesEvaluatesOnTextAsInOneProcess) {
   const ShellRun r = runs.run_mpi(4, args);
   ASSERT_EQ(r.status, 0) << r.out;
   expect_same_run(root_ / "cp_pp_np4", root_ / "cp_pp_single", 1, 1e-6, 1e-6, "cp2 x pp2 llama on text");
-  const auto vt = val_losses(root_ / "cp_pp_np4"), vs = val_losses(root_ / "cp_pp_single");
-  ASSERT_EQ(vs.size(), 2u) << "evaluations at step 5 and the end";
-  ASSERT_EQ(vt.size(), vs.size());
-  for (size_t i = 0; i < vt.size(); ++i) EXPECT_NEAR(vt[i], vs[i], 1e-6 * std::abs(vs[i])) << "evaluation " << i;
+  dtt::expect_same_val_losses(root_ / "cp_pp_np4", root_ / "cp_pp_single", 2);
 }
 
 // cp 2 and 4 alone, ring and Ulysses, GPT and LLaMA (GQA: at cp 2 Ulysses gives each rank one of
@@ -229,17 +218,9 @@ TEST_F(ContextParallelTrain, CheckpointResumesInOneProcess) {
 // A LLaMA on text at cp 2 (ring), evaluated every 5 steps: both ranks run the evaluation, each on
 // its part of every sequence, and the validation losses are one process's.
 TEST_F(ContextParallelTrain, EvaluatesOnTextAsInOneProcess) {
-  const fs::path corpus = root_ / "cp_corpus";
-  forge::train_testing::write_corpus(corpus);
   auto args = model_args(root_, "cp_llama_single", 12, "llama");
   set_arg(args, "model.n_layer", "3");
-  set_arg(args, "model.vocab_size", "0");
-  set_arg(args, "data.source", "files");
-  set_arg(args, "data.files", "[\"" + corpus.string() + "\"]");
-  set_arg(args, "data.vocab_size", "300");
-  set_arg(args, "data.val_fraction", "0.1");
-  set_arg(args, "eval.every", "5");
-  set_arg(args, "eval.batches", "2");
+  dtt::use_text_with_evaluation(args, root_ / "cp_corpus");
   const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   set_arg(args, "run.name", "cp_llama_np2");
@@ -247,10 +228,7 @@ TEST_F(ContextParallelTrain, EvaluatesOnTextAsInOneProcess) {
   const ShellRun cp = runs.run_mpi(2, args);
   ASSERT_EQ(cp.status, 0) << cp.out;
   expect_same_run(root_ / "cp_llama_np2", root_ / "cp_llama_single", 1, 1e-6, 1e-6, "cp2 llama on text");
-  const auto vc = val_losses(root_ / "cp_llama_np2"), vs = val_losses(root_ / "cp_llama_single");
-  ASSERT_EQ(vs.size(), 3u) << "evaluations at steps 5, 10 and the end";
-  ASSERT_EQ(vc.size(), vs.size());
-  for (size_t i = 0; i < vc.size(); ++i) EXPECT_NEAR(vc[i], vs[i], 1e-6 * std::abs(vs[i])) << "evaluation " << i;
+  dtt::expect_same_val_losses(root_ / "cp_llama_np2", root_ / "cp_llama_single", 3);
 }
 
 // Layouts that cannot work are refused before any work, naming the key and the fix.

@@ -328,17 +328,9 @@ TEST_F(PipelineTrain, DataParallelCheckpointResumesAtPpTwoByDpTwo) {
 // where the first replica's stages evaluate and the second's wait. Training losses, validation
 // losses and weights as in one process.
 TEST_F(PipelineTrain, LlamaEvaluatesOnTextAsInOneProcess) {
-  const fs::path corpus = root_ / "pp_corpus";
-  forge::train_testing::write_corpus(corpus);
   auto args = model_args(root_, "pp_llama_single", 12, "llama");
   set_arg(args, "model.n_layer", "3");
-  set_arg(args, "model.vocab_size", "0");  // the tokenizer's: 300
-  set_arg(args, "data.source", "files");
-  set_arg(args, "data.files", "[\"" + corpus.string() + "\"]");
-  set_arg(args, "data.vocab_size", "300");
-  set_arg(args, "data.val_fraction", "0.1");
-  set_arg(args, "eval.every", "5");
-  set_arg(args, "eval.batches", "2");
+  dtt::use_text_with_evaluation(args, root_ / "pp_corpus");
   const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   const auto vs = val_losses(root_ / "pp_llama_single");

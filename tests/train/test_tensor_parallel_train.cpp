@@ -270,17 +270,9 @@ TEST_F(TensorParallelTrain, F16WithCheckpointedActivationsMatchesOneProcess) {
 // the evaluation's forward: its tp collectives are collectives): training losses, validation
 // losses and weights as in one process.
 TEST_F(TensorParallelTrain, LlamaEvaluatesOnTextAsInOneProcess) {
-  const fs::path corpus = root_ / "tp_corpus";
-  forge::train_testing::write_corpus(corpus);
   auto args = model_args(root_, "tp_llama_single", 12, "llama");
   set_arg(args, "model.n_layer", "3");
-  set_arg(args, "model.vocab_size", "0");  // the tokenizer's: 300, divisible by 2
-  set_arg(args, "data.source", "files");
-  set_arg(args, "data.files", "[\"" + corpus.string() + "\"]");
-  set_arg(args, "data.vocab_size", "300");
-  set_arg(args, "data.val_fraction", "0.1");
-  set_arg(args, "eval.every", "5");
-  set_arg(args, "eval.batches", "2");
+  dtt::use_text_with_evaluation(args, root_ / "tp_corpus");
   const ShellRun single = runs.run_single(args);
   ASSERT_EQ(single.status, 0) << single.out;
   set_arg(args, "run.name", "tp_llama_np2");
@@ -289,10 +281,7 @@ TEST_F(TensorParallelTrain, LlamaEvaluatesOnTextAsInOneProcess) {
   ASSERT_EQ(tp.status, 0) << tp.out;
   expect_tp_log(tp, 2, true);
   expect_same_run(root_ / "tp_llama_np2", root_ / "tp_llama_single", 1, 1e-6, 1e-6, "tp2 llama on text");
-  const auto vt = val_losses(root_ / "tp_llama_np2"), vs = val_losses(root_ / "tp_llama_single");
-  ASSERT_EQ(vs.size(), 3u) << "evaluations at steps 5, 10 and the end";
-  ASSERT_EQ(vt.size(), vs.size());
-  for (size_t i = 0; i < vt.size(); ++i) EXPECT_NEAR(vt[i], vs[i], 1e-6 * std::abs(vs[i])) << "evaluation " << i;
+  dtt::expect_same_val_losses(root_ / "tp_llama_np2", root_ / "tp_llama_single", 3);
 }
 
 // Note [FP8 under tensor parallelism] (ops/fp8.h): run.fp8 under tp 2 casts every split linear as
