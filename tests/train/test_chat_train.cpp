@@ -2,6 +2,7 @@
 // whose assistant answer is always the same train to near-zero loss, which they can only do if
 // the random prompts are masked out of the loss (Note [chat masks]); and the refusals.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@
 #include "forge/ops/reduce.h"
 #include "forge/ops/view.h"
 #include "forge/run/config.h"
+#include "forge/run/run_chat_data.h"
 #include "forge/run/hf_model.h"
 #include "forge/run/language_model.h"
 #include "forge/train/trainer.h"
@@ -230,6 +232,28 @@ TEST_F(ChatTrain, PlanCountsTheRunsRowsTrainedTargetsAndEpochs) {
   ASSERT_EQ(t.status, 0) << t.out;
   EXPECT_NE(t.out.find("chat SFT (data.format = \"chat\""), std::string::npos) << t.out;
   EXPECT_NE(t.out.find(std::to_string(rows) + " rows of 64 positions"), std::string::npos) << t.out;
+}
+
+// A plan killed mid-way leaves its encoding directory; the next plan removes it, only when its
+// process is gone and it holds nothing but shards (never another process's, never other files).
+TEST_F(ChatTrain, PlanRemovesOnlyTheDirectoriesOfKilledPlans) {
+  const fs::path tmp = scratch.path() / "tmp";
+  const std::string dead = std::to_string(0x7ffffff0);  // above any pid_max: no such process
+  auto make = [&](const std::string& name, const std::vector<std::string>& files) {
+    fs::create_directories(tmp / name);
+    for (const auto& f : files) train_testing::write_text(tmp / name / f, "x");
+  };
+  make(std::string(kPlanDirPrefix) + dead + "-0", {"shard_00000.bin", "shard_00000.flags.bin.tmp.12.0123456789abcdef"});
+  make(std::string(kPlanDirPrefix) + dead + "-1", {"shard_00000.bin", "notes.txt"});
+  make(std::string(kPlanDirPrefix) + std::to_string(::getpid()) + "-0", {"shard_00000.bin"});
+  make("forge-plan-chatty", {"shard_00000.bin"});
+  std::ostringstream log;
+  remove_stale_plan_dirs(tmp, log);
+  EXPECT_FALSE(fs::exists(tmp / (std::string(kPlanDirPrefix) + dead + "-0"))) << log.str();
+  EXPECT_NE(log.str().find("left by a plan that was stopped"), std::string::npos) << log.str();
+  EXPECT_TRUE(fs::exists(tmp / (std::string(kPlanDirPrefix) + dead + "-1" + "/notes.txt"))) << "another file inside";
+  EXPECT_TRUE(fs::exists(tmp / (std::string(kPlanDirPrefix) + std::to_string(::getpid()) + "-0"))) << "a live process's";
+  EXPECT_TRUE(fs::exists(tmp / "forge-plan-chatty")) << "another name";
 }
 
 }  // namespace

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <csignal>
+#include <cerrno>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -169,6 +173,24 @@ std::vector<std::string> prepare_chat_shards(const RunConfig& cfg, const data::T
   return out;
 }
 
+void remove_stale_plan_dirs(const fs::path& tmp, std::ostream& log) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(kPlanDirPrefix, 0) != 0 || !e.is_directory(ec)) continue;
+    // "<prefix><pid>-<attempt>": its plan is gone when no process has the pid.
+    char* end = nullptr;
+    const long pid = std::strtol(n.c_str() + std::strlen(kPlanDirPrefix), &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '-' || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+      continue;
+    bool ours = true;  // only forge's shards and their temporaries
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) ours = ours && is_shards_dir_entry(f.path());
+    if (!ours || ec) continue;
+    fs::remove_all(e.path(), ec);
+    if (!ec) log << "forge plan: removed " << e.path().string() << ", left by a plan that was stopped\n";
+  }
+}
+
 ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log) {
   FORGE_CHECK(cfg.data.format == "chat", "summarize_chat_data: data.format is \"", cfg.data.format, "\", not \"chat\"");
   const data::ChatTemplate tmpl = resolve_chat_template(cfg, log);
@@ -177,11 +199,13 @@ ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log) {
               "text is encoded with): set it, or model.init_from a directory with a tokenizer.json");
   const auto tok = chat_tokenizer(cfg, data::load_tokenizer(cfg.data.tokenizer), tmpl, log, /*save=*/false);
   // A directory of this call's own: created here (create_directory fails on an existing one, so
-  // nothing of anyone else's is reused or removed) and removed whole at the end.
+  // nothing of anyone else's is reused or removed) and removed whole at the end. One left by a
+  // plan that was killed (its process gone) is removed first, when it holds nothing but shards.
+  remove_stale_plan_dirs(fs::temp_directory_path(), log);
   fs::path dir;
   for (int attempt = 0;; ++attempt) {
     char name[64];
-    std::snprintf(name, sizeof(name), "forge-plan-chat-%ld-%d", static_cast<long>(::getpid()), attempt);
+    std::snprintf(name, sizeof(name), "%s%ld-%d", kPlanDirPrefix, static_cast<long>(::getpid()), attempt);
     dir = fs::temp_directory_path() / name;
     if (fs::create_directory(dir)) break;
     FORGE_CHECK(attempt < 100, "forge plan: cannot create a temporary directory in ", fs::temp_directory_path().string());
@@ -199,7 +223,9 @@ ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log) {
   out.seq_len = cfg.train.seq_len;
   std::vector<std::vector<data::ChatSpan>> per_shard;
   for (size_t i = 0; i < files.size(); ++i) {
-    const std::string shard = (dir / ("shard_" + std::to_string(i) + ".bin")).string();
+    char shard_name[32];
+    std::snprintf(shard_name, sizeof(shard_name), "shard_%05zu.bin", i);
+    const std::string shard = (dir / shard_name).string();
     const ChatEncodeStats s = encode_chat_file(tmpl, *tok, train_on, cfg.train.seq_len + 1,
                                                std::max<int64_t>(cfg.model.vocab_size, tok->vocab_size()), files[i], shard);
     out.encoded.conversations += s.conversations;

@@ -16,6 +16,7 @@
 //               assistant message) is skipped and logged with its file and line: never trained at
 //               zero loss.
 #include <cstdint>
+#include <filesystem>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -73,5 +74,9 @@ struct ChatDataSummary {
   int64_t trained_targets = 0;      // trained targets in those rows
 };
 ChatDataSummary summarize_chat_data(const RunConfig& cfg, std::ostream& log);
+// summarize_chat_data's directories are "<tmp>/forge-plan-chat-<pid>-<n>"; one whose process is
+// gone (a plan killed mid-way) and that holds nothing but shards is removed (logged).
+inline constexpr const char* kPlanDirPrefix = "forge-plan-chat-";
+void remove_stale_plan_dirs(const std::filesystem::path& tmp, std::ostream& log);
 
 }  // namespace forge::train
