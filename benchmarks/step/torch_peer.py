@@ -242,6 +242,74 @@ def clip_tensor_parallel(model, clip):
         torch._foreach_mul_(plain, coef)
 
 
+# --fp8: the blocks' linears through torch._scaled_mm, as torchao's float8 training does (its
+# Float8Linear with dynamic scaling), written out here since torchao is not installed on the GPU
+# machine: current scaling from each cast's amax, e4m3 for x and w; tensorwise casts dy in e5m2
+# and runs the forward GEMM with fast accumulation (torchao's defaults for that recipe); rowwise
+# keeps every operand in e4m3 with one scale per row of each GEMM operand (torchao's "rowwise"
+# recipe). Under --mode compile, torch.compile fuses the amaxes and casts into its kernels.
+def _fp8_cast(t, dtype, rowwise):
+    fmax = torch.finfo(dtype).max
+    a = t.abs().amax(dim=-1, keepdim=True) if rowwise else t.abs().amax()
+    scale = fmax / torch.clamp(a.float(), min=1e-12)
+    return (t.float() * scale).clamp(-fmax, fmax).to(dtype), scale.reciprocal()
+
+
+class _Fp8Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, rowwise):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs = _fp8_cast(x2, torch.float8_e4m3fn, rowwise)
+        wq, ws = _fp8_cast(w, torch.float8_e4m3fn, rowwise)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t() if rowwise else ws, out_dtype=torch.bfloat16,
+                             use_fast_accum=not rowwise)
+        ctx.save_for_backward(x2, w)
+        ctx.rowwise = rowwise
+        ctx.x_shape = x.shape
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w = ctx.saved_tensors
+        rw = ctx.rowwise
+        gd = torch.float8_e4m3fn if rw else torch.float8_e5m2
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        # dx (m, k) = dy (m, n) w (n, k): w as a column-major (n, k), cast along n
+        gq, gs = _fp8_cast(dy2, gd, rw)
+        wtq, wts = _fp8_cast(w.t().contiguous(), torch.float8_e4m3fn, rw)
+        dx = torch._scaled_mm(gq, wtq.t(), scale_a=gs, scale_b=wts.t() if rw else wts, out_dtype=torch.bfloat16)
+        # dw (n, k) = dy^T (n, m) x (m, k): both cast along the tokens
+        gtq, gts = _fp8_cast(dy2.t().contiguous(), gd, rw)
+        xtq, xts = _fp8_cast(x2.t().contiguous(), torch.float8_e4m3fn, rw)
+        dw = torch._scaled_mm(gtq, xtq.t(), scale_a=gts, scale_b=xts.t() if rw else xts, out_dtype=torch.bfloat16)
+        return dx.reshape(ctx.x_shape).to(dy.dtype), dw.to(w.dtype), None
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, lin, rowwise):
+        super().__init__()
+        self.weight = lin.weight
+        self.bias = lin.bias
+        self.rowwise = rowwise
+
+    def forward(self, x):
+        y = _Fp8Matmul.apply(x, self.weight, self.rowwise)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
+
+
+def to_fp8(model, recipe):
+    """Every nn.Linear of the blocks (not the head) through _Fp8Matmul."""
+    blocks = model.layers if hasattr(model, "layers") else model.blocks
+    n = 0
+    for block in blocks:
+        for name, m in list(block.named_modules()):
+            for cname, child in list(m.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(m, cname, Fp8Linear(child, recipe == "rowwise"))
+                    n += 1
+    return n
+
+
 def build(s):
     if s["type"] == "llama":
         return Llama(s)
@@ -274,6 +342,8 @@ def main():
     ap.add_argument("--checkpoint", action="store_true",
                     help="LLaMA: activation checkpointing of every block (torch.utils.checkpoint, non-reentrant), "
                          "as forge's model.checkpoint_activations")
+    ap.add_argument("--fp8", choices=["", "tensorwise", "rowwise"], default="",
+                    help="the blocks' linears in FP8 through torch._scaled_mm (torchao's float8 recipes; one GPU)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -320,6 +390,10 @@ def main():
             raise SystemExit("torch_peer.py: --checkpoint is for a LLaMA")
         model.checkpoint_blocks = True
     n_params = sum(p.numel() for p in model.parameters())
+    if a.fp8:
+        if world > 1:
+            raise SystemExit("torch_peer.py: --fp8 runs on one GPU")
+        print(f"fp8: {to_fp8(model, a.fp8)} linears through torch._scaled_mm ({a.fp8})", flush=True)
     if tp > 1:
         model = tensor_parallel(model, tp, a.sp, dev)
     if a.fsdp:

@@ -84,7 +84,7 @@ MLP::MLP(int64_t dim, int64_t hidden, bool bias, double dropout, const LayerSpec
 // session (docs/performance.md).
 Tensor MLP::forward(const Tensor& x) const {
   const bool plain = typeid(*c_fc) == typeid(Linear) && typeid(*c_proj) == typeid(Linear);
-  if (plain && x.is_cuda() && env::flag("FORGE_GELU_MLP"))
+  if (plain && x.is_cuda() && !c_fc->fp8_active() && !c_proj->fp8_active() && env::flag("FORGE_GELU_MLP"))
     return drop->forward(ops::gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
   return drop->forward(c_proj->forward(c_fc->forward_gelu(x)));
 }
@@ -204,7 +204,9 @@ LlamaAttention::LlamaAttention(int64_t dim, int64_t n_head, int64_t n_kv_head, d
 // backward: under ZeRO-3 that keeps the gathered q/k/v weights of every block until its
 // backward. Off by default until the step is measured with and without it in one session.
 bool LlamaAttention::packed_qkv() const {
-  auto plain = [](const std::shared_ptr<Linear>& l) { return typeid(*l) == typeid(Linear) && !l->bias.defined(); };
+  auto plain = [](const std::shared_ptr<Linear>& l) {
+    return typeid(*l) == typeid(Linear) && !l->bias.defined() && !l->fp8_active();
+  };
   return env::flag("FORGE_PACKED_QKV") && plain(q_proj) && plain(k_proj) && plain(v_proj);
 }
 

@@ -26,6 +26,8 @@ Linear::Linear(const Linear& base, SharedParameters)
   if (base.bias.defined()) bias = register_parameter("bias", base.bias);
 }
 
+bool Linear::fp8_active() const { return fp8 && fp8::training_recipe().has_value(); }
+
 Tensor Linear::forward(const Tensor& x) const {
   FORGE_CHECK(x.dim() >= 1 && x.shape().back() == in_features, "Linear: input of shape ", x.shape(),
               " does not end in in_features = ", in_features);
@@ -44,7 +46,7 @@ Tensor Linear::forward_gelu(const Tensor& x) const {
   // The fused GEMM stands in for forward() only where forward() is this class's own
   // ops::linear: a subclass may compute something else (communication, a shard).
   const bool plain = typeid(*this) == typeid(Linear);
-  if (plain && x.is_cuda() && env::flag("FORGE_GELU_FUSION")) return ops::linear_gelu(x, weight, bias);
+  if (plain && x.is_cuda() && !fp8_active() && env::flag("FORGE_GELU_FUSION")) return ops::linear_gelu(x, weight, bias);
   return ops::gelu(forward(x), true);
 }
 

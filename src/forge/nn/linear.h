@@ -25,6 +25,9 @@ class Linear : public Module {
   // Whether run.fp8 applies to this layer (Note [FP8 linear] in ops/fp8.h): true but for the
   // output head (nn::LayerSpec builds it with false).
   bool fp8 = true;
+  // Whether this layer's forward runs through fp8::linear now (fp8 and a training recipe set): the
+  // fused paths that bypass forward() (linear_gelu, gelu_mlp, packed q/k/v) step aside then.
+  bool fp8_active() const;
   std::string name = "linear";  // the module's path in its model (name_linears), for FP8's guardrail events
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias

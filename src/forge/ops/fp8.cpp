@@ -3,11 +3,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "forge/autograd/grad_mode.h"
 #include "forge/autograd/node.h"
+#include "forge/backends/cuda/event_timer.h"
+#include "forge/backends/cuda/fp8.h"
 #include "forge/core/error.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/dispatch_device.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/creation.h"
 #include "forge/ops/matmul.h"
@@ -212,6 +218,15 @@ AmaxHistories g_histories;
 std::map<std::string, std::array<double, 3>> g_amax_record;
 AllMax g_amax_reduce;
 
+// telemetry.fp8_amax: a training cast's amax joins its layer's and operand's record (finite only).
+void record_amax(const std::string& layer, Operand op, float amax) {
+  auto& rec = g_amax_record.try_emplace(layer, std::array<double, 3>{-1, -1, -1}).first->second;
+  double& r = rec[static_cast<size_t>(op)];
+  if (std::isfinite(amax)) r = std::max(r, static_cast<double>(amax));
+}
+
+void drain_device_records();  // (the GPU path's slots: below)
+
 float tensor_amax(const Tensor& m) {
   const std::vector<float> v = m.to(DType::f32).contiguous().to_vector<float>();
   float a = 0.0f;
@@ -237,9 +252,7 @@ float cast_amax(const Tensor& m, Operand op, Recipe recipe, const std::string& l
     g_amax_reduce(v);
     current = v[0];
   }
-  auto& rec = g_amax_record.try_emplace(layer, std::array<double, 3>{-1, -1, -1}).first->second;
-  double& r = rec[static_cast<size_t>(op)];
-  if (std::isfinite(current)) r = std::max(r, static_cast<double>(current));
+  record_amax(layer, op, current);
   if (!delayed) return -1.0f;
   std::vector<float>& h = g_histories[layer][static_cast<size_t>(op)];
   float used = current;
@@ -263,12 +276,14 @@ AmaxHistories amax_histories() { return g_histories; }
 void set_amax_reduce(std::function<void(std::vector<float>&)> all_max) { g_amax_reduce = std::move(all_max); }
 void restore_amax_histories(const AmaxHistories& h) { g_histories = h; }
 std::map<std::string, std::array<double, 3>> take_amax_record() {
+  drain_device_records();
   std::map<std::string, std::array<double, 3>> out;
   out.swap(g_amax_record);
   return out;
 }
 
 std::vector<GuardEvent> take_guard_events() {
+  drain_device_records();
   std::vector<GuardEvent> out;
   out.swap(g_events);
   return out;
@@ -278,10 +293,275 @@ const char* operand_name(Operand op) {
   return op == Operand::activation ? "activation" : op == Operand::weight ? "weight" : "gradient";
 }
 
+// ---- the GPU path (Note [FP8 on the GPU] in fp8.h) ----------------------------------------------
+
+namespace {
+
+// Note [FP8 cast groups] (backends/cuda/fp8.h): a recipe's groups for an operand (R, C), in its own
+// layout and for the transposed codes the backward reads, and the factors' layouts.
+struct DeviceGroups {
+  cuda::Fp8Groups plain, trans;
+  cuda::Fp8ScaleMode plain_mode, trans_mode;
+};
+
+DeviceGroups device_groups(Recipe r, Operand op, int64_t R, int64_t C) {
+  using M = cuda::Fp8ScaleMode;
+  switch (r) {
+    case Recipe::tensorwise: return {{R, C}, {R, C}, M::scalar, M::scalar};
+    case Recipe::rowwise: return {{1, C}, {R, 1}, M::outer, M::outer};
+    case Recipe::blockwise:
+      if (op == Operand::weight) return {{kBlock, kBlock}, {kBlock, kBlock}, M::blk128, M::blk128};
+      return {{1, kBlock}, {kBlock, 1}, M::vec128, M::vec128};
+  }
+  return {{R, C}, {R, C}, M::scalar, M::scalar};
+}
+
+struct DeviceCast {
+  cuda::Fp8Operand plain, trans;  // codes (R, C) and (C, R), each when asked for
+};
+
+// One operand's casts: its amaxes (one pass; the whole tensor's maxed into `slot` when given), then
+// the codes in one pass.
+DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_unused]] bool plain,
+                          [[maybe_unused]] bool trans, [[maybe_unused]] float* slot) {
+  const int64_t R = t.size(0), C = t.size(1);
+  [[maybe_unused]] const DeviceGroups g = device_groups(recipe, op, R, C);
+  [[maybe_unused]] const Format f = format_of(recipe, op);
+  [[maybe_unused]] const bool shared = g.plain.rows == g.trans.rows && g.plain.cols == g.trans.cols;
+  DeviceCast out;
+  FORGE_ON_CUDA("fp8 cast", {
+    Tensor a0, a1;
+    if (shared || !(plain && trans)) {
+      const cuda::Fp8Groups gg = plain ? g.plain : g.trans;
+      a0 = cuda::fp8_group_amax(t, gg, slot);
+      a1 = a0;
+    } else {
+      cuda::fp8_group_amax2(t, g.plain, a0, g.trans, a1, slot);
+    }
+    if (plain && trans)
+      cuda::fp8_cast2(t, f, a0, g.plain, g.plain_mode, out.plain, a1, g.trans, g.trans_mode, out.trans);
+    else if (plain)
+      out.plain = cuda::fp8_cast(t, f, a0, g.plain, g.plain_mode, false);
+    else if (trans)
+      out.trans = cuda::fp8_cast(t, f, a1, g.trans, g.trans_mode, true);
+  });
+  return out;
+}
+
+// Note [FP8 guardrails] on the GPU: each training cast maxes its tensor's amax into a slot of a
+// device buffer per (layer, operand); the trainer's take_guard_events / take_amax_record read the
+// buffer once (a copy to the host, after the step), record what it holds as the CPU path does, and
+// clear it. The buffer has a fixed size, so that a CUDA graph that captured the slots' addresses
+// stays valid.
+constexpr int64_t kDeviceSlots = 3 * 8192;
+struct DeviceRecords {
+  std::mutex mu;
+  Tensor buffer;  // f32 kDeviceSlots, zero-initialised, on one device
+  std::map<std::pair<std::string, int>, int64_t> index;
+  std::vector<std::pair<std::string, Operand>> names;
+};
+DeviceRecords& device_records() {
+  static DeviceRecords* r = new DeviceRecords();
+  return *r;
+}
+
+float* device_slot(const Tensor& like, const std::string& layer, Operand op) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.buffer.defined() || r.buffer.device() != like.device()) {
+    r.buffer = zeros({kDeviceSlots}, TensorOptions{.dtype = DType::f32, .device = like.device()});
+    r.index.clear();
+    r.names.clear();
+  }
+  auto it = r.index.find({layer, static_cast<int>(op)});
+  if (it == r.index.end()) {
+    FORGE_CHECK(static_cast<int64_t>(r.names.size()) < kDeviceSlots, "fp8: more than ", kDeviceSlots,
+                " (layer, operand) pairs cast on the GPU");
+    it = r.index.emplace(std::pair{layer, static_cast<int>(op)}, static_cast<int64_t>(r.names.size())).first;
+    r.names.emplace_back(layer, op);
+  }
+  return static_cast<float*>(r.buffer.data_ptr()) + it->second;
+}
+
+// Reads the device slots into the host's events and amax record, and clears them.
+void drain_device_records() {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.buffer.defined() || r.names.empty()) return;
+  const std::vector<float> v = r.buffer.to(Device::cpu()).to_vector<float>();
+  r.buffer.fill_(0.0);
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    const auto& [layer, op] = r.names[i];
+    if (v[i] == 0.0f) continue;  // (not cast since the last read, or all zeros)
+    if (!std::isfinite(v[i])) g_events.push_back({layer, op, static_cast<double>(v[i])});
+    record_amax(layer, op, v[i]);
+  }
+}
+
+// Note [FP8 GEMM choice]: which linear shapes run in FP8 on the GPU.
+Selection g_selection = Selection::measured;
+struct Choice {
+  bool fp8 = false;
+  double bf16_ms = 0, fp8_ms = 0;
+  std::string reason;
+};
+std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, Choice> g_choices;  // (m, n, k, recipe, dtype)
+
+[[maybe_unused]] double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The three GEMMs of a linear layer of this shape, forward and backward, timed in the layer's
+// dtype and through the recipe (casts included), on random data.
+void time_choice([[maybe_unused]] Choice& c, [[maybe_unused]] int64_t m, [[maybe_unused]] int64_t n,
+                 [[maybe_unused]] int64_t k, [[maybe_unused]] Recipe recipe, [[maybe_unused]] DType dt,
+                 [[maybe_unused]] Device dev) {
+  FORGE_ON_CUDA("fp8 gemm choice", {
+    const TensorOptions o{.dtype = dt, .device = dev};
+    const Tensor x = randn({m, k}, o), w = randn({n, k}, o), dy = randn({m, n}, o);
+    const auto plain_gemms = [&] {
+      (void)ops::matmul(x, ops::transpose(w, 0, 1));
+      (void)ops::matmul(dy, w);
+      (void)ops::matmul(ops::transpose(dy, 0, 1), x);
+    };
+    const auto fp8_gemms = [&] {
+      const DeviceCast qx = cast_on_device(x, recipe, Operand::activation, true, true, nullptr);
+      const DeviceCast qw = cast_on_device(w, recipe, Operand::weight, true, true, nullptr);
+      const DeviceCast qd = cast_on_device(dy, recipe, Operand::gradient, true, true, nullptr);
+      Tensor y = empty({m, n}, o), dx = empty({m, k}, o), dw = empty({n, k}, o);
+      cuda::fp8_scaled_gemm(qx.plain, qw.plain, y);
+      cuda::fp8_scaled_gemm(qd.plain, qw.trans, dx);
+      cuda::fp8_scaled_gemm(qd.trans, qx.trans, dw);
+    };
+    const int device = dev.index;
+    (void)cuda::time_with_events(device, 3, plain_gemms);  // (plans, tuning, the allocator's blocks)
+    (void)cuda::time_with_events(device, 3, fp8_gemms);
+    c.bf16_ms = median(cuda::time_with_events(device, 9, plain_gemms));
+    c.fp8_ms = median(cuda::time_with_events(device, 9, fp8_gemms));
+  });
+}
+
+const Choice& choose(int64_t m, int64_t n, int64_t k, Recipe recipe, DType dt, Device dev) {
+  const auto key = std::tuple{m, n, k, static_cast<int>(recipe), static_cast<int>(dt)};
+  auto it = g_choices.find(key);
+  if (it != g_choices.end()) return it->second;
+  Choice c;
+  const int64_t q = recipe == Recipe::blockwise ? kBlock : 16;
+  bool modes = true;
+  FORGE_ON_CUDA("fp8 gemm choice", {
+    const DeviceGroups g = device_groups(recipe, Operand::weight, n, k);
+    modes = cuda::fp8_scale_mode_supported(dev.index, g.plain_mode) &&
+            cuda::fp8_scale_mode_supported(dev.index, device_groups(recipe, Operand::activation, m, k).plain_mode);
+  });
+  if (dt != DType::bf16 && dt != DType::f32) {
+    c.reason = std::string("dtype ") + dtype_name(dt) + " (bf16 or f32 only)";
+  } else if (m % q != 0 || n % q != 0 || k % q != 0) {
+    c.reason = "a dimension not a multiple of " + std::to_string(q);
+  } else if (!modes) {
+    c.reason = std::string("this GPU has no ") + recipe_name(recipe) + " FP8 GEMM (needs compute capability 8.9+; "
+               "rowwise and blockwise 9.0 with cuBLASLt 12.9+)";
+  } else if (g_selection == Selection::all) {
+    c.fp8 = true;
+    c.reason = "run.fp8_select = \"all\"";
+  } else {
+    bool capturing = false;
+    FORGE_ON_CUDA("fp8 gemm choice", capturing = cuda::fp8_capturing(dev.index));
+    if (capturing) {  // (no timing inside a graph capture: a shape first met there runs in FP8)
+      c.fp8 = true;
+      c.reason = "first met inside a CUDA graph capture: not measured";
+    } else {
+      NoGradGuard no_grad;
+      time_choice(c, m, n, k, recipe, dt, dev);
+      c.fp8 = c.fp8_ms < c.bf16_ms;
+      c.reason = "measured";
+    }
+  }
+  return g_choices.emplace(key, c).first->second;
+}
+
+Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer) {
+  FORGE_CHECK(g_scaling.scaling == Scaling::current, "run.fp8_scaling = \"delayed\" runs in the CPU emulation only so "
+              "far; on a GPU use run.fp8_scaling = \"current\"");
+  const int64_t k = w.size(1), n = w.size(0);
+  const Tensor x2 = x.detach().reshape({-1, k}).contiguous(), wd = w.detach().contiguous();
+  const int64_t m = x2.size(0);
+  if (!choose(m, n, k, recipe, x.dtype(), x.device()).fp8) return ops::linear(x, w, b);
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  const bool training = grad_enabled();
+  const bool need_dx = training && x.requires_grad(), need_dw = training && w.requires_grad();
+  Tensor y;
+  DeviceCast qx, qw;
+  {
+    NoGradGuard no_grad;
+    qx = cast_on_device(x2, recipe, Operand::activation, true, need_dw,
+                        training ? device_slot(x2, layer, Operand::activation) : nullptr);
+    qw = cast_on_device(wd, recipe, Operand::weight, true, need_dx,
+                        training ? device_slot(wd, layer, Operand::weight) : nullptr);
+    Tensor y2 = empty({m, n}, TensorOptions{.dtype = x.dtype(), .device = x.device()});
+    FORGE_ON_CUDA("fp8 linear", cuda::fp8_scaled_gemm(qx.plain, qw.plain, y2));
+    if (b.defined()) y2 = ops::add(y2, b.detach().to(x.dtype()));
+    y = y2.reshape(out_shape);
+  }
+  const TensorList inputs = b.defined() ? TensorList{x, w, b} : TensorList{x, w};
+  if (!autograd::any_requires_grad(inputs)) return y;
+  // Saved for the backward: the transposed codes only (x^T and w^T in FP8: a quarter of x's and w's
+  // bf16 bytes... half).
+  autograd::record("fp8_linear", y, inputs,
+                   [xt = qx.trans, wt = qw.trans, recipe, x_shape = x.shape(), xd = x.dtype(), wdt = w.dtype(),
+                    has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32, m, n, k,
+                    layer](const Tensor& g, const autograd::GradMask& need) {
+                     NoGradGuard no_grad;
+                     const Tensor dy = g.reshape({-1, n}).to(xd).contiguous();
+                     const bool dx_needed = need[0] && wt.codes.defined(), dw_needed = need[1] && xt.codes.defined();
+                     const DeviceCast qd = cast_on_device(dy, recipe, Operand::gradient, dx_needed, dw_needed,
+                                                          device_slot(dy, layer, Operand::gradient));
+                     TensorList out(has_bias ? 3 : 2);
+                     if (dx_needed) {  // dx (m, k) = dy (m, n) . w (n, k): b_t = w^T (k, n)
+                       Tensor dx = empty({m, k}, TensorOptions{.dtype = xd, .device = dy.device()});
+                       FORGE_ON_CUDA("fp8 linear backward", cuda::fp8_scaled_gemm(qd.plain, wt, dx));
+                       out[0] = dx.reshape(x_shape);
+                     }
+                     if (dw_needed) {  // dw (n, k) = dy^T (n, m) . x (m, k): b_t = x^T (k, m)
+                       Tensor dw = empty({n, k}, TensorOptions{.dtype = wdt == DType::f32 ? DType::f32 : DType::bf16,
+                                                               .device = dy.device()});
+                       FORGE_ON_CUDA("fp8 linear backward", cuda::fp8_scaled_gemm(qd.trans, xt, dw));
+                       out[1] = dw.to(wdt);
+                     }
+                     if (has_bias && need[2]) out[2] = ops::sum(dy, std::vector<int64_t>{0}).to(bias_dtype);
+                     return out;
+                   });
+  return y;
+}
+
+}  // namespace
+
+void set_selection(Selection s) {
+  g_selection = s;
+  g_choices.clear();
+}
+Selection selection() { return g_selection; }
+
+std::vector<GemmChoice> gemm_choices() {
+  std::vector<GemmChoice> out;
+  for (const auto& [key, c] : g_choices) {
+    const auto& [m, n, k, r, d] = key;
+    out.push_back({m, n, k, static_cast<Recipe>(r), static_cast<DType>(d), c.fp8, c.bf16_ms, c.fp8_ms, c.reason});
+  }
+  return out;
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer,
               const Split& split) {
-  FORGE_CHECK(x.is_cpu() && w.is_cpu(), "run.fp8 = \"", recipe_name(recipe),
-              "\" runs as the CPU emulation only so far (issue 39); set run.fp8 = \"off\" on a GPU");
+  if (x.is_cuda()) {
+    FORGE_CHECK(x.dim() >= 1 && w.dim() == 2 && x.shape().back() == w.size(1) && w.device() == x.device(),
+                "fp8::linear: input ", x.shape(), " and weight ", w.shape(), " do not fit");
+    FORGE_CHECK(!split.k && !split.n, "run.fp8 under tensor parallelism runs in the CPU emulation only so far (issue "
+                "39); on GPUs use dist.tp = 1 with run.fp8, or run.fp8 = \"off\"");
+    return linear_on_device(x, w, b, recipe, layer);
+  }
+  FORGE_CHECK(x.is_cpu() && w.is_cpu(), "fp8::linear: input and weight must be on one device");
   FORGE_CHECK(x.dim() >= 1 && w.dim() == 2 && x.shape().back() == w.size(1), "fp8::linear: input ", x.shape(),
               " and weight ", w.shape(), " do not fit");
   const int64_t k = w.size(1), n = w.size(0);

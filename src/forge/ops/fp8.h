@@ -75,8 +75,9 @@ Tensor quantized_matmul(const Tensor& a, Operand a_role, const Tensor& b_t, Oper
 // w^T (weight, grouped along the output features it is reduced over) and dw = dy^T (gradient) by
 // x^T (activation, grouped along the tokens), db = the column sums of dy in full precision. The
 // gradients are those of the quantized product (straight through the rounding). x (*, k), w (n, k),
-// b (n) or undefined; the result has x's dtype. The CPU only: the emulation (slow, for tests);
-// a CUDA tensor throws naming run.fp8.
+// b (n) or undefined; the result has x's dtype. On the CPU the emulation (slow, for tests); on a
+// GPU the kernels (Note [FP8 on the GPU]), or ops::linear for a shape kept in the layer's dtype
+// (Note [FP8 GEMM choice]).
 // `layer` names the layer in guardrail events (Note [FP8 guardrails]).
 //
 // Note [FP8 under tensor parallelism]: a split linear must cast exactly as the whole one, so every
@@ -141,6 +142,35 @@ void set_amax_reduce(std::function<void(std::vector<float>&)> all_max);
 // The largest amax of each layer's casts per operand since the last call (-1: no cast of that
 // operand), for telemetry.fp8_amax; clears the record.
 std::map<std::string, std::array<double, 3>> take_amax_record();
+
+// Note [FP8 on the GPU]: on CUDA, fp8::linear casts x, w (forward) and dy (backward) with the
+// kernels of backends/cuda/fp8.h, which write each operand's codes in its own layout and, for the
+// backward, transposed (k contiguous for every GEMM: Note [FP8 GEMM layout]), and runs the three
+// GEMMs through cuBLASLt with the recipe's scales (tensorwise one per tensor, rowwise one per row,
+// blockwise 1 x 128 tiles and 128 x 128 weight blocks). It keeps only the transposed FP8 codes of x
+// and w for the backward (no bf16 copy of x). The codes and scales are those of fp8::quantize (the
+// same f32 arithmetic; tested code for code), and the GEMMs accumulate in f32 and write the layer's
+// dtype. Not yet on the GPU: delayed scaling and tensor parallelism (refused with the reason).
+//
+// Note [FP8 GEMM choice]: not every GEMM gains from FP8: the casts read and write each operand once
+// more, which a small GEMM does not earn back. On the GPU, the first time a linear of shape
+// (tokens m, out n, in k) runs (outside a CUDA graph capture), its forward and backward GEMMs are
+// timed both ways on random data of that shape (casts included, median of 9) and the faster kept
+// for the run (`measured`, the default); `all` takes FP8 wherever the GEMM can run it (dimensions
+// multiples of 16, of 128 for blockwise; rowwise and blockwise need Hopper and cuBLASLt 12.9). The
+// choices, with both times, are reported by gemm_choices (forge train logs them after the first step).
+enum class Selection : uint8_t { measured, all };
+void set_selection(Selection s);  // clears the choices made so far
+Selection selection();
+struct GemmChoice {
+  int64_t m = 0, n = 0, k = 0;
+  Recipe recipe = Recipe::tensorwise;
+  DType dtype = DType::bf16;
+  bool fp8 = false;
+  double bf16_ms = 0, fp8_ms = 0;  // the three GEMMs each way (0: not measured)
+  std::string reason;
+};
+std::vector<GemmChoice> gemm_choices();
 
 // The recipe of the linear layers' GEMMs for this process (nn::Linear reads it; forge train sets
 // it from run.fp8): none (off) by default.

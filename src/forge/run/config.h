@@ -6,7 +6,7 @@
 //   // cfg.train.steps == 100; every other key from the file or its default
 //
 // Sections and keys (docs/train.md documents each one with its default):
-//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, fp8, fp8_scaling, fp8_amax_history,
+//   [run]        name, dir, seed, device, dtype, overwrite, allow_tf32, fp8, fp8_scaling, fp8_amax_history, fp8_select,
 //                attention, deterministic,
 //                gemm_tuning, cuda_graph, time_limit, preempt_signal
 //   [model]      type ("gpt" | "llama" | "lenet"), vocab_size, block_size, n_layer, n_head,
@@ -66,6 +66,7 @@ struct RunSection {
   std::string fp8 = "off";         // the linear layers' GEMMs in FP8: "off" | "tensorwise" | "rowwise" | "blockwise" (ops/fp8.h)
   std::string fp8_scaling = "current";  // "current" | "delayed" (tensorwise: Note [FP8 delayed scaling])
   int64_t fp8_amax_history = 16;   // delayed scaling: casts remembered per layer and operand
+  std::string fp8_select = "measured";  // GPU: which linear shapes run in FP8: "measured" | "all" (Note [FP8 GEMM choice])
   std::string attention = "auto";  // CUDA attention kernels: "auto" (cuDNN, then forge's flash) | "flash" | "composed"
   bool deterministic = false;      // CUDA attention backward without atomics (bit-identical reruns)
   std::string gemm_tuning = "cached";  // "cached" (time each GEMM shape's cuBLASLt algorithms once) | "off" (heuristic)

@@ -70,11 +70,11 @@ void validate(const RunConfig& c) {
               "heuristic)", suggest_choice(c.run.gemm_tuning, {"cached", "off"}));
   if (c.run.fp8 != "off") {
     (void)fp8::recipe_from_name(c.run.fp8);  // the name (the error lists the recipes)
-    FORGE_CHECK(c.run.device == "cpu", "run.fp8 = \"", c.run.fp8, "\" runs as the CPU emulation only so far "
-                "(issue 39: the GPU kernels are not built yet); set run.device = \"cpu\" or run.fp8 = \"off\"");
   }
   FORGE_CHECK(c.run.fp8_scaling == "current" || c.run.fp8_scaling == "delayed", "run.fp8_scaling = '", c.run.fp8_scaling,
               "' is unknown; use \"current\" or \"delayed\"", suggest_choice(c.run.fp8_scaling, {"current", "delayed"}));
+  FORGE_CHECK(c.run.fp8_select == "measured" || c.run.fp8_select == "all", "run.fp8_select = '", c.run.fp8_select,
+              "' is unknown; use \"measured\" or \"all\"", suggest_choice(c.run.fp8_select, {"measured", "all"}));
   FORGE_CHECK(c.run.fp8_amax_history >= 1, "run.fp8_amax_history must be >= 1, got ", c.run.fp8_amax_history);
   if (c.run.fp8_scaling == "delayed") {
     FORGE_CHECK(c.run.fp8 == "tensorwise", "run.fp8_scaling = \"delayed\" scales a whole tensor from its history: it "

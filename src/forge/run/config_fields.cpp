@@ -38,12 +38,17 @@ const std::vector<Field>& fields() {
                   "so it is a config key, recorded with the run; bf16/f16 runs are not affected)"),
       FORGE_FIELD(run, fp8,
                   "the linear layers' matrix products in FP8 (Note [FP8 recipes]): \"off\", \"tensorwise\", "
-                  "\"rowwise\" or \"blockwise\"; the blocks' linears only (not the output head); so far the CPU "
-                  "emulation (slow; docs/fp8.md), refused on a GPU"),
+                  "\"rowwise\" or \"blockwise\"; the blocks' linears only (not the output head); on a GPU the FP8 "
+                  "tensor cores (compute capability 8.9+; rowwise and blockwise 9.0), on the CPU an emulation (slow, "
+                  "for tests; docs/fp8.md)"),
       FORGE_FIELD(run, fp8_scaling,
                   "where an FP8 cast's scale comes from (Note [FP8 delayed scaling]): \"current\" (the amax of the "
                   "tensor cast) or \"delayed\" (the largest amax of the layer's last run.fp8_amax_history casts of "
                   "that operand; run.fp8 = \"tensorwise\" only; the histories are saved in checkpoints)"),
+      FORGE_FIELD(run, fp8_select,
+                  "on a GPU, which linear layers' shapes run in FP8 (Note [FP8 GEMM choice]): \"measured\" (each "
+                  "shape's three GEMMs timed both ways, casts included, at its first use; the faster kept and "
+                  "logged) or \"all\" (every shape the FP8 GEMMs can run)"),
       FORGE_FIELD(run, fp8_amax_history,
                   "delayed FP8 scaling: how many casts of each layer and operand the amax history remembers (>= 1)"),
       FORGE_FIELD(run, attention,

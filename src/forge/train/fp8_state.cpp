@@ -2,6 +2,7 @@
 #include "forge/train/fp8_state.h"
 
 #include <cmath>
+#include <iomanip>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -18,10 +19,18 @@ namespace {
 constexpr fp8::Operand kFp8Operands[] = {fp8::Operand::activation, fp8::Operand::weight, fp8::Operand::gradient};
 }  // namespace
 
-bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, const io::CheckpointData* ck,
+bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device device, const io::CheckpointData* ck,
                    const std::filesystem::path& ck_path, std::ostream& log) {
-  fp8::set_training_recipe(cfg.run.fp8 == "off" ? std::nullopt : std::optional(fp8::recipe_from_name(cfg.run.fp8)));
-  const bool delayed = cfg.run.fp8 != "off" && cfg.run.fp8_scaling == "delayed";
+  const bool on = cfg.run.fp8 != "off";
+  const bool delayed = on && cfg.run.fp8_scaling == "delayed";
+  // Note [FP8 on the GPU]: what the GPU path does not do yet, refused before any work.
+  FORGE_CHECK(!on || !device.is_cuda() || !delayed, "run.fp8_scaling = \"delayed\" runs in the CPU emulation only so "
+              "far (issue 39); on a GPU use run.fp8_scaling = \"current\"");
+  FORGE_CHECK(!on || !device.is_cuda() || layout.tp == 1, "run.fp8 with dist.tp = ", layout.tp, " runs in the CPU "
+              "emulation only so far (issue 39: the GPU casts do not reduce their amaxes over the tensor-parallel "
+              "group yet); on GPUs use dist.tp = 1 with run.fp8, or run.fp8 = \"off\"");
+  fp8::set_training_recipe(on ? std::optional(fp8::recipe_from_name(cfg.run.fp8)) : std::nullopt);
+  fp8::set_selection(cfg.run.fp8_select == "all" ? fp8::Selection::all : fp8::Selection::measured);
   FORGE_CHECK(!delayed || (layout.tp == 1 && layout.pp == 1 && layout.cp == 1), "run.fp8_scaling = \"delayed\" "
               "with dist.tp, dist.pp or dist.cp > 1 is not supported yet (the ranks would keep different histories: "
               "other layers, or other shards of a split operand); use run.fp8_scaling = \"current\", or data "
@@ -93,6 +102,23 @@ json fp8_amax_record_json() {
     a[layer] = o;
   }
   return a;
+}
+
+void report_fp8_gemm_choices(std::ostream& log) {
+  static size_t reported = 0;  // (the choices are kept in a map: the new ones are reported by count)
+  const std::vector<fp8::GemmChoice> choices = fp8::gemm_choices();
+  if (choices.size() <= reported) return;
+  reported = choices.size();
+  int64_t in_fp8 = 0;
+  for (const fp8::GemmChoice& c : choices) in_fp8 += c.fp8 ? 1 : 0;
+  log << "fp8: " << in_fp8 << " of " << choices.size() << " linear shapes in FP8 (" << fp8::recipe_name(choices[0].recipe)
+      << "; tokens x out x in: three GEMMs, bf16 ms vs FP8 ms with casts):";
+  for (const fp8::GemmChoice& c : choices) {
+    log << "\n  " << c.m << " x " << c.n << " x " << c.k << ": " << (c.fp8 ? "FP8" : dtype_name(c.dtype));
+    if (c.bf16_ms > 0) log << " (" << std::fixed << std::setprecision(3) << c.bf16_ms << " vs " << c.fp8_ms << " ms)";
+    log << std::defaultfloat << " [" << c.reason << "]";
+  }
+  log << std::endl;
 }
 
 void report_fp8_guard_events(int64_t step, std::ostream& log) {

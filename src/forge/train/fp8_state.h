@@ -21,8 +21,10 @@ inline constexpr const char* kFp8HistoriesKey = "fp8_amax_histories";
 
 // Sets the process's recipe (run.fp8) and scaling (run.fp8_scaling, run.fp8_amax_history), and
 // with delayed scaling restores the histories of `ck` (at `ck_path`; logged when it has none).
-// Throws for delayed scaling under tp, pp or cp > 1. Returns whether scaling is delayed.
-bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, const io::CheckpointData* ck,
+// Throws for delayed scaling under tp, pp or cp > 1, and on a GPU (`device`) for delayed scaling
+// and tp > 1 (Note [FP8 on the GPU]). Sets the GEMM choice (run.fp8_select). Returns whether
+// scaling is delayed.
+bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device device, const io::CheckpointData* ck,
                    const std::filesystem::path& ck_path, std::ostream& log);
 // Delayed scaling under data parallelism: each training cast's amax maxed over `group` before it
 // joins the history (fp8::set_amax_reduce; the hook holds the group weakly). Null or a group of
@@ -35,6 +37,9 @@ nlohmann::json fp8_histories_json();
 fp8::AmaxHistories fp8_histories_from(const nlohmann::json& j, int64_t keep, const std::string& where);
 // telemetry.fp8_amax: {layer: {operand: amax}} since the last call (fp8::take_amax_record).
 nlohmann::json fp8_amax_record_json();
+// Note [FP8 GEMM choice] (ops/fp8.h): the linear shapes chosen since the last call, with the times
+// measured (after the first step; nothing when no new shape was met).
+void report_fp8_gemm_choices(std::ostream& log);
 // Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of a step's casts, by layer and operand
 // (the first 20 events of the run in full, then a count per step).
 void report_fp8_guard_events(int64_t step, std::ostream& log);

@@ -204,7 +204,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
   if (distributed && device.is_cuda()) device = Device::cuda(denv.local_rank);  // one GPU per rank
   const DType dtype = task->compute_dtype(device);
   ops::set_allow_tf32(cfg.run.allow_tf32);  // a result-changing switch: the config's, never the environment's
-  const bool fp8_delayed = configure_fp8(cfg, layout, ck ? &*ck : nullptr, ck_path, log);  // (train/fp8_state.h)
+  const bool fp8_delayed = configure_fp8(cfg, layout, device, ck ? &*ck : nullptr, ck_path, log);  // (train/fp8_state.h)
   ops::set_attention_backend(cfg.run.attention);
   ops::set_deterministic(cfg.run.deterministic);
   // Likewise (the algorithm decides the last bits). A deterministic run takes cuBLASLt's heuristic
@@ -607,7 +607,10 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     trace.data_done();
     QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases, trace.tracing()))};
     trace.end_step();
-    if (fp8::training_recipe()) report_fp8_guard_events(step + 1, rank_log);  // Note [FP8 guardrails]
+    if (fp8::training_recipe()) {
+      report_fp8_guard_events(step + 1, rank_log);  // Note [FP8 guardrails]
+      report_fp8_gemm_choices(log);                  // Note [FP8 GEMM choice]
+    }
     ++step;
     if (device.is_cuda() && !host_reservation.started()) {  // the optimizer's state exists from here
       if (const uint64_t b = host_reservation.start(device, strategy->checkpoint_host_bytes()); b > 0)

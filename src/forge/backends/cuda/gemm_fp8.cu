@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "forge/backends/cuda/blaslt.h"
+#include "forge/backends/cuda/fp8.h"
 #include "forge/backends/cuda/cublas_check.h"
 #include "forge/backends/cuda/runtime.h"
 #include "forge/backends/cuda/tensor_kernels.h"
@@ -66,8 +67,8 @@ struct Plan {
   }
 };
 
-// device, m, n, k, fast_accum, alignment of a, b_t, d
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t>;
+// device, m, n, k, fast_accum, alignment of a, b_t, d; formats of a and b_t, their scale modes, d's dtype
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int, int, int, int, int>;
 
 // Everything, for every device, under one mutex (held from the plan lookup to the launch, as
 // the scale pointers are set on the shared descriptor). Never destroyed: the workspaces must
@@ -116,23 +117,60 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
   FORGE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
 }
 
+// What a plan is made for (PlanKey's fields).
+struct GemmSpec {
+  int64_t m = 0, n = 0, k = 0;
+  bool fast_accum = false;
+  int64_t align_a = 16, align_b = 16, align_d = 16;
+  Format fa = Format::e4m3, fb = Format::e4m3;  // a's and b_t's
+  Fp8ScaleMode ma = Fp8ScaleMode::scalar, mb = Fp8ScaleMode::scalar;
+  DType d = DType::bf16;
+  PlanKey key(int device) const {
+    return {device, m, n, k, fast_accum, align_a, align_b, align_d, static_cast<int>(fa), static_cast<int>(fb),
+            static_cast<int>(ma), static_cast<int>(mb), static_cast<int>(d)};
+  }
+};
+
+cudaDataType_t fp8_type(Format f) { return f == Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+const char* mode_name(Fp8ScaleMode m) {
+  switch (m) {
+    case Fp8ScaleMode::scalar: return "scalar";
+    case Fp8ScaleMode::outer: return "outer";
+    case Fp8ScaleMode::vec128: return "vec128";
+    case Fp8ScaleMode::blk128: return "blk128";
+  }
+  return "?";
+}
+
+int32_t lt_mode(Fp8ScaleMode m) {
+  switch (m) {
+    case Fp8ScaleMode::scalar: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case Fp8ScaleMode::outer: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case Fp8ScaleMode::vec128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8ScaleMode::blk128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
 // Note [FP8 GEMM layout]: cuBLASLt's A = our b_t (col-major (k, n), op T), its B = our a
 // (col-major (k, m), op N), its C = D = our d (col-major (n, m)).
-std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, bool fast_accum,
-                                const void* scale_a, const void* scale_b, int64_t align_a, int64_t align_b,
-                                int64_t align_d) {
+std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, const GemmSpec& g, const void* scale_a, const void* scale_b) {
   auto plan = std::make_unique<Plan>();
   FORGE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
-  set_desc(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast_accum ? 1 : 0));
+  set_desc(plan->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(g.fast_accum ? 1 : 0));
   // cuBLASLt's A is our b_t, its B our a.
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_b);
   set_desc(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_a);
+  if (g.mb != Fp8ScaleMode::scalar) set_desc(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_mode(g.mb));
+  if (g.ma != Fp8ScaleMode::scalar) set_desc(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_mode(g.ma));
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, u(k), u(n), k));
-  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, u(k), u(m), k));
-  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_16BF, u(n), u(m), n));
+  const cudaDataType_t dt = g.d == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, fp8_type(g.fb), u(g.k), u(g.n), g.k));
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, fp8_type(g.fa), u(g.k), u(g.m), g.k));
+  FORGE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, dt, u(g.n), u(g.m), g.n));
   cublasLtMatmulPreference_t pref = nullptr;
   FORGE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
@@ -140,10 +178,10 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, int64_t m, int64_t n, int64
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   try {
     set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
-    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(align_b));
-    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(align_a));
-    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(align_d));
-    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(align_d));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(g.align_b));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(g.align_a));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(g.align_d));
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(g.align_d));
     st = cublasLtMatmulAlgoGetHeuristic(lt, plan->op, plan->a, plan->b, plan->d, plan->d, pref, kHeuristicResults,
                                         results, &found);
   } catch (...) {
@@ -160,9 +198,10 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t lt, int64_t m, int64_t n, int64
       }
     }
   }
-  FORGE_CHECK(have, "fp8 gemm: cuBLASLt has no algorithm for e4m3 x e4m3 -> bf16 with m=", m, " n=", n, " k=", k,
-              fast_accum ? " (fast accumulation)" : "", " (heuristic status ", cublasGetStatusName(st), ", ", found,
-              " candidates)");
+  FORGE_CHECK(have, "fp8 gemm: cuBLASLt has no algorithm for ", fp8::format_name(g.fa), " (", mode_name(g.ma), " scales) x ",
+              fp8::format_name(g.fb), " (", mode_name(g.mb), " scales) -> ", dtype_name(g.d), " with m=", g.m, " n=", g.n,
+              " k=", g.k, g.fast_accum ? " (fast accumulation)" : "", " (heuristic status ", cublasGetStatusName(st),
+              ", ", found, " candidates)");
   return plan;
 }
 
@@ -171,6 +210,26 @@ void check_operand(const char* name, const Tensor& t, DType dtype, int device) {
               " must be a tensor on cuda:", device);
   FORGE_CHECK(t.dtype() == dtype, "fp8 gemm: ", name, " must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype()));
   FORGE_CHECK(t.is_contiguous(), "fp8 gemm: ", name, " must be contiguous");
+}
+
+// d = a b_t^T on the current stream of `device` through the cached plan for g.
+void run_gemm(int device, const GemmSpec& g, const void* a, const void* scale_a, const void* b_t, const void* scale_b,
+              void* d) {
+  DeviceGuard guard(device);
+  const cudaStream_t stream = current_stream(device);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const cublasLtHandle_t lt = handle(s, device);
+  const PlanKey key = g.key(device);
+  auto it = s.plans.find(key);
+  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(lt, g, scale_a, scale_b)).first;
+  const Plan& plan = *it->second;
+  set_desc(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_b);
+  set_desc(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_a);
+  void* ws = workspace(s, device, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  FORGE_CUBLAS_CHECK(cublasLtMatmul(lt, plan.op, &alpha, b_t, plan.a, a, plan.b, &beta, d, plan.d, d, plan.d,
+                                    &plan.algo, ws, kWorkspaceBytes, stream));
 }
 
 }  // namespace
@@ -215,26 +274,81 @@ void fp8_gemm_bf16_out(const Tensor& a, const Tensor& b_t, const Tensor& scale_a
   FORGE_CHECK(fp8_gemm_supported(device), "fp8 gemm: cuda:", device,
               " does not support FP8 GEMMs (needs compute capability >= 8.9 and cuBLASLt >= 11.8)");
 
-  DeviceGuard guard(device);
-  const cudaStream_t stream = current_stream(device);
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  const cublasLtHandle_t lt = handle(s, device);
-  const PlanKey key{device, m, n, k, fast_accum, align_a, align_b, align_d};
-  auto it = s.plans.find(key);
-  if (it == s.plans.end())
-    it = s.plans
-             .emplace(key, make_plan(lt, m, n, k, fast_accum, scale_a.data_ptr(), scale_b.data_ptr(), align_a,
-                                     align_b, align_d))
-             .first;
-  const Plan& plan = *it->second;
-  set_desc(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scale_b.data_ptr()));
-  set_desc(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scale_a.data_ptr()));
-  void* ws = workspace(s, device, stream);
-  const float alpha = 1.0f, beta = 0.0f;
-  FORGE_CUBLAS_CHECK(cublasLtMatmul(lt, plan.op, &alpha, b_t.data_ptr(), plan.a, a.data_ptr(), plan.b, &beta,
-                                        d.data_ptr(), plan.d, d.data_ptr(), plan.d, &plan.algo, ws, kWorkspaceBytes,
-                                        stream));
+  GemmSpec g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.fast_accum = fast_accum;
+  g.align_a = align_a;
+  g.align_b = align_b;
+  g.align_d = align_d;
+  run_gemm(device, g, a.data_ptr(), scale_a.data_ptr(), b_t.data_ptr(), scale_b.data_ptr(), d.data_ptr());
+}
+
+bool fp8_scale_mode_supported(int device, Fp8ScaleMode mode) {
+  if (!fp8_gemm_supported(device)) return false;
+  if (mode == Fp8ScaleMode::scalar) return true;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major == 9 && cublasLtGetVersion() >= 120900;  // outer and block scales: Hopper, cuBLASLt 12.9
+}
+
+void fp8_scaled_gemm(const Fp8Operand& a, const Fp8Operand& b_t, Tensor& d) {
+  FORGE_CHECK(a.codes.defined() && a.codes.is_cuda(), "fp8 gemm: a must be a CUDA tensor");
+  const int device = a.codes.device().index;
+  check_operand("a", a.codes, DType::u8, device);
+  check_operand("b_t", b_t.codes, DType::u8, device);
+  check_operand("a's factors", a.inv_scales, DType::f32, device);
+  check_operand("b_t's factors", b_t.inv_scales, DType::f32, device);
+  FORGE_CHECK(d.defined() && d.is_cuda() && d.device().index == device && d.is_contiguous() &&
+                  (d.dtype() == DType::bf16 || d.dtype() == DType::f32),
+              "fp8 gemm: d must be a contiguous bf16 or f32 tensor on cuda:", device);
+  FORGE_CHECK(a.codes.dim() == 2 && b_t.codes.dim() == 2 && d.dim() == 2, "fp8 gemm: a, b_t and d must be 2-D, got a ",
+              a.codes.shape(), " b_t ", b_t.codes.shape(), " d ", d.shape());
+  const int64_t m = a.codes.size(0), k = a.codes.size(1), n = b_t.codes.size(0);
+  FORGE_CHECK(b_t.codes.size(1) == k && d.size(0) == m && d.size(1) == n, "fp8 gemm: expected a (m, k), b_t (n, k), d (m, n), got a ",
+              a.codes.shape(), " b_t ", b_t.codes.shape(), " d ", d.shape());
+  FORGE_CHECK(m > 0 && n > 0 && k > 0 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0,
+              "fp8 gemm: m, n, k must be positive multiples of 16 (cuBLASLt FP8), got m=", m, " n=", n, " k=", k);
+  FORGE_CHECK(!(a.format == Format::e5m2 && b_t.format == Format::e5m2), "fp8 gemm: e5m2 x e5m2 has no tensor-core GEMM; "
+              "one operand must be e4m3");
+  constexpr int64_t kInt = std::numeric_limits<int32_t>::max();
+  FORGE_CHECK(m <= kInt && n <= kInt && k <= kInt, "fp8 gemm: sizes exceed cuBLASLt's 32-bit range: m=", m, " n=", n,
+              " k=", k);
+  // Note [FP8 GEMM scales]: the factors each mode reads.
+  const auto factors = [&](const Fp8Operand& o, int64_t rows) -> int64_t {
+    switch (o.mode) {
+      case Fp8ScaleMode::scalar: return 1;
+      case Fp8ScaleMode::outer: return rows;
+      case Fp8ScaleMode::vec128: return (k + 127) / 128 * rows;
+      case Fp8ScaleMode::blk128: return (rows + 127) / 128 * (((k + 127) / 128 + 3) / 4 * 4);
+    }
+    return 1;
+  };
+  FORGE_CHECK(a.inv_scales.numel() == factors(a, m) && b_t.inv_scales.numel() == factors(b_t, n),
+              "fp8 gemm: a's ", mode_name(a.mode), " factors must number ", factors(a, m), " (got ", a.inv_scales.numel(),
+              ") and b_t's ", mode_name(b_t.mode), " ", factors(b_t, n), " (got ", b_t.inv_scales.numel(), ")");
+  for (const Fp8Operand* o : {&a, &b_t})
+    FORGE_CHECK(fp8_scale_mode_supported(device, o->mode), "fp8 gemm: cuda:", device, " cannot run ", mode_name(o->mode),
+                " scales (scalar: compute capability >= 8.9; the others: 9.0 with cuBLASLt >= 12.9)");
+  GemmSpec g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.align_a = alignment(a.codes.data_ptr());
+  g.align_b = alignment(b_t.codes.data_ptr());
+  g.align_d = alignment(d.data_ptr());
+  FORGE_CHECK(g.align_a >= 16 && g.align_b >= 16 && g.align_d >= 16, "fp8 gemm: a, b_t and d must be 16-byte aligned");
+  g.fa = a.format;
+  g.fb = b_t.format;
+  g.ma = a.mode;
+  g.mb = b_t.mode;
+  g.d = d.dtype();
+  run_gemm(device, g, a.codes.data_ptr(), a.inv_scales.data_ptr(), b_t.codes.data_ptr(), b_t.inv_scales.data_ptr(),
+           d.data_ptr());
 }
 
 Tensor random_e4m3(int device, const Shape& shape, uint64_t seed, float max_abs) {
