@@ -20,6 +20,10 @@
 #                its out-of-memory snapshot, live bytes by owner (FORGE_CUDA_MEMORY_LIMIT)
 #   PHASE=chat   tests/python/chat_template_oracle.py: transformers' renderings of the chat fixtures
 #                (golden.json, copied into $OUT/chat/ to commit here)
+#   PHASE=fp8    the CUDA tests of FP8 training (issue 39: casts against the CPU emulation, the scaled
+#                GEMMs, fp8::linear, guardrails, the GEMM choice, a run with and without its graph)
+#   PHASE=fp8_bench  benchmarks/fp8/run_fp8.sh: forge bf16 against each FP8 recipe, and the
+#                torch._scaled_mm peer, on LLaMA 0.85B and 3.6B (MODELS, RECIPES, PEERS pass through)
 #   PHASE=peft   tests/python/peft_oracle.py: PEFT loads forge's exported LoRA adapters (GPT-2 and
 #                LLaMA bases) and gives forge's logits (needs HEAD_TARGETS with forge_hf_init_from)
 # Results in $OUT (the device tool brings them back) and RESULTS (default /tmp/forge_composition).
@@ -120,9 +124,15 @@ for o in j["live_by_owner"][:40]: print(f'{o["bytes"] / 2**30:8.3f} GiB {o["bloc
 print("plan:", json.dumps(j.get("plan", {}).get("memory_per_gpu_bytes")))
 PY
     ;;
+  fp8)
+    timeout 400 "$H/tests/forge_cuda_tests" --gtest_filter="${CUDA_FILTER:-CudaFp8*:Fp8Training*:CudaGemmFp8*}" \
+      > "$OUT/fp8_tests.log" 2>&1
+    echo "fp8 tests rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error|Expected|Which is|actual" "$OUT/fp8_tests.log" | head -60 ;;
+  fp8_bench)
+    FORGE="$H/forge" RESULTS="$R/fp8" OUT="$OUT" benchmarks/fp8/run_fp8.sh ;;
   peft)
     timeout 400 python3 tests/python/peft_oracle.py --forge "$H/forge" --init-from-bin "$H/tests/forge_hf_init_from" \
       --device cuda:0 2>&1 | tee "$OUT/peft_oracle.log" | tail -6 ;;
-  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing, lora, chat or peft" >&2; exit 2 ;;
+  *) echo "gpu-composition-check.sh: PHASE=$phase: use build, ab, long, packing, lora, chat, fp8, fp8_bench or peft" >&2; exit 2 ;;
 esac
 done

@@ -74,6 +74,7 @@ TEST(Fp8Train, NonFiniteAmaxIsLoggedByLayer) {
 // or GEMM selection is refused when the config is read.
 TEST(Fp8Train, GpuLimitsAndUnknownNamesRefusedBeforeAnyWork) {
   Scratch scratch;
+  train_testing::write_corpus(scratch.path() / "corpus");
   std::ostringstream log;
   const auto refused = [&](const std::vector<std::string>& overrides, int64_t tp, const std::string& expected) {
     const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path()), "fp8.toml", overrides);

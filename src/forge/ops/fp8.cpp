@@ -320,6 +320,22 @@ struct DeviceCast {
   cuda::Fp8Operand plain, trans;  // codes (R, C) and (C, R), each when asked for
 };
 
+// Note [FP8 cast reuse]: the linears that read one input (LLaMA's q, k and v projections, gate and
+// up; GPT's are fused already) would cast it once each. A training forward's activation cast is
+// kept (with its source, so that its memory cannot be reused meanwhile) and a linear whose input is
+// the same storage, shape and dtype takes its codes instead of casting again. Autograd's inputs are
+// never modified in place (forge has no version counters, so nothing may), so the same storage
+// holds the same values. The entry is dropped at the next miss, at a backward (it would hold an
+// activation through it) and when the step's records are read. The guardrail slot and amax record
+// are the first layer's.
+struct LastCast {
+  Tensor src;
+  Recipe recipe = Recipe::tensorwise;
+  bool trans = false;
+  DeviceCast cast;
+};
+LastCast g_last_x;
+
 // One operand's casts: its amaxes (one pass; the whole tensor's maxed into `slot` when given), then
 // the codes in one pass.
 DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_unused]] bool plain,
@@ -387,6 +403,7 @@ float* device_slot(const Tensor& like, const std::string& layer, Operand op) {
 void drain_device_records() {
   DeviceRecords& r = device_records();
   std::lock_guard<std::mutex> lock(r.mu);
+  g_last_x = {};  // Note [FP8 cast reuse]: nothing is kept from one step to the next
   if (!r.buffer.defined() || r.names.empty()) return;
   const std::vector<float> v = r.buffer.to(Device::cpu()).to_vector<float>();
   r.buffer.fill_(0.0);
@@ -480,6 +497,14 @@ const Choice& choose(int64_t m, int64_t n, int64_t k, Recipe recipe, DType dt, D
   return g_choices.emplace(key, c).first->second;
 }
 
+DeviceCast reused_activation_cast(const Tensor& x, const Tensor& x2, Recipe recipe, bool need_trans) {
+  const LastCast& c = g_last_x;
+  if (!grad_enabled() || !x.requires_grad() || !c.src.defined() || c.recipe != recipe || (need_trans && !c.trans) ||
+      c.src.data_ptr() != x2.data_ptr() || c.src.shape() != x2.shape() || c.src.dtype() != x2.dtype())
+    return {};
+  return c.cast;
+}
+
 Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer) {
   FORGE_CHECK(g_scaling.scaling == Scaling::current, "run.fp8_scaling = \"delayed\" runs in the CPU emulation only so "
               "far; on a GPU use run.fp8_scaling = \"current\"");
@@ -495,8 +520,12 @@ Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recip
   DeviceCast qx, qw;
   {
     NoGradGuard no_grad;
-    qx = cast_on_device(x2, recipe, Operand::activation, true, need_dw,
-                        training ? device_slot(x2, layer, Operand::activation) : nullptr);
+    qx = reused_activation_cast(x, x2, recipe, need_dw);
+    if (!qx.plain.codes.defined()) {
+      qx = cast_on_device(x2, recipe, Operand::activation, true, need_dw,
+                          training ? device_slot(x2, layer, Operand::activation) : nullptr);
+      if (training) g_last_x = {x2, recipe, need_dw, qx};
+    }
     qw = cast_on_device(wd, recipe, Operand::weight, true, need_dx,
                         training ? device_slot(wd, layer, Operand::weight) : nullptr);
     Tensor y2 = empty({m, n}, TensorOptions{.dtype = x.dtype(), .device = x.device()});
@@ -513,6 +542,7 @@ Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recip
                     has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32, m, n, k,
                     layer](const Tensor& g, const autograd::GradMask& need) {
                      NoGradGuard no_grad;
+                     g_last_x = {};  // Note [FP8 cast reuse]
                      const Tensor dy = g.reshape({-1, n}).to(xd).contiguous();
                      const bool dx_needed = need[0] && wt.codes.defined(), dw_needed = need[1] && xt.codes.defined();
                      const DeviceCast qd = cast_on_device(dy, recipe, Operand::gradient, dx_needed, dw_needed,

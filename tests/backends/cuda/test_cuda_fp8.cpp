@@ -232,6 +232,36 @@ TEST(CudaFp8, LinearForwardAndGradientsMatchTheEmulation) {
   fp8::set_selection(fp8::Selection::measured);
 }
 
+// Note [FP8 cast reuse]: a second linear of the same input takes the first one's codes; its output
+// and gradients are those of a fresh cast, bit for bit (the cache dropped by reading the records).
+TEST(CudaFp8, ReusedInputCastGivesTheSameBits) {
+  FORGE_SKIP_WITHOUT_RECIPE(Recipe::tensorwise);
+  fp8::set_selection(fp8::Selection::all);
+  for (Recipe r : kRecipes) {
+    if (!can_run(r)) continue;
+    Tensor x = matrix(256, 256, 61).to(DType::bf16).to(kGpu);
+    x.requires_grad_(true);
+    const Tensor w1 = matrix(128, 256, 62).to(DType::bf16).to(kGpu), w2 = matrix(384, 256, 63).to(DType::bf16).to(kGpu);
+    (void)fp8::take_guard_events();
+    const Tensor first = fp8::linear(x, w1, Tensor(), r, "q");
+    const Tensor reused = fp8::linear(x, w2, Tensor(), r, "k");
+    ops::sum(ops::add(ops::sum(first), ops::sum(reused))).backward();
+    const std::vector<float> dx_reused = x.grad().to(Device::cpu()).to(DType::f32).to_vector<float>();
+    (void)fp8::take_guard_events();  // drops the kept cast
+    x.zero_grad();
+    const Tensor fresh = fp8::linear(x, w2, Tensor(), r, "k");
+    EXPECT_TRUE(fresh.to(Device::cpu()).to(DType::f32).to_vector<float>() ==
+                reused.detach().to(Device::cpu()).to(DType::f32).to_vector<float>())
+        << fp8::recipe_name(r);
+    (void)fp8::take_guard_events();
+    const Tensor first_again = fp8::linear(x, w1, Tensor(), r, "q");
+    ops::sum(ops::add(ops::sum(first_again), ops::sum(fresh))).backward();
+    EXPECT_TRUE(x.grad().to(Device::cpu()).to(DType::f32).to_vector<float>() == dx_reused) << fp8::recipe_name(r);
+  }
+  (void)fp8::take_guard_events();
+  fp8::set_selection(fp8::Selection::measured);
+}
+
 // Note [FP8 guardrails] on the GPU: an inf in x is reported with the layer and the operand after the
 // step's read of the slots; a clean cast reports nothing; the amax record holds the finite amaxes.
 TEST(CudaFp8, GuardrailNamesTheLayerAndOperand) {
