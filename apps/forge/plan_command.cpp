@@ -406,7 +406,12 @@ int run_plan(const std::vector<std::string>& overrides) {
   GpuSpec gpu = on_cpu ? cpu_device(a.peak_tflops) : find_gpu(a.gpu.empty() ? "h100" : a.gpu);
   PlanInput in;
   in.data_given = data_given;
-  in.setup.precision = !a.precision.empty() ? parse_precision(a.precision) : on_cpu ? Precision::fp32 : Precision::bf16;
+  // A config's run.fp8 (a recipe) plans FP8 on a GPU (Note [FP8 in the plan]).
+  const bool config_fp8 = !a.config.empty() && config.run.fp8 != "off";
+  in.setup.precision = !a.precision.empty() ? parse_precision(a.precision)
+                       : on_cpu             ? Precision::fp32
+                       : config_fp8         ? Precision::fp8
+                                            : Precision::bf16;
   if (a.peak_tflops > 0 && !on_cpu) {
     switch (in.setup.precision) {
       case Precision::fp32: gpu.fp32_tflops = a.peak_tflops; break;

@@ -50,16 +50,17 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   if (l.sharding().optimizer_state()) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";
   if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";
-  const char* dtype = in.setup.precision == Precision::fp16   ? "f16"
-                      : in.setup.precision == Precision::bf16 ? "bf16"
-                                                              : "f32";
+  const char* dtype = in.setup.precision == Precision::fp16                                           ? "f16"
+                      : in.setup.precision == Precision::bf16 || in.setup.precision == Precision::fp8 ? "bf16"
+                                                                                                     : "f32";
   os << " --run.dtype=" << dtype;
+  if (in.setup.precision == Precision::fp8) os << " --run.fp8=tensorwise";
   c.command = os.str();
   // What forge train refuses today (run/config_checks.cpp), said rather than printed as if it ran.
   if (l.sharding().parameters() && (l.tp > 1 || l.pp > 1)) c.unsupported = "ZeRO-3 with tensor or pipeline parallelism";
   else if (l.offload && (l.tp > 1 || l.pp > 1)) c.unsupported = "an offloaded optimizer with tensor or pipeline parallelism";
   else if (l.checkpointing == Checkpointing::selective) c.unsupported = "selective activation checkpointing (forge checkpoints whole blocks)";
-  else if (in.setup.precision == Precision::fp8 || in.setup.precision == Precision::tf32)
+  else if (in.setup.precision == Precision::tf32)
     c.unsupported = std::string(precision_name(in.setup.precision)) + " training";
   return c;
 }

@@ -60,8 +60,14 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
                 d = l.dp * std::max<int64_t>(1, l.cp);
   const bool sp = l.sequence_parallel && t > 1;
   const bool forge_model = ao.model == ActivationModel::forge;
-  const double layer_full = activation_bytes(saved.layer, b, s, t, sp);
-  const double layer_selective = activation_bytes(saved.layer, b, s, t, sp, /*skip_core=*/true);
+  // Note [FP8 in the plan]: an FP8 linear keeps its weight's transposed codes (a byte a weight) from
+  // its forward to its backward, once per micro-batch in flight (its input's FP8 codes replace the
+  // bf16 input the activation model counts, half its bytes: not subtracted, so this errs high).
+  const FlopsPerToken F = flops_per_token(m);
+  const double fp8_codes =
+      setup.precision == Precision::fp8 ? (F.layer_forward - F.attention_forward) / 2.0 / static_cast<double>(l.tp) : 0.0;
+  const double layer_full = activation_bytes(saved.layer, b, s, t, sp) + fp8_codes;
+  const double layer_selective = activation_bytes(saved.layer, b, s, t, sp, /*skip_core=*/true) + fp8_codes;
   const double layer_ckpt = activation_bytes({saved.checkpoint}, b, s, t, sp);
   const double embedding = activation_bytes(saved.embedding, b, s, t, sp);
   const double head = activation_bytes(saved.head, b, s, t, sp);

@@ -98,7 +98,11 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   // Hardware.
   const auto& g = in.cluster.gpu;
   os << "hardware\n  " << in.cluster.gpus << " x " << g.name << " (" << fixed(g.memory_gb, 0) << " GB, "
-     << (t.peak_flops < 10e12 ? fixed(t.peak_flops / 1e12, 3) : fixed(t.peak_flops / 1e12, 1)) << " TFLOP/s " << prec << " dense)";
+     << (t.peak_flops < 10e12 ? fixed(t.peak_flops / 1e12, 3) : fixed(t.peak_flops / 1e12, 1)) << " TFLOP/s "
+     << (in.setup.precision == Precision::fp8 ? "bf16 dense, " + fixed(g.peak_flops(Precision::fp8) / 1e12, 1) +
+                                                    " fp8 for the blocks' linears"
+                                              : std::string(prec) + " dense")
+     << ")";
   if (!g.is_cpu) {
     os << ", " << in.cluster.gpus_per_node << " per node; " << in.cluster.intra_name << " " << fixed(in.cluster.intra_gbs, 0)
        << " GB/s, network " << fixed(in.cluster.inter_gbs, 0) << " GB/s per GPU (links at "

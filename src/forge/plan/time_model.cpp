@@ -74,8 +74,13 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   const int64_t cpn = std::max<int64_t>(1, l.cp);
   const int64_t t = l.tp, p = l.pp, d = l.dp * cpn, mb = l.grad_accum;
   const bool sp = l.sequence_parallel && t > 1;
-  const double peak = c.gpu.peak_flops(setup.precision);
+  // Note [FP8 in the plan]: with fp8 the blocks' linear GEMMs run at the FP8 peak and the rest
+  // (attention's core, the head, LoRA's adapters) at bf16's, both at the given MFU; the MFU the plan
+  // reports is against the bf16 peak (FLOPs done per second of bf16 capacity), as forge train's.
+  const bool fp8 = setup.precision == Precision::fp8;
+  const double peak = c.gpu.peak_flops(fp8 ? Precision::bf16 : setup.precision);
   const double rate = peak * mfu;
+  const double linear_rate = fp8 ? c.gpu.peak_flops(Precision::fp8) * mfu : rate;
   const double tokens_mb = static_cast<double>(l.micro_batch * m.seq_len) / static_cast<double>(cpn);
   const double hidden_bytes = tokens_mb * static_cast<double>(m.d_model) * bp.activation;
   const std::vector<int64_t> rank_blocks = rank_layers(m, p, l.chunks());  // Note [balanced pipeline stages]
@@ -114,7 +119,13 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     } else if (l.checkpointing == Checkpointing::selective && setup.activations.attention == AttentionKind::naive) {
       recompute_flops = tokens_mb * static_cast<double>(layers) * F.attention_forward / tt;
     }
-    const double compute = model_flops / rate, recompute = recompute_flops / rate;
+    // The blocks' linear GEMMs' share of those FLOPs (Note [FP8 in the plan]): 3 forward's worth
+    // (2 with LoRA: the frozen base computes no weight gradients), recomputation 1.
+    const double linear_forward = tokens_mb * lw * (F.layer_forward - F.attention_forward) / tt;
+    const double linear_flops = (m.lora_rank > 0 ? 2.0 : 3.0) * linear_forward;
+    const double linear_recompute = l.checkpointing == Checkpointing::full ? linear_forward : 0.0;
+    const double compute = linear_flops / linear_rate + (model_flops - linear_flops) / rate,
+                 recompute = linear_recompute / linear_rate + (recompute_flops - linear_recompute) / rate;
     double tp = 0;
     if (t > 1) {
       const bool full = l.checkpointing == Checkpointing::full;
