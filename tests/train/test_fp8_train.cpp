@@ -69,8 +69,8 @@ TEST(Fp8Train, NonFiniteAmaxIsLoggedByLayer) {
   EXPECT_NE(out.find("transformer.h."), std::string::npos) << "the layer's name: " << out;
 }
 
-// Note [FP8 on the GPU]: what the GPU path does not do yet (delayed scaling, tensor parallelism) is
-// refused for a CUDA device before any work, with the reason; the CPU takes both. An unknown recipe
+// Note [FP8 on the GPU]: what the GPU path does not do yet (tensor parallelism) is refused for a CUDA
+// device before any work, with the reason; the CPU takes it; delayed scaling runs on both. An unknown recipe
 // or GEMM selection is refused when the config is read.
 TEST(Fp8Train, GpuLimitsAndUnknownNamesRefusedBeforeAnyWork) {
   Scratch scratch;
@@ -90,8 +90,12 @@ TEST(Fp8Train, GpuLimitsAndUnknownNamesRefusedBeforeAnyWork) {
       EXPECT_NO_THROW((void)configure_fp8(c, layout, Device::cpu(), nullptr, {}, log));
     }
   };
-  refused({"--run.fp8=tensorwise", "--run.fp8_scaling=delayed"}, 1, "run.fp8_scaling = \"delayed\" runs in the CPU");
   refused({"--run.fp8=rowwise"}, 2, "run.fp8 with dist.tp = 2 runs in the CPU emulation only");
+  {  // delayed scaling: on the GPU too
+    const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path()), "fp8.toml",
+                                     {"--run.fp8=tensorwise", "--run.fp8_scaling=delayed"});
+    EXPECT_TRUE(configure_fp8(c, parallel::Layout{}, Device::cuda(0), nullptr, {}, log));
+  }
   {  // current scaling, tp 1: the GPU path; the selection is set from the config
     const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path()), "fp8.toml",
                                      {"--run.fp8=blockwise", "--run.fp8_select=all"});

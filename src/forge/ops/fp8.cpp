@@ -225,7 +225,10 @@ void record_amax(const std::string& layer, Operand op, float amax) {
   if (std::isfinite(amax)) r = std::max(r, static_cast<double>(amax));
 }
 
-void drain_device_records();  // (the GPU path's slots: below)
+void drain_device_records();  // (the GPU path's slots and histories: below)
+void read_device_histories(AmaxHistories& out);
+void reset_device_histories();
+std::function<void(Tensor&)> g_amax_reduce_device;  // Note [FP8 delayed scaling] on the GPU, under data parallelism
 
 float tensor_amax(const Tensor& m) {
   const std::vector<float> v = m.to(DType::f32).contiguous().to_vector<float>();
@@ -269,12 +272,21 @@ void set_training_scaling(ScalingOptions o) {
   FORGE_CHECK(o.history >= 1, "run.fp8_amax_history must be >= 1, got ", o.history);
   g_scaling = o;
   g_histories.clear();
+  reset_device_histories();
   g_amax_record.clear();
 }
 ScalingOptions training_scaling() { return g_scaling; }
-AmaxHistories amax_histories() { return g_histories; }
+AmaxHistories amax_histories() {
+  AmaxHistories h = g_histories;
+  read_device_histories(h);  // (a GPU run's are on the device)
+  return h;
+}
 void set_amax_reduce(std::function<void(std::vector<float>&)> all_max) { g_amax_reduce = std::move(all_max); }
-void restore_amax_histories(const AmaxHistories& h) { g_histories = h; }
+void set_amax_reduce_device(std::function<void(Tensor&)> all_max) { g_amax_reduce_device = std::move(all_max); }
+void restore_amax_histories(const AmaxHistories& h) {
+  g_histories = h;
+  reset_device_histories();  // (seeded again from these at each slot's next use)
+}
 std::map<std::string, std::array<double, 3>> take_amax_record() {
   drain_device_records();
   std::map<std::string, std::array<double, 3>> out;
@@ -336,10 +348,124 @@ struct LastCast {
 };
 LastCast g_last_x;
 
+// Note [FP8 guardrails] on the GPU: each training cast maxes its tensor's amax into a slot of a
+// device buffer per (layer, operand); the trainer's take_guard_events / take_amax_record read the
+// buffer once (a copy to the host, after the step), record what it holds as the CPU path does, and
+// clear it. The buffer has a fixed size, so that a CUDA graph that captured the slots' addresses
+// stays valid.
+constexpr int64_t kDeviceSlots = 3 * 8192;
+struct DeviceRecords {
+  std::mutex mu;
+  Tensor buffer;  // f32 kDeviceSlots, zero-initialised, on one device
+  std::map<std::pair<std::string, int>, int64_t> index;
+  std::vector<std::pair<std::string, Operand>> names;
+  // Note [FP8 delayed scaling] on the GPU: each slot's amax history (h floats) and its {next
+  // position, count} (int32), allocated at the first delayed cast; a slot's history is seeded from
+  // the host's (a checkpoint's, restore_amax_histories) at its first use.
+  Tensor hist, meta;
+  int64_t h = 0;
+  std::vector<char> seeded;
+};
+DeviceRecords& device_records() {
+  static DeviceRecords* r = new DeviceRecords();
+  return *r;
+}
+
+// r.mu held.
+int64_t slot_index(DeviceRecords& r, const Tensor& like, const std::string& layer, Operand op) {
+  if (!r.buffer.defined() || r.buffer.device() != like.device()) {
+    r.buffer = zeros({kDeviceSlots}, TensorOptions{.dtype = DType::f32, .device = like.device()});
+    r.index.clear();
+    r.names.clear();
+    r.hist = Tensor();
+    r.meta = Tensor();
+  }
+  auto it = r.index.find({layer, static_cast<int>(op)});
+  if (it == r.index.end()) {
+    FORGE_CHECK(static_cast<int64_t>(r.names.size()) < kDeviceSlots, "fp8: more than ", kDeviceSlots,
+                " (layer, operand) pairs cast on the GPU");
+    it = r.index.emplace(std::pair{layer, static_cast<int>(op)}, static_cast<int64_t>(r.names.size())).first;
+    r.names.emplace_back(layer, op);
+  }
+  return it->second;
+}
+
+float* device_slot(const Tensor& like, const std::string& layer, Operand op) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return static_cast<float*>(r.buffer.data_ptr()) + slot_index(r, like, layer, op);
+}
+
+// Note [FP8 delayed scaling] on the GPU: a tensorwise cast's history on the device.
+struct DelayedCast {
+  float* history = nullptr;
+  int32_t* meta = nullptr;
+  int64_t h = 0;
+  bool push = false;  // a training cast: its amax joins the history (an evaluation's does not)
+};
+
+DelayedCast device_history(const Tensor& like, const std::string& layer, Operand op, bool push) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const int64_t i = slot_index(r, like, layer, op);
+  const int64_t h = g_scaling.history;
+  if (!r.hist.defined() || r.h != h) {
+    r.hist = zeros({kDeviceSlots * h}, TensorOptions{.dtype = DType::f32, .device = like.device()});
+    r.meta = zeros({kDeviceSlots * 2}, TensorOptions{.dtype = DType::i32, .device = like.device()});
+    r.h = h;
+    r.seeded.assign(static_cast<size_t>(kDeviceSlots), 0);
+  }
+  if (!r.seeded[static_cast<size_t>(i)]) {  // the host's history of this layer and operand, if any
+    r.seeded[static_cast<size_t>(i)] = 1;
+    const auto it = g_histories.find(layer);
+    if (it != g_histories.end() && !it->second[static_cast<size_t>(op)].empty()) {
+      const std::vector<float>& v = it->second[static_cast<size_t>(op)];
+      const int64_t n = std::min<int64_t>(h, static_cast<int64_t>(v.size()));
+      std::vector<float> vals(static_cast<size_t>(h), 0.0f);
+      std::copy(v.end() - n, v.end(), vals.begin());  // oldest first at 0; the next goes to n % h
+      Tensor dst = r.hist.narrow(0, i * h, h);
+      dst.copy_(from_vector(vals, {h}));
+      Tensor meta = r.meta.narrow(0, 2 * i, 2);
+      meta.copy_(from_vector(std::vector<int32_t>{static_cast<int32_t>(n % h), static_cast<int32_t>(n)}, {2}));
+    }
+  }
+  return {static_cast<float*>(r.hist.data_ptr()) + i * h, static_cast<int32_t*>(r.meta.data_ptr()) + 2 * i, h, push};
+}
+
+// The device histories (oldest first) into `out`, for the registered slots that hold any.
+void read_device_histories(AmaxHistories& out) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.hist.defined()) return;
+  const std::vector<float> hist = r.hist.to(Device::cpu()).to_vector<float>();
+  const std::vector<int32_t> meta = r.meta.to(Device::cpu()).to_vector<int32_t>();
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    if (!r.seeded[i]) continue;
+    const int64_t pos = meta[2 * i], count = meta[2 * i + 1], h = r.h;
+    std::vector<float> v;
+    for (int64_t j = 0; j < count; ++j) v.push_back(hist[static_cast<size_t>(static_cast<int64_t>(i) * h + (pos - count + j + h) % h)]);
+    const auto& [layer, op] = r.names[i];
+    if (!v.empty()) out[layer][static_cast<size_t>(op)] = std::move(v);
+  }
+}
+
+// Forgets the device histories (a new scaling, or histories restored: seeded again at first use).
+void reset_device_histories() {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.hist = Tensor();
+  r.meta = Tensor();
+  r.h = 0;
+  r.seeded.clear();
+}
+
+
+
 // One operand's casts: its amaxes (one pass; the whole tensor's maxed into `slot` when given), then
 // the codes in one pass.
 DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_unused]] bool plain,
-                          [[maybe_unused]] bool trans, [[maybe_unused]] float* slot) {
+                          [[maybe_unused]] bool trans, [[maybe_unused]] float* slot,
+                          [[maybe_unused]] const DelayedCast* delayed = nullptr) {
   const int64_t R = t.size(0), C = t.size(1);
   [[maybe_unused]] const DeviceGroups g = device_groups(recipe, op, R, C);
   [[maybe_unused]] const Format f = format_of(recipe, op);
@@ -350,6 +476,10 @@ DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_un
     if (shared || !(plain && trans)) {
       const cuda::Fp8Groups gg = plain ? g.plain : g.trans;
       a0 = cuda::fp8_group_amax(t, gg, slot);
+      if (delayed && delayed->history) {  // (tensorwise: one group, one table)
+        if (delayed->push && g_amax_reduce_device) g_amax_reduce_device(a0);
+        cuda::fp8_delayed_amax(a0, delayed->history, delayed->meta, delayed->h, delayed->push);
+      }
       a1 = a0;
     } else {
       cuda::fp8_group_amax2(t, g.plain, a0, g.trans, a1, slot);
@@ -362,41 +492,6 @@ DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_un
       out.trans = cuda::fp8_cast(t, f, a1, g.trans, g.trans_mode, true);
   });
   return out;
-}
-
-// Note [FP8 guardrails] on the GPU: each training cast maxes its tensor's amax into a slot of a
-// device buffer per (layer, operand); the trainer's take_guard_events / take_amax_record read the
-// buffer once (a copy to the host, after the step), record what it holds as the CPU path does, and
-// clear it. The buffer has a fixed size, so that a CUDA graph that captured the slots' addresses
-// stays valid.
-constexpr int64_t kDeviceSlots = 3 * 8192;
-struct DeviceRecords {
-  std::mutex mu;
-  Tensor buffer;  // f32 kDeviceSlots, zero-initialised, on one device
-  std::map<std::pair<std::string, int>, int64_t> index;
-  std::vector<std::pair<std::string, Operand>> names;
-};
-DeviceRecords& device_records() {
-  static DeviceRecords* r = new DeviceRecords();
-  return *r;
-}
-
-float* device_slot(const Tensor& like, const std::string& layer, Operand op) {
-  DeviceRecords& r = device_records();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.buffer.defined() || r.buffer.device() != like.device()) {
-    r.buffer = zeros({kDeviceSlots}, TensorOptions{.dtype = DType::f32, .device = like.device()});
-    r.index.clear();
-    r.names.clear();
-  }
-  auto it = r.index.find({layer, static_cast<int>(op)});
-  if (it == r.index.end()) {
-    FORGE_CHECK(static_cast<int64_t>(r.names.size()) < kDeviceSlots, "fp8: more than ", kDeviceSlots,
-                " (layer, operand) pairs cast on the GPU");
-    it = r.index.emplace(std::pair{layer, static_cast<int>(op)}, static_cast<int64_t>(r.names.size())).first;
-    r.names.emplace_back(layer, op);
-  }
-  return static_cast<float*>(r.buffer.data_ptr()) + it->second;
 }
 
 // Reads the device slots into the host's events and amax record, and clears them.
@@ -506,8 +601,6 @@ DeviceCast reused_activation_cast(const Tensor& x, const Tensor& x2, Recipe reci
 }
 
 Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, const std::string& layer) {
-  FORGE_CHECK(g_scaling.scaling == Scaling::current, "run.fp8_scaling = \"delayed\" runs in the CPU emulation only so "
-              "far; on a GPU use run.fp8_scaling = \"current\"");
   const int64_t k = w.size(1), n = w.size(0);
   const Tensor x2 = x.detach().reshape({-1, k}).contiguous(), wd = w.detach().contiguous();
   const int64_t m = x2.size(0);
@@ -516,18 +609,25 @@ Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recip
   out_shape.back() = n;
   const bool training = grad_enabled();
   const bool need_dx = training && x.requires_grad(), need_dw = training && w.requires_grad();
+  // Note [FP8 delayed scaling]: each layer's and operand's history on the device.
+  const bool delayed = g_scaling.scaling == Scaling::delayed && recipe == Recipe::tensorwise;
+  DelayedCast dx_hist, dw_hist;
+  if (delayed) {
+    dx_hist = device_history(x2, layer, Operand::activation, training);
+    dw_hist = device_history(wd, layer, Operand::weight, training);
+  }
   Tensor y;
   DeviceCast qx, qw;
   {
     NoGradGuard no_grad;
-    qx = reused_activation_cast(x, x2, recipe, need_dw);
+    if (!delayed) qx = reused_activation_cast(x, x2, recipe, need_dw);  // (a layer's own history otherwise)
     if (!qx.plain.codes.defined()) {
       qx = cast_on_device(x2, recipe, Operand::activation, true, need_dw,
-                          training ? device_slot(x2, layer, Operand::activation) : nullptr);
-      if (training) g_last_x = {x2, recipe, need_dw, qx};
+                          training ? device_slot(x2, layer, Operand::activation) : nullptr, delayed ? &dx_hist : nullptr);
+      if (training && !delayed) g_last_x = {x2, recipe, need_dw, qx};
     }
     qw = cast_on_device(wd, recipe, Operand::weight, true, need_dx,
-                        training ? device_slot(wd, layer, Operand::weight) : nullptr);
+                        training ? device_slot(wd, layer, Operand::weight) : nullptr, delayed ? &dw_hist : nullptr);
     Tensor y2 = empty({m, n}, TensorOptions{.dtype = x.dtype(), .device = x.device()});
     FORGE_ON_CUDA("fp8 linear", cuda::fp8_scaled_gemm(qx.plain, qw.plain, y2));
     if (b.defined()) y2 = ops::add(y2, b.detach().to(x.dtype()));
@@ -540,13 +640,16 @@ Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recip
   autograd::record("fp8_linear", y, inputs,
                    [xt = qx.trans, wt = qw.trans, recipe, x_shape = x.shape(), xd = x.dtype(), wdt = w.dtype(),
                     has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32, m, n, k,
-                    layer](const Tensor& g, const autograd::GradMask& need) {
+                    layer, delayed](const Tensor& g, const autograd::GradMask& need) {
                      NoGradGuard no_grad;
                      g_last_x = {};  // Note [FP8 cast reuse]
                      const Tensor dy = g.reshape({-1, n}).to(xd).contiguous();
                      const bool dx_needed = need[0] && wt.codes.defined(), dw_needed = need[1] && xt.codes.defined();
+                     const DelayedCast dy_hist =
+                         delayed ? device_history(dy, layer, Operand::gradient, true) : DelayedCast{};
                      const DeviceCast qd = cast_on_device(dy, recipe, Operand::gradient, dx_needed, dw_needed,
-                                                          device_slot(dy, layer, Operand::gradient));
+                                                          device_slot(dy, layer, Operand::gradient),
+                                                          delayed ? &dy_hist : nullptr);
                      TensorList out(has_bias ? 3 : 2);
                      if (dx_needed) {  // dx (m, k) = dy (m, n) . w (n, k): b_t = w^T (k, n)
                        Tensor dx = empty({m, k}, TensorOptions{.dtype = xd, .device = dy.device()});

@@ -139,6 +139,9 @@ void restore_amax_histories(const AmaxHistories& h);
 // same histories and scales alike (and rank 0's, in a checkpoint, resumes them all). Empty: none.
 // A collective per training cast: every rank makes the same casts in the same order.
 void set_amax_reduce(std::function<void(std::vector<float>&)> all_max);
+// The same on the GPU: `all_max` maxes a one-element f32 CUDA tensor over the group in place (queued
+// on the current stream: NCCL's all-reduce), once per training cast under delayed scaling.
+void set_amax_reduce_device(std::function<void(Tensor&)> all_max);
 // The largest amax of each layer's casts per operand since the last call (-1: no cast of that
 // operand), for telemetry.fp8_amax; clears the record.
 std::map<std::string, std::array<double, 3>> take_amax_record();
@@ -150,7 +153,9 @@ std::map<std::string, std::array<double, 3>> take_amax_record();
 // blockwise 1 x 128 tiles and 128 x 128 weight blocks). It keeps only the transposed FP8 codes of x
 // and w for the backward (no bf16 copy of x). The codes and scales are those of fp8::quantize (the
 // same f32 arithmetic; tested code for code), and the GEMMs accumulate in f32 and write the layer's
-// dtype. Not yet on the GPU: delayed scaling and tensor parallelism (refused with the reason).
+// dtype. Delayed scaling keeps each layer's and operand's history on the device (one thread's
+// kernel picks the scale and pushes the amax: no host synchronisation; read back only for a
+// checkpoint). Not yet on the GPU: tensor parallelism (refused with the reason).
 //
 // Note [FP8 GEMM choice]: not every GEMM gains from FP8: the casts read and write each operand once
 // more, which a small GEMM does not earn back. On the GPU, the first time a linear of shape

@@ -24,8 +24,6 @@ bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device 
   const bool on = cfg.run.fp8 != "off";
   const bool delayed = on && cfg.run.fp8_scaling == "delayed";
   // Note [FP8 on the GPU]: what the GPU path does not do yet, refused before any work.
-  FORGE_CHECK(!on || !device.is_cuda() || !delayed, "run.fp8_scaling = \"delayed\" runs in the CPU emulation only so "
-              "far (issue 39); on a GPU use run.fp8_scaling = \"current\"");
   FORGE_CHECK(!on || !device.is_cuda() || layout.tp == 1, "run.fp8 with dist.tp = ", layout.tp, " runs in the CPU "
               "emulation only so far (issue 39: the GPU casts do not reduce their amaxes over the tensor-parallel "
               "group yet); on GPUs use dist.tp = 1 with run.fp8, or run.fp8 = \"off\"");
@@ -51,7 +49,13 @@ bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device 
 
 void set_fp8_amax_group(const parallel::ProcessGroupPtr& group) {
   fp8::set_amax_reduce(nullptr);
+  fp8::set_amax_reduce_device(nullptr);
   if (!group || group->size() == 1) return;
+  fp8::set_amax_reduce_device([weak = std::weak_ptr<parallel::ProcessGroup>(group)](Tensor& amax) {
+    const parallel::ProcessGroupPtr g = weak.lock();
+    FORGE_CHECK(g != nullptr, "fp8: the data-parallel group of delayed scaling is gone");
+    g->all_reduce(amax, parallel::ReduceOp::max)->wait();  // (NCCL: queued on the stream)
+  });
   fp8::set_amax_reduce([weak = std::weak_ptr<parallel::ProcessGroup>(group)](std::vector<float>& amax) {
     const parallel::ProcessGroupPtr g = weak.lock();  // (the process-wide hook never owns the group)
     FORGE_CHECK(g != nullptr, "fp8: the data-parallel group of delayed scaling is gone");

@@ -262,6 +262,64 @@ TEST(CudaFp8, ReusedInputCastGivesTheSameBits) {
   fp8::set_selection(fp8::Selection::measured);
 }
 
+// Note [FP8 delayed scaling] on the GPU: a sequence of casts of one layer whose inputs change in
+// magnitude (so that the delayed scale saturates some and under-uses others) gives the emulation's
+// outputs and gradients at every call, and the same histories (oldest first); an evaluation's
+// forward reads them without adding; restoring histories seeds the device's.
+TEST(CudaFp8, DelayedScalingFollowsTheEmulationAndItsHistories) {
+  FORGE_SKIP_WITHOUT_RECIPE(Recipe::tensorwise);
+  fp8::set_selection(fp8::Selection::all);
+  const float mags[] = {1.0f, 8.0f, 0.25f, 2.0f, 0.5f, 16.0f};
+  std::map<std::string, std::vector<Tensor>> out;
+  std::map<std::string, fp8::AmaxHistories> hist;
+  for (Device dev : {Device::cpu(), kGpu}) {
+    fp8::set_training_scaling({.scaling = fp8::Scaling::delayed, .history = 3});
+    const std::string side = dev.is_cuda() ? "gpu" : "cpu";
+    Tensor w = matrix(128, 256, 71).to(DType::bf16).to(dev).detach();
+    w.requires_grad_(true);
+    int i = 0;
+    for (float mag : mags) {
+      Tensor x = ops::mul(matrix(64, 256, 72 + static_cast<uint64_t>(i)), mag).to(DType::bf16).to(dev).detach();
+      x.requires_grad_(true);
+      const Tensor y = fp8::linear(x, w, Tensor(), Recipe::tensorwise, "delayed.layer");
+      y.backward(ops::mul(matrix(64, 128, 90 + static_cast<uint64_t>(i)), 1.0f / mag).to(DType::bf16).to(dev));
+      out[side].push_back(y.detach().to(Device::cpu()).to(DType::f32));
+      out[side].push_back(x.grad().to(Device::cpu()).to(DType::f32));
+      ++i;
+    }
+    {
+      NoGradGuard no_grad;  // an evaluation: reads the histories, adds nothing
+      out[side].push_back(fp8::linear(matrix(64, 256, 99).to(DType::bf16).to(dev), w.detach(), Tensor(), Recipe::tensorwise,
+                                      "delayed.layer").to(Device::cpu()).to(DType::f32));
+    }
+    out[side].push_back(w.grad().to(Device::cpu()).to(DType::f32));
+    hist[side] = fp8::amax_histories();
+  }
+  ASSERT_EQ(out["cpu"].size(), out["gpu"].size());
+  for (size_t i = 0; i < out["cpu"].size(); ++i) EXPECT_LE(cuda_testing::rel_err(out["gpu"][i], out["cpu"][i]), 1e-2) << i;
+  ASSERT_TRUE(hist["gpu"].count("delayed.layer"));
+  for (size_t op = 0; op < 3; ++op) {
+    const auto& g = hist["gpu"]["delayed.layer"][op];
+    const auto& c = hist["cpu"]["delayed.layer"][op];
+    ASSERT_EQ(g.size(), c.size()) << op;
+    EXPECT_EQ(g.size(), 3u) << op;  // the last three training casts
+    for (size_t j = 0; j < g.size(); ++j) EXPECT_NEAR(g[j], c[j], 1e-6 * c[j]) << op << " " << j;
+  }
+  // Restored histories seed the device's: what they say is what a checkpoint gave back.
+  fp8::restore_amax_histories(hist["cpu"]);
+  Tensor w = matrix(128, 256, 71).to(DType::bf16).to(kGpu);
+  (void)fp8::linear(matrix(64, 256, 100).to(DType::bf16).to(kGpu), w, Tensor(), Recipe::tensorwise, "delayed.layer");
+  const fp8::AmaxHistories after = fp8::amax_histories();
+  const auto& a = after.at("delayed.layer")[static_cast<size_t>(Operand::weight)];
+  const auto& before = hist["cpu"]["delayed.layer"][static_cast<size_t>(Operand::weight)];
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[0], before[1]);  // the oldest left, the new weight amax came in last
+  EXPECT_EQ(a[1], before[2]);
+  fp8::set_training_scaling({});
+  (void)fp8::take_guard_events();
+  fp8::set_selection(fp8::Selection::measured);
+}
+
 // Note [FP8 guardrails] on the GPU: an inf in x is reported with the layer and the operand after the
 // step's read of the slots; a clean cast reports nothing; the amax record holds the finite amaxes.
 TEST(CudaFp8, GuardrailNamesTheLayerAndOperand) {
@@ -329,6 +387,7 @@ class Fp8Training : public ::testing::Test {
   void SetUp() override { train_testing::write_corpus(scratch.path() / "corpus"); }
   void TearDown() override {
     fp8::set_training_recipe(std::nullopt);
+    fp8::set_training_scaling({});
     fp8::set_selection(fp8::Selection::measured);
   }
   struct Run {
@@ -336,7 +395,7 @@ class Fp8Training : public ::testing::Test {
     std::string log;
     std::vector<double> weights;
   };
-  Run train(const std::string& name, std::vector<std::string> overrides) {
+  Run train(const std::string& name, std::vector<std::string> overrides, bool resume = false) {
     overrides.insert(overrides.begin(), {"run.device=cuda", "run.dtype=bf16", "run.deterministic=true",
                                          "run.gemm_tuning=off", "train.log_every=1", "checkpoint.at_end=true",
                                          "model.n_embd=128", "model.block_size=64", "train.seq_len=64"});
@@ -344,7 +403,9 @@ class Fp8Training : public ::testing::Test {
         train::parse_config(train_testing::tiny_toml(scratch.path(), name, 12), name + ".toml", overrides);
     std::ostringstream log;
     Run r;
-    r.result = train::run_training(c, {}, log);
+    train::TrainOptions opt;
+    opt.resume = resume;
+    r.result = train::run_training(c, opt, log);
     r.log = log.str();
     const auto tensors = io::load_safetensors((fs::path(r.result.last_checkpoint) / "model.safetensors").string());
     std::map<std::string, Tensor> sorted(tensors.tensors.begin(), tensors.tensors.end());
@@ -378,6 +439,24 @@ TEST_F(Fp8Training, EachRecipeTrainsBesideBf16AndItsGraphGivesTheSameBits) {
     for (size_t i = 0; i < e.result.losses.size(); ++i) EXPECT_EQ(g.result.losses[i], e.result.losses[i]) << name << " step " << i + 1;
     EXPECT_TRUE(g.weights == e.weights) << name << ": the final weights differ with the graph";
   }
+}
+
+// Delayed scaling's histories are the run's state on the GPU too: a run stopped at step 6 and
+// resumed gives the uninterrupted run's losses and weights bit for bit.
+TEST_F(Fp8Training, DelayedScalingResumesBitIdentically) {
+  FORGE_SKIP_WITHOUT_RECIPE(Recipe::tensorwise);
+  const std::vector<std::string> o{"run.fp8=tensorwise", "run.fp8_select=all", "run.fp8_scaling=delayed",
+                                   "run.fp8_amax_history=4", "checkpoint.every=6", "schedule.decay_steps=12"};
+  const Run whole = train("delayed_whole", o);
+  std::vector<std::string> first = o;
+  first.push_back("train.steps=6");
+  (void)train("delayed_parts", first);
+  const Run resumed = train("delayed_parts", o, true);  // (the same run directory: continues from step 6)
+  ASSERT_EQ(whole.result.losses.size(), 12u);
+  ASSERT_EQ(resumed.result.start_step, 6) << resumed.log;
+  ASSERT_EQ(resumed.result.losses.size(), 6u) << resumed.log;
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.result.losses[i], whole.result.losses[6 + i]) << "step " << 7 + i;
+  EXPECT_TRUE(resumed.weights == whole.weights);
 }
 
 }  // namespace

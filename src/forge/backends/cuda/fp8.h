@@ -83,6 +83,14 @@ void fp8_scaled_gemm(const Fp8Operand& a, const Fp8Operand& b_t, Tensor& d);
 // (cuBLASLt >= 11.8), the others on 9.0 with cuBLASLt >= 12.9.
 bool fp8_scale_mode_supported(int device, Fp8ScaleMode mode);
 
+// Note [FP8 delayed scaling] (ops/fp8.h) on the GPU, for a one-group (tensorwise) table: amax (one
+// f32) holds the cast's own amax; a history of `h` floats with meta = {next position, count} (int32,
+// both on the device). When the history holds any entry and the current amax is finite, amax
+// becomes the history's largest (the scale the cast then uses); with `push` a finite current amax
+// then enters the history (the oldest leaves once it holds h). One thread, queued on the current
+// stream: no host synchronisation, capturable in a CUDA graph.
+void fp8_delayed_amax(Tensor& amax, float* history, int32_t* meta, int64_t h, bool push);
+
 // Whether this thread's current stream of `device` is capturing a CUDA graph (graph.h's
 // is_capturing, for code that cannot include CUDA headers).
 bool fp8_capturing(int device);

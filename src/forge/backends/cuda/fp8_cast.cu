@@ -181,6 +181,19 @@ __global__ void __launch_bounds__(256) cast_kernel(const T* __restrict__ x, int6
   }
 }
 
+__global__ void delayed_amax_kernel(float* amax, float* history, int32_t* meta, int h, bool push) {
+  const float cur = amax[0];
+  const int pos = meta[0], count = meta[1];
+  unsigned m = 0;
+  for (int i = 0; i < count; ++i) m = max(m, __float_as_uint(history[i]));
+  if (count > 0 && isfinite(cur)) amax[0] = __uint_as_float(m);
+  if (push && isfinite(cur)) {
+    history[pos] = cur;
+    meta[0] = (pos + 1) % h;
+    meta[1] = min(count + 1, h);
+  }
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void check_source(const Tensor& x, const char* op) {
@@ -343,6 +356,17 @@ void fp8_cast2(const Tensor& x, Format format, const Tensor& amax0, Fp8Groups g0
   const CastSpec s0 = cast_spec(x, amax0, g0, m0, false, out0, format);
   const CastSpec s1 = cast_spec(x, amax1, g1, m1, true, out1, format);
   if (x.numel() > 0) launch_cast(x, format, s0, s1);
+}
+
+void fp8_delayed_amax(Tensor& amax, float* history, int32_t* meta, int64_t h, bool push) {
+  FORGE_CHECK(amax.defined() && amax.is_cuda() && amax.dtype() == DType::f32 && amax.numel() == 1,
+              "fp8_delayed_amax: expected a one-element f32 CUDA amax (a tensorwise table)");
+  FORGE_CHECK(h >= 1 && h <= (int64_t{1} << 20), "fp8_delayed_amax: history length ", h, " out of range");
+  const int device = amax.device().index;
+  DeviceGuard guard(device);
+  delayed_amax_kernel<<<1, 1, 0, current_stream(device)>>>(static_cast<float*>(amax.data_ptr()), history, meta,
+                                                         static_cast<int>(h), push);
+  FORGE_CUDA_LAUNCH_CHECK("fp8 delayed amax");
 }
 
 bool fp8_capturing(int device) { return is_capturing(device); }
