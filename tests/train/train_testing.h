@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "forge/core/error.h"
+#include "forge/io/safetensors.h"
 
 namespace forge::train_testing {
 
@@ -103,6 +104,19 @@ inline std::string tiny_toml(const fs::path& root, const std::string& name = "ti
          "[train]\nsteps = " + std::to_string(steps) + "\nbatch_size = 8\nseq_len = 32\nlog_every = 1\n"
          "[eval]\nevery = 10\nbatches = 4\nbigram_baseline = true\n"
          "[checkpoint]\nevery = 0\nkeep_last = 10\n";
+}
+
+// Every tensor of a checkpoint's model.safetensors, in name order, as f64: two runs' final weights
+// compared bit for bit.
+inline std::vector<double> checkpoint_weights(const fs::path& checkpoint_dir) {
+  const auto tensors = io::load_safetensors((checkpoint_dir / "model.safetensors").string());
+  const std::map<std::string, Tensor> sorted(tensors.tensors.begin(), tensors.tensors.end());
+  std::vector<double> out;
+  for (const auto& [n, t] : sorted) {
+    const auto v = t.to_vector<double>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
 }
 
 }  // namespace forge::train_testing

@@ -237,12 +237,7 @@ class GraphedTraining : public ::testing::Test {
     Run r;
     r.result = train::run_training(c, {}, log);
     r.log = log.str();
-    const auto tensors = io::load_safetensors((fs::path(r.result.last_checkpoint) / "model.safetensors").string());
-    std::map<std::string, Tensor> sorted(tensors.tensors.begin(), tensors.tensors.end());
-    for (const auto& [n, t] : sorted) {
-      const auto v = t.to_vector<double>();
-      r.weights.insert(r.weights.end(), v.begin(), v.end());
-    }
+    r.weights = train_testing::checkpoint_weights(r.result.last_checkpoint);
     return r;
   }
   // The same run with and without the graph: the same losses and weights, bit for bit.
