@@ -266,6 +266,7 @@ class _Fp8Matmul(torch.autograd.Function):
         ctx.save_for_backward(x2, w)
         ctx.rowwise = rowwise
         ctx.x_shape = x.shape
+        ctx.x_dtype = x.dtype
         return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
@@ -282,7 +283,7 @@ class _Fp8Matmul(torch.autograd.Function):
         gtq, gts = _fp8_cast(dy2.t().contiguous(), gd, rw)
         xtq, xts = _fp8_cast(x2.t().contiguous(), torch.float8_e4m3fn, rw)
         dw = torch._scaled_mm(gtq, xtq.t(), scale_a=gts, scale_b=xts.t() if rw else xts, out_dtype=torch.bfloat16)
-        return dx.reshape(ctx.x_shape).to(dy.dtype), dw.to(w.dtype), None
+        return dx.reshape(ctx.x_shape).to(ctx.x_dtype), dw.to(w.dtype), None
 
 
 class Fp8Linear(nn.Module):
