@@ -1,6 +1,7 @@
 // LoRA (nn/lora.h) under the parallel layouts on CPU ranks (MPI), end to end through `forge train`
 // under mpirun, as test_data_parallel.cpp and test_tensor_parallel_train.cpp do for whole models:
-// DDP, ZeRO-1 and ZeRO-2 over 2 ranks, and tensor parallelism (tp 2, with and without sequence
+// DDP, ZeRO-1, ZeRO-2 and ZeRO-3 (the frozen base sharded with its blocks: Note [frozen block
+// shards]) over 2 ranks, and tensor parallelism (tp 2, with and without sequence
 // parallelism; the adapters split like their base: Note [tensor-parallel LoRA]) reproduce the
 // one-process run's losses at every step and its final weights, the frozen base included.
 //
@@ -96,6 +97,9 @@ TEST_P(LoraParallelTrain, MatchesTheSingleProcessRun) {
   if (c.tp > 1) {
     EXPECT_NE(r.out.find("tensor parallel: 2 rank(s)"), npos) << r.out;
   }
+  if (c.zero_stage == 3) {  // Note [frozen block shards]: the base's block weights sharded too
+    EXPECT_NE(r.out.find("ZeRO-3 also shards the blocks' "), npos) << r.out;
+  }
   expect_same_run(root_ / name, root_ / ref, 1, 1e-6, 5e-5, name + " vs one process");
 }
 
@@ -103,6 +107,8 @@ INSTANTIATE_TEST_SUITE_P(, LoraParallelTrain,
                          ::testing::Values(LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 0},
                                            LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 1},
                                            LoraCase{"llama", "q,k,v,o,gate,up,down", 1, false, 2},
+                                           LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 3},
+                                           LoraCase{"llama", "q,v", 1, false, 3},
                                            LoraCase{"gpt", "c_attn,c_proj,c_fc", 2, false, 0},
                                            LoraCase{"llama", "q,k,v,o,gate,up,down", 2, false, 0},
                                            LoraCase{"llama", "q,v,o,down", 2, true, 0},

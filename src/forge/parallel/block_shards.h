@@ -12,6 +12,16 @@
 //     of block i's backward runs (with activation checkpointing, before its recomputation);
 //   once the last gradient of block i has arrived (GradientBuckets::on_all_grads_in), its
 //   storage is released.
+//
+// Note [frozen block shards]: a block's parameters that are not trained (LoRA's frozen base,
+// DataParallelOptions::frozen) are sharded the same way, in a second flat storage of the block
+// (their own padded size and dtype), gathered and released with the block's trained ones: a LoRA
+// run under ZeRO-3 holds 1/W of the base's blocks between uses, as a full fine-tune holds 1/W of
+// its weights. They have no gradients, optimizer state or bucket; the block's trained
+// parameters cannot tell when its backward is over (a frozen norm's backward runs after the first
+// adapted linear's), so such a block is released when the previous block's backward starts (the
+// autograd engine reaches that block's outputs only once everything after them has run) or at the
+// end of backward.
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +42,11 @@ class BlockShards {
   const Tensor& shard(int bucket) const { return units_[static_cast<size_t>(bucket)].param_shard; }
   // Releases a block bucket's gathered weights (a no-op for other buckets or released ones).
   void release(int bucket);
+  // All of a block bucket's gradients are in (GradientBuckets::on_all_grads_in): its backward is
+  // over unless the block has untrained parameters, whose backward may still run after the last
+  // trained one's (a frozen norm before the first adapted linear): those are released when the
+  // previous block's backward starts, or at the end of backward (Note [frozen block shards]).
+  void release_after_grads(int bucket);
   void release_all();
   // Calls fn(name, parameter) for every parameter, each block gathered in turn and released after
   // (collective).
@@ -46,7 +61,12 @@ class BlockShards {
     enum class Gather { released, gathering, gathered } gather = Gather::released;
     WorkPtr gather_work;
     bool in_backward = false;  // gathered for backward: kept until its gradients are all in
+    // Note [frozen block shards]: the block's untrained parameters (none: frozen_full is null).
+    std::shared_ptr<Storage> frozen_full;
+    Tensor frozen_view, frozen_shard;
+    WorkPtr frozen_work;
   };
+  void shard_frozen(int block, Unit& u);
   int bucket_of_block(int block) const;
   void gather_async(int bucket);
   void ensure_gathered(int bucket);

@@ -38,6 +38,14 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
     const int block = options_.sharding.parameters() ? options_.block_of(name) : -1;
     st_.params.push_back({name, t, -1, block, 0, t.numel()});
   }
+  if (options_.sharding.parameters())
+    for (auto& [name, t] : options_.frozen) {
+      const int block = options_.block_of(name);
+      if (block < 0) continue;  // (kept whole, as the trained parameters outside blocks)
+      FORGE_CHECK(t.device() == st_.device && t.is_contiguous(), "DataParallel: frozen parameter '", name,
+                  "' must be contiguous on ", st_.device.str());
+      st_.frozen.push_back({name, t, block, 0, t.numel()});
+    }
   build_buckets(st_, options_.bucket_mb);
   buckets_ = std::make_unique<GradientBuckets>(st_);
   if (options_.sharding.parameters()) shards_ = std::make_unique<BlockShards>(st_);
@@ -49,7 +57,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   if (shards_) {
     // ZeRO-3: every gradient of a block is in, so its backward is over: drop the gathered weights;
     // at the end of backward, also those of blocks whose gradients did not all arrive.
-    buckets_->on_all_grads_in = [this](int bucket) { shards_->release(bucket); };
+    buckets_->on_all_grads_in = [this](int bucket) { shards_->release_after_grads(bucket); };
     buckets_->on_end_backward = [this] { shards_->release_all(); };
   }
 }

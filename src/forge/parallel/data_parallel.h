@@ -81,6 +81,11 @@ struct DataParallelOptions {
   // agreed over it. Not with offload_optimizer.
   ProcessGroupPtr norm_group;
   std::function<double(const std::string&)> norm_weight;
+  // Stage 3: parameters that are not trained (LoRA's frozen base: nn/lora.h), by name in model
+  // order. Those of a block (block_of >= 0) are sharded with the block's trained ones and gathered
+  // and released with them (Note [frozen block shards] in block_shards.h); the others stay whole.
+  // Ignored below stage 3.
+  std::vector<std::pair<std::string, Tensor>> frozen;
 };
 
 class DataParallel {

@@ -49,8 +49,18 @@ struct DpBucket {
   int block = -1;           // stage 3: the block this bucket holds, or -1
 };
 
+// Stage 3: a parameter that is not trained but sharded with its block (Note [frozen block shards]).
+struct DpFrozen {
+  std::string name;
+  Tensor t;
+  int block = -1;
+  int64_t offset = 0;  // element offset in its block's frozen storage
+  int64_t numel = 0;
+};
+
 struct DpState {
   std::vector<DpParam> params;
+  std::vector<DpFrozen> frozen;
   std::vector<DpBucket> buckets;
   ProcessGroupPtr group;
   Sharding sharding;

@@ -179,9 +179,6 @@ void validate(const RunConfig& c) {
                 "or run.fp8 = \"off\"");
     FORGE_CHECK(c.dist.pp == 1, "lora.targets with dist.pp = ", c.dist.pp, " is not supported yet (pipeline stages "
                 "of a LoRA model); use dist.pp = 1 (DDP, ZeRO-1/2 and dist.tp compose with LoRA)");
-    FORGE_CHECK(!zero.parameters(), "lora.targets with dist.zero_stage = 3 is not supported yet (the frozen base "
-                "would be gathered around each block for nothing); use dist.zero_stage = 0, 1 or 2: the base has no "
-                "optimizer state or gradients to shard");
   } else {
     nn::validate_lora(c.lora, nn::Arch::gpt);
   }

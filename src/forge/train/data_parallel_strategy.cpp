@@ -46,11 +46,11 @@ class DataParallelStrategy final : public Strategy {
     dp_size_ = mesh.dp();
     cp_group_ = mesh.cp_group();
     split_ = model.split;
-    std::vector<std::pair<std::string, Tensor>> trainable;
+    std::vector<std::pair<std::string, Tensor>> trainable, frozen;  // (frozen: LoRA's base, sharded by ZeRO-3)
     {
       std::unordered_map<const TensorImpl*, bool> seen;  // tied weights: once, under their first name
       for (const auto& [n, t] : model.module->named_parameters())
-        if (t.requires_grad() && seen.emplace(t.impl(), true).second) trainable.emplace_back(n, t);
+        if (seen.emplace(t.impl(), true).second) (t.requires_grad() ? trainable : frozen).emplace_back(n, t);
     }
     dp_ = std::make_unique<parallel::DataParallel>(
         trainable, optim::decay_groups(model.module->named_parameters(), cfg.optim.weight_decay),
@@ -63,7 +63,8 @@ class DataParallelStrategy final : public Strategy {
                                   .norm_group = split_ ? split_->group() : nullptr,
                                   .norm_weight = split_ ? std::function<double(const std::string&)>(
                                                               [s = split_](const std::string& n) { return s->norm_weight(n); })
-                                                        : nullptr});
+                                                        : nullptr,
+                                  .frozen = frozen});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
@@ -75,6 +76,14 @@ class DataParallelStrategy final : public Strategy {
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
         << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";
+    if (layout.sharding().parameters()) {  // Note [frozen block shards] (parallel/block_shards.h)
+      int64_t n = 0, elements = 0;
+      for (const auto& [name, t] : frozen)
+        if (model.block_of(name) >= 0) ++n, elements += t.numel();
+      if (n > 0)
+        log << "ZeRO-3 also shards the blocks' " << n << " untrained parameter(s) (" << elements
+            << " elements, LoRA's frozen base): each rank holds 1/" << group_->size() << " of them between uses\n";
+    }
   }
 
   void seed_master_weights(const std::function<Tensor(const std::string&)>& f32_of) override {
