@@ -1,7 +1,8 @@
 // LoRA (nn/lora.h) under the parallel layouts on CPU ranks (MPI), end to end through `forge train`
 // under mpirun, as test_data_parallel.cpp and test_tensor_parallel_train.cpp do for whole models:
 // DDP, ZeRO-1, ZeRO-2 and ZeRO-3 (the frozen base sharded with its blocks: Note [frozen block
-// shards]) over 2 ranks, and tensor parallelism (tp 2, with and without sequence
+// shards]) over 2 ranks, two pipeline stages (GPT's tied embedding frozen on both), and tensor
+// parallelism (tp 2, with and without sequence
 // parallelism; the adapters split like their base: Note [tensor-parallel LoRA]) reproduce the
 // one-process run's losses at every step and its final weights, the frozen base included.
 //
@@ -56,10 +57,12 @@ struct LoraCase {
   int tp;          // world = 2: dp = 2 / tp
   bool sp;
   int zero_stage;  // dp 2 only
+  int pp = 1;      // 2: two pipeline stages (tp 1, dp 1), 2 micro-batches
 };
 
 std::string case_name(const LoraCase& c) {
   std::string s = std::string(c.model) + "_tp" + std::to_string(c.tp) + (c.sp ? "_sp" : "");
+  if (c.pp > 1) return std::string(c.model) + "_pp" + std::to_string(c.pp);
   if (c.tp == 1) s += c.zero_stage == 0 ? "_ddp" : "_zero" + std::to_string(c.zero_stage);
   return s;
 }
@@ -80,13 +83,19 @@ fs::path LoraParallelTrain::root_;
 TEST_P(LoraParallelTrain, MatchesTheSingleProcessRun) {
   const LoraCase& c = GetParam();
   const std::string name = case_name(c), ref = name + "_single";
-  const ShellRun single = runs.run_single(lora_args(root_, ref, c.model, c.targets));
+  auto one = lora_args(root_, ref, c.model, c.targets);
+  if (c.pp > 1) set_arg(one, "train.grad_accum", "2");  // (the same micro-batches as the pipeline's)
+  const ShellRun single = runs.run_single(one);
   ASSERT_EQ(single.status, 0) << single.out;
   EXPECT_NE(single.out.find("lora: rank 4, alpha 8.00"), npos) << single.out;
   auto a = lora_args(root_, name, c.model, c.targets);
   set_arg(a, "dist.tp", std::to_string(c.tp));
   set_arg(a, "dist.zero_stage", std::to_string(c.zero_stage));
   if (c.sp) set_arg(a, "dist.sequence_parallel", "true");
+  if (c.pp > 1) {
+    set_arg(a, "dist.pp", std::to_string(c.pp));
+    set_arg(a, "train.grad_accum", "2");
+  }
   const ShellRun r = runs.run_mpi(2, a);
   ASSERT_EQ(r.status, 0) << r.out;
   // The same trainable count, of the whole model, whatever the layout.
@@ -112,7 +121,9 @@ INSTANTIATE_TEST_SUITE_P(, LoraParallelTrain,
                                            LoraCase{"gpt", "c_attn,c_proj,c_fc", 2, false, 0},
                                            LoraCase{"llama", "q,k,v,o,gate,up,down", 2, false, 0},
                                            LoraCase{"llama", "q,v,o,down", 2, true, 0},
-                                           LoraCase{"llama_kv1", "q,k,v,o", 2, false, 0}),
+                                           LoraCase{"llama_kv1", "q,k,v,o", 2, false, 0},
+                                           LoraCase{"gpt", "c_attn,c_proj,c_fc", 1, false, 0, 2},
+                                           LoraCase{"llama", "q,k,v,o,gate,up,down", 1, false, 0, 2}),
                          [](const ::testing::TestParamInfo<LoraCase>& i) { return case_name(i.param); });
 
 }  // namespace

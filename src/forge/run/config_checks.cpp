@@ -177,8 +177,6 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(c.run.fp8 == "off" || c.dist.tp == 1, "lora.targets with run.fp8 and dist.tp = ", c.dist.tp,
                 " is not supported yet (the tensor-parallel adapters' fused products are not FP8); use dist.tp = 1 "
                 "or run.fp8 = \"off\"");
-    FORGE_CHECK(c.dist.pp == 1, "lora.targets with dist.pp = ", c.dist.pp, " is not supported yet (pipeline stages "
-                "of a LoRA model); use dist.pp = 1 (DDP, ZeRO-1/2 and dist.tp compose with LoRA)");
   } else {
     nn::validate_lora(c.lora, nn::Arch::gpt);
   }
