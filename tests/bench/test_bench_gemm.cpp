@@ -59,6 +59,9 @@ TEST(BenchGemmParse, Dtypes) {
   // fp8 parses everywhere (run_gemm reports it as skipped where it cannot run).
   EXPECT_EQ(parse_dtype_list("fp8,FP8_E4M3,f32", Device::cpu()), (std::vector<std::string>{"fp8", "f32"}));
   EXPECT_EQ(parse_dtype_list("E4M3", Device::cuda(0)), (std::vector<std::string>{"fp8"}));
+  // The FP8 recipes' GEMMs (Note [FP8 GEMM scales]): tensorwise is fp8.
+  EXPECT_EQ(parse_dtype_list("fp8-tensorwise,fp8-rowwise,FP8-BLOCKWISE", Device::cuda(0)),
+            (std::vector<std::string>{"fp8", "fp8-rowwise", "fp8-blockwise"}));
   EXPECT_NE(error_of([] { parse_dtype_list("f32,int8", Device::cuda(0)); }).find("unknown dtype 'int8'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_dtype_list("bf16", Device::cpu()); }).find("not benchmarked on the CPU"),

@@ -16,6 +16,7 @@
 
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/event_timer.h"
+#include "forge/backends/cuda/fp8.h"
 #include "forge/backends/cuda/gemm_fp8.h"
 #include "forge/backends/cuda/matmul.h"
 #endif
@@ -28,11 +29,21 @@ constexpr const char* kFp8CpuReason = "fp8 (e4m3) GEMMs run on CUDA GPUs only (c
 constexpr const char* kFp8GpuReason =
     "fp8 (e4m3) GEMMs need compute capability >= 8.9 (Ada, Hopper) and cuBLASLt >= 11.8";
 
-// Why `device` cannot run the fp8 GEMM ("" when it can).
-std::string fp8_unsupported_reason(Device device) {
+// fp8 (tensorwise: one scale per operand), fp8-rowwise (one per row of each operand) and
+// fp8-blockwise (DeepSeek-V3's 1 x 128 tiles of A by 128 x 128 blocks of B): the FP8 training
+// recipes' forward GEMMs (Note [FP8 GEMM scales] in backends/cuda/fp8.h).
+bool is_fp8(const std::string& dtype) { return dtype.rfind("fp8", 0) == 0; }
+
+// Why `device` cannot run the fp8 GEMM of `dtype` ("" when it can).
+std::string fp8_unsupported_reason(Device device, [[maybe_unused]] const std::string& dtype) {
   if (device.is_cpu()) return kFp8CpuReason;
 #ifdef FORGE_WITH_CUDA
-  if (cuda::fp8_gemm_supported(device.index)) return "";
+  const auto mode = dtype == "fp8-rowwise"     ? cuda::Fp8ScaleMode::outer
+                    : dtype == "fp8-blockwise" ? cuda::Fp8ScaleMode::vec128
+                                               : cuda::Fp8ScaleMode::scalar;
+  if (cuda::fp8_scale_mode_supported(device.index, mode)) return "";
+  if (mode != cuda::Fp8ScaleMode::scalar && cuda::fp8_gemm_supported(device.index))
+    return dtype + " needs compute capability 9.0 (Hopper) and cuBLASLt >= 12.9 (outer-vector and block scales)";
 #endif
   return kFp8GpuReason;
 }
@@ -104,7 +115,7 @@ DType storage_dtype(const std::string& name) {
   if (name == "f32" || name == "tf32") return DType::f32;
   if (name == "bf16") return DType::bf16;
   if (name == "f16") return DType::f16;
-  if (name == "fp8") return DType::u8;  // e4m3 bit patterns (forge has no fp8 dtype)
+  if (is_fp8(name)) return DType::u8;  // e4m3 bit patterns (forge has no fp8 dtype)
   return DType::f64;
 }
 
@@ -114,7 +125,7 @@ double peak_for(const plan::GpuSpec* gpu, const std::string& dtype) {
   if (dtype == "tf32") return gpu->tf32_tflops;
   if (dtype == "bf16") return gpu->bf16_tflops;
   if (dtype == "f16") return gpu->fp16_tflops;
-  if (dtype == "fp8") return gpu->fp8_tflops;
+  if (is_fp8(dtype)) return gpu->fp8_tflops;
   return 0;
 }
 
@@ -127,7 +138,7 @@ void measure(const GemmOptions& opt, GemmResult& r) {
   // sizes are not timed on operands left in cache by the previous run.
   const double set_bytes = static_cast<double>(s.m * s.k + s.k * s.n) * static_cast<double>(element_size(dt));
   const int sets = opt.device.is_cuda() && 3 * set_bytes <= 2.0 * (1 << 30) ? 3 : 1;
-  const bool fp8 = r.dtype == "fp8";
+  const bool fp8 = is_fp8(r.dtype);
   Generator gen(1234);  // its own stream: the benchmark leaves the default generator alone
   std::vector<Tensor> as, bs;
   for (int i = 0; i < sets; ++i) {
@@ -151,8 +162,29 @@ void measure(const GemmOptions& opt, GemmResult& r) {
     Tf32Guard tf32(r.dtype == "tf32");
     Tensor out = empty({s.m, s.n}, fp8 ? TensorOptions{.dtype = DType::bf16, .device = opt.device} : to);
     const Tensor scale = ones({1}, {.dtype = DType::f32, .device = opt.device});  // per-tensor scales of 1
+    // fp8-rowwise / fp8-blockwise: factors of 1 in the recipe's layout (Note [FP8 GEMM scales]).
+    const auto mode_a = r.dtype == "fp8-rowwise"     ? cuda::Fp8ScaleMode::outer
+                        : r.dtype == "fp8-blockwise" ? cuda::Fp8ScaleMode::vec128
+                                                     : cuda::Fp8ScaleMode::scalar;
+    const auto mode_b = r.dtype == "fp8-blockwise" ? cuda::Fp8ScaleMode::blk128 : mode_a;
+    const auto factors = [&](cuda::Fp8ScaleMode m, int64_t rows) -> int64_t {
+      const int64_t kb = (s.k + 127) / 128;
+      switch (m) {
+        case cuda::Fp8ScaleMode::scalar: return 1;
+        case cuda::Fp8ScaleMode::outer: return rows;
+        case cuda::Fp8ScaleMode::vec128: return kb * rows;
+        case cuda::Fp8ScaleMode::blk128: return (rows + 127) / 128 * ((kb + 3) / 4 * 4);
+      }
+      return 1;
+    };
+    const Tensor fa = fp8 ? ones({factors(mode_a, s.m)}, {.dtype = DType::f32, .device = opt.device}) : Tensor();
+    const Tensor fb = fp8 ? ones({factors(mode_b, s.n)}, {.dtype = DType::f32, .device = opt.device}) : Tensor();
     const std::function<void()> run = [&] {
-      if (fp8) {
+      if (fp8 && r.dtype != "fp8") {
+        const cuda::Fp8Operand a{as[static_cast<size_t>(next)], fa, fp8::Format::e4m3, mode_a};
+        const cuda::Fp8Operand b{bs[static_cast<size_t>(next)], fb, fp8::Format::e4m3, mode_b};
+        cuda::fp8_scaled_gemm(a, b, out);
+      } else if (fp8) {
         cuda::fp8_gemm_bf16_out(as[static_cast<size_t>(next)], bs[static_cast<size_t>(next)], scale, scale, out);
       } else {
         cuda::matmul(as[static_cast<size_t>(next)], bs[static_cast<size_t>(next)], out);
@@ -261,15 +293,15 @@ std::vector<int64_t> default_sizes(Device device) {
 }
 
 std::vector<std::string> parse_dtype_list(const std::string& spec, Device device) {
-  static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "fp8", "f64"};
+  static const std::vector<std::string> known = {"f32", "tf32", "bf16", "f16", "fp8", "fp8-rowwise", "fp8-blockwise", "f64"};
   std::vector<std::string> out;
   for (std::string item : split(spec, ',')) {
     std::transform(item.begin(), item.end(), item.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (item == "e4m3" || item == "fp8_e4m3") item = "fp8";
+    if (item == "e4m3" || item == "fp8_e4m3" || item == "fp8-tensorwise") item = "fp8";
     FORGE_CHECK(std::find(known.begin(), known.end(), item) != known.end(), "unknown dtype '", item, "' in '", spec,
-                "': expected a comma-separated list of f32, tf32, bf16, f16, fp8, f64");
+                "': expected a comma-separated list of f32, tf32, bf16, f16, fp8 (tensorwise), fp8-rowwise, fp8-blockwise, f64");
     // fp8 passes on the CPU too: run_gemm reports it as skipped, with the reason.
-    FORGE_CHECK(!device.is_cpu() || item == "f32" || item == "f64" || item == "fp8", "dtype '", item,
+    FORGE_CHECK(!device.is_cpu() || item == "f32" || item == "f64" || is_fp8(item), "dtype '", item,
                 "' is not benchmarked on the CPU (OpenBLAS): use f32 or f64");
     if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
   }
@@ -311,8 +343,8 @@ GemmReport run_gemm(const GemmOptions& opt) {
     rep.device_name = host_info().cpu_model;
   }
   for (const std::string& dtype : opt.dtypes) {
-    if (dtype == "fp8") {
-      const std::string why = fp8_unsupported_reason(opt.device);
+    if (is_fp8(dtype)) {
+      const std::string why = fp8_unsupported_reason(opt.device, dtype);
       if (!why.empty()) {
         rep.skipped.push_back(GemmSkip{dtype, "", why});
         continue;
@@ -324,8 +356,12 @@ GemmReport run_gemm(const GemmOptions& opt) {
       r.shape = s;
       r.flops = gemm_flops(s);
       r.peak_tflops = peak_for(gpu, dtype);
-      if (dtype == "fp8" && (s.m % 16 != 0 || s.n % 16 != 0 || s.k % 16 != 0)) {
+      if (is_fp8(dtype) && (s.m % 16 != 0 || s.n % 16 != 0 || s.k % 16 != 0)) {
         rep.skipped.push_back(GemmSkip{dtype, shape_str(s), "fp8 GEMMs need M, N, K multiples of 16 (cuBLASLt)"});
+        continue;
+      }
+      if (dtype == "fp8-blockwise" && (s.m % 128 != 0 || s.n % 128 != 0 || s.k % 128 != 0)) {
+        rep.skipped.push_back(GemmSkip{dtype, shape_str(s), "fp8-blockwise measures M, N, K multiples of 128 (whole tiles and blocks)"});
         continue;
       }
       try {
@@ -364,7 +400,9 @@ nlohmann::json to_json(const GemmReport& r) {
     j["method"]["fp8"] = {{"path", "cuda::fp8_gemm_bf16_out (cuBLASLt)"},
                           {"layout", "D(MxN) bf16 = A(MxK) B_t(NxK)^T, A and B_t e4m3 row-major (cuBLASLt TN)"},
                           {"inputs", "e4m3 of uniform [-2, 2)"},
-                          {"scales", "per-tensor f32 scale_a = scale_b = 1, from device memory"},
+                          {"scales", "per-tensor f32 scale_a = scale_b = 1, from device memory; fp8-rowwise: one "
+                                     "f32 factor per row of A and of B_t (outer vectors); fp8-blockwise: one per "
+                                     "1 x 128 tile of A and per 128 x 128 block of B_t (cuda::fp8_scaled_gemm)"},
                           {"accumulation", "f32 (fast accumulation off)"}};
   }
   nlohmann::json results = nlohmann::json::array();

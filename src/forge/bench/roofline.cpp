@@ -21,7 +21,7 @@ namespace {
 double dtype_bytes(const std::string& dtype) {
   if (dtype == "bf16" || dtype == "f16") return 2;
   if (dtype == "f64") return 8;
-  if (dtype == "fp8") return 1;
+  if (dtype.rfind("fp8", 0) == 0) return 1;  // fp8, fp8-rowwise, fp8-blockwise
   return 4;  // f32, tf32
 }
 

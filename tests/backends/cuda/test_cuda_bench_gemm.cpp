@@ -3,8 +3,11 @@
 // allow_tf32 is restored; --compare-tuning times the heuristic's and the tuned algorithm.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "cuda_testing.h"
 #include "forge/backends/cuda/event_timer.h"
+#include "forge/backends/cuda/fp8.h"
 #include "forge/backends/cuda/gemm_fp8.h"
 #include "forge/backends/cuda/matmul.h"
 #include "forge/bench/gemm.h"
@@ -45,6 +48,40 @@ TEST(CudaBenchGemm, AllDtypesOnSmallSizes) {
       EXPECT_GT(x.peak_tflops, 0) << x.dtype;
       EXPECT_LT(x.peak_pct, 150) << x.dtype;
     }
+  }
+}
+
+// The FP8 recipes' GEMM rates (fp8-rowwise: outer-vector scales, fp8-blockwise: 1 x 128 by
+// 128 x 128 blocks; Hopper with cuBLASLt 12.9), beside tensorwise's; a size that is not a multiple
+// of 128 is skipped for blockwise with the reason.
+TEST(CudaBenchGemm, Fp8RecipesRates) {
+  FORGE_SKIP_WITHOUT_GPU();
+  if (!cuda::fp8_gemm_supported(0)) GTEST_SKIP() << "cuda:0 has no FP8 GEMMs";
+  bench::GemmOptions o;
+  o.device = Device::cuda(0);
+  o.shapes = {{1024, 1024, 1024}, {512, 768, 384}, {256, 256, 272}};
+  o.dtypes = {"fp8", "fp8-rowwise", "fp8-blockwise"};
+  o.repeats = 3;
+  o.warmup_ms = 2;
+  const bench::GemmReport r = bench::run_gemm(o);
+  int blockwise_skips = 0;
+  for (const auto& s : r.skipped) {
+    if (s.dtype == "fp8-blockwise" && s.reason.find("multiples of 128") != std::string::npos) ++blockwise_skips;
+  }
+  EXPECT_EQ(blockwise_skips, 1) << "256 x 256 x 272 for blockwise";
+  std::map<std::string, int> measured;
+  for (const auto& x : r.results) {
+    ++measured[x.dtype];
+    EXPECT_GT(x.tflops, 0) << x.dtype;
+    EXPECT_LT(x.tflops, 5000) << x.dtype;
+  }
+  EXPECT_EQ(measured["fp8"], 3);
+  if (cuda::fp8_scale_mode_supported(0, cuda::Fp8ScaleMode::outer)) {
+    EXPECT_EQ(measured["fp8-rowwise"], 3);
+    EXPECT_EQ(measured["fp8-blockwise"], 2);
+  } else {
+    EXPECT_EQ(measured["fp8-rowwise"], 0);
+    EXPECT_EQ(measured["fp8-blockwise"], 0);
   }
 }
 
