@@ -103,6 +103,12 @@ TEST(Fp8Train, GpuLimitsAndUnknownNamesRefusedBeforeAnyWork) {
     EXPECT_EQ(fp8::selection(), fp8::Selection::all);
     EXPECT_EQ(fp8::training_recipe(), fp8::Recipe::blockwise);
   }
+  {  // a deterministic run never chooses by a timing
+    const RunConfig c = parse_config(train_testing::tiny_toml(scratch.path()), "fp8.toml",
+                                     {"--run.fp8=tensorwise", "--run.deterministic=true"});
+    (void)configure_fp8(c, parallel::Layout{}, Device::cuda(0), nullptr, {}, log);
+    EXPECT_EQ(fp8::selection(), fp8::Selection::all);
+  }
   fp8::set_training_recipe(std::nullopt);
   fp8::set_training_scaling({});
   fp8::set_selection(fp8::Selection::measured);

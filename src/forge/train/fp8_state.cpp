@@ -28,7 +28,9 @@ bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device 
               "emulation only so far (issue 39: the GPU casts do not reduce their amaxes over the tensor-parallel "
               "group yet); on GPUs use dist.tp = 1 with run.fp8, or run.fp8 = \"off\"");
   fp8::set_training_recipe(on ? std::optional(fp8::recipe_from_name(cfg.run.fp8)) : std::nullopt);
-  fp8::set_selection(cfg.run.fp8_select == "all" ? fp8::Selection::all : fp8::Selection::measured);
+  // A deterministic run chooses by shape alone, never by a timing (as its GEMM algorithms).
+  fp8::set_selection(cfg.run.fp8_select == "all" || cfg.run.deterministic ? fp8::Selection::all
+                                                                          : fp8::Selection::measured);
   FORGE_CHECK(!delayed || (layout.tp == 1 && layout.pp == 1 && layout.cp == 1), "run.fp8_scaling = \"delayed\" "
               "with dist.tp, dist.pp or dist.cp > 1 is not supported yet (the ranks would keep different histories: "
               "other layers, or other shards of a split operand); use run.fp8_scaling = \"current\", or data "
