@@ -252,6 +252,31 @@ TEST(Fp8Linear, GradientsAreTheQuantizedGemmsAndCloseToTheExactOnes) {
   }
 }
 
+// bf16 inputs (a bf16 run's), the GPU tests' reference shapes: the emulation's forward and
+// gradients in bf16, each the quantized GEMM of its f32 values.
+TEST(Fp8Linear, Bf16InputsGiveTheQuantizedGemmsInBf16) {
+  Generator gen(23);
+  const TensorOptions bf{.dtype = DType::bf16};
+  for (Recipe r : {Recipe::tensorwise, Recipe::rowwise, Recipe::blockwise}) {
+    Tensor x = randn({4, 64, 256}, bf, &gen), w = randn({384, 256}, bf, &gen), b = randn({384}, bf, &gen);
+    const Tensor dy = randn({4, 64, 384}, bf, &gen);
+    x.requires_grad_(true);
+    w.requires_grad_(true);
+    b.requires_grad_(true);
+    const Tensor y = fp8::linear(x, w, b, r, "bf16.layer");
+    y.backward(dy);
+    ASSERT_EQ(y.dtype(), DType::bf16);
+    ASSERT_EQ(x.grad().dtype(), DType::bf16);
+    ASSERT_EQ(w.grad().dtype(), DType::bf16);
+    const Tensor x2 = x.detach().reshape({256, 256}).to(DType::f32), w2 = w.detach().to(DType::f32);
+    const Tensor want_y = ops::add(fp8::quantized_matmul(x2, Operand::activation, w2, Operand::weight, r),
+                                   b.detach().to(DType::f32))
+                              .to(DType::bf16);
+    EXPECT_EQ(y.detach().reshape({256, 384}).to(DType::f32).to_vector<float>(), want_y.to(DType::f32).to_vector<float>())
+        << fp8::recipe_name(r);
+  }
+}
+
 // Note [FP8 guardrails]: a non-finite entry is reported with the layer and the operand whose cast
 // met it; finite tensors report nothing.
 TEST(Fp8Linear, NonFiniteAmaxIsReportedByLayerAndOperand) {

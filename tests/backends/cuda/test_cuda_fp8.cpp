@@ -195,7 +195,9 @@ TEST(CudaFp8, ScaledGemmsMatchTheDequantizedProducts) {
         Tensor d = empty({c.a.size(0), c.b_t.size(0)}, {.dtype = out, .device = kGpu});
         cuda::fp8_scaled_gemm(c.ga, c.gb, d);
         const double err = cuda_testing::rel_err(d.to(Device::cpu()).to(DType::f32), ref);
-        EXPECT_LE(err, out == DType::bf16 ? 4e-3 : 1e-4) << fp8::recipe_name(r) << " " << c.name << " -> " << dtype_name(out);
+        // (f32 out: the tensor cores' FP8 products accumulate with a few bits fewer than f32 between
+        // promotions: 1.2e-4 .. 3.0e-4 measured on an H100)
+        EXPECT_LE(err, out == DType::bf16 ? 4e-3 : 1e-3) << fp8::recipe_name(r) << " " << c.name << " -> " << dtype_name(out);
       }
     }
   }

@@ -64,11 +64,12 @@ __global__ void __launch_bounds__(256) amax_kernel(const T* __restrict__ x, int6
     for (int sp = 0; sp < nspec; ++sp) {
       const AmaxSpec& s = sp == 0 ? s0 : s1;
       if (s.gr == 1) {  // one group per row of the region: a warp's rows reduced over its lanes
+        const int64_t cg = c0 / s.gc;
 #pragma unroll
         for (int rq = 0; rq < 16; ++rq) {
           const unsigned m = __reduce_max_sync(0xffffffffu, row_max[rq]);
           const int64_t i = r0 + ty + 8 * rq;
-          if (tx == 0 && i < R) atomicMax(&s.table[i * s.ncg + c0 / s.gc], m);
+          if (tx == 0 && i < R) atomicMax(&s.table[i * s.ncg + cg], m);
         }
       } else if (s.gc == 1) {  // one group per column: the 8 warps' partial maxima
 #pragma unroll
@@ -116,64 +117,96 @@ struct CastSpec {
   float* inv = nullptr;
   const unsigned* amax = nullptr;
   int64_t gr = 1, gc = 1, ncg = 1;  // source groups (Note [FP8 cast groups])
+  int kind = 0;                     // within a 32 x 32 tile: 0 one group, 1 one per source row, 2 one per source column
   int mode = 0;                     // Fp8ScaleMode
   int64_t out_rows = 0;             // rows of this orientation's codes
   int64_t kb_pad = 0;               // blk128: ceil4(ceil(k / 128))
-  int64_t gro = 1, gco = 1;         // the groups in this orientation's coordinates
 };
 
-__device__ inline float scale_of(const CastSpec& s, int64_t i, int64_t j, float fmax) {
-  const float a = __uint_as_float(s.amax[(i / s.gr) * s.ncg + j / s.gc]);
+__device__ inline float scale_from(unsigned amax_bits, float fmax) {
+  const float a = __uint_as_float(amax_bits);
   return a == 0.0f ? 1.0f : (isfinite(a) ? fmax / a : __int_as_float(0x7fc00000));
 }
 
-// Note [FP8 GEMM scales]: the factor of the group that starts at (row, co) of this orientation.
+// Note [FP8 GEMM scales]: the factor of a group whose first entry is (row, co) of this orientation.
 __device__ inline void write_inv(const CastSpec& s, int64_t row, int64_t co, float scale) {
-  if (row % s.gro != 0 || co % s.gco != 0) return;
   int64_t at = 0;
   switch (s.mode) {
-    case 0: at = 0; break;                                        // scalar
-    case 1: at = row; break;                                      // outer
-    case 2: at = (co / 128) * s.out_rows + row; break;            // vec128
-    default: at = (row / 128) * s.kb_pad + co / 128; break;       // blk128
+    case 0: at = 0; break;                                  // scalar
+    case 1: at = row; break;                                // outer
+    case 2: at = (co >> 7) * s.out_rows + row; break;       // vec128
+    default: at = (row >> 7) * s.kb_pad + (co >> 7); break; // blk128
   }
   s.inv[at] = 1.0f / scale;
+}
+
+// A tile's scales of one orientation, into sc[]: per source row (kind 1: sc[r - r0]), per source
+// column (kind 2: sc[c - c0]) or one (kind 0: sc[0]); lane tx of the first warp computes entry tx,
+// and writes the factor of a group that starts in this tile. The groups are whole rows or columns
+// of the tile, or the whole tile (each dimension's group 1, a multiple of 128 or the whole
+// dimension; tiles start at multiples of 32), so no entry needs a division of its own.
+__device__ inline void tile_scales(const CastSpec& s, bool transposed, int64_t R, int64_t C, int64_t r0, int64_t c0,
+                                   int tx, float fmax, float* sc) {
+  const int64_t rg = s.gr == 1 ? 0 : r0 / s.gr, cg = s.gc == 1 ? 0 : c0 / s.gc;
+  int64_t i = r0, j = c0, at = 0;
+  bool start = false;
+  if (s.kind == 1) {  // row r0 + tx, its column group cg
+    i = r0 + tx;
+    if (i >= R) return;
+    at = i * s.ncg + cg;
+    start = c0 == cg * s.gc;
+  } else if (s.kind == 2) {  // column c0 + tx, its row group rg
+    j = c0 + tx;
+    if (j >= C) return;
+    at = rg * s.ncg + j;
+    start = r0 == rg * s.gr;
+  } else {
+    if (tx != 0) return;
+    at = rg * s.ncg + cg;
+    start = r0 == rg * s.gr && c0 == cg * s.gc;
+  }
+  const float scale = scale_from(s.amax[at], fmax);
+  sc[s.kind == 0 ? 0 : tx] = scale;
+  if (start) write_inv(s, transposed ? j : i, transposed ? i : j, scale);
 }
 
 template <class T>
 __global__ void __launch_bounds__(256) cast_kernel(const T* __restrict__ x, int64_t R, int64_t C, CastSpec plain,
                                                    CastSpec trans, float fmax, bool e5m2) {
   __shared__ float tile[kTile][kTile + 1];
+  __shared__ float sc_plain[kTile], sc_trans[kTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const int64_t tiles_c = (C + kTile - 1) / kTile;
   const int64_t tiles = ((R + kTile - 1) / kTile) * tiles_c;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t r0 = (t / tiles_c) * kTile, c0 = (t % tiles_c) * kTile;
+    if (ty == 0 && plain.codes) tile_scales(plain, false, R, C, r0, c0, tx, fmax, sc_plain);
+    if (ty == 1 && trans.codes) tile_scales(trans, true, R, C, r0, c0, tx, fmax, sc_trans);
+    __syncthreads();
 #pragma unroll
     for (int q = 0; q < kTile / 8; ++q) {
-      const int64_t i = r0 + ty + 8 * q, j = c0 + tx;
+      const int r = ty + 8 * q;
+      const int64_t i = r0 + r, j = c0 + tx;
       float v = 0.0f;
       if (i < R && j < C) {
         v = load(x, i * C + j);
         if (plain.codes) {
-          const float s = scale_of(plain, i, j, fmax);
+          const float s = sc_plain[plain.kind == 1 ? r : plain.kind == 2 ? tx : 0];
           plain.codes[i * C + j] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind));
-          write_inv(plain, i, j, s);
         }
       }
-      tile[ty + 8 * q][tx] = v;
+      tile[r][tx] = v;
     }
     if (trans.codes) {
       __syncthreads();
 #pragma unroll
       for (int q = 0; q < kTile / 8; ++q) {
-        const int64_t i = r0 + tx, j = c0 + ty + 8 * q;  // source (i, j) -> transposed (j, i)
+        const int c = ty + 8 * q;
+        const int64_t i = r0 + tx, j = c0 + c;  // source (i, j) -> transposed (j, i)
         if (i < R && j < C) {
-          const float v = tile[tx][ty + 8 * q];
-          const float s = scale_of(trans, i, j, fmax);
-          trans.codes[j * R + i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * s, __NV_SATFINITE, kind));
-          write_inv(trans, j, i, s);
+          const float s = sc_trans[trans.kind == 1 ? tx : trans.kind == 2 ? c : 0];
+          trans.codes[j * R + i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(tile[tx][c] * s, __NV_SATFINITE, kind));
         }
       }
     }
@@ -291,11 +324,10 @@ CastSpec cast_spec(const Tensor& x, const Tensor& amax, Fp8Groups g, Fp8ScaleMod
   s.gr = g.rows;
   s.gc = g.cols;
   s.ncg = ceil_div(C, g.cols);
+  s.kind = g.rows == 1 ? 1 : g.cols == 1 ? 2 : 0;
   s.mode = static_cast<int>(mode);
   s.out_rows = rows;
   s.kb_pad = kb_pad;
-  s.gro = gro;
-  s.gco = gco;
   return s;
 }
 
