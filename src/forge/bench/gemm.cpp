@@ -167,16 +167,7 @@ void measure(const GemmOptions& opt, GemmResult& r) {
                         : r.dtype == "fp8-blockwise" ? cuda::Fp8ScaleMode::vec128
                                                      : cuda::Fp8ScaleMode::scalar;
     const auto mode_b = r.dtype == "fp8-blockwise" ? cuda::Fp8ScaleMode::blk128 : mode_a;
-    const auto factors = [&](cuda::Fp8ScaleMode m, int64_t rows) -> int64_t {
-      const int64_t kb = (s.k + 127) / 128;
-      switch (m) {
-        case cuda::Fp8ScaleMode::scalar: return 1;
-        case cuda::Fp8ScaleMode::outer: return rows;
-        case cuda::Fp8ScaleMode::vec128: return kb * rows;
-        case cuda::Fp8ScaleMode::blk128: return (rows + 127) / 128 * ((kb + 3) / 4 * 4);
-      }
-      return 1;
-    };
+    const auto factors = [&](cuda::Fp8ScaleMode m, int64_t rows) { return cuda::fp8_factor_count(m, rows, s.k); };
     const Tensor fa = fp8 ? ones({factors(mode_a, s.m)}, {.dtype = DType::f32, .device = opt.device}) : Tensor();
     const Tensor fb = fp8 ? ones({factors(mode_b, s.n)}, {.dtype = DType::f32, .device = opt.device}) : Tensor();
     const std::function<void()> run = [&] {

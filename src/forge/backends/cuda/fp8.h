@@ -55,6 +55,20 @@ Tensor fp8_group_amax(const Tensor& x, Fp8Groups g, float* slot = nullptr);
 // Both tables of two groupings in one pass over x (a rowwise operand's rows and columns).
 void fp8_group_amax2(const Tensor& x, Fp8Groups g0, Tensor& amax0, Fp8Groups g1, Tensor& amax1, float* slot = nullptr);
 
+// How many factors an operand of `rows` rows and reduction length `k` has in `mode`'s layout
+// (Note [FP8 GEMM scales]): 1, rows, ceil(k / 128) rows, or ceil(rows / 128) ceil4(ceil(k / 128)).
+// Plain arithmetic: defined inline, usable without a GPU.
+inline int64_t fp8_factor_count(Fp8ScaleMode mode, int64_t rows, int64_t k) {
+  const int64_t kb = (k + 127) / 128;
+  switch (mode) {
+    case Fp8ScaleMode::scalar: return 1;
+    case Fp8ScaleMode::outer: return rows;
+    case Fp8ScaleMode::vec128: return kb * rows;
+    case Fp8ScaleMode::blk128: return (rows + 127) / 128 * ((kb + 3) / 4 * 4);
+  }
+  return 1;
+}
+
 // An operand of fp8_scaled_gemm: codes (rows, k), u8 bit patterns of `format`, k contiguous, and
 // the dequantisation factors in `mode`'s layout (Note [FP8 GEMM scales]).
 struct Fp8Operand {

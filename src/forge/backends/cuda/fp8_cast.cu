@@ -295,20 +295,18 @@ CastSpec cast_spec(const Tensor& x, const Tensor& amax, Fp8Groups g, Fp8ScaleMod
     case Fp8ScaleMode::outer:
       FORGE_CHECK(gro == 1 && gco == k, "fp8 cast: outer factors need one group per row of the ",
                   transposed ? "transposed " : "", "codes, got groups ", g.rows, " x ", g.cols, " of ", x.shape());
-      inv_n = rows;
       break;
     case Fp8ScaleMode::vec128:
       FORGE_CHECK(gro == 1 && (transposed ? g.rows : g.cols) == 128, "fp8 cast: vec128 factors need 1 x 128 groups of the ",
                   transposed ? "transposed " : "", "codes, got ", g.rows, " x ", g.cols, " of ", x.shape());
-      inv_n = ceil_div(k, 128) * rows;
       break;
     case Fp8ScaleMode::blk128:
       FORGE_CHECK(g.rows == 128 && g.cols == 128, "fp8 cast: blk128 factors need 128 x 128 groups, got ", g.rows,
                   " x ", g.cols);
       kb_pad = (ceil_div(k, 128) + 3) / 4 * 4;
-      inv_n = ceil_div(rows, 128) * kb_pad;
       break;
   }
+  inv_n = fp8_factor_count(mode, rows, k);
   const int device = x.device().index;
   out.codes = blas::device_empty(device, {rows, k}, DType::u8);
   out.inv_scales = blas::device_empty(device, {inv_n}, DType::f32);

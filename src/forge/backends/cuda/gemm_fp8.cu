@@ -319,15 +319,7 @@ void fp8_scaled_gemm(const Fp8Operand& a, const Fp8Operand& b_t, Tensor& d) {
   FORGE_CHECK(m <= kInt && n <= kInt && k <= kInt, "fp8 gemm: sizes exceed cuBLASLt's 32-bit range: m=", m, " n=", n,
               " k=", k);
   // Note [FP8 GEMM scales]: the factors each mode reads.
-  const auto factors = [&](const Fp8Operand& o, int64_t rows) -> int64_t {
-    switch (o.mode) {
-      case Fp8ScaleMode::scalar: return 1;
-      case Fp8ScaleMode::outer: return rows;
-      case Fp8ScaleMode::vec128: return (k + 127) / 128 * rows;
-      case Fp8ScaleMode::blk128: return (rows + 127) / 128 * (((k + 127) / 128 + 3) / 4 * 4);
-    }
-    return 1;
-  };
+  const auto factors = [&](const Fp8Operand& o, int64_t rows) { return fp8_factor_count(o.mode, rows, k); };
   FORGE_CHECK(a.inv_scales.numel() == factors(a, m) && b_t.inv_scales.numel() == factors(b_t, n),
               "fp8 gemm: a's ", mode_name(a.mode), " factors must number ", factors(a, m), " (got ", a.inv_scales.numel(),
               ") and b_t's ", mode_name(b_t.mode), " ", factors(b_t, n), " (got ", b_t.inv_scales.numel(), ")");
