@@ -635,8 +635,8 @@ Tensor linear_on_device(const Tensor& x, const Tensor& w, const Tensor& b, Recip
   }
   const TensorList inputs = b.defined() ? TensorList{x, w, b} : TensorList{x, w};
   if (!autograd::any_requires_grad(inputs)) return y;
-  // Saved for the backward: the transposed codes only (x^T and w^T in FP8: a quarter of x's and w's
-  // bf16 bytes... half).
+  // Saved for the backward: the transposed FP8 codes of x and w only (a byte an entry: half of a bf16
+  // x's bytes; no copy of x itself).
   autograd::record("fp8_linear", y, inputs,
                    [xt = qx.trans, wt = qw.trans, recipe, x_shape = x.shape(), xd = x.dtype(), wdt = w.dtype(),
                     has_bias = b.defined(), bias_dtype = b.defined() ? b.dtype() : DType::f32, m, n, k,
