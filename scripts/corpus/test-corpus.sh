@@ -60,6 +60,13 @@ s = json.load(open(sys.argv[1]))
 assert s["bounds_met"] and abs(s["final_rel"]) < 1e-4, s
 print(f"test-corpus: convergence smoke ({sys.argv[2]}): final validation loss {s['final_rel']:+.2e} relative, bounds met")
 PY
+    # The A/B table (benchmarks/convergence/ab_windows.py): the same f32 run on both sides parts by
+    # nothing in any window.
+    "$TORCH_PYTHON" "$(dirname "$R")/ab_windows.py" --run "forge=$T/conv_$model/forge/metrics.jsonl" \
+      --ref "PyTorch=$T/conv_$model/ref_eager.jsonl" --window 5 --after 5 > "$T/ab.md" ||
+      fail "ab_windows.py on the smoke runs ($model)"
+    grep -Eq '^\| mean after step 5 \| \*\*[+-]0\.00[0-9]\*\*' "$T/ab.md" ||
+      { cat "$T/ab.md" >&2; fail "ab_windows.py: forge and PyTorch in f32 differ by 0.01% or more ($model)"; }
   done
 fi
 
