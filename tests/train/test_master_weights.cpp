@@ -47,7 +47,7 @@ class MasterWeights : public ::testing::Test {
 };
 
 // The names of the optimizer's slots (state.<k>.*) of a single-process run: its parameters in
-// the order of optim::decay_groups, as SingleProcess builds its optimizer.
+// the order of optim::decay_groups, as the one-process executor's (DDP's) optimizer keeps them.
 std::vector<std::string> slot_names(const RunConfig& c) {
   const LanguageModel m = build_language_model(c);
   std::unordered_map<const TensorImpl*, std::string> name_of;

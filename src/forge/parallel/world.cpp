@@ -4,8 +4,8 @@
 // Note [world of one]: a CPU world of one process that no MPI launcher started does not
 // initialise MPI at all (a singleton MPI_Init would work with Open MPI but forks helper
 // daemons, needs the MPI runtime installed and usable where forge runs, and is slow to start).
-// It is a "self" group: every collective is complete at once (a copy where output and input
-// are different memory), and send/recv are refused as they are for any rank sending to itself.
+// It is a "self" group (self_group.h): every collective is complete at once (a copy where output
+// and input are different memory), and send/recv are refused as for any rank sending to itself.
 // Under `mpirun -np 1` the world is a real MPI group of one. A CUDA world of one is an NCCL
 // communicator of one rank (its id made locally), so its operations run on its stream as
 // in a larger world.
@@ -17,12 +17,11 @@
 #include <mutex>
 #include <string>
 
-#include "forge/autograd/grad_mode.h"
 #include "forge/core/error.h"
-#include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
 #include "forge/parallel/mpi_group.h"
 #include "forge/parallel/rendezvous.h"
+#include "forge/parallel/self_group.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/parallel/nccl_group.h"
 #endif
@@ -30,83 +29,6 @@
 namespace forge::parallel {
 
 namespace {
-
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  void synchronize() override {}
-  bool is_completed() override { return true; }
-};
-
-class SelfGroup final : public ProcessGroup {
- public:
-  SelfGroup() : ProcessGroup(0, 1) {}
-  std::string backend() const override { return "self"; }
-  Device device() const override { return Device::cpu(); }
-
-  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
-    detail::check_tensor(*this, "all_reduce", "t", t);
-    detail::check_reduce_op("all_reduce", op, t.dtype());
-    return done();  // avg divides by 1
-  }
-  WorkPtr reduce(const Tensor& t, int root, ReduceOp op) override {
-    detail::check_rank(*this, "reduce", "root", root);
-    detail::check_tensor(*this, "reduce", "t", t);
-    detail::check_reduce_op("reduce", op, t.dtype());
-    return done();
-  }
-  WorkPtr broadcast(const Tensor& t, int root) override {
-    detail::check_rank(*this, "broadcast", "root", root);
-    detail::check_tensor(*this, "broadcast", "t", t);
-    return done();
-  }
-  WorkPtr all_gather(const Tensor& output, const Tensor& input) override {
-    detail::check_all_gather(*this, output, input);
-    return copy(output, input);
-  }
-  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
-    detail::check_reduce_scatter(*this, output, input, op);
-    return copy(output, input);
-  }
-  WorkPtr gather(const Tensor& output, const Tensor& input, int root) override {
-    detail::check_gather(*this, output, input, root);
-    return copy(output, input);
-  }
-  WorkPtr scatter(const Tensor& output, const Tensor& input, int root) override {
-    detail::check_scatter(*this, output, input, root);
-    return copy(output, input);
-  }
-  WorkPtr all_to_all(const Tensor& output, const Tensor& input) override {
-    detail::check_all_to_all(*this, output, input);
-    return copy(output, input);
-  }
-  WorkPtr send(const Tensor& t, int dst, int) override {
-    detail::check_peer(*this, "send", "dst", dst);  // always throws: the only rank is this one
-    detail::check_tensor(*this, "send", "t", t);
-    return done();
-  }
-  WorkPtr recv(const Tensor& t, int src, int) override {
-    detail::check_peer(*this, "recv", "src", src);
-    detail::check_tensor(*this, "recv", "t", t);
-    return done();
-  }
-  WorkPtr barrier() override { return done(); }
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override {
-    detail::check_group_ranks(*this, ranks);
-    return std::make_shared<SelfGroup>();
-  }
-
- private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
-  static WorkPtr copy(const Tensor& output, const Tensor& input) {
-    if (output.data_ptr() != input.data_ptr()) {
-      NoGradGuard ng;
-      Tensor out = output.detach().reshape({output.numel()});
-      ops::copy_(out, input.detach().reshape({input.numel()}));
-    }
-    return done();
-  }
-};
 
 std::mutex g_mutex;
 ProcessGroupPtr g_world;
@@ -129,7 +51,7 @@ void check_mpi_matches(const LaunchEnv& env) {
 
 ProcessGroupPtr make_cpu_world(const LaunchEnv& env) {
   if (env.uses_mpi()) return mpi::make_world_group();
-  if (env.world_size == 1) return std::make_shared<SelfGroup>();
+  if (env.world_size == 1) return self_group(Device::cpu());
   FORGE_THROW("init_world: a CPU world of ", env.world_size, " ranks (started by ", launcher_name(env.launcher),
               ") needs MPI: start it with `mpirun -np ", env.world_size,
               " ...` (forge launch starts CPU ranks through mpirun), or train on CUDA devices (NCCL)");

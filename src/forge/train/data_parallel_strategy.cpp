@@ -1,5 +1,7 @@
-// DataParallelStrategy: DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group of
-// the mesh, on parallel::DataParallel (parallel/data_parallel.h: gradient buckets reduced while backward
+// DataParallelStrategy: the executor of every layout without pipeline stages: one process (a
+// data-parallel group of one, Note [one process is a data-parallel group of one] in
+// parallel/self_group.h), DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group of
+// the mesh, with tensor and context parallelism, on parallel::DataParallel (parallel/data_parallel.h: gradient buckets reduced while backward
 // runs, the optimizer state sharded by parameter ranges, block parameters sharded and gathered
 // around each block). Its step:
 //   for each micro-batch k: this rank's rows (dp_rank * b .. + b of the global micro-batch of
@@ -40,7 +42,7 @@ class DataParallelStrategy final : public Strategy {
  public:
   DataParallelStrategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
-      : cfg_(cfg), layout_(layout), model_(model), device_(model.device()) {
+      : cfg_(cfg), layout_(layout), model_(model), device_(model.device()), solo_(!needs_process_group(layout)) {
     group_ = strategy_detail::data_parallel_group(mesh);  // (dp x cp: Note [context-parallel sequence layout])
     dp_rank_ = mesh.dp_rank();
     dp_size_ = mesh.dp();
@@ -68,6 +70,7 @@ class DataParallelStrategy final : public Strategy {
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
+    if (solo_) return;  // (one process: nothing to say beyond describe())
     const parallel::LaunchEnv env = parallel::launch_env();
     if (split_) log << "mesh: " << mesh.describe() << "\n";
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
@@ -90,7 +93,9 @@ class DataParallelStrategy final : public Strategy {
     dp_->seed_masters(f32_of);
   }
 
-  std::string describe() const override { return "layout: " + layout_.describe(); }
+  std::string describe() const override {
+    return solo_ ? "layout: one process on " + device_.str() : "layout: " + layout_.describe();
+  }
 
   Tensor train_step(const std::vector<data::Batch>& micro_batches, double lr, PhaseMarks& phases) override {
     dp_->set_lr(lr);
@@ -188,6 +193,14 @@ class DataParallelStrategy final : public Strategy {
   // DDP, ZeRO-1 and -2 without tensor parallelism (the others gather first: not reserved).
   std::vector<size_t> checkpoint_host_bytes() const override {
     std::vector<size_t> bytes;
+    if (solo_) {  // the model and the whole optimizer's state (snapshot_solo)
+      auto add = [&](const Tensor& t) {
+        if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
+      };
+      for (const auto& [name, t] : model_.module->state_dict()) add(t);
+      for (const auto& [name, t] : dp_->local_optimizer()->state_dict().tensors) add(t);
+      return bytes;
+    }
     if (split_ || dp_->options().sharding.parameters()) return bytes;
     auto add = [&](const Tensor& t) {
       if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
@@ -203,6 +216,7 @@ class DataParallelStrategy final : public Strategy {
 
   CheckpointJob snapshot_checkpoint(const fs::path& run_dir, int64_t step, const RunState& state,
                                     int64_t keep_last) override {
+    if (solo_) return snapshot_solo(run_dir, step, state, keep_last);
     parallel::ProcessGroup& pg = *dp_->group();
     // The job's rank 0 (under tensor parallelism the data-parallel group's rank 0 is one per
     // tensor-parallel rank).
@@ -292,10 +306,32 @@ class DataParallelStrategy final : public Strategy {
   }
 
  private:
+  // One process's checkpoint: the whole optimizer's state in optimizer.safetensors ("state.<k>.<name>",
+  // slot k over decay_groups' order, which DDP's optimizer keeps), the loss scale in
+  // extra.loss_scaler; no staging directory, no shard files. Any layout resumes it (Note [resharding]).
+  CheckpointJob snapshot_solo(const fs::path& run_dir, int64_t step, const RunState& state, int64_t keep_last) {
+    optim::Optimizer& opt = *dp_->local_optimizer();
+    CheckpointJob job = checkpoint_job(run_dir, step, keep_last);
+    io::CheckpointData d;
+    d.step = step;
+    d.model = strategy_detail::host_copies(model_.module->state_dict(), job.host_bytes);
+    const optim::StateDict sd = opt.state_dict();
+    d.optimizer = strategy_detail::host_copies({sd.tensors.begin(), sd.tensors.end()}, job.host_bytes);
+    io::capture_rng(d);
+    d.data_loader = json::parse(state.sampler.to_json());
+    d.config = state.config;
+    d.extra = state.extra;
+    d.extra["optimizer"] = {{"name", opt.name()}, {"scalars", sd.scalars}};
+    if (scaler_) d.extra["loss_scaler"] = scaler_->state_dict().scalars;
+    job.publish = std::move(d);
+    return job;
+  }
+
   const RunConfig cfg_;
   const parallel::Layout layout_;
   Model& model_;
   Device device_;
+  const bool solo_;  // one process without ZeRO (Note [one process is a data-parallel group of one])
   parallel::ProcessGroupPtr group_;     // the gradients' reduction: data x context parallel
   int64_t dp_rank_ = 0, dp_size_ = 1;  // this rank's model replica (its rows of each micro-batch)
   parallel::ProcessGroupPtr cp_group_;  // context parallelism: the ranks sharing each sequence (or null)

@@ -202,7 +202,6 @@ Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* 
 
 }  // namespace strategy_detail
 
-std::unique_ptr<Strategy> make_single_process(const RunConfig& cfg, Model& model, DType dtype);
 std::unique_ptr<Strategy> make_data_parallel(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                              Model& model, DType dtype, std::ostream& log);
 std::unique_ptr<Strategy> make_pipeline(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
@@ -214,9 +213,8 @@ std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const parallel::La
                                         Model& model, DType dtype, std::ostream& log) {
   // Pipeline parallelism (with data parallelism on each stage's group).
   if (layout.pp > 1) return make_pipeline(cfg, layout, mesh, model, dtype, log);
-  // Note [data-parallel runs] (strategy.h).
-  if (needs_process_group(layout)) return make_data_parallel(cfg, layout, mesh, model, dtype, log);
-  return make_single_process(cfg, model, dtype);
+  // Every other layout, one process included (Note [data-parallel runs], strategy.h).
+  return make_data_parallel(cfg, layout, mesh, model, dtype, log);
 }
 
 }  // namespace forge::train

@@ -20,10 +20,12 @@
 //   - evaluation (who evaluates, and how: ZeRO-3's forward is collective);
 //   - checkpoint save/load in the shared format (run/run_checkpoint.h), so any layout resumes
 //     any other.
-// Implementations (make_strategy picks one from the layout):
-//   SingleProcess        one process, no dist (train/single_process.cpp)
-//   DataParallelStrategy DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the data-parallel group, on
-//                        parallel::DataParallel, and tensor parallelism on a split model
+// Two executors (make_strategy picks one from the layout):
+//   DataParallelStrategy every layout without pipeline stages: one process (a data-parallel group
+//                        of one, Note [one process is a data-parallel group of one] in
+//                        parallel/self_group.h), DDP, ZeRO-1/2 (+ offload) and ZeRO-3 over the
+//                        data-parallel group, on parallel::DataParallel, with tensor parallelism on
+//                        a split model and context parallelism
 //                        (train/data_parallel_strategy.cpp, train/tensor_parallel_model.h)
 //   PipelineStrategy     pipeline parallelism with DDP / ZeRO-1/2 on each stage's data-parallel
 //                        group (train/pipeline_strategy.cpp, train/pipeline_model.h)
@@ -139,9 +141,10 @@ class Strategy {
 // The strategy of `layout` over `model` (on its device, in its dtype, weights final).
 // Note [data-parallel runs]: a job of several ranks, or ZeRO on a world of one (so its sharded
 // code paths run, and can be tested, on one process), trains through DataParallelStrategy on the
-// mesh's data-parallel group; one process without ZeRO trains through SingleProcess, without a
-// process group or MPI. Both write checkpoints in the one format (Note [resharding]), so a run
-// moves between them on --resume. `log` gets what rank 0 should say.
+// mesh's data-parallel group of the world (MPI or NCCL); one process without ZeRO trains through
+// the same executor over a self group (no MPI, no NCCL: parallel/self_group.h), and writes one
+// process's checkpoint format. Every format reads back under any layout (Note [resharding]), so
+// a run moves between them on --resume. `log` gets what rank 0 should say.
 std::unique_ptr<Strategy> make_strategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh,
                                         Model& model, DType dtype, std::ostream& log);
 

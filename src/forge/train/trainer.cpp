@@ -37,6 +37,7 @@
 #include "forge/parallel/env.h"
 #include "forge/parallel/mesh.h"
 #include "forge/parallel/numa.h"
+#include "forge/parallel/self_group.h"
 #include "forge/parallel/world.h"
 #include "forge/telemetry/metrics.h"
 #include "forge/telemetry/mfu.h"
@@ -222,6 +223,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     }
     pg = parallel::world() ? parallel::world() : parallel::init_world(denv, device);
     mesh.attach(pg);
+  } else {
+    mesh.attach(parallel::self_group(device));  // Note [one process is a data-parallel group of one]
   }
   set_fp8_amax_group(fp8_delayed ? pg : nullptr);  // Note [FP8 delayed scaling] under data parallelism
   // Rank 0 prepares the task's shared files (tokenizer, shards) first; the other ranks wait for it,

@@ -9,7 +9,7 @@
 //   task          Task: what a kind of model changes (language_task: GPT/LLaMA; image_task: LeNet)
 //   run_data      tokenizer, token shards, random tokens, the bigram baseline
 //   model, language_model  what the loop and strategies need of a model; GPT / LLaMA behind it
-//   strategy      Strategy: what a parallel layout changes (single_process, data_parallel_strategy)
+//   strategy      Strategy: what a parallel layout changes (data_parallel_strategy, pipeline_strategy)
 //   run_checkpoint  checkpoint plumbing every layout shares (optimizer slots, ranged state)
 //   phase_marks   FORGE_TRAIN_PHASES
 //   train_result  TrainResult
