@@ -12,12 +12,15 @@
 #include "forge/io/output_guard.h"
 #include "forge/bench/attention.h"
 #include "forge/bench/burn.h"
+#include "forge/bench/calibrate.h"
 #include "forge/bench/collectives.h"
 #include "forge/bench/gemm.h"
 #include "forge/bench/layer.h"
 #include "forge/bench/memory.h"
 #include "forge/bench/roofline.h"
 #include "forge/core/error.h"
+#include "forge/io/atomic_file.h"
+#include "forge/plan/gpu_profile.h"
 
 namespace forge::app {
 
@@ -459,6 +462,46 @@ int run_collectives_command() {
   return 0;
 }
 
+// ---- calibrate ----------------------------------------------------------------------------------
+
+struct CalibrateArgs {
+  std::string device = "auto";
+  std::string out;
+  std::string gpu;
+  std::vector<std::string> mnk;
+  int repeats = 20;
+  bool quick = false, force = false;
+};
+CalibrateArgs g_calibrate;
+
+bool is_profile_json(std::string_view head) { return head.find("\"memory_gbs\"") != std::string_view::npos; }
+
+int run_calibrate_command() {
+  FORGE_CHECK(!g_calibrate.out.empty(), "bench calibrate: --out FILE is required (the profile's JSON)");
+  // Note [nothing deletes what it did not write]: checked before the measurements.
+  io::check_output_file(g_calibrate.out, "bench calibrate: --out", is_profile_json, g_calibrate.force);
+  bench::CalibrateOptions o;
+  o.device = parse_device(g_calibrate.device);
+  for (const auto& s : g_calibrate.mnk) o.extra.push_back(bench::parse_mnk(s));
+  o.repeats = g_calibrate.repeats;
+  o.quick = g_calibrate.quick;
+  const plan::GpuProfile p = bench::calibrate(o, g_calibrate.gpu);
+  io::write_file_atomic(g_calibrate.out, plan::to_json(p).dump(2) + "\n");
+  const plan::GemmEfficiency& e = p.gemm.at(plan::Precision::bf16);
+  std::printf("forge bench calibrate: %s (%s, %lld SMs)\n", p.gpu.c_str(), p.measured_on.c_str(),
+              static_cast<long long>(p.sms));
+  for (const auto& [prec, g] : p.gemm)
+    std::printf("  GEMM %-5s sustained %7.1f TFLOP/s, k_half %4.0f (%zu shapes)\n", plan::precision_name(prec),
+                g.sustained_tflops, g.k_half, g.points.size());
+  for (const auto& a : p.attention)
+    std::printf("  attention T %5lld head %3lld: %6.1f fwd, %6.1f bwd TFLOP/s\n", static_cast<long long>(a.seq),
+                static_cast<long long>(a.head_dim), a.fwd_tflops, a.bwd_tflops);
+  std::printf("  copies %.0f GB/s\nwrote %s: forge plan --gpu %s --profile %s\n", p.memory_gbs, g_calibrate.out.c_str(),
+              p.gpu.c_str(), g_calibrate.out.c_str());
+  (void)e;
+  return 0;
+}
+
 }  // namespace
 
 CLI::App* add_bench_command(CLI::App& app) {
@@ -572,6 +615,20 @@ CLI::App* add_bench_command(CLI::App& app) {
   coll->add_option("--warmup", g_coll.warmup, "untimed operations first")->capture_default_str()->check(CLI::NonNegativeNumber);
   coll->add_flag("--json", g_coll.json, "print one JSON object instead of the table (rank 0)");
   coll->footer("Run under forge launch or mpirun for several ranks. Method and columns: docs/bench.md.");
+
+  auto* cal = bench->add_subcommand(
+      "calibrate", "an efficiency profile of this GPU (GEMMs, attention, copies) for forge plan --profile");
+  cal->add_option("--device", g_calibrate.device, "auto (the first GPU), cuda or cuda:N")->capture_default_str();
+  cal->add_option("--out", g_calibrate.out, "the profile's JSON file (required)")->required();
+  cal->add_option("--gpu", g_calibrate.gpu, "the catalogue entry this GPU is (default: recognised from its name)");
+  cal->add_option("--mnk", g_calibrate.mnk, "a GEMM shape MxNxK measured besides the grid (repeatable), e.g. a model's own")
+      ->check(parser_check([](const std::string& s) { bench::parse_mnk(s); }, "MxNxK"));
+  cal->add_option("--repeats", g_calibrate.repeats, "timed runs per measurement (the median is kept)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cal->add_flag("--quick", g_calibrate.quick, "a small grid (a first look; the shipped profiles use the full one)");
+  cal->add_flag("--force", g_calibrate.force, "replace --out even if it is not a profile this command wrote");
+  cal->footer("What is measured and how forge plan uses it: docs/plan.md (Efficiency profiles).");
   return bench;
 }
 
@@ -583,6 +640,7 @@ int run_bench(const CLI::App& bench) {
   if (bench.get_subcommand("roofline")->parsed()) return run_roofline_command();
   if (bench.get_subcommand("burn")->parsed()) return run_burn_command();
   if (bench.get_subcommand("collectives")->parsed()) return run_collectives_command();
+  if (bench.get_subcommand("calibrate")->parsed()) return run_calibrate_command();
   std::cerr << bench.help();
   return 2;
 }

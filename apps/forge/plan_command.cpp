@@ -39,6 +39,7 @@ struct PlanArgs {
   std::string gpu;
   int64_t gpus = 0, gpus_per_node = 8;
   double nvlink = 0, pcie = 0, ib = 25, link_efficiency = 0.8, host_bw = 25, peak_tflops = 0, mfu = 0.4;
+  std::string profile;  // --profile
   // training
   std::string precision, optimizer = "adamw", activations, attention = "flash", checkpointing, schedule = "1f1b";
   bool dropout = false;
@@ -207,7 +208,12 @@ CLI::App* add_plan_command(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--host-bw", a.host_bw, "host memory GB/s per GPU for an offloaded optimizer")->capture_default_str();
   c->add_option("--peak-tflops", a.peak_tflops, "override the device's dense peak (TFLOP/s) for the precision");
-  c->add_option("--mfu", a.mfu, "utilisation of the compute: model FLOPs / peak while computing")->capture_default_str();
+  c->add_option("--mfu", a.mfu,
+                "plan the compute at this utilisation (model FLOPs / peak) instead of the GPU's efficiency profile")
+      ->capture_default_str();
+  c->add_option("--profile", a.profile,
+                "an efficiency profile (JSON from forge bench calibrate) to price each kernel, or none; default: the "
+                "GPU's shipped profile (forge plan --list-gpus says which ship)");
 
   c->add_option("--precision", a.precision, "fp32, tf32, bf16, fp16 or fp8 (default: bf16 on GPUs, fp32 on the CPU)");
   c->add_option("--optimizer", a.optimizer, "adamw or sgd (with momentum)")->capture_default_str();
@@ -265,7 +271,8 @@ int run_plan(const std::vector<std::string>& overrides) {
                                {"fp16_tflops", g.fp16_tflops},     {"fp8_tflops", g.fp8_tflops},
                                {"nvlink_gbs", g.nvlink_gbs},       {"pcie_gbs", g.pcie_gbs},
                                {"tdp_w", g.tdp_w},                 {"rent_per_hour", g.rent_per_hour},
-                               {"price_usd", g.price_usd},         {"source", g.source}});
+                               {"price_usd", g.price_usd},         {"source", g.source},
+                               {"profile", shipped_profile(g) ? to_json(*shipped_profile(g)) : nlohmann::json(nullptr)}});
       }
       if (a.list_models) {
         for (const auto& p : presets())
@@ -447,6 +454,16 @@ int run_plan(const std::vector<std::string>& overrides) {
   // ---- training -------------------------------------------------------------------------------
   in.model = m;
   in.mfu = a.mfu;
+  // Note [efficiency profiles]: --profile FILE (forge bench calibrate's), else the GPU's shipped
+  // profile unless --mfu or --peak-tflops asks for the single-utilisation model (or none ships).
+  if (!a.profile.empty() && normalize_name(a.profile) != "none") {
+    FORGE_CHECK(!on_cpu, "--profile: the CPU is planned at its measured f32 peak and --mfu, not from a GPU profile");
+    in.profile = read_profile(a.profile);
+    FORGE_CHECK(in.profile->gpu == gpu.name, "--profile '", a.profile, "' describes the ", in.profile->gpu,
+                ", not the ", gpu.name, " being planned; pass --gpu for its GPU");
+  } else if (a.profile.empty() && !on_cpu && !a.given("--mfu") && a.peak_tflops <= 0) {
+    if (const GpuProfile* p = shipped_profile(gpu)) in.profile = *p;
+  }
   in.setup.optimizer = parse_optimizer(a.optimizer);
   if (!a.activations.empty()) {
     const std::string n = normalize_name(a.activations);

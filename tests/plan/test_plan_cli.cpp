@@ -158,5 +158,44 @@ TEST_F(PlanCli, BadInputIsAClearError) {
   EXPECT_EQ(r.status, 2) << r.out;
 }
 
+// Note [efficiency profiles]: a GPU plan prices each kernel from the GPU's shipped profile by
+// default; --mfu (or --profile none) plans at one utilisation; --profile FILE reads forge bench
+// calibrate's JSON, which must describe the GPU planned.
+TEST_F(PlanCli, TheDefaultIsTheGpusEfficiencyProfile) {
+  const auto p = json_of({"plan", "gpt2", "--gpu", "h100", "--batch", "16", "--tokens", "1B", "--json"});
+  EXPECT_EQ(p["training"]["efficiency"]["model"], "profile");
+  EXPECT_EQ(p["training"]["efficiency"]["profile"], "H100 SXM");
+  EXPECT_GT(p["time"]["gemm"].get<double>(), 0);
+  const auto m = json_of({"plan", "gpt2", "--gpu", "h100", "--batch", "16", "--tokens", "1B", "--mfu", "0.4", "--json"});
+  EXPECT_EQ(m["training"]["efficiency"]["model"], "mfu");
+  EXPECT_EQ(m["time"]["gemm"].get<double>(), 0);
+  const auto n = json_of({"plan", "gpt2", "--gpu", "h100", "--batch", "16", "--tokens", "1B", "--profile", "none", "--json"});
+  EXPECT_DOUBLE_EQ(n["time"]["step"].get<double>(), m["time"]["step"].get<double>());
+  // A profile file: the shipped A100's, written out, read back for the A100; refused for the H100.
+  const auto gpus = json_of({"plan", "--list-gpus", "--json"});
+  nlohmann::json a100;
+  for (const auto& g : gpus["gpus"])
+    if (g["name"] == "A100 SXM 80GB") a100 = g["profile"];
+  ASSERT_TRUE(a100.is_object());
+  const fs::path file = fs::temp_directory_path() / ("forge_profile_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << a100.dump();
+  const auto f = json_of({"plan", "gpt2", "--gpu", "a100-80gb", "--batch", "16", "--tokens", "1B", "--profile",
+                          file.string(), "--json"});
+  const auto d = json_of({"plan", "gpt2", "--gpu", "a100-80gb", "--batch", "16", "--tokens", "1B", "--json"});
+  EXPECT_DOUBLE_EQ(f["time"]["step"].get<double>(), d["time"]["step"].get<double>());
+  const CliRun wrong = run_forge({"plan", "gpt2", "--gpu", "h100", "--profile", file.string()});
+  EXPECT_NE(wrong.status, 0);
+  EXPECT_NE(wrong.out.find("A100 SXM 80GB"), std::string::npos) << wrong.out;
+  std::ofstream(file) << "{\"gpu\": \"H100 SXM\"}";
+  const CliRun bad = run_forge({"plan", "gpt2", "--gpu", "h100", "--profile", file.string()});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("sms"), std::string::npos) << bad.out;
+  fs::remove(file);
+  const CliRun cpu = run_forge({"bench", "calibrate", "--device", "cpu", "--out", file.string()});
+  EXPECT_NE(cpu.status, 0);
+  EXPECT_NE(cpu.out.find("describe GPUs"), std::string::npos) << cpu.out;
+  EXPECT_FALSE(fs::exists(file));
+}
+
 }  // namespace
 }  // namespace forge::plan

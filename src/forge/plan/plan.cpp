@@ -151,7 +151,7 @@ PlanResult evaluate_layout(const PlanInput& in, const Layout& l) {
   r.flops = flops_per_token(in.model);
   r.total_flops = in.tokens * r.flops.model;
   r.memory = memory_per_gpu(in.model, in.setup, l, in.cluster.gpu.memory_gb * 1e9);
-  r.time = step_time(in.model, in.setup, l, in.cluster, in.mfu, in.tokens);
+  r.time = step_time(in.model, in.setup, l, in.cluster, in.mfu, in.tokens, in.profile ? &*in.profile : nullptr);
   r.cost = run_cost(in.cost, r.time.gpu_hours, l.gpus(), in.cluster.gpus_per_node, in.cluster.gpu.tdp_w);
   return r;
 }
@@ -310,7 +310,11 @@ json plan_json(const PlanInput& in, const PlanResult& r) {
                    {"global_batch", in.global_batch},
                    {"seq_len", m.seq_len},
                    {"tokens_per_step", t.tokens_per_step},
-                   {"mfu", in.mfu},
+                   {"mfu", in.profile ? nlohmann::json(nullptr) : nlohmann::json(in.mfu)},
+                   {"efficiency", in.profile ? nlohmann::json{{"model", "profile"}, {"profile", in.profile->gpu},
+                                                              {"measured_on", in.profile->measured_on},
+                                                              {"source", in.profile->source}}
+                                             : nlohmann::json{{"model", "mfu"}, {"mfu", in.mfu}}},
                    {"activation_model", activation_model_name(in.setup.activations.model)},
                    {"attention", attention_name(in.setup.activations.attention)},
                    {"dropout", in.setup.activations.dropout}};
@@ -363,6 +367,9 @@ json plan_json(const PlanInput& in, const PlanResult& r) {
                {"dp_exposed", t.dp_exposed},
                {"optimizer", t.optimizer},
                {"offload", t.offload},
+               {"gemm", t.gemm},
+               {"attention", t.attention},
+               {"memory_bound", t.memory_bound},
                {"step", t.step},
                {"tokens_per_step", t.tokens_per_step},
                {"tokens_per_s", t.tokens_per_s},

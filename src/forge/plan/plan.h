@@ -20,6 +20,7 @@
 
 #include "forge/plan/cost.h"
 #include "forge/plan/gpu_catalog.h"
+#include "forge/plan/gpu_profile.h"
 #include "forge/plan/memory_model.h"
 #include "forge/plan/model_spec.h"
 #include "forge/plan/time_model.h"
@@ -34,6 +35,9 @@ struct PlanInput {
   Cluster cluster;
   Layout layout;
   double mfu = 0.4;             // utilisation of the compute (model FLOPs / peak while computing)
+  // Note [efficiency profiles]: when set, each kernel of the step is priced from the profile and
+  // `mfu` is not used (forge plan's default on a GPU with a shipped profile; --mfu plans at an MFU).
+  std::optional<GpuProfile> profile;
   CostInputs cost;
   // The config names its training data (forge plan --config with data.source = "files"): the
   // run command uses it; otherwise the command has CORPUS and TOKENIZER to fill in.

@@ -48,6 +48,12 @@ class Table {
 };
 
 std::string pct(double v, int decimals = 1) { return fixed(100 * v, decimals) + "%"; }
+
+// How the step's compute is priced: "efficiency profile H100 SXM (measured)" or "MFU 40%".
+std::string efficiency_name(const PlanInput& in) {
+  if (!in.profile) return "MFU " + pct(in.mfu, 0);
+  return "efficiency profile " + in.profile->gpu + (in.profile->measured_on.empty() ? " (derived)" : " (measured)");
+}
 std::string money(double v) {
   if (!std::isfinite(v)) return "n/a";
   if (std::fabs(v) >= 1e4) return "$" + si(v, 3);
@@ -110,8 +116,8 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   }
   os << "\n  source: " << g.source << "\n\n";
 
-  os << "layout\n  " << l.describe() << "; " << prec << ", " << optimizer_name(in.setup.optimizer) << ", MFU "
-     << pct(in.mfu, 0) << "; activations: " << activation_model_name(in.setup.activations.model) << " model, "
+  os << "layout\n  " << l.describe() << "; " << prec << ", " << optimizer_name(in.setup.optimizer) << ", "
+     << efficiency_name(in) << "; activations: " << activation_model_name(in.setup.activations.model) << " model, "
      << attention_name(in.setup.activations.attention) << " attention\n\n";
 
   // Memory.
@@ -159,7 +165,14 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   auto line = [&](const std::string& name, double v, const std::string& note) {
     tt.row({name, fixed(v, v < 1 ? 4 : 3), pct(t.step > 0 ? v / t.step : 0), note});
   };
-  line("compute", t.compute, "model FLOPs at MFU " + pct(in.mfu, 0) + ", " + std::to_string(l.grad_accum) + " micro-batches");
+  line("compute", t.compute,
+       (in.profile ? std::string("each kernel at the profile's rates") : "model FLOPs at MFU " + pct(in.mfu, 0)) + ", " +
+           std::to_string(l.grad_accum) + " micro-batches");
+  if (in.profile) {
+    line("  GEMMs", t.gemm, "linears and head, forward and backward");
+    line("  attention", t.attention, "the attention core");
+    line("  memory-bound", t.memory_bound, "norms, residuals, activations, loss");
+  }
   if (t.recompute > 0) line("recomputation", t.recompute, "checkpointing " + std::string(checkpointing_name(l.checkpointing)));
   if (l.tp > 1) line("tensor-parallel", t.tp_comm, "all-reduces over " + t.tp_link.name);
   if (l.cp > 1)
@@ -185,7 +198,8 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
   os << "  throughput  " << si(t.tokens_per_s) << " tokens/s (" << si(t.tokens_per_s / static_cast<double>(l.gpus()))
      << " per GPU), effective MFU " << pct(t.mfu) << "\n";
   os << "  to train    " << with_commas(t.steps) << " steps: " << duration(t.time_to_train_s) << ", "
-     << si(t.gpu_hours) << " GPU-hours (compute alone at MFU " << pct(in.mfu, 0) << ": " << si(t.ideal_gpu_hours)
+     << si(t.gpu_hours) << " GPU-hours (compute alone" << (in.profile ? std::string() : " at MFU " + pct(in.mfu, 0)) << ": "
+     << si(t.ideal_gpu_hours)
      << " GPU-hours)\n\n";
 
   // Cost.
@@ -225,7 +239,7 @@ std::string format_search(const PlanInput& in, const SearchResult& s, size_t top
   const ModelSpec& m = in.model;
   os << "forge plan --search: " << m.name << " (" << m.describe() << ")\n"
      << "  " << si(in.tokens) << " tokens, batch " << in.global_batch << " x " << m.seq_len << ", "
-     << precision_name(in.setup.precision) << " " << optimizer_name(in.setup.optimizer) << ", MFU " << pct(in.mfu, 0)
+     << precision_name(in.setup.precision) << " " << optimizer_name(in.setup.optimizer) << ", " << efficiency_name(in)
      << ", on " << in.cluster.gpus << " x " << in.cluster.gpu.name << " (" << fixed(in.cluster.gpu.memory_gb, 0)
      << " GB), " << in.cluster.gpus_per_node << " per node\n"
      << "  " << s.considered << " layouts considered: " << s.fits.size() << " fit, " << s.rejected.size()
@@ -323,6 +337,14 @@ std::string format_gpu_catalog() {
   os << "GPU catalogue (dense TFLOP/s; links per GPU per direction)\n" << t.str();
   os << "  cpu: this machine (RAM; f32 peak measured, or --peak-tflops)\n\nsources\n";
   for (const auto& g : gpu_catalog()) os << "  " << g.name << ": " << g.source << "\n";
+  os << "\nefficiency profiles (forge plan's default; Note [efficiency profiles]: GEMM bf16 sustained, attention at "
+        "2048 x 128 fwd/bwd, copies)\n";
+  for (const auto& p : shipped_profiles()) {
+    const AttentionRate a = attention_rate(p, 2048, 128);
+    os << "  " << p.gpu << ": " << fixed(p.gemm.at(Precision::bf16).sustained_tflops, 0) << " TFLOP/s, "
+       << fixed(a.fwd / 1e12, 0) << "/" << fixed(a.bwd / 1e12, 0) << " TFLOP/s, " << fixed(p.memory_gbs, 0) << " GB/s; "
+       << p.source << "\n";
+  }
   return os.str();
 }
 

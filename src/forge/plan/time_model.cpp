@@ -30,6 +30,14 @@ double optimizer_bytes_touched(const BytesPerParam& bp) {
   return bp.grad + 2 * bp.optimizer + (has_master ? 0 : bp.param) + bp.param;
 }
 
+// The sustained GEMM rate of precision p in FLOP/s (bf16's for fp16).
+double gemm_for_rate(const GpuProfile& prof, Precision p) {
+  auto it = prof.gemm.find(p);
+  if (it == prof.gemm.end()) it = prof.gemm.find(Precision::bf16);
+  FORGE_CHECK(it != prof.gemm.end(), "plan: the efficiency profile of ", prof.gpu, " has no GEMM rate for ", precision_name(p));
+  return it->second.sustained_tflops * 1e12;
+}
+
 }  // namespace
 
 double ring_allreduce_bytes(double bytes, int64_t n) {
@@ -63,8 +71,74 @@ Link group_link(const Cluster& c, int64_t n, int64_t stride) {
   return k;
 }
 
+StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const GpuProfile& prof,
+                            int64_t layers, bool first, bool last) {
+  const int64_t t = std::max<int64_t>(1, l.tp), cpn = std::max<int64_t>(1, l.cp);
+  const bool sp = l.sequence_parallel && t > 1;
+  const bool fp8 = setup.precision == Precision::fp8;
+  const Precision dense = fp8 ? Precision::bf16 : setup.precision;  // everything but the blocks' linears
+  const Precision linear_p = fp8 ? Precision::fp8 : setup.precision;
+  const double act = bytes_per_param(setup.precision, setup.optimizer).activation;
+  const int64_t M = l.micro_batch * m.seq_len / cpn;  // tokens of the micro-batch on this GPU
+  const double Md = static_cast<double>(M), h = static_cast<double>(m.d_model), f = static_cast<double>(m.ffn_hidden);
+  const bool frozen = m.lora_rank > 0;
+  const double mem_bps = memory_bytes_per_s(prof);
+
+  // One block: its linears' GEMMs (and FP8 casts), attention, memory-bound kernels.
+  StageKernels b;
+  double fwd_gemm = 0, fwd_bytes = 0;  // the forward's share (recomputed under full checkpointing)
+  auto linear = [&](int64_t out, int64_t in) {
+    const double fw = gemm_seconds(prof, linear_p, M, out, in);
+    b.gemm += fw + gemm_seconds(prof, linear_p, M, in, out) + (frozen ? 0.0 : gemm_seconds(prof, linear_p, out, in, M));
+    fwd_gemm += fw;
+    if (fp8) {  // casts of x, w (forward) and dy (backward)
+      const double x = Md * static_cast<double>(in), w = static_cast<double>(out) * static_cast<double>(in);
+      b.memory += 6.0 * (x + w + Md * static_cast<double>(out)) / mem_bps;
+      fwd_bytes += 6.0 * (x + w);
+    }
+  };
+  const int64_t hd = m.head_dim(), ht = m.d_model, f_t = m.ffn_hidden / t;
+  const int64_t q_w = m.n_head / t * hd, kv_w = std::max<int64_t>(1, m.n_kv_head / t) * hd;
+  if (m.arch == Arch::gpt) {
+    linear(3 * q_w, ht);
+    linear(ht, q_w);
+    linear(f_t, ht);
+    linear(ht, f_t);
+  } else {
+    linear(q_w + 2 * kv_w, ht);  // q, k, v packed (Note [packed QKV attention])
+    linear(ht, q_w);
+    linear(f_t, ht);
+    linear(f_t, ht);
+    linear(ht, f_t);
+  }
+  if (frozen) b.gemm += 6.0 * static_cast<double>(lora_block_parameters(m, t)) * Md / gemm_for_rate(prof, dense);
+  const AttentionRate ar = attention_rate(prof, m.seq_len, hd);
+  const double attn_fwd = Md * 2.0 * static_cast<double>(m.seq_len) * static_cast<double>(q_w);  // causal: half of 4 T d
+  b.attention = attn_fwd / ar.fwd + 2.5 * attn_fwd / ar.bwd;
+  const double hn = sp ? h / static_cast<double>(t) : h, fl = f / static_cast<double>(t);
+  double fwd_el = 8.0 * hn, bwd_el = 12.0 * hn;
+  if (m.arch == Arch::gpt) fwd_el += fl, bwd_el += fl;
+  else fwd_el += 3.0 * fl, bwd_el += 5.0 * fl + 2.0 * hn;
+  b.memory += Md * (fwd_el + bwd_el) * act / mem_bps;
+  fwd_bytes += Md * fwd_el * act;
+  if (l.checkpointing == Checkpointing::full) b.recompute = fwd_gemm + attn_fwd / ar.fwd + fwd_bytes / mem_bps;
+
+  const double L = static_cast<double>(layers);
+  StageKernels k{L * b.gemm, L * b.attention, L * b.memory, L * b.recompute};
+  if (first) k.memory += Md * (5.0 + (m.learned_positions() ? 2.0 : 0.0)) * h * act / mem_bps;
+  if (last) {
+    const int64_t v = m.vocab_size / t;
+    // The head's three GEMMs (GPT's tied head: the weight gradient is the embedding's), the final
+    // norm and the fused cross-entropy.
+    k.gemm += gemm_seconds(prof, dense, M, v, ht) + gemm_seconds(prof, dense, M, ht, v) +
+              (frozen ? 0.0 : gemm_seconds(prof, dense, v, ht, M));
+    k.memory += Md * (10.0 * h + 2.0 * static_cast<double>(v)) * act / mem_bps;
+  }
+  return k;
+}
+
 TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const Cluster& c, double mfu,
-                        double tokens) {
+                        double tokens, const GpuProfile* profile) {
   FORGE_CHECK(mfu > 0 && mfu <= 1, "--mfu must be in (0, 1], got ", mfu);
   const BytesPerParam bp = bytes_per_param(setup.precision, setup.optimizer);
   const FlopsPerToken F = flops_per_token(m);
@@ -98,6 +172,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   }
 
   double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0, w_cp = 0;
+  StageKernels w_kernels;
   int64_t max_stage_params = 0, max_stage_blocks = 0;
   for (int64_t i = 0; i < p; ++i) {
     const bool first = i == 0, last = i == p - 1;
@@ -124,8 +199,14 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     const double linear_forward = tokens_mb * lw * (F.layer_forward - F.attention_forward) / tt;
     const double linear_flops = (m.lora_rank > 0 ? 2.0 : 3.0) * linear_forward;
     const double linear_recompute = l.checkpointing == Checkpointing::full ? linear_forward : 0.0;
-    const double compute = linear_flops / linear_rate + (model_flops - linear_flops) / rate,
-                 recompute = linear_recompute / linear_rate + (recompute_flops - linear_recompute) / rate;
+    double compute = linear_flops / linear_rate + (model_flops - linear_flops) / rate,
+           recompute = linear_recompute / linear_rate + (recompute_flops - linear_recompute) / rate;
+    StageKernels sk;
+    if (profile) {  // Note [profiled step]
+      sk = profiled_stage(m, setup, l, *profile, layers, first, last);
+      compute = sk.total();
+      recompute = sk.recompute;
+    }
     double tp = 0;
     if (t > 1) {
       const bool full = l.checkpointing == Checkpointing::full;
@@ -170,11 +251,15 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
       worst = stage;
       r.stage = i;
       w_compute = compute, w_recompute = recompute, w_tp = tp, w_p2p = p2p, w_cp = cpt;
+      w_kernels = sk;
     }
   }
   r.stage_time = worst;
   const double m_d = static_cast<double>(mb);
   r.compute = m_d * w_compute;
+  r.gemm = m_d * w_kernels.gemm;
+  r.attention = m_d * w_kernels.attention;
+  r.memory_bound = m_d * w_kernels.memory;
   r.recompute = m_d * w_recompute;
   r.tp_comm = m_d * w_tp;
   r.pp_p2p = m_d * w_p2p;
@@ -234,7 +319,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   if (l.offload) {
     r.offload = shard * (bp.grad + bp.param) / (c.pcie_gbs * 1e9 * c.link_efficiency) + shard * touched / (c.host_gbs * 1e9);
   } else {
-    r.optimizer = shard * touched / (c.gpu.memory_bw_gbs * 1e9 * c.hbm_efficiency);
+    r.optimizer = shard * touched / (profile ? memory_bytes_per_s(*profile) : c.gpu.memory_bw_gbs * 1e9 * c.hbm_efficiency);
   }
 
   r.step = r.compute + r.recompute + r.tp_comm + r.pp_p2p + r.cp_comm + r.bubble + r.dp_exposed + r.optimizer + r.offload;
@@ -245,7 +330,8 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.steps = static_cast<int64_t>(std::ceil(tokens / r.tokens_per_step));
   r.time_to_train_s = static_cast<double>(r.steps) * r.step;
   r.gpu_hours = r.time_to_train_s * gpus / 3600.0;
-  r.ideal_gpu_hours = tokens * F.model / rate / 3600.0;
+  // (With a profile: the step's compute alone, every GPU busy: no communication, bubble or recompute.)
+  r.ideal_gpu_hours = profile ? static_cast<double>(r.steps) * r.compute * gpus / 3600.0 : tokens * F.model / rate / 3600.0;
   r.ideal_time_s = r.ideal_gpu_hours * 3600.0 / gpus;
   return r;
 }

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "forge/plan/gpu_catalog.h"
+#include "forge/plan/gpu_profile.h"
 #include "forge/plan/memory_model.h"
 #include "forge/plan/model_spec.h"
 
@@ -66,6 +67,7 @@ struct TimeBreakdown {
   int64_t stage = 0;             // the slowest stage
   double stage_time = 0;         // its time per micro-batch (compute + recompute + tp + p2p)
   double compute = 0;            // per step: m micro-batches of model FLOPs on the slowest stage
+  double gemm = 0, attention = 0, memory_bound = 0;  // with a profile: compute's parts (Note [profiled step])
   double recompute = 0;
   double tp_comm = 0;
   double pp_p2p = 0;
@@ -88,7 +90,33 @@ struct TimeBreakdown {
   Link tp_link, dp_link, pp_link, cp_link;
 };
 
+// `profile` null: the compute at `mfu` of the peak (model FLOPs / (peak x mfu)). Otherwise each
+// kernel of the step priced from the profile (Note [profiled step]) and `mfu` unused.
 TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const Cluster& c, double mfu,
-                        double tokens);
+                        double tokens, const GpuProfile* profile = nullptr);
+
+// Note [profiled step]: one micro-batch's forward and backward on one pipeline stage (`layers`
+// blocks; the embedding on the first, the head and the loss on the last), kernel by kernel: each
+// linear's three GEMMs (forward, input gradient, weight gradient: none for LoRA's frozen base) at
+// gemm_seconds of its shape (m = the micro-batch's tokens on this GPU, the widths split by tensor
+// parallelism); the attention core's forward and backward FLOPs (causal: half the square) at the
+// profile's attention rate for the sequence and head size; and the memory-bound kernels' bytes at
+// the profile's bandwidth. Those bytes follow forge's kernels per token and block, in elements of
+// the activations' dtype: the two fused residual-add + norms, 4h forward and 6h backward each (GPT:
+// + the GELU epilogue's pre-activation written, f, and read back, f; LLaMA: SwiGLU, 3f forward and
+// 5f backward, its two input-gradient products summed, 2h; rotary positions fused into attention);
+// under sequence parallelism the h terms are 1/tp. The first stage's embedding (5h; GPT's positions
+// 2h more), the last stage's final norm (10h) and fused cross-entropy (the logits read and the
+// gradient written over them, 2 V/tp). FP8 linears (Note [FP8 in the plan]) at the profile's fp8
+// rate, each with its casts: 6 bytes per element of x, w and dy (amax read, cast read, plain and
+// transposed codes written). Full recomputation adds the forward's GEMMs, attention and bytes
+// again. LoRA's adapters: 6 FLOPs per adapter parameter and token at the sustained rate.
+struct StageKernels {
+  double gemm = 0, attention = 0, memory = 0;  // seconds, forward + backward
+  double recompute = 0;                         // seconds (full checkpointing)
+  double total() const { return gemm + attention + memory; }
+};
+StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const GpuProfile& prof,
+                            int64_t layers, bool first, bool last);
 
 }  // namespace forge::plan
