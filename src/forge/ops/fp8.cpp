@@ -11,6 +11,7 @@
 #include "forge/autograd/node.h"
 #include "forge/backends/cuda/event_timer.h"
 #include "forge/backends/cuda/fp8.h"
+#include "forge/backends/device_runtime.h"
 #include "forge/core/error.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/dispatch_device.h"
@@ -226,6 +227,7 @@ void record_amax(const std::string& layer, Operand op, float amax) {
 }
 
 void drain_device_records();  // (the GPU path's slots and histories: below)
+void read_queued_records(bool keep_newest);
 void read_device_histories(AmaxHistories& out);
 void reset_device_histories();
 std::function<void(Tensor&)> g_amax_reduce_device;  // Note [FP8 delayed scaling] on the GPU, under data parallelism
@@ -296,6 +298,13 @@ std::map<std::string, std::array<double, 3>> take_amax_record() {
 
 std::vector<GuardEvent> take_guard_events() {
   drain_device_records();
+  std::vector<GuardEvent> out;
+  out.swap(g_events);
+  return out;
+}
+
+std::vector<GuardEvent> take_queued_guard_events() {
+  read_queued_records(/*keep_newest=*/true);
   std::vector<GuardEvent> out;
   out.swap(g_events);
   return out;
@@ -494,21 +503,71 @@ DeviceCast cast_on_device(const Tensor& t, Recipe recipe, Operand op, [[maybe_un
   return out;
 }
 
+// The slots' values (the first n) into the host's events and amax record.
+void record_slots(const DeviceRecords& r, const std::vector<float>& v, size_t n, int64_t step) {
+  for (size_t i = 0; i < n && i < r.names.size(); ++i) {
+    const auto& [layer, op] = r.names[i];
+    if (v[i] == 0.0f) continue;  // (not cast since the last read, or all zeros)
+    if (!std::isfinite(v[i])) g_events.push_back({layer, op, static_cast<double>(v[i]), step});
+    record_amax(layer, op, v[i]);
+  }
+}
+
+// Note [FP8 guardrails one step late] (fp8.h): the copies queued by queue_step_records, oldest first.
+struct QueuedRecords {
+  int64_t step = 0;
+  size_t n = 0;
+  Tensor host;  // pinned, written by the queued copy
+  runtime::Event done;
+};
+std::vector<QueuedRecords> g_queued;  // (r.mu held)
+
+// Reads the queued copies (all, or all but the newest), waiting for each.
+void read_queued(DeviceRecords& r, bool keep_newest) {
+  const size_t upto = keep_newest && !g_queued.empty() ? g_queued.size() - 1 : g_queued.size();
+  for (size_t q = 0; q < upto; ++q) {
+    g_queued[q].done.synchronize();
+    record_slots(r, g_queued[q].host.to_vector<float>(), g_queued[q].n, g_queued[q].step);
+  }
+  g_queued.erase(g_queued.begin(), g_queued.begin() + static_cast<std::ptrdiff_t>(upto));
+}
+
+void read_queued_records(bool keep_newest) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  read_queued(r, keep_newest);
+}
+
 // Reads the device slots into the host's events and amax record, and clears them.
 void drain_device_records() {
   DeviceRecords& r = device_records();
   std::lock_guard<std::mutex> lock(r.mu);
   g_last_x = {};  // Note [FP8 cast reuse]: nothing is kept from one step to the next
+  read_queued(r, /*keep_newest=*/false);
   if (!r.buffer.defined() || r.names.empty()) return;
   const std::vector<float> v = r.buffer.to(Device::cpu()).to_vector<float>();
   r.buffer.fill_(0.0);
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    const auto& [layer, op] = r.names[i];
-    if (v[i] == 0.0f) continue;  // (not cast since the last read, or all zeros)
-    if (!std::isfinite(v[i])) g_events.push_back({layer, op, static_cast<double>(v[i])});
-    record_amax(layer, op, v[i]);
-  }
+  record_slots(r, v, r.names.size(), 0);
 }
+
+}  // namespace
+
+void queue_step_records(int64_t step) {
+  DeviceRecords& r = device_records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  g_last_x = {};  // Note [FP8 cast reuse]: nothing is kept from one step to the next
+  if (!r.buffer.defined() || r.names.empty()) return;
+  const NoGradGuard no_grad;
+  QueuedRecords q;
+  q.step = step;
+  q.n = r.names.size();
+  q.host = r.buffer.narrow(0, 0, static_cast<int64_t>(q.n)).to(Device::cpu(), /*non_blocking=*/true);
+  q.done.record(r.buffer.device());
+  r.buffer.fill_(0.0);  // (queued behind the copy)
+  g_queued.push_back(std::move(q));
+}
+
+namespace {
 
 // Note [FP8 GEMM choice]: which linear shapes run in FP8 on the GPU.
 Selection g_selection = Selection::measured;

@@ -106,10 +106,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, Recipe recipe, 
 struct GuardEvent {
   std::string layer;
   Operand operand = Operand::activation;
-  double amax = 0;  // the first non-finite group's
+  double amax = 0;    // the first non-finite group's
+  int64_t step = 0;   // the step queue_step_records named (0: recorded at once, the CPU path)
 };
-// The events recorded since the last call, in order (process-wide), and clears them.
+// The events recorded since the last call, in order (process-wide), and clears them. The GPU's
+// slots are read now (a host wait for the work queued so far), those queued earlier too.
 std::vector<GuardEvent> take_guard_events();
+// Note [FP8 guardrails one step late]: on a GPU, a copy of the slots to pinned memory queued
+// behind the step's work (and the slots cleared behind it), read when the next step's records
+// are queued, so the trainer never waits for a step it has just queued: queue_step_records(step)
+// after each training step, then take_queued_guard_events() returns the events of the steps
+// queued before this one (each with its step); take_guard_events() at the end reads the rest.
+// Nothing on the CPU, whose events are recorded at once.
+void queue_step_records(int64_t step);
+std::vector<GuardEvent> take_queued_guard_events();
 const char* operand_name(Operand op);  // "activation" | "weight" | "gradient"
 
 // Note [FP8 delayed scaling]: under current scaling (the default) a cast's scale comes from the

@@ -127,16 +127,17 @@ void report_fp8_gemm_choices(std::ostream& log) {
   log << std::endl;
 }
 
-void report_fp8_guard_events(int64_t step, std::ostream& log) {
+void report_fp8_guard_events(int64_t step, std::ostream& log, bool all) {
   static int64_t logged = 0;
-  const std::vector<fp8::GuardEvent> events = fp8::take_guard_events();
+  const std::vector<fp8::GuardEvent> events = all ? fp8::take_guard_events() : fp8::take_queued_guard_events();
   for (const fp8::GuardEvent& e : events)
     if (logged++ < 20)
-      log << "fp8: step " << step << ": non-finite amax (" << e.amax << ") in " << e.layer << " ("
+      log << "fp8: step " << (e.step > 0 ? e.step : step) << ": non-finite amax (" << e.amax << ") in " << e.layer << " ("
           << fp8::operand_name(e.operand) << "): its group's scale is unusable; the step's non-finite check skips it"
           << std::endl;
   if (!events.empty() && logged > 20)
-    log << "fp8: step " << step << ": " << events.size() << " non-finite amax event(s)" << std::endl;
+    log << "fp8: step " << (events.back().step > 0 ? events.back().step : step) << ": " << events.size()
+        << " non-finite amax event(s)" << std::endl;
 }
 
 }  // namespace forge::train

@@ -40,8 +40,11 @@ nlohmann::json fp8_amax_record_json();
 // Note [FP8 GEMM choice] (ops/fp8.h): the linear shapes chosen since the last call, with the times
 // measured (after the first step; nothing when no new shape was met).
 void report_fp8_gemm_choices(std::ostream& log);
-// Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of a step's casts, by layer and operand
-// (the first 20 events of the run in full, then a count per step).
-void report_fp8_guard_events(int64_t step, std::ostream& log);
+// Note [FP8 guardrails] (ops/fp8.h): the non-finite amaxes of the steps' casts, by layer and operand
+// (the first 20 events of the run in full, then a count), each with its step. On a GPU a step's
+// events come one step late (Note [FP8 guardrails one step late]): after each step the trainer
+// queues its records and reports the earlier steps'; `all` reads everything (before an evaluation,
+// a checkpoint or the end). `step`: the step an event recorded at once (the CPU) belongs to.
+void report_fp8_guard_events(int64_t step, std::ostream& log, bool all = false);
 
 }  // namespace forge::train

@@ -611,7 +611,8 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     QueuedStep queued{step + 1, lr, step_units, StepReadback(graphed.train_step(micro_batches, lr, phases, trace.tracing()))};
     trace.end_step();
     if (fp8::training_recipe()) {
-      report_fp8_guard_events(step + 1, rank_log);  // Note [FP8 guardrails]
+      fp8::queue_step_records(step + 1);            // Note [FP8 guardrails one step late]
+      report_fp8_guard_events(step + 1, rank_log);  // (the earlier steps')
       report_fp8_gemm_choices(log);                  // Note [FP8 GEMM choice]
     }
     ++step;
@@ -646,6 +647,7 @@ TrainResult train(const RunConfig& cfg_in, const TrainOptions& opt, std::ostream
     // Evaluations and checkpoints see a state whose every step has been read.
     const bool ok = finish(*pending);
     pending.reset();
+    if (fp8::training_recipe()) report_fp8_guard_events(step, rank_log, /*all=*/true);  // (every step's, read)
     if (stop_now) {  // the step's checkpoint on every rank (a skipped step's state is the one before it)
       checkpoint_now(step);
       if (stop_reason.empty()) stop_reason = "another rank's request";

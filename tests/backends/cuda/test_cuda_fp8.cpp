@@ -349,6 +349,36 @@ TEST(CudaFp8, GuardrailNamesTheLayerAndOperand) {
   fp8::set_selection(fp8::Selection::measured);
 }
 
+// Note [FP8 guardrails one step late]: the trainer queues each step's slots behind its work and
+// reads them at the next step's queue, so an inf cast in step 5 is reported (with step 5) once step
+// 6 has been queued, not before; take_guard_events reads what is left.
+TEST(CudaFp8, GuardrailEventsComeOneStepLateWithTheirStep) {
+  FORGE_SKIP_WITHOUT_RECIPE(Recipe::tensorwise);
+  fp8::set_selection(fp8::Selection::all);
+  (void)fp8::take_guard_events();
+  std::vector<float> v = matrix(64, 128, 43).to_vector<float>();
+  Tensor w = matrix(128, 128, 44).to(DType::bf16).to(kGpu);
+  w.requires_grad_(true);
+  v[7] = INFINITY;
+  (void)fp8::linear(from_vector(v, {64, 128}).to(DType::bf16).to(kGpu), w, Tensor(), Recipe::tensorwise, "late.layer");
+  fp8::queue_step_records(5);
+  EXPECT_TRUE(fp8::take_queued_guard_events().empty()) << "step 5's records read before step 6 was queued";
+  v[7] = 1.0f;
+  (void)fp8::linear(from_vector(v, {64, 128}).to(DType::bf16).to(kGpu), w, Tensor(), Recipe::tensorwise, "late.layer");
+  fp8::queue_step_records(6);
+  const std::vector<fp8::GuardEvent> events = fp8::take_queued_guard_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].layer, "late.layer");
+  EXPECT_EQ(events[0].step, 5);
+  v[9] = -INFINITY;
+  (void)fp8::linear(from_vector(v, {64, 128}).to(DType::bf16).to(kGpu), w, Tensor(), Recipe::tensorwise, "late.layer");
+  fp8::queue_step_records(7);
+  const std::vector<fp8::GuardEvent> rest = fp8::take_guard_events();  // step 6 (clean) and 7
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].step, 7);
+  fp8::set_selection(fp8::Selection::measured);
+}
+
 // Note [FP8 GEMM choice]: a shape is timed both ways once and the choice reported with both times;
 // a shape the FP8 GEMM cannot take runs as ops::linear (the same bits) with the reason.
 TEST(CudaFp8, GemmChoiceIsMeasuredOnceAndReported) {
