@@ -180,10 +180,10 @@ std::string format_plan(const PlanInput& in, const PlanResult& r) {
          (l.cp_kind == parallel::ContextKind::ring ? "K/V blocks over " : "all-to-alls over ") + t.cp_link.name);
   if (l.pp > 1) {
     line("pipeline send/recv", t.pp_p2p, t.pp_link.name);
-    const double share = l.schedule == Schedule::zb_h1         ? 1.0 / 3.0
+    const double share = l.schedule == Schedule::zb_h1         ? t.zb_h1_share
                          : l.schedule == Schedule::interleaved ? 1.0 / static_cast<double>(l.virtual_stages)
                                                                : 1.0;
-    const std::string formula = l.schedule == Schedule::zb_h1         ? "(p-1)/(m+p-1)/3 = "
+    const std::string formula = l.schedule == Schedule::zb_h1         ? "(p-1)/(m+p-1) x " + fixed(t.zb_h1_share, 2) + " = "
                                 : l.schedule == Schedule::interleaved ? "(p-1)/(m+p-1)/v = "
                                                                       : "(p-1)/(m+p-1) = ";
     line("pipeline bubble", t.bubble, formula + pct(share * bubble_fraction(l.pp, l.grad_accum)));

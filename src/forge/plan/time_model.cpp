@@ -40,6 +40,11 @@ double gemm_for_rate(const GpuProfile& prof, Precision p) {
 
 }  // namespace
 
+double zb_h1_share(double f, double b, double w) {
+  const double all = f + b + w;
+  return all > 0 ? std::clamp((f + b - w) / all, 0.0, 1.0) : 1.0;
+}
+
 double ring_allreduce_bytes(double bytes, int64_t n) {
   return n <= 1 ? 0 : 2.0 * static_cast<double>(n - 1) / static_cast<double>(n) * bytes;
 }
@@ -87,10 +92,13 @@ StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, cons
   // One block: its linears' GEMMs (and FP8 casts), attention, memory-bound kernels.
   StageKernels b;
   double fwd_gemm = 0, fwd_bytes = 0;  // the forward's share (recomputed under full checkpointing)
+  double wgrad = 0;  // the weight-gradient GEMMs (ZB-H1's W pass)
   auto linear = [&](int64_t out, int64_t in) {
     const double fw = gemm_seconds(prof, linear_p, M, out, in);
-    b.gemm += fw + gemm_seconds(prof, linear_p, M, in, out) + (frozen ? 0.0 : gemm_seconds(prof, linear_p, out, in, M));
+    const double wg = frozen ? 0.0 : gemm_seconds(prof, linear_p, out, in, M);
+    b.gemm += fw + gemm_seconds(prof, linear_p, M, in, out) + wg;
     fwd_gemm += fw;
+    wgrad += wg;
     if (fp8) {  // casts of x, w (forward) and dy (backward)
       const double x = Md * static_cast<double>(in), w = static_cast<double>(out) * static_cast<double>(in);
       b.memory += 6.0 * (x + w + Md * static_cast<double>(out)) / mem_bps;
@@ -121,17 +129,20 @@ StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, cons
   else fwd_el += 3.0 * fl, bwd_el += 5.0 * fl + 2.0 * hn;
   b.memory += Md * (fwd_el + bwd_el) * act / mem_bps;
   fwd_bytes += Md * fwd_el * act;
-  if (l.checkpointing == Checkpointing::full) b.recompute = fwd_gemm + attn_fwd / ar.fwd + fwd_bytes / mem_bps;
+  const double block_forward = fwd_gemm + attn_fwd / ar.fwd + fwd_bytes / mem_bps;
+  if (l.checkpointing == Checkpointing::full) b.recompute = block_forward;
 
   const double L = static_cast<double>(layers);
-  StageKernels k{L * b.gemm, L * b.attention, L * b.memory, L * b.recompute};
+  StageKernels k{L * b.gemm, L * b.attention, L * b.memory, L * b.recompute, L * block_forward, L * wgrad};
   if (first) k.memory += Md * (5.0 + (m.learned_positions() ? 2.0 : 0.0)) * h * act / mem_bps;
   if (last) {
     const int64_t v = m.vocab_size / t;
     // The head's three GEMMs (GPT's tied head: the weight gradient is the embedding's), the final
     // norm and the fused cross-entropy.
-    k.gemm += gemm_seconds(prof, dense, M, v, ht) + gemm_seconds(prof, dense, M, ht, v) +
-              (frozen ? 0.0 : gemm_seconds(prof, dense, v, ht, M));
+    const double head_fwd = gemm_seconds(prof, dense, M, v, ht), head_w = frozen ? 0.0 : gemm_seconds(prof, dense, v, ht, M);
+    k.gemm += head_fwd + gemm_seconds(prof, dense, M, ht, v) + head_w;
+    k.forward += head_fwd;
+    k.weight_grad += head_w;
     k.memory += Md * (10.0 * h + 2.0 * static_cast<double>(v)) * act / mem_bps;
   }
   return k;
@@ -171,7 +182,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     r.pp_link.name = "network x1 NIC";
   }
 
-  double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0, w_cp = 0;
+  double worst = -1, w_compute = 0, w_recompute = 0, w_tp = 0, w_p2p = 0, w_cp = 0, w_zb = 1;
   StageKernels w_kernels;
   int64_t max_stage_params = 0, max_stage_blocks = 0;
   for (int64_t i = 0; i < p; ++i) {
@@ -252,6 +263,12 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
       r.stage = i;
       w_compute = compute, w_recompute = recompute, w_tp = tp, w_p2p = p2p, w_cp = cpt;
       w_kernels = sk;
+      // ZB-H1's share from this stage's passes: the profile's kernels, or FLOPs (linear_forward: the
+      // blocks' linears' forward FLOPs, the W pass's; the forward model_flops / 3).
+      const double fwd = profile ? sk.forward : model_flops / 3.0,
+                   wgt = profile ? sk.weight_grad : (m.lora_rank > 0 ? 0.0 : linear_forward);
+      const double all = profile ? sk.total() : model_flops;
+      w_zb = zb_h1_share(fwd, all - fwd - wgt, wgt);
     }
   }
   r.stage_time = worst;
@@ -265,13 +282,11 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
   r.pp_p2p = m_d * w_p2p;
   r.cp_comm = m_d * w_cp;
   // ZB-H1 (Qi et al., zero-bubble pipeline parallelism): the weight-gradient passes fill the
-  // drain: (p - 1)(f + b - w) of 1F1B's (p - 1)(f + b + w), a third if the three passes cost the
-  // same. forge's W pass is only the linears' weight GEMMs (attention's backward and the
-  // memory-bound backward of norms and SwiGLU stay in B), so kZbH1BubbleShare is what forge's
-  // schedule measured instead (time_model.h).
+  // drain: (p - 1)(f + b - w) of 1F1B's (p - 1)(f + b + w) (zb_h1_share, time_model.h).
   // Interleaved (Narayanan et al.): v model chunks per rank divide the fill and drain by v.
+  r.zb_h1_share = w_zb;
   r.bubble = static_cast<double>(p - 1) * worst *
-             (l.schedule == Schedule::zb_h1         ? kZbH1BubbleShare
+             (l.schedule == Schedule::zb_h1         ? w_zb
               : l.schedule == Schedule::interleaved ? 1.0 / static_cast<double>(std::max<int64_t>(1, l.virtual_stages))
                                                     : 1.0);
 

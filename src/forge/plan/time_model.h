@@ -24,11 +24,13 @@
 
 namespace forge::plan {
 
-// ZB-H1's fill and drain as a share of 1F1B's. Equal forward, input-gradient and weight-gradient
-// passes would give 1/3; forge's schedule measured 0.67 (pp 2) and 0.57 (pp 4) of 1F1B's at the
-// 0.85B LLaMA on 4 x H100 (benchmarks/results/scale_NVIDIA_H100_80GB_HBM3_x4.md), its W pass being
-// only the linears' weight GEMMs.
-inline constexpr double kZbH1BubbleShare = 0.6;
+// ZB-H1's fill and drain as a share of 1F1B's (Qi et al.): (f + b - w) / (f + b + w) for a stage's
+// forward f, input-gradient backward b and weight-gradient pass w (a third when the three cost
+// the same). forge's W pass is only the linears' weight GEMMs; attention's backward and the
+// memory-bound kernels' stay in B. Priced from the profile's kernels (StageKernels) when there is
+// one, else from FLOPs (forward = the block's, w = its linears' forward FLOPs again, b the rest of
+// three forwards' worth).
+double zb_h1_share(double f, double b, double w);
 
 struct Cluster {
   GpuSpec gpu;
@@ -68,6 +70,7 @@ struct TimeBreakdown {
   double stage_time = 0;         // its time per micro-batch (compute + recompute + tp + p2p)
   double compute = 0;            // per step: m micro-batches of model FLOPs on the slowest stage
   double gemm = 0, attention = 0, memory_bound = 0;  // with a profile: compute's parts (Note [profiled step])
+  double zb_h1_share = 1;        // ZB-H1's fill and drain as a share of 1F1B's (zb_h1_share())
   double recompute = 0;
   double tp_comm = 0;
   double pp_p2p = 0;
@@ -114,6 +117,7 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
 struct StageKernels {
   double gemm = 0, attention = 0, memory = 0;  // seconds, forward + backward
   double recompute = 0;                         // seconds (full checkpointing)
+  double forward = 0, weight_grad = 0;          // of the total: the forward's and the weight GEMMs' (ZB-H1's W)
   double total() const { return gemm + attention + memory; }
 };
 StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, const Layout& l, const GpuProfile& prof,
