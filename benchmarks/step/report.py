@@ -80,7 +80,9 @@ def forge_figures(path, warmup, tokens_per_step):
         return None
     ms = total_ms / total_steps
     mfus = [r["mfu"] for r in prog if r["step"] > warmup and "mfu" in r]
+    q = statistics.quantiles(per_step, n=4, method="inclusive") if len(per_step) >= 2 else [None, None, None]
     return {"ms_per_step": ms, "ms_per_step_median": statistics.median(per_step) if per_step else None,
+            "ms_per_step_p25": q[0], "ms_per_step_p75": q[2],
             "tokens_per_s": tokens_per_step / (ms / 1e3), "steps": total_steps,
             "peak_mem_bytes": max((r["mem_bytes"] for r in prog if "mem_bytes" in r), default=None),
             "forge_mfu": statistics.fmean(mfus) if mfus else None,

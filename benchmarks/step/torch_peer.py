@@ -60,6 +60,17 @@ import shapes  # noqa: E402
 
 # ---- compatibility with old PyTorch builds (the CPU smoke test; the GPU runs use PyTorch 2.11) ----
 
+
+def quantile(v, q):
+    """The q-quantile of v by linear interpolation between order statistics (numpy's default)."""
+    x = sorted(v)
+    if not x:
+        return float("nan")
+    pos = q * (len(x) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(x) - 1)
+    return x[lo] + (x[hi] - x[lo]) * (pos - lo)
+
 def _sdpa_reference(q, k, v, is_causal=False, enable_gqa=False, **_):
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
@@ -343,6 +354,11 @@ def main():
     ap.add_argument("--checkpoint", action="store_true",
                     help="LLaMA: activation checkpointing of every block (torch.utils.checkpoint, non-reentrant), "
                          "as forge's model.checkpoint_activations")
+    ap.add_argument("--ddp-hook", choices=["none", "bf16"], default="none",
+                    help="DDP (several ranks): bf16 gradient compression (torch's bf16_compress_hook), forge's bf16 "
+                         "reduction's like (issue 41: the second DDP row)")
+    ap.add_argument("--fsdp-reduce", choices=["f32", "bf16"], default="f32",
+                    help="FSDP2: MixedPrecisionPolicy reduce_dtype (forge reduces bf16 gradients in bf16)")
     ap.add_argument("--fp8", choices=["", "tensorwise", "rowwise"], default="",
                     help="the blocks' linears in FP8 through torch._scaled_mm (torchao's float8 recipes; one GPU)")
     ap.add_argument("--json", default="")
@@ -399,7 +415,8 @@ def main():
         model = tensor_parallel(model, tp, a.sp, dev)
     if a.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                  reduce_dtype=torch.bfloat16 if a.fsdp_reduce == "bf16" else torch.float32)
         blocks = model.layers if hasattr(model, "layers") else model.blocks
         for block in blocks:
             if a.mode == "compile":
@@ -425,8 +442,11 @@ def main():
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(model, device_ids=[dev.index] if cuda else None,
-                  broadcast_buffers=False)  # forge broadcasts no buffers
+        net = DDP(model, device_ids=[dev.index] if cuda else None, bucket_cap_mb=25,
+                  broadcast_buffers=False)  # forge broadcasts no buffers; 25 MB buckets as forge's
+        if a.ddp_hook == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            net.register_comm_hook(None, default_hooks.bf16_compress_hook)
     if a.fsdp:
         step_fn = model  # blocks compiled above, before sharding
     elif a.mode == "compile" and tp > 1:
@@ -511,12 +531,15 @@ def main():
 
     ms = 1e3 * statistics.fmean(times)
     tokens_per_step = (1 if tp > 1 else world) * a.batch * s["seq"]
-    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else "") + (f"-fsdp2-{a.fsdp}" if a.fsdp else "") + (f"-tp{tp}" + ("-sp" if a.sp else "") if tp > 1 else ""), "torch": torch.__version__,
+    out = {"peer": f"pytorch-{a.mode}" + ("-ddp" if ddp else "") + ("-bf16hook" if ddp and a.ddp_hook == "bf16" else "")
+                   + ("-bf16reduce" if a.fsdp and a.fsdp_reduce == "bf16" else "") + (f"-fsdp2-{a.fsdp}" if a.fsdp else "") + (f"-tp{tp}" + ("-sp" if a.sp else "") if tp > 1 else ""), "torch": torch.__version__,
            "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "world_size": world,
            "model": s["type"], "batch_per_gpu": a.batch, "seq": s["seq"], "steps": a.steps, "warmup": a.warmup,
            "params": n_params, "params_formula": want_total, "matmul_params_formula": want_matmul,
            "flops_per_token": shapes.flops_per_token(s), "ms_per_step": ms,
            "ms_per_step_median": 1e3 * statistics.median(times), "ms_per_step_min": 1e3 * min(times),
+           "ms_per_step_p25": 1e3 * quantile(times, 0.25), "ms_per_step_p75": 1e3 * quantile(times, 0.75),
+           "ddp_hook": a.ddp_hook if ddp else None, "fsdp_reduce": a.fsdp_reduce if a.fsdp else None,
            "tokens_per_s": tokens_per_step / (ms / 1e3),
            "peak_mem_bytes": torch.cuda.max_memory_allocated(dev) if cuda else None,
            "reserved_bytes": torch.cuda.max_memory_reserved(dev) if cuda else None,
