@@ -23,6 +23,7 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   st_.sharding = options_.sharding;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;
+  st_.release_grads = options_.release_grads && !options_.sharding.optimizer_state();
   FORGE_CHECK(!options_.norm_group || options_.norm_weight, "DataParallel: norm_group needs norm_weight");
   FORGE_CHECK(!options_.norm_group || !options_.offload_optimizer,
               "DataParallel: a norm_group (tensor parallelism) with the optimizer offloaded is not supported");

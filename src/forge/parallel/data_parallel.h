@@ -86,6 +86,11 @@ struct DataParallelOptions {
   // and released with them (Note [frozen block shards] in block_shards.h); the others stay whole.
   // Ignored below stage 3.
   std::vector<std::pair<std::string, Tensor>> frozen;
+  // DDP: the buckets' gradient memory released at zero_grad and taken again at the next step's
+  // first backward (Note [gradient memory between steps] in grad_buckets.cpp), so that the
+  // gradients do not add to the forward's peak. One process (Note [one process is a data-parallel
+  // group of one]) sets it: its gradients lived only from backward to the update before.
+  bool release_grads = false;
 };
 
 class DataParallel {

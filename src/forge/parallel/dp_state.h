@@ -66,6 +66,7 @@ struct DpState {
   Sharding sharding;
   bool offload = false;
   bool skip_reductions = false;
+  bool release_grads = false;  // DataParallelOptions::release_grads
   // Tensor parallelism (DataParallelOptions::norm_group): the gradient norm's other group and
   // each parameter's weight in it; unset: the norm is this group's alone.
   ProcessGroupPtr norm_group;

@@ -93,11 +93,21 @@ void GradientBuckets::allocate_for_sharded_optimizer() {
 // the step (Tensor::set_grad_buffer), so the buckets are not zero-filled every step (their
 // padding stays zero from allocation); a parameter that got no gradient has its view zeroed
 // before its bucket is reduced (zero_pending_grads).
+// Note [gradient memory between steps]: with release_grads (DDP in one process) zero_grad drops
+// the buckets, and they are taken again here from the caching allocator (uninitialised: only the
+// padding is zeroed; every parameter's view is overwritten or zeroed as above), so the gradients
+// hold memory from backward to the update only, as autograd's own .grad tensors did, instead of
+// adding the model's gradient bytes to the next forward's peak. Inside a captured step the
+// allocation and the release are the graph's, as autograd's were.
 void GradientBuckets::attach_bucket_grads() {
   NoGradGuard no_grad;
   for (size_t i = 0; i < state_.size(); ++i) {
     const DpBucket& b = st_.buckets[i];
     Tensor& grads = state_[i].grads;
+    if (!grads.defined() && st_.release_grads) {
+      grads = empty({b.padded}, {.dtype = b.dtype, .device = st_.device});
+      if (b.padded > b.numel) grads.narrow(0, b.numel, b.padded - b.numel).zero_();
+    }
     if (!grads.defined()) grads = zeros_on(b.padded, b.dtype, st_.device);
     for (int pi : b.params) {
       DpParam& p = st_.params[static_cast<size_t>(pi)];
@@ -248,6 +258,8 @@ void GradientBuckets::end_backward() {
 
 void GradientBuckets::zero_grad() {
   for (auto& p : st_.params) p.t.set_grad(Tensor());
+  if (st_.release_grads)  // Note [gradient memory between steps]
+    for (auto& b : state_) b.grads = Tensor();
   grads_attached_ = false;
 }
 

@@ -66,7 +66,8 @@ class DataParallelStrategy final : public Strategy {
                                   .norm_weight = split_ ? std::function<double(const std::string&)>(
                                                               [s = split_](const std::string& n) { return s->norm_weight(n); })
                                                         : nullptr,
-                                  .frozen = frozen});
+                                  .frozen = frozen,
+                                  .release_grads = solo_});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
