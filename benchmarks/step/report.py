@@ -208,6 +208,27 @@ class Row:
                 self.errors.append(f"PyTorch {mode}: no result (" +
                                    (log_tail(os.path.join(raw, f"row{n}_{mode}.log")) or "no log") + ")")
         self.plan_params = plan_params(read_text(os.path.join(raw, f"row{n}_forge_plan.txt")))
+        # REPEATS (run.sh): forge and torch.compile again, files row<N>_forge_r<k>.jsonl and
+        # row<N>_compile_r<k>.json; each repeat's ratio from the two sides' median steps.
+        self.repeats = []  # (k, forge / compile by median steps)
+        for k in range(1, 100):
+            suf = "" if k == 1 else f"_r{k}"
+            fj = os.path.join(raw, f"row{n}_forge{suf}.jsonl")
+            cj = os.path.join(raw, f"row{n}_compile{suf}.json")
+            if k > 1 and not (os.path.exists(fj) or os.path.exists(cj)):
+                break
+            f = forge_figures(fj, warmup, self.tokens_per_step) if os.path.exists(fj) else None
+            c = read_json(cj)
+            fm, cm = f and f.get("ms_per_step_median"), c and c.get("ms_per_step_median")
+            if fm and cm:
+                self.repeats.append((k, cm / fm))
+
+    def repeat_ratio(self):
+        """The median of the repeats' ratios, its range, and the count (None without two repeats)."""
+        if len(self.repeats) < 2:
+            return None
+        v = sorted(x for _, x in self.repeats)
+        return statistics.median(v), v[0], v[-1], len(v)
 
     def mfu(self, tokens_per_s):
         peak = self.meta.get("peak_tflops")
@@ -369,11 +390,11 @@ def report(raw):
 
     out.append("## Summary: forge / torch.compile\n")
     out.append(f"| row | workload | forge tokens/s | torch.compile tokens/s | forge / compile | target {TARGET:.2f} | "
-               "forge / compile, median steps | forge / eager | peak memory forge / compile |")
-    out.append("|---|---|---:|---:|---:|---|---:|---:|---:|")
+               "forge / compile, median steps | median of the repeats (range, n) | forge / eager | peak memory forge / compile |")
+    out.append("|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         if not r.ran():
-            out.append(f"| {r.n} | {r.title} | not run: {r.why_not()[:200]} | | | | | | |")
+            out.append(f"| {r.n} | {r.title} | not run: {r.why_not()[:200]} | | | | | | | |")
             continue
         f, c, e = r.forge, r.peers.get("compile"), r.peers.get("eager")
         rc = f["tokens_per_s"] / c["tokens_per_s"] if f and c else None
@@ -383,8 +404,10 @@ def report(raw):
         fm, cm = f and f.get("ms_per_step_median"), c and c.get("ms_per_step_median")
         rm = f"{cm / fm:.3f}" if fm and cm else "-"
         out.append(f"| {r.n} | {r.title} | {f['tokens_per_s']:,.0f} | " if f else f"| {r.n} | {r.title} | failed | ")
+        rr = r.repeat_ratio()
+        rep = f"{rr[0]:.3f} ({rr[1]:.3f}-{rr[2]:.3f}, {rr[3]})" if rr else "-"
         out[-1] += (f"{c['tokens_per_s']:,.0f} | " if c else "failed | ") + (f"{rc:.3f} | " if rc else "- | ") + \
-                   f"{met} | {rm} | "
+                   f"{met} | {rm} | {rep} | "
         out[-1] += f"{ratio(f and f['tokens_per_s'], e and e['tokens_per_s'])} | " \
                    f"{ratio(f and f['peak_mem_bytes'], c and c.get('peak_mem_bytes'))} |"
     out.append("\ntokens/s of the whole job (both GPUs in row 4); peak memory per GPU (rank 0).\n")

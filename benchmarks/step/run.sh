@@ -23,6 +23,8 @@
 #
 # Variables (defaults):
 #   ROWS="1 2 3 4"   STEPS=90   WARMUP=10   (90: several of the power cap's ~1 s clock swings a run)
+#   REPEATS=3                runs of forge and of torch.compile per row, alternating which goes first
+#                            (eager runs once); the headline is the median of the repeats' ratios
 #   PROFILE_ROWS="1 3"       rows whose forge step is broken down by kernel (single-GPU rows)
 #   PROFILER=auto            auto | nsys | ktrace | ncu | none (auto: nsys if on the PATH, else ktrace,
 #                            a CUPTI tracer built here from benchmarks/step/ktrace.cpp, else ncu)
@@ -47,6 +49,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 ROWS="${ROWS:-1 2 3 4}"
 STEPS="${STEPS:-90}"
+REPEATS="${REPEATS:-3}"  # runs of forge and of torch.compile per row (eager: one)
 WARMUP="${WARMUP:-10}"
 PROFILE_ROWS="${PROFILE_ROWS-1 3}"
 PROFILER="${PROFILER:-auto}"
@@ -185,36 +188,38 @@ forge_args() {  # N STEPS -> FARGS: the forge train arguments of row N for that 
   # shellcheck disable=SC2206  # FORGE_ARGS: words to add, split on spaces
   FARGS+=(${FORGE_ARGS:-})
 }
-run_forge() {  # N
-  local n=$1 log="$RAW/row$1_forge.log"
+run_forge() {  # N (REP: the repeat's file suffix, "" for the first)
+  local n=$1 log="$RAW/row$1_forge${REP:-}.log"
   forge_args "$n" $((STEPS + WARMUP))
   say "row $n: forge ($([[ $GPUS -gt 1 ]] && echo "forge launch --nproc-per-node $GPUS, ")batch $BATCH x $SEQ)"
   local rc=0
-  power_start "row${n}_forge"
+  power_start "row${n}_forge${REP:-}"
+  rm -rf "${RUNS:?}/row$n"
   if [[ "$GPUS" -gt 1 ]]; then
     timeout 300 "$FORGE" launch --nproc-per-node "$GPUS" -- "$FORGE" train "${FARGS[@]}" > "$log" 2>&1 || rc=$?
   else
     OMP_NUM_THREADS=8 timeout 300 "$FORGE" train "${FARGS[@]}" > "$log" 2>&1 || rc=$?
   fi
   power_stop
-  cp "$RUNS/row$n/metrics.jsonl" "$RAW/row${n}_forge.jsonl" 2>/dev/null || true
+  cp "$RUNS/row$n/metrics.jsonl" "$RAW/row${n}_forge${REP:-}.jsonl" 2>/dev/null || true
   if [[ $rc -ne 0 ]]; then
-    say "row $n: forge FAILED (exit $rc): $(tail -2 "$log" | tr '\n' ' ')"
+    say "row $n: forge${REP:-} FAILED (exit $rc): $(tail -2 "$log" | tr '\n' ' ')"
   else
-    say "row $n: forge: $("$PY" benchmarks/step/report.py --line-forge "$RAW/row${n}_forge.jsonl" --warmup "$WARMUP" \
-      --tokens-per-step $((BATCH * SEQ)))"
+    say "row $n: forge${REP:-}: $("$PY" benchmarks/step/report.py --line-forge "$RAW/row${n}_forge${REP:-}.jsonl" \
+      --warmup "$WARMUP" --tokens-per-step $((BATCH * SEQ)))"
   fi
+  [[ -n "${REP:-}" ]] && return 0
   "$FORGE" plan --config "$CONFIG" --batch "$BATCH" > "$RAW/row${n}_forge_plan.txt" 2>&1 || true
   say "row $n: forge's parameters (forge plan): $(awk '$1 == "parameters" { print $2; exit }' "$RAW/row${n}_forge_plan.txt")"
 }
-run_peer() {  # N MODE [extra torch_peer.py arguments]
-  local n=$1 mode=$2 log="$RAW/row$1_$2.log" rc=0
+run_peer() {  # N MODE [extra torch_peer.py arguments] (REP: the repeat's file suffix)
+  local n=$1 mode=$2 log="$RAW/row$1_$2${REP:-}.log" rc=0
   shift 2
   local args=(benchmarks/step/torch_peer.py --config "$CONFIG" --mode "$mode" --batch $((BATCH / GPUS))
-              --steps "$STEPS" --warmup "$WARMUP" --json "$RAW/row${n}_${mode}.json" "$@")
+              --steps "$STEPS" --warmup "$WARMUP" --json "$RAW/row${n}_${mode}${REP:-}.json" "$@")
   # shellcheck disable=SC2206  # PEER_ARGS: words to add, split on spaces
   args+=(${PEER_ARGS:-})
-  power_start "row${n}_${mode}"
+  power_start "row${n}_${mode}${REP:-}"
   if [[ "$GPUS" -gt 1 ]]; then
     say "row $n: PyTorch DDP $mode (torchrun --nproc-per-node $GPUS)"
     timeout 420 "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" "${args[@]}" > "$log" 2>&1 || rc=$?
@@ -224,10 +229,10 @@ run_peer() {  # N MODE [extra torch_peer.py arguments]
   fi
   power_stop
   if [[ $rc -ne 0 ]]; then
-    say "row $n: PyTorch $mode FAILED (exit $rc): $(grep -v '^\s*$' "$log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
-    rm -f "$RAW/row${n}_${mode}.json"
+    say "row $n: PyTorch $mode${REP:-} FAILED (exit $rc): $(grep -v '^\s*$' "$log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
+    rm -f "$RAW/row${n}_${mode}${REP:-}.json"
   else
-    say "row $n: PyTorch $mode: $("$PY" benchmarks/step/report.py --line-peer "$RAW/row${n}_${mode}.json")"
+    say "row $n: PyTorch $mode${REP:-}: $("$PY" benchmarks/step/report.py --line-peer "$RAW/row${n}_${mode}${REP:-}.json")"
     say "row $n: $(grep -m1 'torch_peer: parameters' "$log" || true)"
   fi
 }
@@ -241,9 +246,16 @@ for n in $ROWS; do
     say "row $n: skipped: needs $GPUS GPUs, this machine has $NGPU"
     continue
   fi
-  run_forge "$n"
-  run_peer "$n" eager
-  run_peer "$n" compile
+  REP="" run_forge "$n"
+  REP="" run_peer "$n" eager
+  REP="" run_peer "$n" compile
+  # Further repeats of forge and torch.compile, alternating which runs first, so that the card's
+  # clocks and temperature fall on both alike; the summary's headline is the median ratio over
+  # the repeats with their range (report.py).
+  for ((r = 2; r <= REPEATS; r++)); do
+    if ((r % 2 == 0)); then REP="_r$r" run_peer "$n" compile; REP="_r$r" run_forge "$n"
+    else REP="_r$r" run_forge "$n"; REP="_r$r" run_peer "$n" compile; fi
+  done
   finalize
 done
 
