@@ -68,6 +68,10 @@ plan::GpuProfile calibrate(const CalibrateOptions& opt, const std::string& gpu_o
   go.shapes = calibrate_gemm_shapes(opt.quick);
   go.shapes.insert(go.shapes.end(), opt.extra.begin(), opt.extra.end());
   go.repeats = opt.repeats;
+  // Each shape warmed up for 300 ms of back-to-back products before it is timed: a training step
+  // keeps the card at its power limit, and a short burst of a small product would be timed at
+  // boost clocks it never sees in a step (the clock settles within tens of milliseconds).
+  go.warmup_ms = opt.quick ? 20 : 300;
   go.dtypes = {"bf16"};
   if (g.cc_major * 10 + g.cc_minor >= 89) go.dtypes.push_back("fp8");
   const GemmReport gr = run_gemm(go);

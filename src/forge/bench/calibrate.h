@@ -2,7 +2,8 @@
 // `forge bench calibrate` (docs/plan.md, Efficiency profiles): the measurements behind an
 // efficiency profile of this GPU (plan/gpu_profile.h, Note [efficiency profiles]), which
 // `forge plan --profile FILE` prices each kernel of a step from:
-//   GEMMs       per precision (bf16, and fp8 where the GPU has it): square products 1024..16384
+//   GEMMs       per precision (bf16, and fp8 where the GPU has it), each shape timed after 300 ms
+//               of back-to-back products (the clocks a step's sustained load leaves): square products 1024..16384
 //               and the products of transformer widths at m = 4096 and 16384 tokens (n, k in
 //               768..16384), plus `extra` shapes (e.g. a config's own: calibrate_shapes); the
 //               sustained rate and k_half fitted to them (plan::fit_gemm), every point kept;
