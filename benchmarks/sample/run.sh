@@ -31,11 +31,13 @@ fi
 SLUG="$(echo "$NAME" | sed 's/,.*//; s/[^A-Za-z0-9]\+/_/g; s/_$//')"
 RESULT="${RESULT:-benchmarks/results/sample_${SLUG}.md}"
 # The peer, where Python has transformers (the GPU machine): generate() on forge's export of the
-# same checkpoint, f32, the same prompts and greedy decoding.
+# same checkpoint, the same prompts and greedy decoding, tuned as transformers documents it (issue
+# 41): bf16, a static KV cache and torch.compile (reduce-overhead) on a GPU (PEER_ARGS, PEER_DTYPE
+# change it: PEER_DTYPE=f32 PEER_ARGS="--dtype f32 --cache dynamic --no-compile" is the plain one).
 PY="${PY:-python3}"
 PEER=""
 if [[ "${HF_PEER:-1}" == 1 ]] && "$PY" -c "import transformers, torch" 2>/dev/null; then
-  "$FORGE" export --checkpoint "$WORK/s" --out "$WORK/hf" --dtype f32 > "$WORK/export.log" 2>&1 && PEER=1
+  "$FORGE" export --checkpoint "$WORK/s" --out "$WORK/hf" --dtype "${PEER_DTYPE:-bf16}" > "$WORK/export.log" 2>&1 && PEER=1
 fi
 rows=()
 for cache in "" --no-kv-cache; do
@@ -49,9 +51,12 @@ for cache in "" --no-kv-cache; do
     label="KV cache"; [[ -n "$cache" ]] && label="whole window (--no-kv-cache)"
     peer="not run"
     if [[ -n "$PEER" ]]; then
+      tuned=(--dtype "${PEER_DTYPE:-bf16}"); [[ "$DEVICE" == cpu ]] && tuned+=(--cache dynamic --no-compile)
+      # shellcheck disable=SC2206  # PEER_ARGS: words to add
+      tuned+=(${PEER_ARGS:-})
       if "$PY" benchmarks/sample/hf_generate.py "$WORK/hf" --prompts $n --tokens "$TOKENS" --device "$DEVICE" $cache \
-           > "$WORK/peer.json" 2> "$WORK/peer.log"; then
-        peer=$(python3 -c "import json; print(round(json.load(open('$WORK/peer.json'))['tokens_per_s'], 1))")
+           "${tuned[@]}" > "$WORK/peer.json" 2> "$WORK/peer.log"; then
+        peer=$(python3 -c "import json; print(round(json.load(open('$WORK/peer.json'))['decode_tokens_per_s'], 1))")
         same=$(python3 -c "import json; f=json.load(open('$WORK/out.json')); p=json.load(open('$WORK/peer.json'))
 print('same' if f['samples'][0]['completion'] == p['completion'] else 'different')" 2>/dev/null || echo "?")
         peer="$peer ($same tokens, $(python3 -c "print(round($steady / $peer, 2))")x)"
@@ -75,10 +80,11 @@ commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
   echo
   tv=$("$PY" -c "import transformers; print(transformers.__version__)" 2>/dev/null || echo "(absent here)")
   echo "- Peer: transformers $tv \`generate()\` on \`forge export\` of the same"
-  echo "  checkpoint (f32, greedy, use_cache as the row says; benchmarks/sample/hf_generate.py), one untimed"
-  echo "  warm-up call; 'same' compares the first row's new text with forge's; forge / it takes forge's rate after"
-  echo "  the first token (forge sample is one process: its first token pays for each kernel's first launch,"
-  echo "  which the peer's warm-up call has already paid)"
+  echo "  checkpoint (${PEER_DTYPE:-bf16}; on a GPU a static KV cache and torch.compile, mode reduce-overhead, unless"
+  echo "  PEER_ARGS says otherwise: ${PEER_ARGS:-none}; greedy, use_cache as the row says;"
+  echo "  benchmarks/sample/hf_generate.py), untimed warm-up calls; 'same' compares the first row's new text with"
+  echo "  forge's; both sides' figure is the rate after the first token (the peer's: a generate() of one token"
+  echo "  timed apart and subtracted), forge / it their ratio"
   echo
   echo "| decoding | prompts | new tokens each | forge tokens/s | forge first token (s) | forge tokens/s after it | transformers tokens/s (forge / it) |"
   echo "|---|---:|---:|---:|---:|---:|---|"
