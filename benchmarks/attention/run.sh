@@ -31,7 +31,10 @@ echo "== forge bench attention ($BACKENDS, layout $LAYOUT)"
 "$FORGE" bench attention "${shape_args[@]}" --backends "$BACKENDS" --repeats "$REPEATS" --warmup "$WARMUP" --json \
   > "$RAW/forge.json"
 echo "== PyTorch scaled_dot_product_attention (cudnn, flash; layout $LAYOUT)"
-"$PY" benchmarks/attention/torch_sdpa.py "${shape_args[@]}" --repeats "$REPEATS" --warmup "$WARMUP" --json "$RAW/torch.json"
+# GRAPH=N (default 10): PyTorch's calls timed N to a CUDA graph replay (no Python dispatch inside
+# the timing, issue 41); GRAPH=0: CUDA events around each call.
+"$PY" benchmarks/attention/torch_sdpa.py "${shape_args[@]}" --repeats "$REPEATS" --warmup "$WARMUP" \
+  --graph "${GRAPH:-10}" --json "$RAW/torch.json"
 OUTFILE="benchmarks/results/attention_${GPU}${SUFFIX}.md"
 "$PY" benchmarks/attention/report.py --forge "$RAW/forge.json" --torch "$RAW/torch.json" \
   --command "benchmarks/attention/run.sh (REPEATS=$REPEATS WARMUP=$WARMUP BACKENDS=$BACKENDS LAYOUT=$LAYOUT)" \

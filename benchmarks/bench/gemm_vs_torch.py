@@ -4,7 +4,8 @@
 C = A @ B with row-major A (M x K), B (K x N), randn inputs (rotating among up to 3 (A, B) pairs
 when 3 pairs take <= 2 GiB), warm-up (>= WARMUP runs and >= 50 ms, synchronising after each),
 then REPEATS runs back to back, each between two torch.cuda.Event(enable_timing=True); the median
-is reported. FLOPs = 2*M*N*K. tf32 = f32 storage with torch.backends.cuda.matmul.allow_tf32.
+is reported. --graph N instead captures N products in one CUDA graph and times each replay (/ N):
+no Python dispatch inside the timing (issue 41: small shapes otherwise time torch's dispatch). FLOPs = 2*M*N*K. tf32 = f32 storage with torch.backends.cuda.matmul.allow_tf32.
 fp8 (sm_89+, torch._scaled_mm): D (M x N) bf16 = A (M x K) @ B_t (N x K)^T with A, B_t e4m3 row-major
 (uniform [-2, 2) rounded to e4m3), per-tensor f32 scales of 1, use_fast_accum=False: the layout,
 scales and accumulation of forge's fp8 GEMM (cuBLASLt "TN"); same FLOPs as A @ B.
@@ -49,7 +50,7 @@ def sizes_arg(spec):
     return out
 
 
-def bench(m, n, k, name, repeats, warmup, warmup_ms):
+def bench(m, n, k, name, repeats, warmup, warmup_ms, graph=0):
     fp8 = name == "fp8"
     bits = 8 if fp8 else torch.finfo(DTYPES[name]).bits
     set_bytes = (m * k + k * n) * bits // 8
@@ -81,12 +82,31 @@ def bench(m, n, k, name, repeats, warmup, warmup_ms):
             i += 1
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        for r in range(repeats):
-            starts[r].record()
-            run(r)
-            stops[r].record()
-        stops[-1].synchronize()
-        ms = [s.elapsed_time(e) for s, e in zip(starts, stops)]
+        if graph:  # --graph N: N products captured in a CUDA graph, each replay timed (no Python inside)
+            g = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run(0)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(g):
+                for j in range(graph):
+                    run(j)
+            g.replay()
+            torch.cuda.synchronize()
+            for r in range(repeats):
+                starts[r].record()
+                g.replay()
+                stops[r].record()
+            stops[-1].synchronize()
+            ms = [s.elapsed_time(e) / graph for s, e in zip(starts, stops)]
+        else:
+            for r in range(repeats):
+                starts[r].record()
+                run(r)
+                stops[r].record()
+            stops[-1].synchronize()
+            ms = [s.elapsed_time(e) for s, e in zip(starts, stops)]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     med = statistics.median(ms)
@@ -103,6 +123,8 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--warmup-ms", type=float, default=50)
+    p.add_argument("--graph", type=int, default=0,
+                   help="time N products captured in one CUDA graph per replay (0: CUDA events around each call)")
     args = p.parse_args()
     shapes = [(s, s, s) for s in sizes_arg(args.sizes)] if args.sizes else []
     shapes += [tuple(int(x) for x in s.lower().split("x")) for s in args.mnk]
@@ -123,13 +145,13 @@ def main():
                 skipped.append({"dtype": name, "shape": f"{m}x{n}x{k}", "reason": "fp8 GEMMs need M, N, K multiples of 16"})
                 continue
             try:
-                results.append(bench(m, n, k, name, args.repeats, args.warmup, args.warmup_ms))
+                results.append(bench(m, n, k, name, args.repeats, args.warmup, args.warmup_ms, args.graph))
             except torch.cuda.OutOfMemoryError as e:
                 skipped.append({"dtype": name, "shape": f"{m}x{n}x{k}", "reason": str(e).splitlines()[0]})
             torch.cuda.empty_cache()
     print(json.dumps({"benchmark": "gemm", "framework": "torch " + torch.__version__,
                       "device_name": torch.cuda.get_device_name(0),
-                      "method": {"timer": "torch.cuda.Event", "warmup_runs": args.warmup, "warmup_ms": args.warmup_ms,
+                      "method": {"timer": (f"CUDA graph of {args.graph} products per replay" if args.graph else "torch.cuda.Event"), "warmup_runs": args.warmup, "warmup_ms": args.warmup_ms,
                                  "repeats": args.repeats, "statistic": "median", "flops": "2*M*N*K"},
                       "results": results, "skipped": skipped}, indent=2))
 
