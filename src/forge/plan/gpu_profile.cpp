@@ -37,14 +37,6 @@ double model_seconds(const GemmEfficiency& g, int64_t sms, double mem_bps, Preci
   return std::max(flops / rate, mem_bps > 0 ? bytes / mem_bps : 0.0) + g.fixed_us * 1e-6;
 }
 
-const GemmEfficiency& gemm_for(const GpuProfile& prof, Precision p) {
-  auto it = prof.gemm.find(p);
-  if (it == prof.gemm.end() && p == Precision::fp16) it = prof.gemm.find(Precision::bf16);  // the same tensor cores
-  FORGE_CHECK(it != prof.gemm.end() && it->second.sustained_tflops > 0, "plan: the efficiency profile of ", prof.gpu,
-              " has no ", precision_name(p), " GEMM rate; measure one with `forge bench calibrate` or plan with --mfu");
-  return it->second;
-}
-
 GemmEfficiency gemm(double tflops, int64_t tile_m, int64_t tile_n, double k_half, std::vector<GemmPoint> points = {}) {
   GemmEfficiency g;
   g.sustained_tflops = tflops;
@@ -238,7 +230,7 @@ GpuProfile read_profile(const std::filesystem::path& file) {
 
 double gemm_seconds(const GpuProfile& prof, Precision p, int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
-  const GemmEfficiency& g = gemm_for(prof, p);
+  const GemmEfficiency& g = gemm_efficiency(prof, p);
   for (const auto& x : g.points)
     if (x.m == m && x.n == n && x.k == k)
       return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / (x.tflops * 1e12);
@@ -268,6 +260,15 @@ AttentionRate attention_rate(const GpuProfile& prof, int64_t seq, int64_t head_d
 }
 
 double memory_bytes_per_s(const GpuProfile& prof) { return prof.memory_gbs * 1e9; }
+
+const GemmEfficiency& gemm_efficiency(const GpuProfile& prof, Precision p) {
+  auto it = prof.gemm.find(p);
+  if (it == prof.gemm.end() && p == Precision::fp16) it = prof.gemm.find(Precision::bf16);  // the same tensor cores
+  FORGE_CHECK(it != prof.gemm.end() && it->second.sustained_tflops > 0, "plan: the efficiency profile of ", prof.gpu,
+              " has no ", precision_name(p), " GEMM rate; measure one with `forge bench calibrate` or plan with --mfu");
+  return it->second;
+}
+
 
 GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64_t tile_m, int64_t tile_n) {
   FORGE_CHECK(!points.empty(), "fit_gemm: no measured GEMMs");

@@ -85,6 +85,8 @@ struct AttentionRate {
 AttentionRate attention_rate(const GpuProfile& prof, int64_t seq, int64_t head_dim);
 // Achieved memory bandwidth in bytes/s.
 double memory_bytes_per_s(const GpuProfile& prof);
+// The GEMM model of precision `p` (bf16's for fp16); throws naming the GPU when the profile has none.
+const GemmEfficiency& gemm_efficiency(const GpuProfile& prof, Precision p);
 
 // Fits a GemmEfficiency's sustained rate and k_half to measured GEMMs (forge bench calibrate): the
 // pair (k_half on a grid of 8 in [0, 1024], the rate in closed form for each) that minimises the

@@ -30,14 +30,6 @@ double optimizer_bytes_touched(const BytesPerParam& bp) {
   return bp.grad + 2 * bp.optimizer + (has_master ? 0 : bp.param) + bp.param;
 }
 
-// The sustained GEMM rate of precision p in FLOP/s (bf16's for fp16).
-double gemm_for_rate(const GpuProfile& prof, Precision p) {
-  auto it = prof.gemm.find(p);
-  if (it == prof.gemm.end()) it = prof.gemm.find(Precision::bf16);
-  FORGE_CHECK(it != prof.gemm.end(), "plan: the efficiency profile of ", prof.gpu, " has no GEMM rate for ", precision_name(p));
-  return it->second.sustained_tflops * 1e12;
-}
-
 }  // namespace
 
 double zb_h1_share(double f, double b, double w) {
@@ -119,7 +111,7 @@ StageKernels profiled_stage(const ModelSpec& m, const TrainingSetup& setup, cons
     linear(f_t, ht);
     linear(ht, f_t);
   }
-  if (frozen) b.gemm += 6.0 * static_cast<double>(lora_block_parameters(m, t)) * Md / gemm_for_rate(prof, dense);
+  if (frozen) b.gemm += 6.0 * static_cast<double>(lora_block_parameters(m, t)) * Md / (gemm_efficiency(prof, dense).sustained_tflops * 1e12);
   const AttentionRate ar = attention_rate(prof, m.seq_len, hd);
   const double attn_fwd = Md * 2.0 * static_cast<double>(m.seq_len) * static_cast<double>(q_w);  // causal: half of 4 T d
   b.attention = attn_fwd / ar.fwd + 2.5 * attn_fwd / ar.bwd;

@@ -194,18 +194,15 @@ class DataParallelStrategy final : public Strategy {
   // DDP, ZeRO-1 and -2 without tensor parallelism (the others gather first: not reserved).
   std::vector<size_t> checkpoint_host_bytes() const override {
     std::vector<size_t> bytes;
+    auto add = [&](const Tensor& t) {
+      if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
+    };
     if (solo_) {  // the model and the whole optimizer's state (snapshot_solo)
-      auto add = [&](const Tensor& t) {
-        if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
-      };
       for (const auto& [name, t] : model_.module->state_dict()) add(t);
       for (const auto& [name, t] : dp_->local_optimizer()->state_dict().tensors) add(t);
       return bytes;
     }
     if (split_ || dp_->options().sharding.parameters()) return bytes;
-    auto add = [&](const Tensor& t) {
-      if (!t.is_cpu()) bytes.push_back(static_cast<size_t>(t.numel()) * element_size(t.dtype()));
-    };
     const bool rank0 = dp_->group()->rank() == 0;
     if (dp_->options().sharding.optimizer_state() || rank0)
       for (const auto& piece : dp_->piece_state())
