@@ -139,6 +139,37 @@ INSTANTIATE_TEST_SUITE_P(, DataParallelLayouts,
                          }()),
                          [](const ::testing::TestParamInfo<Layout>& i) { return layout_name(i.param); });
 
+// dist.dp_reduce = "hierarchical" on 4 ranks split into 2 simulated nodes of 2 (dist.node_size):
+// every reduction goes within the node, across nodes, and back (parallel/hierarchical_group.h).
+// DDP, ZeRO-2 (reduce-scatter: each rank's slice must be its own) and ZeRO-3 (all-gathers too)
+// train to the one-process run's losses and weights as the flat layouts do; the log says so.
+TEST_F(DataParallelTrain, HierarchicalReductionOverSimulatedNodesTrainsLikeOneProcess) {
+  for (int stage : {0, 2, 3}) {
+    const std::string o = stage == 0 ? "sgd" : "adamw";
+    const std::string name = "hier_np4_zero" + std::to_string(stage);
+    auto args = base_args(root_, name, 20, o);
+    args.push_back("--dist.zero_stage=" + std::to_string(stage));
+    args.push_back("--dist.dp_reduce=hierarchical");
+    args.push_back("--dist.node_size=2");
+    const ShellRun r = runs.run_mpi(4, args);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("reduced within each node first"), std::string::npos) << r.out;
+    expect_same_run(root_ / name, reference(o, 1), 1, 1e-6, o == "sgd" ? 1e-6 : 5e-5, name + " vs one process");
+  }
+}
+
+// A node size that does not split the data-parallel group evenly is refused before any step,
+// naming the setting.
+TEST_F(DataParallelTrain, HierarchicalReductionWithANodeSizeThatDoesNotSplitTheGroupIsRefused) {
+  auto args = base_args(root_, "hier_bad_node", 5);
+  args.push_back("--dist.dp_reduce=hierarchical");
+  args.push_back("--dist.node_size=3");
+  const ShellRun r = runs.run_mpi(4, args);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("dist.node_size"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1 "), std::string::npos) << r.out;
+}
+
 // A checkpoint written by 4 ranks at stage `before` (step 10 of 20) resumes on 2 ranks at stage
 // `after` (resharded on load), and in one process without dist; each continues with the losses
 // and weights of the uninterrupted 4-rank run.

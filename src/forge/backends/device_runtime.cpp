@@ -111,6 +111,57 @@ void Event::synchronize() const {
 #endif
 }
 
+bool Event::query() const {
+#ifdef FORGE_WITH_CUDA
+  if (impl_ && impl_->recorded && impl_->on_cuda) return impl_->cuda_event->query();
+#endif
+  return true;
+}
+
+void Event::block_current(Device d) const {
+  if (!d.is_cuda() || !impl_ || !impl_->recorded || !impl_->on_cuda) return;
+#ifdef FORGE_WITH_CUDA
+  impl_->cuda_event->wait(cuda::Stream::current(static_cast<int>(d.index)));
+#else
+  no_cuda(d, "Event::block_current");
+#endif
+}
+
+#ifdef FORGE_WITH_CUDA
+struct SideStream::Impl {
+  cuda::Stream stream;
+  std::optional<cuda::StreamGuard> guard;
+  explicit Impl(int device) : stream(cuda::Stream::create(device)) {}
+};
+SideStream::SideStream(Device d) : device_(d) {
+  if (d.is_cuda()) impl_ = std::make_unique<Impl>(static_cast<int>(d.index));
+}
+SideStream::~SideStream() = default;
+void SideStream::enter() {
+  if (!impl_) return;
+  FORGE_CHECK(!impl_->guard, "SideStream::enter: already entered");
+  cuda::Event before;
+  before.record(cuda::Stream::current(static_cast<int>(device_.index)));
+  before.wait(impl_->stream);
+  impl_->guard.emplace(impl_->stream);
+}
+void SideStream::leave() {
+  if (impl_) impl_->guard.reset();
+}
+void SideStream::keep(const Tensor& t) {
+  if (impl_ && t.defined() && t.device().is_cuda()) cuda::record_stream(t, impl_->stream);
+}
+#else
+struct SideStream::Impl {};
+SideStream::SideStream(Device d) : device_(d) {
+  if (d.is_cuda()) no_cuda(d, "SideStream");
+}
+SideStream::~SideStream() = default;
+void SideStream::enter() {}
+void SideStream::leave() {}
+void SideStream::keep(const Tensor&) {}
+#endif
+
 double Event::elapsed_ms(const Event& later) const {
   FORGE_CHECK(impl_ && later.impl_, "Event::elapsed_ms: a moved-from event");
   FORGE_CHECK(impl_->timing && later.impl_->timing, "Event::elapsed_ms: both events need timing (Event(true))");

@@ -15,6 +15,7 @@
 
 #include "forge/core/allocator.h"
 #include "forge/core/device.h"
+#include "forge/core/tensor.h"
 
 namespace forge::runtime {
 
@@ -43,6 +44,11 @@ class Event {
   void record(Device d);
   // The host waits until that work is done.
   void synchronize() const;
+  // Whether that work is done (never blocks; an event never recorded is).
+  bool query() const;
+  // Work queued from now on on d's current stream waits for that work (a stream wait, not a
+  // host one; nothing on the CPU).
+  void block_current(Device d) const;
   // Milliseconds from this event to `later`, both recorded with timing on the same device and
   // complete (synchronize `later` first).
   double elapsed_ms(const Event& later) const;
@@ -50,6 +56,32 @@ class Event {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A queue of work beside the thread's current stream of a device: a stream of its own on a CUDA
+// device. Between enter() and leave() the work this thread queues on `d` goes there, after all
+// work queued on the previous current stream before enter(); record an Event inside to mark a
+// point of it, and block_current() that event to join it back. On the CPU (work is done when
+// queued) every call is a no-op. For collectives chained on the host's side of a process group
+// (parallel/hierarchical_group.h) without stalling the compute stream.
+class SideStream {
+ public:
+  explicit SideStream(Device d);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  void enter();
+  void leave();
+  // `t` (allocated on another stream) is read or written by work queued here: the caching
+  // allocator keeps its memory until that work is done (Note [stream safety] in
+  // backends/cuda/stream.h).
+  void keep(const Tensor& t);
+  Device device() const { return device_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Device device_;
 };
 
 // Whether work on `d` can be captured into a graph (StepGraph): a CUDA device whose allocator is

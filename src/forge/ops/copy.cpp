@@ -120,6 +120,13 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   return dst;
 }
 
+Tensor& copy_as_communication_(Tensor& dst, const Tensor& src) {
+  FORGE_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(),
+              "copy_as_communication_: dst and src must have the same shape, dtype and device");
+  copy_kernel(dst, src, false);
+  return dst;
+}
+
 Tensor& fill_(Tensor& t, double value) {
   check_inplace(t, "fill_");
   if (t.numel() == 0) return t;

@@ -34,6 +34,11 @@ Tensor& copy_(Tensor& dst, const Tensor& src);
 // side before the copy has run (the pinned allocator keeps its block until then).
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking);
 Tensor& fill_(Tensor& t, double value);
+// dst <- src (same shape and dtype, same device) as a collective writes its output: the storage's
+// version is not bumped (autograd's saved tensors over dst stay valid, as they do when a process
+// group's engine writes into it). For parallel/hierarchical_group's reordering of an all-gather's
+// result (ZeRO-3 gathers a block's weights into the parameters' own storage before backward).
+Tensor& copy_as_communication_(Tensor& dst, const Tensor& src);
 
 // A copy of `t` on the host that later changes to `t` never reach (a checkpoint's snapshot):
 // a GPU tensor's goes to pinned memory, only queued on the device's current stream (call

@@ -1,6 +1,7 @@
 #include "forge/parallel/layout.h"
 
 #include <sstream>
+#include <string>
 
 namespace forge::parallel {
 
@@ -25,6 +26,9 @@ std::string Layout::describe() const {
   if (pp > 1 && schedule == PipelineSchedule::gpipe) os << " (gpipe)";
   os << ", micro-batch " << micro_batch << " x " << grad_accum << ", ZeRO-" << zero << (offload ? " + offload" : "")
      << ", checkpointing " << checkpointing_name(checkpointing);
+  if (dp_reduce == DpReduce::hierarchical && dp * cp > 1)
+    os << ", dp reduced within " << (node_size > 0 ? "nodes of " + std::to_string(node_size) + " ranks" : "each host")
+       << " first";
   return os.str();
 }
 

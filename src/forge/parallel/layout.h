@@ -22,6 +22,9 @@ enum class Checkpointing { none, selective, full };
 enum class PipelineSchedule { one_f_one_b, gpipe, zb_h1, interleaved };
 // Context parallelism's attention (parallel/context_parallel.h): K/V around a ring, or all-to-all over heads.
 enum class ContextKind { ring, ulysses };
+// The data-parallel reductions: one ring over the group, or within each node first (Note
+// [hierarchical data-parallel reduction] in parallel/hierarchical_group.h).
+enum class DpReduce { flat, hierarchical };
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
 const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
 
@@ -37,6 +40,8 @@ struct Layout {
   bool sequence_parallel = false;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
+  DpReduce dp_reduce = DpReduce::flat;
+  int64_t node_size = 0;       // ranks per node for dp_reduce (0: the launch's ranks per host)
   int64_t gpus() const { return dp * tp * pp * cp; }
   // What the data-parallel group shards: ask this, not the stage's number.
   Sharding sharding() const { return Sharding::from_stage(zero, "the layout's ZeRO stage"); }

@@ -24,7 +24,7 @@
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, interval_minutes, keep_last, at_end, async
 //   [lora]       rank, alpha, dropout, targets (LoRA adapters on the base model: nn/lora.h, docs/lora.md)
-//   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb (the layout; docs/dist.md)
+//   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb, dp_reduce, node_size (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at, masters_from_rounded (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
 //
@@ -168,6 +168,8 @@ struct DistSection {
   int64_t zero_stage = 0;          // 0: DDP (every rank the whole optimizer), 1: + sharded optimizer state, 2: + sharded gradients, 3: + sharded block parameters
   bool offload_optimizer = false;  // ZeRO-1/2: master weights, moments and the update on the CPU
   double bucket_mb = 25.0;         // gradient bucket size (MB) for the overlapped reductions
+  std::string dp_reduce = "flat";  // "flat" (one ring) or "hierarchical" (within each node first, then across nodes)
+  int64_t node_size = 0;           // ranks per node for dp_reduce (0: the launcher's ranks per host; smaller simulates nodes)
 };
 
 struct TelemetrySection {

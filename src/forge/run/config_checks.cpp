@@ -186,6 +186,11 @@ void validate(const RunConfig& c) {
               "' has none: use dist.zero_stage = 2");
   FORGE_CHECK(!c.dist.offload_optimizer || zero.optimizer_state(),
               "dist.offload_optimizer = true needs dist.zero_stage = 1, 2 or 3 (it offloads the sharded optimizer)");
+  FORGE_CHECK(c.dist.dp_reduce == "flat" || c.dist.dp_reduce == "hierarchical", "dist.dp_reduce = '",
+              c.dist.dp_reduce, "' is unknown; use \"flat\" or \"hierarchical\"",
+              suggest_choice(c.dist.dp_reduce, {"flat", "hierarchical"}));
+  FORGE_CHECK(c.dist.node_size >= 0, "dist.node_size must be >= 0 (0 = the launcher's ranks per host), got ",
+              c.dist.node_size);
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",
               c.dist.bucket_mb);
   FORGE_CHECK(!(c.run.dtype == "f16" && c.dist.offload_optimizer),

@@ -221,6 +221,13 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, offload_optimizer,
                   "ZeRO-1/2/3: keep the f32 master weights and moments on the CPU and run the update there"),
       FORGE_FIELD(dist, bucket_mb, "gradient bucket size in MB for the reductions that overlap backward (> 0)"),
+      FORGE_FIELD(dist, dp_reduce,
+                  "the data-parallel reductions: \"flat\" (one ring over the group) or \"hierarchical\" (reduce-scatter "
+                  "within each node, all-reduce across nodes over 1/node of the bytes, all-gather within the node: "
+                  "for nodes joined by a slower network; docs/dist.md)"),
+      FORGE_FIELD(dist, node_size,
+                  "ranks per node for dist.dp_reduce = \"hierarchical\" (0 = the launcher's ranks per host; a smaller "
+                  "value splits one host into simulated nodes)"),
       FORGE_FIELD(telemetry, tensorboard,
                   "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
                   "tensorboard --logdir"),

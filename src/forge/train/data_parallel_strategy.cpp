@@ -43,7 +43,7 @@ class DataParallelStrategy final : public Strategy {
   DataParallelStrategy(const RunConfig& cfg, const parallel::Layout& layout, const parallel::Mesh& mesh, Model& model,
                        DType dtype, std::ostream& log)
       : cfg_(cfg), layout_(layout), model_(model), device_(model.device()), solo_(!needs_process_group(layout)) {
-    group_ = strategy_detail::data_parallel_group(mesh);  // (dp x cp: Note [context-parallel sequence layout])
+    group_ = strategy_detail::data_parallel_group(mesh, layout);  // (dp x cp: Note [context-parallel sequence layout])
     dp_rank_ = mesh.dp_rank();
     dp_size_ = mesh.dp();
     cp_group_ = mesh.cp_group();
@@ -77,6 +77,7 @@ class DataParallelStrategy final : public Strategy {
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), "
         << layout.sharding().name()
+        << (layout.dp_reduce == parallel::DpReduce::hierarchical ? ", reduced within each node first" : "")
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
         << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";

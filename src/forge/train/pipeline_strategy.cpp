@@ -80,7 +80,7 @@ class PipelineStrategy final : public Strategy {
     if (split_)
       for (const std::vector<int>& ranks : mesh.all_groups({"pp", "tp"}))
         if (auto g = world_->new_group(ranks)) norm_group_ = g;
-    group_ = strategy_detail::data_parallel_group(mesh);
+    group_ = strategy_detail::data_parallel_group(mesh, layout);
     // Context parallelism (Note [context-parallel sequence layout]): every stage of a pipeline
     // holds its cp ranks' parts of the same rows; the rows split over the dp ranks only, and the
     // gradients reduce over dp x cp (group_).

@@ -13,6 +13,8 @@
 #include "forge/ops/reduce.h"
 #include "forge/optim/clip.h"
 #include "forge/parallel/context_parallel.h"
+#include "forge/parallel/env.h"
+#include "forge/parallel/hierarchical_group.h"
 
 namespace forge::train {
 
@@ -177,10 +179,14 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
   return ops::stack(figures);
 }
 
-parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh) {
+parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const parallel::Layout& layout) {
   FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
-  if (mesh.dp_cp_group()) return mesh.dp_cp_group();
-  return mesh.dp() * mesh.cp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
+  parallel::ProcessGroupPtr flat = mesh.dp_cp_group();
+  if (!flat) return mesh.dp() * mesh.cp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
+  if (layout.dp_reduce != parallel::DpReduce::hierarchical) return flat;
+  // Note [hierarchical data-parallel reduction]: nodes of dist.node_size world ranks (or the launch's per host).
+  const int node_size = layout.node_size > 0 ? static_cast<int>(layout.node_size) : parallel::launch_env().local_world_size;
+  return parallel::make_hierarchical(flat, parallel::group_ranks_per_node(mesh.group_ranks({"dp", "cp"}), node_size));
 }
 
 Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,

@@ -208,8 +208,10 @@ EvalSums evaluate_model(const Model& model, data::BatchSource& batches, int64_t 
 Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& bad, const Tensor& loss_scale);
 // The data-parallel group of a layout on `mesh`: the mesh's dp x cp group (the gradients of a
 // context-parallel run reduce over both), the world when they span it, or a group of one when
-// tensor or pipeline parallelism spans the world (collective then).
-parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh);
+// tensor or pipeline parallelism spans the world (collective then). With dist.dp_reduce =
+// "hierarchical", that group reducing within each node first (parallel/hierarchical_group.h;
+// collective over the group).
+parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const parallel::Layout& layout);
 // The end of a step on parallel::DataParallel, after backward and the loss's reductions: the global
 // norm (f16: unscaled, the overflow agreed), clipping at grad_clip, the non-finite skip, the
 // update, the figures (train_step's return value) and zero_grad.

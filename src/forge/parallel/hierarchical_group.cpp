@@ -1,0 +1,268 @@
+// Reductions within each node first (Note [hierarchical data-parallel reduction] in
+// hierarchical_group.h).
+#include "forge/parallel/hierarchical_group.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "forge/autograd/grad_mode.h"
+#include "forge/backends/device_runtime.h"
+#include "forge/core/error.h"
+#include "forge/ops/copy.h"
+#include "forge/ops/creation.h"
+
+namespace forge::parallel {
+
+namespace {
+
+// One stage of a chain: starts a collective (its Work) or does its own work at once (nullptr).
+using Stage = std::function<WorkPtr()>;
+
+// The stages of one hierarchical operation, one after another. CPU: the first starts at the call,
+// each next one when the previous is done, as wait() / synchronize() / is_completed() find it (on
+// the calling thread: MPI is funnelled). GPU: every stage queued at the call on the group's side
+// stream (each collective's Work waited there, a stream wait), the end marked by an event.
+class ChainWork final : public Work {
+ public:
+  ChainWork(std::vector<Stage> stages, runtime::SideStream* side, std::vector<Tensor> keep)
+      : stages_(std::move(stages)), keep_(std::move(keep)) {
+    if (side == nullptr) {
+      advance(false);
+      return;
+    }
+    device_ = side->device();
+    side->enter();
+    try {
+      NoGradGuard no_grad;
+      for (auto& s : stages_)
+        if (WorkPtr w = s()) {
+          w->wait();
+          inner_.push_back(std::move(w));
+        }
+      for (const Tensor& t : keep_) side->keep(t);
+      end_.record(device_);
+    } catch (...) {
+      side->leave();
+      throw;
+    }
+    side->leave();
+    next_ = stages_.size();
+  }
+
+  ~ChainWork() override {
+    try {
+      synchronize();  // the later stages are collectives the other ranks wait for
+    } catch (...) {
+    }
+  }
+
+  void wait() override {
+    if (device_.is_cuda()) end_.block_current(device_);
+    else advance(true);
+  }
+  void synchronize() override {
+    if (device_.is_cuda()) {
+      end_.synchronize();
+      for (auto& w : inner_) w->synchronize();
+      inner_.clear();
+      keep_.clear();
+    } else {
+      advance(true);
+    }
+  }
+  bool is_completed() override { return device_.is_cuda() ? end_.query() : advance(false); }
+
+ private:
+  // CPU: runs the chain as far as it can (block: to its end). True when it is done.
+  bool advance(bool block) {
+    NoGradGuard no_grad;
+    while (true) {
+      if (current_) {
+        if (!block && !current_->is_completed()) return false;
+        current_->wait();  // (an MPI work's host part: avg's division, 16-bit results rounded back)
+        current_ = nullptr;
+      }
+      if (next_ >= stages_.size()) break;
+      current_ = stages_[next_++]();
+    }
+    keep_.clear();
+    return true;
+  }
+
+  std::vector<Stage> stages_;
+  std::vector<Tensor> keep_;
+  size_t next_ = 0;
+  WorkPtr current_;
+  Device device_ = Device::cpu();
+  runtime::Event end_;
+  std::vector<WorkPtr> inner_;
+};
+
+class HierarchicalGroup final : public ProcessGroup {
+ public:
+  HierarchicalGroup(ProcessGroupPtr flat, ProcessGroupPtr intra, ProcessGroupPtr inter, int per_node)
+      : ProcessGroup(flat->rank(), flat->size()),
+        flat_(std::move(flat)),
+        intra_(std::move(intra)),
+        inter_(std::move(inter)),
+        k_(per_node),
+        nodes_(size() / per_node),
+        local_(rank() % per_node) {
+    if (flat_->device().is_cuda()) side_ = std::make_unique<runtime::SideStream>(flat_->device());
+  }
+
+  std::string backend() const override { return flat_->backend(); }
+  Device device() const override { return flat_->device(); }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
+    detail::check_tensor(*this, "all_reduce", "t", t);
+    detail::check_reduce_op("all_reduce", op, t.dtype());
+    const int64_t n = t.numel();
+    if (n < k_) return flat_->all_reduce(t, op);  // nothing to split
+    const int64_t s = (n + k_ - 1) / k_, padded = s * k_;
+    auto buf = std::make_shared<Tensor>();
+    const Tensor flat_t = t.view({n});
+    std::vector<Stage> stages;
+    stages.push_back([=, this] {
+      if (padded == n) {
+        *buf = flat_t;
+      } else {  // k slices of s: a copy padded with zeros (sum, avg, max, min: the padding is never read back)
+        *buf = zeros({padded}, {.dtype = t.dtype(), .device = device()});
+        buf->narrow(0, 0, n).copy_(flat_t);
+      }
+      return intra_->reduce_scatter(buf->narrow(0, local_ * s, s), *buf, op);
+    });
+    stages.push_back([=, this] { return inter_->all_reduce(buf->narrow(0, local_ * s, s), op); });
+    stages.push_back([=, this] { return intra_->all_gather(*buf, buf->narrow(0, local_ * s, s)); });
+    if (padded != n)
+      stages.push_back([=]() -> WorkPtr {
+        Tensor dst = flat_t;
+        ops::copy_as_communication_(dst, buf->narrow(0, 0, n));
+        *buf = Tensor();
+        return nullptr;
+      });
+    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{t});
+  }
+
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
+    detail::check_reduce_scatter(*this, output, input, op);
+    const int64_t s = output.numel();
+    if (s == 0) return flat_->reduce_scatter(output, input, op);
+    auto mid = std::make_shared<Tensor>();
+    std::vector<Stage> stages;
+    stages.push_back([=, this] {
+      // Slices (node, local) -> (local, node): this rank's local index then holds every node's slice of it.
+      const Tensor local_major = input.view({nodes_, k_, s}).transpose(0, 1).contiguous().view({size() * s});
+      *mid = empty({nodes_ * s}, {.dtype = input.dtype(), .device = device()});
+      return intra_->reduce_scatter(*mid, local_major, op);
+    });
+    stages.push_back([=, this] { return inter_->reduce_scatter(output, *mid, op); });
+    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{output, input});
+  }
+
+  WorkPtr all_gather(const Tensor& output, const Tensor& input) override {
+    detail::check_all_gather(*this, output, input);
+    const int64_t s = input.numel();
+    if (s == 0) return flat_->all_gather(output, input);
+    auto mid = std::make_shared<Tensor>(), local_major = std::make_shared<Tensor>();
+    std::vector<Stage> stages;
+    stages.push_back([=, this] {
+      *mid = empty({nodes_ * s}, {.dtype = input.dtype(), .device = device()});
+      return inter_->all_gather(*mid, input);
+    });
+    stages.push_back([=, this] {
+      *local_major = empty({size() * s}, {.dtype = input.dtype(), .device = device()});
+      return intra_->all_gather(*local_major, *mid);
+    });
+    stages.push_back([=, this]() -> WorkPtr {
+      // (as the flat group's engine would: no version bump on the output, Note in ops/copy.h)
+      Tensor dst = output.view({nodes_, k_, s});
+      ops::copy_as_communication_(dst, local_major->view({k_, nodes_, s}).transpose(0, 1));
+      *mid = Tensor();
+      *local_major = Tensor();
+      return nullptr;
+    });
+    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{output, input});
+  }
+
+  WorkPtr reduce(const Tensor& t, int root, ReduceOp op) override { return flat_->reduce(t, root, op); }
+  WorkPtr broadcast(const Tensor& t, int root) override { return flat_->broadcast(t, root); }
+  WorkPtr gather(const Tensor& o, const Tensor& i, int root) override { return flat_->gather(o, i, root); }
+  WorkPtr scatter(const Tensor& o, const Tensor& i, int root) override { return flat_->scatter(o, i, root); }
+  WorkPtr all_to_all(const Tensor& o, const Tensor& i) override { return flat_->all_to_all(o, i); }
+  WorkPtr send(const Tensor& t, int dst, int tag) override { return flat_->send(t, dst, tag); }
+  WorkPtr recv(const Tensor& t, int src, int tag) override { return flat_->recv(t, src, tag); }
+  WorkPtr barrier() override { return flat_->barrier(); }
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override { return flat_->new_group(ranks); }
+  void watch_replayed_work(const char* what) override {
+    flat_->watch_replayed_work(what);
+    intra_->watch_replayed_work(what);
+    inter_->watch_replayed_work(what);
+  }
+
+ private:
+  ProcessGroupPtr flat_, intra_, inter_;
+  int k_, nodes_, local_;
+  std::unique_ptr<runtime::SideStream> side_;
+};
+
+}  // namespace
+
+ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node) {
+  FORGE_CHECK(flat != nullptr, "make_hierarchical: no group");
+  const int W = flat->size();
+  FORGE_CHECK(per_node >= 1, "dist.node_size: ranks per node must be >= 1, got ", per_node);
+  if (per_node == 1 || per_node >= W) return flat;
+  FORGE_CHECK(W % per_node == 0, "dist.dp_reduce = \"hierarchical\": the data-parallel group's ", W,
+              " ranks do not split into nodes of ", per_node,
+              " (dist.node_size and the launch's ranks per node must give every node the same number of the "
+              "group's ranks); use dist.dp_reduce = \"flat\" or a node size that divides ",
+              W);
+  const int nodes = W / per_node, node = flat->rank() / per_node, local = flat->rank() % per_node;
+  ProcessGroupPtr intra, inter;
+  for (int n = 0; n < nodes; ++n) {  // collective over `flat`: every rank, the same lists, the same order
+    std::vector<int> ranks;
+    for (int l = 0; l < per_node; ++l) ranks.push_back(n * per_node + l);
+    ProcessGroupPtr g = flat->new_group(ranks);
+    if (n == node) intra = std::move(g);
+  }
+  for (int l = 0; l < per_node; ++l) {
+    std::vector<int> ranks;
+    for (int n = 0; n < nodes; ++n) ranks.push_back(n * per_node + l);
+    ProcessGroupPtr g = flat->new_group(ranks);
+    if (l == local) inter = std::move(g);
+  }
+  FORGE_CHECK(intra && inter, "make_hierarchical: rank ", flat->rank(), " got no node group");
+  return std::make_shared<HierarchicalGroup>(flat, std::move(intra), std::move(inter), per_node);
+}
+
+int group_ranks_per_node(const std::vector<int>& world_ranks, int node_size) {
+  FORGE_CHECK(node_size >= 1, "dist.node_size: ranks per node must be >= 1, got ", node_size);
+  FORGE_CHECK(!world_ranks.empty(), "group_ranks_per_node: an empty group");
+  auto fail = [&](const std::string& why) {
+    std::string list;
+    for (int r : world_ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    FORGE_THROW("dist.dp_reduce = \"hierarchical\": the data-parallel group of ranks [", list, "] on nodes of ",
+                node_size, " ranks (dist.node_size, or the launcher's ranks per host) ", why,
+                "; choose a dist.node_size that gives every node the same number of them, or dist.dp_reduce = \"flat\"");
+  };
+  int per_node = 0, count = 0, node = world_ranks.front() / node_size;
+  for (size_t i = 0; i < world_ranks.size(); ++i) {
+    const int n = world_ranks[i] / node_size;
+    if (n != node) {
+      if (n < node) fail("is not numbered node by node");
+      if (per_node != 0 && count != per_node) fail("puts different numbers of them on different nodes");
+      per_node = count;
+      count = 0;
+      node = n;
+    }
+    ++count;
+  }
+  if (per_node != 0 && count != per_node) fail("puts different numbers of them on different nodes");
+  return per_node == 0 ? count : per_node;
+}
+
+}  // namespace forge::parallel

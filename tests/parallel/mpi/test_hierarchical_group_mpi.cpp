@@ -1,0 +1,138 @@
+// parallel::make_hierarchical over real ranks (mpirun -np 1/2/4): the node-first reductions give
+// every rank what the flat group gives it (exactly for integer-valued f64, where the summation
+// order cannot matter; within rounding for bf16), for all_reduce, reduce_scatter and all_gather,
+// with several operations in flight at once as the gradient buckets start them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "forge/core/error.h"
+#include "forge/ops/creation.h"
+#include "forge/parallel/hierarchical_group.h"
+#include "forge/parallel/world.h"
+
+namespace forge::parallel {
+namespace {
+
+// Fresh integer-valued values in [-1000, 1000], different on every rank and call.
+Tensor random_ints(int64_t n, uint32_t salt, DType dtype = DType::f64) {
+  std::mt19937 gen(1000u * salt + static_cast<uint32_t>(world()->rank()) * 7919u + 17u);
+  std::uniform_int_distribution<int> d(-1000, 1000);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(gen);
+  return from_vector(v, {n}, {.dtype = DType::f64}).to(Device::cpu(), dtype);
+}
+
+std::vector<double> values(const Tensor& t) { return t.to(Device::cpu(), DType::f64).to_vector<double>(); }
+
+TEST(HierarchicalGroupMpi, OneNodeOrOneRankPerNodeIsTheFlatGroup) {
+  const ProcessGroupPtr w = world();
+  EXPECT_EQ(make_hierarchical(w, 1), w);
+  EXPECT_EQ(make_hierarchical(w, w->size()), w);
+}
+
+TEST(HierarchicalGroupMpi, ANodeSizeThatDoesNotDivideTheGroupIsRefusedNamingTheSetting) {
+  const ProcessGroupPtr w = world();
+  if (w->size() != 4) GTEST_SKIP() << "needs 4 ranks (runs under parallel_mpi_np4)";
+  try {
+    make_hierarchical(w, 3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dist.node_size"), std::string::npos) << e.what();
+  }
+}
+
+class HierarchicalOnFourRanks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks (runs under parallel_mpi_np4)";
+    flat_ = world();
+    hier_ = make_hierarchical(flat_, 2);  // 2 nodes of 2
+  }
+  ProcessGroupPtr flat_, hier_;
+};
+
+TEST_F(HierarchicalOnFourRanks, IsNotTheFlatGroupAndKeepsItsRanks) {
+  ASSERT_NE(hier_, flat_);
+  EXPECT_EQ(hier_->rank(), flat_->rank());
+  EXPECT_EQ(hier_->size(), 4);
+  EXPECT_EQ(hier_->backend(), flat_->backend());
+}
+
+TEST_F(HierarchicalOnFourRanks, AllReduceEqualsTheFlatOneForEveryOpAndSize) {
+  uint32_t salt = 1;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min})
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{8}, int64_t{1001}}) {
+      SCOPED_TRACE(std::string(reduce_op_name(op)) + " n=" + std::to_string(n));
+      const Tensor x = random_ints(n, salt++);
+      Tensor a = x.clone(), b = x.clone();
+      hier_->all_reduce(a, op)->wait();
+      flat_->all_reduce(b, op)->wait();
+      EXPECT_EQ(values(a), values(b));
+    }
+}
+
+TEST_F(HierarchicalOnFourRanks, ReduceScatterGivesEachRankItsOwnSlice) {
+  uint32_t salt = 100;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+    for (int64_t s : {int64_t{1}, int64_t{3}, int64_t{256}}) {
+      SCOPED_TRACE(std::string(reduce_op_name(op)) + " shard=" + std::to_string(s));
+      const Tensor in = random_ints(4 * s, salt++);
+      Tensor a = zeros({s}, {.dtype = DType::f64}), b = zeros({s}, {.dtype = DType::f64});
+      hier_->reduce_scatter(a, in.clone(), op)->wait();
+      flat_->reduce_scatter(b, in.clone(), op)->wait();
+      EXPECT_EQ(values(a), values(b));
+    }
+}
+
+TEST_F(HierarchicalOnFourRanks, AllGatherPutsEveryRanksSliceInRankOrder) {
+  for (int64_t s : {int64_t{1}, int64_t{5}, int64_t{300}}) {
+    SCOPED_TRACE("shard=" + std::to_string(s));
+    const Tensor in = random_ints(s, 200 + static_cast<uint32_t>(s));
+    Tensor a = zeros({4 * s}, {.dtype = DType::f64}), b = zeros({4 * s}, {.dtype = DType::f64});
+    hier_->all_gather(a, in)->wait();
+    flat_->all_gather(b, in)->wait();
+    EXPECT_EQ(values(a), values(b));
+  }
+}
+
+// As GradientBuckets starts them: several reductions in flight, waited for in order at the end,
+// and one polled with is_completed() until it is done.
+TEST_F(HierarchicalOnFourRanks, SeveralOperationsInFlightCompleteInOrder) {
+  std::vector<Tensor> a, b;
+  std::vector<WorkPtr> works;
+  for (uint32_t i = 0; i < 5; ++i) {
+    const Tensor x = random_ints(64 + 13 * i, 300 + i);
+    a.push_back(x.clone());
+    b.push_back(x.clone());
+    works.push_back(hier_->all_reduce(a.back(), ReduceOp::avg));
+  }
+  while (!works[0]->is_completed()) {
+  }
+  for (auto& w : works) w->wait();
+  for (auto& t : b) flat_->all_reduce(t, ReduceOp::avg)->wait();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(values(a[i]), values(b[i])) << "operation " << i;
+}
+
+// bf16 (values in [-1000, 1000]): each stage rounds its average to bf16 (8 significant bits, an
+// error of at most 1000 x 2^-9 at the node stage, half that at the final one), so both groups'
+// results stay within 2^-8 x 1000 of the exact f64 average; a wrong slice would be off by hundreds.
+TEST_F(HierarchicalOnFourRanks, Bf16ReductionsStayWithinRoundingOfTheExactAverage) {
+  const Tensor x = random_ints(4096, 400, DType::bf16);
+  Tensor a = x.clone(), b = x.clone(), exact = x.to(Device::cpu(), DType::f64);
+  hier_->all_reduce(a, ReduceOp::avg)->wait();
+  flat_->all_reduce(b, ReduceOp::avg)->wait();
+  flat_->all_reduce(exact, ReduceOp::avg)->wait();
+  const std::vector<double> va = values(a), vb = values(b), ve = values(exact);
+  for (size_t i = 0; i < va.size(); ++i) {
+    ASSERT_NEAR(va[i], ve[i], 1000.0 / 256) << i;
+    ASSERT_NEAR(vb[i], ve[i], 1000.0 / 256) << i;
+  }
+}
+
+}  // namespace
+}  // namespace forge::parallel
