@@ -139,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(, DataParallelLayouts,
                          }()),
                          [](const ::testing::TestParamInfo<Layout>& i) { return layout_name(i.param); });
 
-// dist.dp_reduce = "hierarchical" on 4 ranks split into 2 simulated nodes of 2 (dist.node_size):
+// dist.dp_reduce = "hierarchical" on 4 ranks split into 2 simulated nodes of 2 (dist.node_size; for
+// ZeRO-2 also paced by a simulated 50 Gb/s link, dist.link_gbps):
 // every reduction goes within the node, across nodes, and back (parallel/hierarchical_group.h).
 // DDP, ZeRO-2 (reduce-scatter: each rank's slice must be its own) and ZeRO-3 (all-gathers too)
 // train to the one-process run's losses and weights as the flat layouts do; the log says so.
@@ -151,9 +152,13 @@ TEST_F(DataParallelTrain, HierarchicalReductionOverSimulatedNodesTrainsLikeOnePr
     args.push_back("--dist.zero_stage=" + std::to_string(stage));
     args.push_back("--dist.dp_reduce=hierarchical");
     args.push_back("--dist.node_size=2");
+    if (stage == 2) args.push_back("--dist.link_gbps=50");  // paced (Note [paced link]): the same numbers
     const ShellRun r = runs.run_mpi(4, args);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("reduced within each node first"), std::string::npos) << r.out;
+    if (stage == 2) {
+      EXPECT_NE(r.out.find("a simulated link of 50 Gb/s between nodes"), std::string::npos) << r.out;
+    }
     expect_same_run(root_ / name, reference(o, 1), 1, 1e-6, o == "sgd" ? 1e-6 : 5e-5, name + " vs one process");
   }
 }

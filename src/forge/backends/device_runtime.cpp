@@ -151,6 +151,21 @@ void SideStream::leave() {
 void SideStream::keep(const Tensor& t) {
   if (impl_ && t.defined() && t.device().is_cuda()) cuda::record_stream(t, impl_->stream);
 }
+namespace {
+void CUDART_CB run_host_call(void* data) {
+  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(data));
+  try {
+    (*fn)();
+  } catch (...) {  // (nothing may leave a CUDA host callback)
+  }
+}
+}  // namespace
+void SideStream::host_call(std::function<void()> fn) {
+  if (!impl_) return fn();
+  auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+  FORGE_CUDA_CHECK(cudaLaunchHostFunc(impl_->stream.handle(), run_host_call, owned.get()));
+  owned.release();  // (run_host_call frees it)
+}
 #else
 struct SideStream::Impl {};
 SideStream::SideStream(Device d) : device_(d) {
@@ -160,6 +175,7 @@ SideStream::~SideStream() = default;
 void SideStream::enter() {}
 void SideStream::leave() {}
 void SideStream::keep(const Tensor&) {}
+void SideStream::host_call(std::function<void()> fn) { fn(); }
 #endif
 
 double Event::elapsed_ms(const Event& later) const {

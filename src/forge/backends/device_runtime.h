@@ -9,6 +9,7 @@
 // calling thread's current stream of that device (backends/cuda/stream.h). A CUDA device in a
 // build without CUDA is a forge::Error at the call.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,10 @@ class SideStream {
   // allocator keeps its memory until that work is done (Note [stream safety] in
   // backends/cuda/stream.h).
   void keep(const Tensor& t);
+  // Queues `fn` on the side stream: the host runs it (on the driver's callback thread) when the
+  // work queued there before has completed, and the work queued after waits for it to return. It
+  // must not call the device runtime. On the CPU it runs now. Not inside a CUDA graph capture.
+  void host_call(std::function<void()> fn);
   Device device() const { return device_; }
 
  private:

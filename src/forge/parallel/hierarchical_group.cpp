@@ -211,7 +211,7 @@ class HierarchicalGroup final : public ProcessGroup {
 
 }  // namespace
 
-ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node) {
+ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, const LinkPace& inter_pace) {
   FORGE_CHECK(flat != nullptr, "make_hierarchical: no group");
   const int W = flat->size();
   FORGE_CHECK(per_node >= 1, "dist.node_size: ranks per node must be >= 1, got ", per_node);
@@ -236,6 +236,9 @@ ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node) {
     if (l == local) inter = std::move(g);
   }
   FORGE_CHECK(intra && inter, "make_hierarchical: rank ", flat->rank(), " got no node group");
+  LinkPace pace = inter_pace;
+  pace.share = per_node;  // the node's k inter-node groups run their stage at once, over one link
+  inter = make_paced(inter, pace);
   return std::make_shared<HierarchicalGroup>(flat, std::move(intra), std::move(inter), per_node);
 }
 
@@ -245,9 +248,10 @@ int group_ranks_per_node(const std::vector<int>& world_ranks, int node_size) {
   auto fail = [&](const std::string& why) {
     std::string list;
     for (int r : world_ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    FORGE_THROW("dist.dp_reduce = \"hierarchical\": the data-parallel group of ranks [", list, "] on nodes of ",
-                node_size, " ranks (dist.node_size, or the launcher's ranks per host) ", why,
-                "; choose a dist.node_size that gives every node the same number of them, or dist.dp_reduce = \"flat\"");
+    FORGE_THROW("the data-parallel group of ranks [", list, "] on nodes of ", node_size,
+                " ranks (dist.node_size, or the launcher's ranks per host) ", why,
+                "; dist.dp_reduce = \"hierarchical\" and dist.link_gbps need every node to hold the same number of "
+                "them: choose such a dist.node_size, or leave both off");
   };
   int per_node = 0, count = 0, node = world_ranks.front() / node_size;
   for (size_t i = 0; i < world_ranks.size(); ++i) {
@@ -263,6 +267,17 @@ int group_ranks_per_node(const std::vector<int>& world_ranks, int node_size) {
   }
   if (per_node != 0 && count != per_node) fail("puts different numbers of them on different nodes");
   return per_node == 0 ? count : per_node;
+}
+
+ProcessGroupPtr node_aware_group(const ProcessGroupPtr& flat, const std::vector<int>& world_ranks, const NodeLayout& nodes) {
+  FORGE_CHECK(flat != nullptr && static_cast<int>(world_ranks.size()) == flat->size(),
+              "node_aware_group: the member list does not match the group");
+  const int per_node = group_ranks_per_node(world_ranks, nodes.node_size);
+  if (per_node >= flat->size()) return flat;  // one node: nothing crosses a network
+  if (nodes.hierarchical && per_node > 1) return make_hierarchical(flat, per_node, nodes.link);
+  LinkPace pace = nodes.link;
+  pace.share = 1;
+  return make_paced(flat, pace);
 }
 
 }  // namespace forge::parallel

@@ -41,6 +41,7 @@
 // chain's end.
 #include <vector>
 
+#include "forge/parallel/paced_group.h"
 #include "forge/parallel/process_group.h"
 
 namespace forge::parallel {
@@ -49,12 +50,27 @@ namespace forge::parallel {
 // size / per_node nodes of per_node consecutive ranks. Returns `flat` itself when per_node is 1 or
 // the whole group (nothing to split). Throws forge::Error naming dist.node_size when per_node
 // does not divide the group's size.
-ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node);
+// `inter`: the simulated network between nodes (Note [paced link]): each node's k inter-node groups
+// share its link (share = k); gbps 0 = none.
+ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, const LinkPace& inter = {});
 
 // The number of a group's ranks on each node, the group given by its members' world ranks (in
 // group-rank order) on nodes of `node_size` consecutive world ranks. Throws forge::Error naming
 // dist.node_size unless every node holding a member holds the same number of them, numbered
 // node-major (what make_hierarchical needs).
 int group_ranks_per_node(const std::vector<int>& world_ranks, int node_size);
+
+// How a data-parallel group meets the nodes it spans: the node size in world ranks, whether it
+// reduces within each node first, and the simulated link between nodes (gbps 0: none).
+struct NodeLayout {
+  int node_size = 1;
+  bool hierarchical = false;
+  LinkPace link;
+};
+// The group the data-parallel reductions use (collective over `flat` when it creates groups):
+// `flat` itself when it lies within one node or nothing is asked; make_hierarchical when asked
+// (its inter-node groups paced); else `flat` paced as one ring whose every node sends over its
+// link once per step (share 1). world_ranks: the members' world ranks in group-rank order.
+ProcessGroupPtr node_aware_group(const ProcessGroupPtr& flat, const std::vector<int>& world_ranks, const NodeLayout& nodes);
 
 }  // namespace forge::parallel

@@ -29,6 +29,7 @@ std::string Layout::describe() const {
   if (dp_reduce == DpReduce::hierarchical && dp * cp > 1)
     os << ", dp reduced within " << (node_size > 0 ? "nodes of " + std::to_string(node_size) + " ranks" : "each host")
        << " first";
+  if (link_gbps > 0 && dp * cp > 1) os << ", simulated " << link_gbps << " Gb/s between nodes";
   return os.str();
 }
 

@@ -42,6 +42,8 @@ struct Layout {
   int64_t virtual_stages = 1;  // interleaved: model chunks per pipeline rank
   DpReduce dp_reduce = DpReduce::flat;
   int64_t node_size = 0;       // ranks per node for dp_reduce (0: the launch's ranks per host)
+  double link_gbps = 0;        // simulated network between nodes (Note [paced link]); 0: none
+  double link_latency_us = 0;
   int64_t gpus() const { return dp * tp * pp * cp; }
   // What the data-parallel group shards: ask this, not the stage's number.
   Sharding sharding() const { return Sharding::from_stage(zero, "the layout's ZeRO stage"); }

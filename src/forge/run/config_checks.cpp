@@ -189,6 +189,10 @@ void validate(const RunConfig& c) {
   FORGE_CHECK(c.dist.dp_reduce == "flat" || c.dist.dp_reduce == "hierarchical", "dist.dp_reduce = '",
               c.dist.dp_reduce, "' is unknown; use \"flat\" or \"hierarchical\"",
               suggest_choice(c.dist.dp_reduce, {"flat", "hierarchical"}));
+  FORGE_CHECK(c.dist.link_gbps >= 0 && std::isfinite(c.dist.link_gbps), "dist.link_gbps must be >= 0 (0 = off), got ",
+              c.dist.link_gbps);
+  FORGE_CHECK(c.dist.link_latency_us >= 0 && std::isfinite(c.dist.link_latency_us),
+              "dist.link_latency_us must be >= 0, got ", c.dist.link_latency_us);
   FORGE_CHECK(c.dist.node_size >= 0, "dist.node_size must be >= 0 (0 = the launcher's ranks per host), got ",
               c.dist.node_size);
   FORGE_CHECK(c.dist.bucket_mb > 0 && std::isfinite(c.dist.bucket_mb), "dist.bucket_mb must be > 0, got ",

@@ -228,6 +228,10 @@ const std::vector<Field>& fields() {
       FORGE_FIELD(dist, node_size,
                   "ranks per node for dist.dp_reduce = \"hierarchical\" (0 = the launcher's ranks per host; a smaller "
                   "value splits one host into simulated nodes)"),
+      FORGE_FIELD(dist, link_gbps,
+                  "simulated nodes (dist.node_size): the data-parallel traffic between them takes at least the time "
+                  "of a link of this many Gb/s (10, 25, 100: Ethernet; 0 = off; docs/dist.md \"Several machines\")"),
+      FORGE_FIELD(dist, link_latency_us, "dist.link_gbps > 0: the simulated link's latency per ring step, microseconds"),
       FORGE_FIELD(telemetry, tensorboard,
                   "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
                   "tensorboard --logdir"),

@@ -61,6 +61,8 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.virtual_stages = cfg.dist.pp_virtual_stages;
   l.dp_reduce = cfg.dist.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat;
   l.node_size = cfg.dist.node_size;
+  l.link_gbps = cfg.dist.link_gbps;
+  l.link_latency_us = cfg.dist.link_latency_us;
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");

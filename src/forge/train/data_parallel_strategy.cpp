@@ -15,6 +15,7 @@
 // debug.skip_reductions (DDP, ZeRO-1) skips every reduction: a diagnostic, the run is wrong.
 #include <cstdio>
 #include <optional>
+#include <sstream>
 #include <ostream>
 #include <unordered_map>
 
@@ -74,10 +75,11 @@ class DataParallelStrategy final : public Strategy {
     if (solo_) return;  // (one process: nothing to say beyond describe())
     const parallel::LaunchEnv env = parallel::launch_env();
     if (split_) log << "mesh: " << mesh.describe() << "\n";
+    std::ostringstream nodes;  // (dist.dp_reduce, dist.link_gbps)
+    if (layout.dp_reduce == parallel::DpReduce::hierarchical) nodes << ", reduced within each node first";
+    if (layout.link_gbps > 0) nodes << ", a simulated link of " << layout.link_gbps << " Gb/s between nodes";
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
-        << group_->backend() << "), "
-        << layout.sharding().name()
-        << (layout.dp_reduce == parallel::DpReduce::hierarchical ? ", reduced within each node first" : "")
+        << group_->backend() << "), " << layout.sharding().name() << nodes.str()
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
         << " gradient bucket(s) of <= " << cfg.dist.bucket_mb << " MB; " << layout.micro_batch << " of the "
         << layout.micro_batch * layout.dp << " rows of each micro-batch on each rank\n";

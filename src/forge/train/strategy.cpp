@@ -183,10 +183,14 @@ parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const 
   FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
   parallel::ProcessGroupPtr flat = mesh.dp_cp_group();
   if (!flat) return mesh.dp() * mesh.cp() == mesh.world_size() ? mesh.world() : parallel::group_of_one(mesh.world());
-  if (layout.dp_reduce != parallel::DpReduce::hierarchical) return flat;
-  // Note [hierarchical data-parallel reduction]: nodes of dist.node_size world ranks (or the launch's per host).
-  const int node_size = layout.node_size > 0 ? static_cast<int>(layout.node_size) : parallel::launch_env().local_world_size;
-  return parallel::make_hierarchical(flat, parallel::group_ranks_per_node(mesh.group_ranks({"dp", "cp"}), node_size));
+  if (layout.dp_reduce != parallel::DpReduce::hierarchical && layout.link_gbps <= 0) return flat;
+  // Note [hierarchical data-parallel reduction], Note [paced link]: nodes of dist.node_size world
+  // ranks (or the launch's per host).
+  const parallel::NodeLayout nodes{
+      .node_size = layout.node_size > 0 ? static_cast<int>(layout.node_size) : parallel::launch_env().local_world_size,
+      .hierarchical = layout.dp_reduce == parallel::DpReduce::hierarchical,
+      .link = {.gbps = layout.link_gbps, .latency_us = layout.link_latency_us}};
+  return parallel::node_aware_group(flat, mesh.group_ranks({"dp", "cp"}), nodes);
 }
 
 Tensor finish_data_parallel_step(parallel::DataParallel& dp, optim::LossScaler* scaler, double grad_clip,

@@ -4,7 +4,9 @@
 // with several operations in flight at once as the gradient buckets start them.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -13,6 +15,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/parallel/hierarchical_group.h"
+#include "forge/parallel/paced_group.h"
 #include "forge/parallel/world.h"
 
 namespace forge::parallel {
@@ -132,6 +135,68 @@ TEST_F(HierarchicalOnFourRanks, Bf16ReductionsStayWithinRoundingOfTheExactAverag
     ASSERT_NEAR(va[i], ve[i], 1000.0 / 256) << i;
     ASSERT_NEAR(vb[i], ve[i], 1000.0 / 256) << i;
   }
+}
+
+}  // namespace
+}  // namespace forge::parallel
+
+namespace forge::parallel {
+namespace {
+
+double seconds_of(const std::function<void()>& f) {
+  world()->barrier()->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Note [paced link]: an operation on a paced group completes no earlier than the link's time for
+// the bytes its ring sends, and operations queue on the link one after another; the values are
+// the inner group's. (The upper bounds are loose: 4 ranks share 2 cores here.)
+TEST(PacedGroupMpi, OperationsTakeTheLinksTimeAndQueueOnIt) {
+  const ProcessGroupPtr w = world();
+  if (w->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const int W = w->size();
+  const LinkPace pace{.gbps = 1.0, .latency_us = 100, .share = 1};
+  const ProcessGroupPtr g = make_paced(w, pace);
+  const int64_t n = 1 << 20;  // 4 MB of f32
+  const double want = paced_seconds(pace, 2.0 * (W - 1) / W * n * 4, 2 * (W - 1));
+  EXPECT_NEAR(want, 2.0 * (W - 1) / W * 4 * 8 * n / 1e9 + 2 * (W - 1) * 100e-6, 1e-12);
+  Tensor a = random_ints(n, 500, DType::f32), b = a.clone();
+  const double one = seconds_of([&] { g->all_reduce(a, ReduceOp::sum)->wait(); });
+  w->all_reduce(b, ReduceOp::sum)->wait();
+  EXPECT_EQ(values(a), values(b));
+  EXPECT_GE(one, want);
+  EXPECT_LT(one, 3 * want + 0.05);
+  const double two = seconds_of([&] {
+    WorkPtr x = g->all_reduce(a, ReduceOp::sum), y = g->all_reduce(b, ReduceOp::sum);
+    x->wait();
+    y->wait();
+  });
+  EXPECT_GE(two, 2 * want);  // the second waited for the link
+}
+
+// On 2 simulated nodes of 2 with the same link, the hierarchical all-reduce sends each node's bytes
+// once over it (2 (N-1)/N S = S, shared by the 2 inter-node groups) where the flat ring sends
+// 2 (W-1)/W S = 1.5 S: the paced times differ by that ratio.
+TEST(PacedGroupMpi, HierarchicalReductionCrossesTheLinkWithFewerBytesThanTheFlatRing) {
+  const ProcessGroupPtr w = world();
+  if (w->size() != 4) GTEST_SKIP() << "needs 4 ranks (runs under parallel_mpi_np4)";
+  const NodeLayout flat_nodes{.node_size = 2, .hierarchical = false, .link = {.gbps = 1.0, .latency_us = 0}};
+  NodeLayout hier_nodes = flat_nodes;
+  hier_nodes.hierarchical = true;
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  const ProcessGroupPtr flat = node_aware_group(w, ranks, flat_nodes), hier = node_aware_group(w, ranks, hier_nodes);
+  ASSERT_NE(flat, w);
+  const int64_t n = 1 << 20;
+  const double S = 4.0 * n, rate = 1e9 / 8;
+  Tensor a = random_ints(n, 600, DType::f32), b = a.clone();
+  const double t_flat = seconds_of([&] { flat->all_reduce(a, ReduceOp::avg)->wait(); });
+  const double t_hier = seconds_of([&] { hier->all_reduce(b, ReduceOp::avg)->wait(); });
+  EXPECT_EQ(values(a), values(b));  // (integer values: exact either way)
+  EXPECT_GE(t_flat, 1.5 * S / rate);
+  EXPECT_GE(t_hier, 1.0 * S / rate);
+  EXPECT_LT(t_hier, t_flat);
 }
 
 }  // namespace
