@@ -82,6 +82,10 @@ struct CollectivesArgs {
   int iters = 20;
   int warmup = 5;
   bool json = false;
+  int node_size = 0;
+  std::string dp_reduce = "flat";
+  double link_gbps = 0;
+  double link_latency_us = 25;
 };
 CollectivesArgs g_coll;
 
@@ -438,6 +442,12 @@ int run_collectives_command() {
               "bench collectives: --dtype must be f32, bf16 or f16, got '", g_coll.dtype, "'");
   o.iters = g_coll.iters;
   o.warmup = g_coll.warmup;
+  FORGE_CHECK(g_coll.dp_reduce == "flat" || g_coll.dp_reduce == "hierarchical",
+              "bench collectives: --dp-reduce must be flat or hierarchical, got '", g_coll.dp_reduce, "'");
+  o.node_size = g_coll.node_size;
+  o.hierarchical = g_coll.dp_reduce == "hierarchical";
+  o.link_gbps = g_coll.link_gbps;
+  o.link_latency_us = g_coll.link_latency_us;
   const bench::CollectivesReport r = bench::run_collectives(o);
   if (r.rank != 0) return 0;  // rank 0 speaks for the job
   if (g_coll.json) {
@@ -448,6 +458,7 @@ int run_collectives_command() {
               r.launcher.c_str(), r.backend.c_str(), r.device.c_str(), r.device_name.empty() ? "" : " ",
               r.device_name.c_str(), dtype_name(r.options.dtype), r.options.iters, r.options.warmup);
   if (!r.transport_env.empty()) std::printf("transport: %s\n", r.transport_env.c_str());
+  if (!r.nodes.empty()) std::printf("nodes: %s\n", r.nodes.c_str());
   std::string op;
   for (const auto& x : r.results) {
     if (x.op != op) {
@@ -614,6 +625,14 @@ CLI::App* add_bench_command(CLI::App& app) {
   coll->add_option("--iters", g_coll.iters, "timed operations per size")->capture_default_str()->check(CLI::PositiveNumber);
   coll->add_option("--warmup", g_coll.warmup, "untimed operations first")->capture_default_str()->check(CLI::NonNegativeNumber);
   coll->add_flag("--json", g_coll.json, "print one JSON object instead of the table (rank 0)");
+  coll->add_option("--node-size", g_coll.node_size, "simulated nodes: ranks per node (0 = the launch's ranks per host)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  coll->add_option("--dp-reduce", g_coll.dp_reduce, "flat or hierarchical (within each node first), as dist.dp_reduce")
+      ->capture_default_str();
+  coll->add_option("--link-gbps", g_coll.link_gbps, "simulated link between nodes, Gb/s (0 = none), as dist.link_gbps")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  coll->add_option("--link-latency-us", g_coll.link_latency_us, "its latency per ring step, as dist.link_latency_us")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   coll->footer("Run under forge launch or mpirun for several ranks. Method and columns: docs/bench.md.");
 
   auto* cal = bench->add_subcommand(

@@ -278,6 +278,28 @@ TEST_F(PipelineTrain, PpTwoByDpTwoCheckpointResumesAtPpFourAndInOneProcess) {
 // beyond the tolerance.) A one-process checkpoint's optimizer state is keyed by slot, in the order
 // of optim::decay_groups (matrices first): the stage's emptied tensors keep their rank, so the
 // stage rebuilds that order (it once did not: the slots landed on other parameters).
+// pp 2 x dp 2 on 4 simulated nodes of one rank (dist.node_size = 1), every stage-to-stage transfer
+// and data-parallel reduction paced by a 20 Gb/s link, the data-parallel one hierarchical (here one
+// rank per node: the flat ring, paced): the numbers of the unpaced run (Note [paced link] delays,
+// never changes, what arrives).
+TEST_F(PipelineTrain, PacedLinksBetweenSimulatedNodesChangeNoNumber) {
+  auto a = model_args(root_, "pp2dp2_paced", 20, "gpt", "adamw");
+  add_pp(a, 2, "1f1b", 1);
+  set_arg(a, "dist.node_size", "1");
+  set_arg(a, "dist.link_gbps", "20");
+  set_arg(a, "dist.dp_reduce", "hierarchical");
+  const ShellRun r = runs.run_mpi(4, a);
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_pp_log(r, 2, "1f1b", 2);
+  if (!fs::exists(root_ / "pp2dp2_full" / "metrics.jsonl")) {
+    auto b = model_args(root_, "pp2dp2_full", 20, "gpt", "adamw");
+    add_pp(b, 2, "1f1b", 1);
+    const ShellRun s = runs.run_mpi(4, b);
+    ASSERT_EQ(s.status, 0) << s.out;
+  }
+  expect_same_run(root_ / "pp2dp2_paced", root_ / "pp2dp2_full", 1, 0, 0, "paced vs not");
+}
+
 TEST_F(PipelineTrain, OneProcessCheckpointResumesAtPpTwo) {
   const fs::path want = reference("llama", "adamw");
   const std::string name = "llama_single_then_pp2";

@@ -1,6 +1,7 @@
 #include "forge/bench/collectives.h"
 
 #include <algorithm>
+#include <sstream>
 #include <chrono>
 #include <cstdlib>
 
@@ -8,6 +9,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/parallel/env.h"
+#include "forge/parallel/hierarchical_group.h"
 #include "forge/parallel/world.h"
 #ifdef FORGE_WITH_CUDA
 #include "forge/backends/cuda/device_info.h"
@@ -107,8 +109,22 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
   if (device.is_cuda()) device = Device::cuda(env.local_rank);
   auto pg = parallel::world() ? parallel::world() : parallel::init_world(env, device);
   NoGradGuard no_grad;
+  std::string nodes;
+  if (opt.hierarchical || opt.link_gbps > 0) {
+    const int node_size = opt.node_size > 0 ? opt.node_size : env.local_world_size;
+    std::vector<int> ranks(static_cast<size_t>(pg->size()));
+    for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+    pg = parallel::node_aware_group(pg, ranks, {.node_size = node_size, .hierarchical = opt.hierarchical,
+                                                .link = {.gbps = opt.link_gbps, .latency_us = opt.link_latency_us}});
+    std::ostringstream o;
+    o << pg->size() / std::min(node_size, pg->size()) << " node(s) of " << std::min(node_size, pg->size()) << " rank(s)"
+      << (opt.hierarchical ? ", reduced within each node first" : ", flat");
+    if (opt.link_gbps > 0) o << ", paced link of " << opt.link_gbps << " Gb/s (" << opt.link_latency_us << " us per step)";
+    nodes = o.str();
+  }
 
   CollectivesReport rep;
+  rep.nodes = nodes;
   rep.options = opt;
   rep.backend = pg->backend();
   rep.device = device.str();
@@ -118,7 +134,8 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
 #ifdef FORGE_WITH_CUDA
   if (device.is_cuda()) rep.device_name = cuda::device_properties(device.index).name;
 #endif
-  for (const char* v : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_ALGO", "NCCL_PROTO"})
+  for (const char* v : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_HOSTID",
+                        "NCCL_SOCKET_IFNAME"})
     if (const char* s = std::getenv(v)) rep.transport_env += std::string(rep.transport_env.empty() ? "" : " ") + v + "=" + s;
   const int W = pg->size();
   const int e = static_cast<int>(element_size(opt.dtype));
@@ -151,7 +168,7 @@ nlohmann::json to_json(const CollectivesReport& r) {
   nlohmann::json j = {{"bench", "collectives"}, {"backend", r.backend},   {"device", r.device},
                       {"device_name", r.device_name}, {"world", r.world}, {"launcher", r.launcher},
                       {"dtype", dtype_name(r.options.dtype)}, {"warmup", r.options.warmup},
-                      {"iters", r.options.iters},     {"transport_env", r.transport_env},
+                      {"iters", r.options.iters},     {"transport_env", r.transport_env}, {"nodes", r.nodes},
                       {"notes", r.notes},             {"results", nlohmann::json::array()}};
   for (const auto& x : r.results)
     j["results"].push_back({{"op", x.op}, {"bytes", x.bytes}, {"elements", x.elements}, {"time_us", x.time_us},

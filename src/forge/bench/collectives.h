@@ -45,6 +45,14 @@ struct CollectivesOptions {
   DType dtype = DType::f32;
   int warmup = 5;
   int iters = 20;
+  // Simulated nodes (docs/dist.md "Several machines"): the world seen as nodes of node_size ranks
+  // (0: the launch's ranks per host), reduced within each node first (hierarchical) and/or over a
+  // paced link of link_gbps between nodes, exactly as forge train's dist.node_size, dist.dp_reduce
+  // and dist.link_gbps shape the data-parallel group (parallel::node_aware_group).
+  int node_size = 0;
+  bool hierarchical = false;
+  double link_gbps = 0;
+  double link_latency_us = 25;
 };
 
 struct CollectiveResult {
@@ -59,6 +67,7 @@ struct CollectivesReport {
   std::string backend, device, device_name, launcher;
   int world = 1, rank = 0;
   std::string transport_env;         // NCCL_* variables that change the transport, as set
+  std::string nodes;                 // "2 nodes of 2 ranks, hierarchical, link 10 Gb/s" ("" = the plain world)
   CollectivesOptions options;
   std::vector<CollectiveResult> results;
   std::vector<std::string> notes;

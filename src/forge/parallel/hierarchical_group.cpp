@@ -2,6 +2,7 @@
 // hierarchical_group.h).
 #include "forge/parallel/hierarchical_group.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -236,9 +237,7 @@ ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, con
     if (l == local) inter = std::move(g);
   }
   FORGE_CHECK(intra && inter, "make_hierarchical: rank ", flat->rank(), " got no node group");
-  LinkPace pace = inter_pace;
-  pace.share = per_node;  // the node's k inter-node groups run their stage at once, over one link
-  inter = make_paced(inter, pace);
+  inter = make_paced(inter, inter_pace);
   return std::make_shared<HierarchicalGroup>(flat, std::move(intra), std::move(inter), per_node);
 }
 
@@ -274,10 +273,24 @@ ProcessGroupPtr node_aware_group(const ProcessGroupPtr& flat, const std::vector<
               "node_aware_group: the member list does not match the group");
   const int per_node = group_ranks_per_node(world_ranks, nodes.node_size);
   if (per_node >= flat->size()) return flat;  // one node: nothing crosses a network
-  if (nodes.hierarchical && per_node > 1) return make_hierarchical(flat, per_node, nodes.link);
   LinkPace pace = nodes.link;
-  pace.share = 1;
-  return make_paced(flat, pace);
+  if (nodes.hierarchical && per_node > 1) {
+    pace.share = nodes.node_size;  // every rank of a node is in one inter-node group, all crossing at once
+    return make_hierarchical(flat, per_node, pace);
+  }
+  return paced_across_nodes(flat, world_ranks, nodes.node_size, nodes.link);
+}
+
+ProcessGroupPtr paced_across_nodes(const ProcessGroupPtr& g, const std::vector<int>& world_ranks, int node_size,
+                                   const LinkPace& link) {
+  FORGE_CHECK(g != nullptr && static_cast<int>(world_ranks.size()) == g->size(),
+              "paced_across_nodes: the member list does not match the group");
+  if (link.gbps <= 0) return g;
+  const int per_node = group_ranks_per_node(world_ranks, node_size);
+  if (per_node >= g->size()) return g;
+  LinkPace pace = link;
+  pace.share = std::max(node_size / per_node, 1);  // the node's copies of this group, crossing at once
+  return make_paced(g, pace);
 }
 
 }  // namespace forge::parallel

@@ -50,8 +50,8 @@ namespace forge::parallel {
 // size / per_node nodes of per_node consecutive ranks. Returns `flat` itself when per_node is 1 or
 // the whole group (nothing to split). Throws forge::Error naming dist.node_size when per_node
 // does not divide the group's size.
-// `inter`: the simulated network between nodes (Note [paced link]): each node's k inter-node groups
-// share its link (share = k); gbps 0 = none.
+// `inter`: the simulated network between nodes (Note [paced link]) the inter-node groups are paced
+// by (its share set by the caller: node_aware_group gives the node size); gbps 0 = none.
 ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, const LinkPace& inter = {});
 
 // The number of a group's ranks on each node, the group given by its members' world ranks (in
@@ -69,8 +69,14 @@ struct NodeLayout {
 };
 // The group the data-parallel reductions use (collective over `flat` when it creates groups):
 // `flat` itself when it lies within one node or nothing is asked; make_hierarchical when asked
-// (its inter-node groups paced); else `flat` paced as one ring whose every node sends over its
-// link once per step (share 1). world_ranks: the members' world ranks in group-rank order.
+// (its inter-node groups paced, each node's node_size of them sharing its link); else `flat` paced
+// by paced_across_nodes. world_ranks: the members' world ranks in group-rank order.
 ProcessGroupPtr node_aware_group(const ProcessGroupPtr& flat, const std::vector<int>& world_ranks, const NodeLayout& nodes);
+// Group `g` paced by `link` when its members span several nodes (else `g`): a ring over m members
+// per node crosses each node's link once per step, and the node holds node_size / m such groups
+// (the other tensor-, context- or pipeline-parallel coordinates) that cross it at the same time:
+// share = node_size / m. For the flat data-parallel ring and the pipeline's stage-to-stage sends.
+ProcessGroupPtr paced_across_nodes(const ProcessGroupPtr& g, const std::vector<int>& world_ranks, int node_size,
+                                   const LinkPace& link);
 
 }  // namespace forge::parallel

@@ -20,7 +20,8 @@ double paced_seconds(const LinkPace& pace, double bytes, int steps) {
 
 namespace {
 
-// When the link is free again: shared by the group's operations (and, on a GPU, its host callbacks).
+// When one direction of the link is free again: shared by the operations (and, on a GPU, the host
+// callbacks) of the groups that use it.
 struct LinkState {
   std::mutex mu;
   Clock::time_point free_at{};
@@ -32,6 +33,15 @@ struct LinkState {
     return free_at;
   }
 };
+
+}  // namespace
+
+struct LinkClock {
+  std::shared_ptr<LinkState> out = std::make_shared<LinkState>(), in = std::make_shared<LinkState>();
+};
+std::shared_ptr<LinkClock> new_link_clock() { return std::make_shared<LinkClock>(); }
+
+namespace {
 
 // CPU: the inner operation, held until its paced end.
 class PacedCpuWork final : public Work {
@@ -72,7 +82,12 @@ class PacedGpuWork final : public Work {
 class PacedGroup final : public ProcessGroup {
  public:
   PacedGroup(ProcessGroupPtr inner, LinkPace pace)
-      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)), pace_(pace), link_(std::make_shared<LinkState>()) {
+      : ProcessGroup(inner->rank(), inner->size()),
+        inner_(std::move(inner)),
+        pace_(pace),
+        clock_(pace_.clock ? pace_.clock : new_link_clock()),
+        link_(clock_->out),
+        inbound_(clock_->in) {
     if (inner_->device().is_cuda()) side_ = std::make_unique<runtime::SideStream>(inner_->device());
   }
 
@@ -106,8 +121,8 @@ class PacedGroup final : public ProcessGroup {
   WorkPtr send(const Tensor& t, int dst, int tag) override {
     return paced(static_cast<double>(t.nbytes()), 1, [&] { return inner_->send(t, dst, tag); });
   }
-  WorkPtr recv(const Tensor& t, int src, int tag) override {
-    return paced(0, 1, [&] { return inner_->recv(t, src, tag); });  // (the sender's link carries it)
+  WorkPtr recv(const Tensor& t, int src, int tag) override {  // (arrives no earlier than the link brings it)
+    return paced(static_cast<double>(t.nbytes()), 1, [&] { return inner_->recv(t, src, tag); }, inbound_);
   }
   WorkPtr barrier() override { return paced(0, size() - 1, [&] { return inner_->barrier(); }); }
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override { return inner_->new_group(ranks); }
@@ -119,10 +134,13 @@ class PacedGroup final : public ProcessGroup {
     return factor * static_cast<double>(bytes) * (size() - 1) / std::max(size(), 1);
   }
 
-  template <class Start> WorkPtr paced(double bytes, int steps, Start&& start) {
+  // `link`: the outbound direction (sends and collectives) unless given; the inbound one for recv
+  // (a full-duplex link: what a rank receives does not queue behind what it sends).
+  template <class Start> WorkPtr paced(double bytes, int steps, Start&& start, std::shared_ptr<LinkState> link = nullptr) {
+    if (!link) link = link_;
     const double seconds = paced_seconds(pace_, bytes, steps);
     if (!side_) {
-      const Clock::time_point end = link_->reserve(seconds);
+      const Clock::time_point end = link->reserve(seconds);
       return std::make_shared<PacedCpuWork>(start(), end);
     }
     // GPU: [stamp: reserve the link when the device reaches the operation] -> the operation ->
@@ -132,7 +150,7 @@ class PacedGroup final : public ProcessGroup {
     WorkPtr w;
     runtime::Event done;
     try {
-      side_->host_call([end, link = link_, seconds] { *end = link->reserve(seconds); });
+      side_->host_call([end, link, seconds] { *end = link->reserve(seconds); });
       w = start();
       w->wait();  // (the side stream waits for the operation)
       side_->host_call([end] { std::this_thread::sleep_until(*end); });
@@ -147,7 +165,8 @@ class PacedGroup final : public ProcessGroup {
 
   ProcessGroupPtr inner_;
   LinkPace pace_;
-  std::shared_ptr<LinkState> link_;
+  std::shared_ptr<LinkClock> clock_;
+  std::shared_ptr<LinkState> link_, inbound_;
   std::unique_ptr<runtime::SideStream> side_;
 };
 

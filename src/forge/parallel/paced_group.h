@@ -10,7 +10,8 @@
 // completes no earlier than the link allows:
 //   bytes  = what each rank sends in the operation's ring algorithm (process_group.h's collectives):
 //            all_reduce 2(n-1)/n S, reduce_scatter and all_gather (n-1)/n of the whole, all_to_all
-//            (n-1)/n S, broadcast/reduce S, send/recv S (S the tensor's bytes, n the group's size);
+//            (n-1)/n S, broadcast/reduce S, send/recv S (S the tensor's bytes, n the group's size;
+//            a recv is paced on the link's inbound direction, everything else on the outbound one);
 //   time   = share x bytes / rate + steps x latency        (steps: the ring's 2(n-1), n-1 or 1)
 //   end    = max(when the operation reaches the link, when the link's previous operation ended) + time
 // `share` is how many such groups of this node use the link at once with the same traffic (the k
@@ -29,10 +30,16 @@
 
 namespace forge::parallel {
 
+// When each direction of a simulated link is free again. Groups paced with the same clock share
+// one link (the pipeline's activation and gradient communicators); null: a group's own.
+struct LinkClock;
+std::shared_ptr<LinkClock> new_link_clock();
+
 struct LinkPace {
   double gbps = 0;         // the simulated link's rate, 1e9 bits/s (> 0)
   double latency_us = 0;   // per ring step
   int share = 1;           // flows of this node sharing the link (see above)
+  std::shared_ptr<LinkClock> clock = nullptr;
 };
 
 // Wraps `inner` (not collective; no new groups). gbps <= 0 returns `inner` itself.

@@ -33,6 +33,7 @@
 #include "forge/ops/reduce.h"
 #include "forge/optim/clip.h"
 #include "forge/optim/loss_scale.h"
+#include "forge/parallel/hierarchical_group.h"
 #include "forge/parallel/data_parallel.h"
 #include "forge/parallel/env.h"
 #include "forge/parallel/pipeline_schedule.h"
@@ -70,6 +71,13 @@ class PipelineStrategy final : public Strategy {
       if (auto g = world_->new_group(ranks)) backward_ = g;
     }
     FORGE_CHECK(forward_ && backward_, "PipelineStrategy: no pipeline links for this rank");
+    if (layout.link_gbps > 0) {  // stage-to-stage traffic over a simulated network: one link, both communicators (Note [paced link])
+      const parallel::LinkPace link{.gbps = layout.link_gbps, .latency_us = layout.link_latency_us,
+                                    .clock = parallel::new_link_clock()};
+      const int node = strategy_detail::node_size(layout);
+      forward_ = parallel::paced_across_nodes(forward_, mesh.pp_group_ranks(), node, link);
+      backward_ = parallel::paced_across_nodes(backward_, mesh.pp_group_ranks(), node, link);
+    }
     tp_rank_ = mesh.tp_rank();
     seq_parts_ = split_ && split_->sequence_parallel() ? mesh.tp() : 1;
     // The gradient norm's group: the ranks that hold the other parts of this replica's model (the

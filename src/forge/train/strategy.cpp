@@ -179,6 +179,10 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
   return ops::stack(figures);
 }
 
+int node_size(const parallel::Layout& layout) {
+  return layout.node_size > 0 ? static_cast<int>(layout.node_size) : parallel::launch_env().local_world_size;
+}
+
 parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const parallel::Layout& layout) {
   FORGE_CHECK(mesh.world() != nullptr, "strategy: the mesh has no process group attached");
   parallel::ProcessGroupPtr flat = mesh.dp_cp_group();
@@ -187,7 +191,7 @@ parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const 
   // Note [hierarchical data-parallel reduction], Note [paced link]: nodes of dist.node_size world
   // ranks (or the launch's per host).
   const parallel::NodeLayout nodes{
-      .node_size = layout.node_size > 0 ? static_cast<int>(layout.node_size) : parallel::launch_env().local_world_size,
+      .node_size = node_size(layout),
       .hierarchical = layout.dp_reduce == parallel::DpReduce::hierarchical,
       .link = {.gbps = layout.link_gbps, .latency_us = layout.link_latency_us}};
   return parallel::node_aware_group(flat, mesh.group_ranks({"dp", "cp"}), nodes);

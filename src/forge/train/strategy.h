@@ -212,6 +212,8 @@ Tensor step_figures(const Tensor& mean_loss, const Tensor& norm, const Tensor& b
 // "hierarchical", that group reducing within each node first (parallel/hierarchical_group.h;
 // collective over the group).
 parallel::ProcessGroupPtr data_parallel_group(const parallel::Mesh& mesh, const parallel::Layout& layout);
+// World ranks per node: dist.node_size, or the launch's ranks per host (parallel::LaunchEnv).
+int node_size(const parallel::Layout& layout);
 // The end of a step on parallel::DataParallel, after backward and the loss's reductions: the global
 // norm (f16: unscaled, the overflow agreed), clipping at grad_clip, the non-finite skip, the
 // update, the figures (train_step's return value) and zero_grad.
