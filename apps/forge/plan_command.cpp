@@ -47,6 +47,7 @@ struct PlanArgs {
   // layout
   int64_t dp = 0, tp = 0, pp = 0, cp = 0, virtual_stages = 2;
   std::string cp_kind;
+  std::string dp_reduce;
   int zero = 0;
   bool offload = false, sp = true;
   // cost
@@ -228,6 +229,9 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_option("--tp", a.tp, "tensor-parallel degree (default 1)");
   c->add_option("--pp", a.pp, "pipeline stages (default 1)");
   c->add_option("--cp", a.cp, "context-parallel degree: GPUs that each hold 1/cp of every sequence (default: a config's dist.cp, else 1)");
+  c->add_option("--dp-reduce", a.dp_reduce,
+                "data-parallel reductions: flat or hierarchical (within each node first); default: a config's "
+                "dist.dp_reduce, else flat; --search tries both where the data-parallel group spans nodes");
   c->add_option("--cp-kind", a.cp_kind, "context parallelism's attention: ring or ulysses (default: a config's dist.cp_kind, else ring)");
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 over the data-parallel group")->capture_default_str();
   c->add_flag("--offload", a.offload, "optimizer state and step in host memory (ZeRO-Offload)");
@@ -321,6 +325,8 @@ int run_plan(const std::vector<std::string>& overrides) {
     config_layout.tp = cfg.dist.tp;
     config_layout.pp = cfg.dist.pp;
     config_layout.cp = cfg.dist.cp;
+    config_layout.dp_reduce =
+        cfg.dist.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat;
     config_layout.cp_kind = cfg.dist.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring;
     config_layout.zero = static_cast<int>(cfg.dist.zero_stage);
     config_layout.offload = cfg.dist.offload_optimizer;
@@ -432,6 +438,8 @@ int run_plan(const std::vector<std::string>& overrides) {
   FORGE_CHECK(!a.given("--pp") || a.pp >= 1, "--pp must be >= 1, got ", a.pp);
   FORGE_CHECK(!a.given("--dp") || a.dp >= 1, "--dp must be >= 1, got ", a.dp);
   FORGE_CHECK(!a.given("--cp") || a.cp >= 1, "--cp must be >= 1, got ", a.cp);
+  FORGE_CHECK(!a.given("--dp-reduce") || a.dp_reduce == "flat" || a.dp_reduce == "hierarchical", "--dp-reduce '",
+              a.dp_reduce, "' is unknown; use flat or hierarchical");
   FORGE_CHECK(!a.given("--cp-kind") || a.cp_kind == "ring" || a.cp_kind == "ulysses", "--cp-kind '", a.cp_kind,
               "' is unknown; use ring or ulysses");
   const int64_t tp = a.given("--tp") ? a.tp : config_layout.tp, pp = a.given("--pp") ? a.pp : config_layout.pp;
@@ -517,6 +525,9 @@ int run_plan(const std::vector<std::string>& overrides) {
   l.cp_kind = a.given("--cp-kind") ? (a.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring)
                                    : config_layout.cp_kind;
   l.zero = a.given("--zero") ? a.zero : config_layout.zero;
+  l.dp_reduce = a.given("--dp-reduce")
+                    ? (a.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat)
+                    : config_layout.dp_reduce;
   l.offload = a.given("--offload") ? a.offload : config_layout.offload;
   // Sequence parallelism: --sp / --no-sp, else a config's dist.sequence_parallel, else on.
   l.sequence_parallel = a.given("--sp") || a.config.empty() ? a.sp : config_layout.sequence_parallel;
@@ -539,6 +550,7 @@ int run_plan(const std::vector<std::string>& overrides) {
     if (a.given("--pp")) fixed.pp = a.pp;
     if (a.given("--micro-batch")) fixed.micro_batch = a.micro_batch;
     if (a.given("--zero")) fixed.zero = a.zero;
+    if (a.given("--dp-reduce")) fixed.dp_reduce = l.dp_reduce;
     if (a.given("--offload")) fixed.offload = a.offload;
     if (a.given("--sp")) fixed.sequence_parallel = a.sp;
     if (a.given("--checkpointing")) fixed.checkpointing = l.checkpointing;

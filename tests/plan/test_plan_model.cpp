@@ -148,6 +148,35 @@ TEST(PlanTime, RingAllReduceMovesTwoNMinusOneOverNOfTheBytes) {
   EXPECT_NEAR(t.dp_comm, ring_allreduce_bytes(bytes, 8) / bw + 2 * 3 * 10e-6, 1e-9);
 }
 
+// dist.dp_reduce = "hierarchical" over 2 nodes of 8 (Note [hierarchical data-parallel reduction]):
+// a ring reduce-scatter and all-gather over the node's 8 GPUs on NVLink, and between them an
+// all-reduce of 1/8 of the bytes over 2 nodes, each GPU its own NIC's flow. Priced by hand from the
+// ring formulas; less than the flat ring's time over the 8 NICs of each node, which moves
+// 2 (16-1)/16 of the bytes through them.
+TEST(PlanTime, HierarchicalReductionIsANodeRingThenANetworkRingOverAnEighth) {
+  PlanInput in = llama7b_on("h100", 16);
+  in.layout.zero = 0;
+  in.cluster.inter_gbs = 25;
+  in.layout.dp_reduce = parallel::DpReduce::hierarchical;
+  const TimeBreakdown h = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double S = 2.0 * static_cast<double>(count_parameters(in.model).total);
+  const double nvlink = 450e9 * 0.8, nic = 25e9 * 0.8;
+  const double half_node = ring_reduce_scatter_bytes(S, 8) / nvlink + 3 * 10e-6;  // log2(8) steps
+  const double across = ring_allreduce_bytes(S / 8, 2) / nic + 2 * 1 * 30e-6;      // log2(2) steps, both ways
+  EXPECT_NEAR(h.dp_comm, 2 * half_node + across, 1e-9);
+  EXPECT_NE(h.dp_link.name.find("hierarchical"), std::string::npos) << h.dp_link.name;
+  in.layout.dp_reduce = parallel::DpReduce::flat;
+  const TimeBreakdown f = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  EXPECT_NEAR(f.dp_comm, ring_allreduce_bytes(S, 16) / (8 * nic) + 2 * 4 * 30e-6, 1e-9);
+  EXPECT_LT(h.dp_comm, f.dp_comm);
+  // Within one node there is nothing to split: the flat ring's price.
+  PlanInput one = llama7b_on("h100", 8);
+  one.layout.zero = 0;
+  one.layout.dp_reduce = parallel::DpReduce::hierarchical;
+  const TimeBreakdown o = step_time(one.model, one.setup, one.layout, one.cluster, one.mfu, one.tokens);
+  EXPECT_EQ(o.dp_link.name, "NVLink");
+}
+
 // Tensor parallelism: 4 all-reduces of the activations per layer (6 with full recomputation),
 // one for the embedding and one for the head; sequence parallelism one all-gather more per
 // region in backward (its input shard gathered again): the traffic of one all-reduce per layer.

@@ -49,6 +49,7 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   if (l.pp > 1 && l.schedule == parallel::PipelineSchedule::interleaved) os << " --dist.pp_virtual_stages=" << l.virtual_stages;
   if (l.sharding().optimizer_state()) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";
+  if (l.dp_reduce == parallel::DpReduce::hierarchical && l.dp > 1) os << " --dist.dp_reduce=hierarchical";
   if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";
   const char* dtype = in.setup.precision == Precision::fp16                                           ? "f16"
                       : in.setup.precision == Precision::bf16 || in.setup.precision == Precision::fp8 ? "bf16"

@@ -200,8 +200,12 @@ SearchResult search(const PlanInput& in, const SearchSpace& fixed) {
         std::vector<int> zeros = d > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
         for (int z : pick(fixed.zero, zeros)) {
           for (bool off : pick(fixed.offload, {false, true})) {
-            for (Checkpointing ck : pick(fixed.checkpointing, ckpts)) {
+            for (Checkpointing ck : pick(fixed.checkpointing, ckpts))
+            for (parallel::DpReduce red : pick(fixed.dp_reduce, d > 1 && n > in.cluster.gpus_per_node
+                                                                    ? std::vector<parallel::DpReduce>{parallel::DpReduce::flat, parallel::DpReduce::hierarchical}
+                                                                    : std::vector<parallel::DpReduce>{in.layout.dp_reduce})) {
               Layout l = in.layout;  // keeps the schedule
+              l.dp_reduce = red;
               l.dp = d, l.tp = t, l.pp = p, l.micro_batch = b, l.zero = z, l.offload = off, l.checkpointing = ck;
               l.sequence_parallel = fixed.sequence_parallel ? *fixed.sequence_parallel : t > 1;
               l.grad_accum = in.global_batch % (b * d) == 0 ? in.global_batch / (b * d) : 1;
@@ -256,6 +260,7 @@ json layout_json(const Layout& l) {
           {"cp", l.cp},
           {"cp_kind", l.cp_kind == parallel::ContextKind::ulysses ? "ulysses" : "ring"},
           {"schedule", schedule_name(l.schedule)},
+          {"dp_reduce", l.dp_reduce == parallel::DpReduce::hierarchical ? "hierarchical" : "flat"},
           {"gpus", l.gpus()}};
 }
 

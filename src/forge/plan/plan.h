@@ -73,6 +73,7 @@ PlanResult evaluate_layout(const PlanInput& in, const Layout& l);  // no checks
 struct SearchSpace {
   std::optional<int64_t> dp, tp, pp, micro_batch;
   std::optional<int> zero;
+  std::optional<parallel::DpReduce> dp_reduce;  // unset: both tried where the data-parallel group spans nodes
   std::optional<bool> offload, sequence_parallel;
   std::optional<Checkpointing> checkpointing;
 };

@@ -245,18 +245,22 @@ std::string format_search(const PlanInput& in, const SearchResult& s, size_t top
      << "  " << s.considered << " layouts considered: " << s.fits.size() << " fit, " << s.rejected.size()
      << " rejected\n\n";
   if (!s.fits.empty()) {
+    // (dp "4h": reduced within each node first, dist.dp_reduce = "hierarchical")
     Table t({false, false, false, false, false, true, false, false, false, false, false, false, false});
     t.row({"#", "dp", "tp", "pp", "mb x acc", "zero/ckpt", "mem GB", "free", "step s", "tok/s", "MFU", "days", "GPU-h"});
     for (size_t i = 0; i < s.fits.size() && i < top; ++i) {
       const auto& r = s.fits[i];
       const Layout& l = r.layout;
       std::string zc = "ZeRO-" + std::to_string(l.zero) + (l.offload ? "+off" : "") + " " + checkpointing_name(l.checkpointing);
-      t.row({std::to_string(i + 1), std::to_string(l.dp), std::to_string(l.tp) + (l.sequence_parallel && l.tp > 1 ? "+sp" : ""),
+      const bool hier = l.dp_reduce == parallel::DpReduce::hierarchical && l.dp > 1;
+      t.row({std::to_string(i + 1), std::to_string(l.dp) + (hier ? "h" : ""), std::to_string(l.tp) + (l.sequence_parallel && l.tp > 1 ? "+sp" : ""),
              std::to_string(l.pp), std::to_string(l.micro_batch) + " x " + std::to_string(l.grad_accum), zc,
              gib(r.memory.total, 1), gib(r.memory.headroom, 1), fixed(r.time.step, 2), si(r.time.tokens_per_s),
              pct(r.time.mfu), fixed(r.time.time_to_train_s / 86400, 1), si(r.time.gpu_hours)});
     }
-    os << "fastest layouts that fit (of " << s.fits.size() << ")\n" << t.str();
+    os << "fastest layouts that fit (of " << s.fits.size() << ")"
+       << (in.cluster.gpus > in.cluster.gpus_per_node ? "; dp \"h\": reduced within each node first (dist.dp_reduce)" : "")
+       << "\n" << t.str();
     const auto& best = s.fits.front();
     os << "\nbest: " << best.layout.describe() << "\n  " << duration(best.time.time_to_train_s) << ", "
        << si(best.time.gpu_hours) << " GPU-hours, " << gib(best.memory.total, 1) << " of "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "forge/core/error.h"
 
@@ -292,23 +293,42 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
     const double w_b = 2.0 / 3.0 * w_compute + w_recompute;  // the backward of one micro-batch
     const double w_f = 1.0 / 3.0 * w_compute;                // the forward of one micro-batch
     const double bucket = std::min(setup.bucket_bytes, Sg);
-    const double ar = allreduce_time(Sg, d, r.dp_link);
-    const double rs = half_collective_time(Sg, d, r.dp_link);
-    const double ag = half_collective_time(Sp, d, r.dp_link);
+    // The reductions' times for `bytes`: one ring over the group, or (dist.dp_reduce =
+    // "hierarchical" on a group that spans nodes; Note [hierarchical data-parallel reduction]) a
+    // ring of the group's k ranks on each node over the intra-node link, then N = d / k rings
+    // across nodes over 1/k of the bytes, every rank of a node with its own NIC's flow.
+    std::function<double(double)> AR = [&](double b) { return allreduce_time(b, d, r.dp_link); };
+    std::function<double(double)> RS = [&](double b) { return half_collective_time(b, d, r.dp_link); };
+    if (l.dp_reduce == parallel::DpReduce::hierarchical && r.dp_link.crosses_nodes) {
+      const int64_t gpn = std::max<int64_t>(1, c.gpus_per_node);
+      const int64_t k = t >= gpn ? 1 : std::min(d, gpn / t);
+      if (k > 1 && d % k == 0) {
+        const int64_t N = d / k;
+        const Link intra{c.intra_gbs * 1e9 * c.link_efficiency, c.latency_intra_s, c.intra_name, false};
+        const Link inter{c.inter_gbs * 1e9 * c.link_efficiency, c.latency_inter_s, "network", true};
+        const double kd = static_cast<double>(k);
+        AR = [=](double b) { return 2 * half_collective_time(b, k, intra) + allreduce_time(b / kd, N, inter); };
+        RS = [=](double b) { return half_collective_time(b, k, intra) + half_collective_time(b / kd, N, inter); };
+        r.dp_link.name = "hierarchical: " + intra.name + " x" + std::to_string(k) + ", then network x1 NIC per rank";
+      }
+    }
+    const double ar = AR(Sg);
+    const double rs = RS(Sg);
+    const double ag = RS(Sp);  // (an all-gather moves a reduce-scatter's bytes, in the other order)
     auto hidden_under = [](double comm, double window) { return std::max(0.0, comm - window); };
     switch (l.zero) {
       case 0:
         r.dp_comm = ar;
-        r.dp_exposed = hidden_under(ar, w_b) + std::min(ar, allreduce_time(bucket, d, r.dp_link));
+        r.dp_exposed = hidden_under(ar, w_b) + std::min(ar, AR(bucket));
         break;
       case 1:
         r.dp_comm = rs + ag;
-        r.dp_exposed = hidden_under(rs, w_b) + std::min(rs, half_collective_time(bucket, d, r.dp_link)) +
+        r.dp_exposed = hidden_under(rs, w_b) + std::min(rs, RS(bucket)) +
                        hidden_under(ag, w_f);
         break;
       case 2:  // gradients are reduce-scattered after every micro-batch (they are sharded)
         r.dp_comm = m_d * rs + ag;
-        r.dp_exposed = m_d * (hidden_under(rs, w_b) + std::min(rs, half_collective_time(bucket, d, r.dp_link))) +
+        r.dp_exposed = m_d * (hidden_under(rs, w_b) + std::min(rs, RS(bucket))) +
                        hidden_under(ag, w_f);
         break;
       default: {  // 3: parameters gathered for forward and backward of every micro-batch
