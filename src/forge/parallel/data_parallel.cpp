@@ -19,7 +19,12 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   FORGE_CHECK(!named_params.empty(), "DataParallel: no parameters");
   FORGE_CHECK(!options_.skip_reductions || !options_.sharding.gradients(),
               "DataParallel: skip_reductions (debug.skip_reductions, a diagnostic) works with DDP and ZeRO-1 only");
+  FORGE_CHECK(options_.powersgd_rank == 0 || (!options_.sharding.optimizer_state() && !options_.skip_reductions),
+              "dist.grad_compression = \"powersgd\" compresses DDP's all-reduces (dist.zero_stage = 0): ZeRO's "
+              "reduce-scatters shard the gradients it needs whole; use dist.zero_stage = 0 or no compression");
   st_.group = std::move(group);
+  st_.powersgd_rank = options_.powersgd_rank;
+  st_.powersgd_seed = options_.powersgd_seed;
   st_.sharding = options_.sharding;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;

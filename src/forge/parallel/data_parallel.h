@@ -91,6 +91,10 @@ struct DataParallelOptions {
   // gradients do not add to the forward's peak. One process (Note [one process is a data-parallel
   // group of one]) sets it: its gradients lived only from backward to the update before.
   bool release_grads = false;
+  // DDP: PowerSGD compression of the gradient reductions at this rank (0: off; Note [PowerSGD] in
+  // parallel/powersgd.h; dist.grad_compression), its initial Q drawn from powersgd_seed.
+  int powersgd_rank = 0;
+  uint64_t powersgd_seed = 0;
 };
 
 class DataParallel {
@@ -165,6 +169,8 @@ class DataParallel {
   const DataParallelOptions& options() const { return options_; }
   const ProcessGroupPtr& group() const { return st_.group; }
   int num_buckets() const { return st_.num_buckets(); }
+  // PowerSGD: values sent per step over a plain all-reduce's (1 without compression).
+  double compression_sent_fraction() const { return buckets_->compression_sent_fraction(); }
   // Bytes of optimizer state and gradients this rank holds (for reports and tests).
   int64_t optimizer_state_bytes() const;
 

@@ -67,6 +67,8 @@ struct DpState {
   bool offload = false;
   bool skip_reductions = false;
   bool release_grads = false;  // DataParallelOptions::release_grads
+  int powersgd_rank = 0;       // DataParallelOptions::powersgd_rank (0: off)
+  uint64_t powersgd_seed = 0;
   // Tensor parallelism (DataParallelOptions::norm_group): the gradient norm's other group and
   // each parameter's weight in it; unset: the norm is this group's alone.
   ProcessGroupPtr norm_group;

@@ -53,7 +53,18 @@ void build_buckets(DpState& st, double bucket_mb) {
   }
 }
 
+namespace {
+// A reduction already done (PowerSGD's, run in place when its bucket was ready).
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  void synchronize() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
 GradientBuckets::GradientBuckets(DpState& st) : st_(st), state_(st.buckets.size()) {
+  if (st_.powersgd_rank > 0) powersgd_ = std::make_unique<PowerSgd>(st_, st_.powersgd_rank, st_.powersgd_seed);
   if (st_.sharding.gradients()) {  // Note [ZeRO-2 staging buffers]
     const DType dt = st_.buckets.front().dtype;
     int64_t most = 0;
@@ -216,7 +227,10 @@ void GradientBuckets::launch(int index) {
                                       " bucket " + std::to_string(n.size())));
     trace::instant(n[static_cast<size_t>(index)]);
   }
-  if (!st_.sharding.gradients()) {
+  if (powersgd_) {
+    powersgd_->reduce(index, b.grads);
+    b.work = std::make_shared<DoneWork>();
+  } else if (!st_.sharding.gradients()) {
     b.work = st_.group->all_reduce(b.grads, ReduceOp::avg);
   } else {
     if (!b.grads.defined()) b.grads = zeros_on(lay.padded, lay.dtype, st_.device);

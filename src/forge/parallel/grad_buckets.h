@@ -12,10 +12,15 @@
 //     owned slice `owned(b)` is kept, accumulated over micro-steps (stages 2/3 communicate on
 //     every micro-step, as DeepSpeed does).
 // debug.skip_reductions (stages 0, 1): nothing is reduced (a diagnostic; the run is wrong).
+// PowerSGD (DDP, powersgd_rank > 0): a bucket is reduced compressed when it is ready, backward
+// waiting (Note [PowerSGD] in powersgd.h).
 #include <functional>
 #include <vector>
 
+#include <memory>
+
 #include "forge/parallel/dp_state.h"
+#include "forge/parallel/powersgd.h"
 
 namespace forge::parallel {
 
@@ -45,6 +50,7 @@ class GradientBuckets {
   // Stages 1-3: allocates the buffers the optimizer's gradient views point into (the full
   // buckets for stage 1, the owned slices for 2/3).
   void allocate_for_sharded_optimizer();
+  double compression_sent_fraction() const { return powersgd_ ? powersgd_->sent_fraction() : 1.0; }
 
  private:
   struct Bucket {
@@ -72,6 +78,7 @@ class GradientBuckets {
   bool in_backward_ = false;
   bool grads_attached_ = false;
   int next_to_launch_ = 0;
+  std::unique_ptr<PowerSgd> powersgd_;  // DDP with dist.grad_compression = "powersgd"
 };
 
 }  // namespace forge::parallel

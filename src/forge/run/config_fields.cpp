@@ -232,6 +232,11 @@ const std::vector<Field>& fields() {
                   "simulated nodes (dist.node_size): the data-parallel traffic between them takes at least the time "
                   "of a link of this many Gb/s (10, 25, 100: Ethernet; 0 = off; docs/dist.md \"Several machines\")"),
       FORGE_FIELD(dist, link_latency_us, "dist.link_gbps > 0: the simulated link's latency per ring step, microseconds"),
+      FORGE_FIELD(dist, grad_compression,
+                  "DDP (dist.zero_stage = 0): \"none\" or \"powersgd\" (each weight matrix's gradient averaged as a "
+                  "rank-dist.powersgd_rank approximation with error feedback: far fewer bytes, for slow links; "
+                  "docs/dist.md)"),
+      FORGE_FIELD(dist, powersgd_rank, "dist.grad_compression = \"powersgd\": the approximation's rank (>= 1)"),
       FORGE_FIELD(telemetry, tensorboard,
                   "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
                   "tensorboard --logdir"),

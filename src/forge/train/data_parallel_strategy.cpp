@@ -14,6 +14,7 @@
 //   clipping, the non-finite skip, the sharded update and the all-gather of the weights.
 // debug.skip_reductions (DDP, ZeRO-1) skips every reduction: a diagnostic, the run is wrong.
 #include <cstdio>
+#include <iomanip>
 #include <optional>
 #include <sstream>
 #include <ostream>
@@ -68,7 +69,11 @@ class DataParallelStrategy final : public Strategy {
                                                               [s = split_](const std::string& n) { return s->norm_weight(n); })
                                                         : nullptr,
                                   .frozen = frozen,
-                                  .release_grads = solo_});
+                                  .release_grads = solo_,
+                                  .powersgd_rank = cfg.dist.grad_compression == "powersgd" && !solo_
+                                                       ? static_cast<int>(cfg.dist.powersgd_rank)
+                                                       : 0,
+                                  .powersgd_seed = static_cast<uint64_t>(cfg.run.seed) ^ 0x9e3779b97f4a7c15ull});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
@@ -78,6 +83,9 @@ class DataParallelStrategy final : public Strategy {
     std::ostringstream nodes;  // (dist.dp_reduce, dist.link_gbps)
     if (layout.dp_reduce == parallel::DpReduce::hierarchical) nodes << ", reduced within each node first";
     if (layout.link_gbps > 0) nodes << ", a simulated link of " << layout.link_gbps << " Gb/s between nodes";
+    if (cfg.dist.grad_compression == "powersgd")
+      nodes << ", PowerSGD rank " << cfg.dist.powersgd_rank << " (" << std::fixed << std::setprecision(1)
+            << 100 * dp_->compression_sent_fraction() << "% of the gradient values sent)" << std::defaultfloat;
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), " << layout.sharding().name() << nodes.str()
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()

@@ -201,3 +201,78 @@ TEST(PacedGroupMpi, HierarchicalReductionCrossesTheLinkWithFewerBytesThanTheFlat
 
 }  // namespace
 }  // namespace forge::parallel
+
+#include "forge/parallel/powersgd.h"
+
+namespace forge::parallel {
+namespace {
+
+// Note [PowerSGD] on real ranks: a rank no smaller than the matrices' makes P span the averaged
+// gradient's columns, so the compressed reduction is the average (to f32 rounding); a vector goes
+// uncompressed, exactly. At rank 1 the result is rank 1, and what it left out stays as this rank's
+// error feedback: the steps after it (zero gradients) send the leftovers, until the sum of what
+// was sent is the average.
+DpState powersgd_state(const ProcessGroupPtr& g, std::vector<Tensor>& params) {
+  DpState st;
+  st.group = g;
+  st.device = Device::cpu();
+  params = {zeros({24, 16}), zeros({16}), zeros({16, 40})};
+  DpBucket b;
+  int64_t off = 0;
+  const char* names[] = {"p0", "p1", "p2"};
+  for (size_t i = 0; i < params.size(); ++i) {
+    st.params.push_back({names[i], params[i], 0, -1, off, params[i].numel()});
+    b.params.push_back(static_cast<int>(i));
+    off += params[i].numel();
+  }
+  b.numel = b.padded = off;
+  st.buckets.push_back(b);
+  return st;
+}
+
+TEST(PowerSgdMpi, AtFullRankTheCompressedReductionIsTheAverage) {
+  const ProcessGroupPtr w = world();
+  std::vector<Tensor> params;
+  const DpState st = powersgd_state(w, params);
+  PowerSgd psgd(st, /*rank=*/16, /*seed=*/7, /*compress_all=*/true);
+  const int64_t n = st.buckets[0].numel;
+  Tensor grads = random_ints(n, 700, DType::f32), want = grads.clone();
+  w->all_reduce(want, ReduceOp::avg)->wait();
+  psgd.reduce(0, grads);
+  const std::vector<double> got = values(grads), exp = values(want);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], exp[i], 1e-3 * (1 + std::abs(exp[i]))) << i;
+  // The vector (24 x 16 = 384 .. 399) went uncompressed: exact.
+  for (size_t i = 384; i < 400; ++i) EXPECT_EQ(got[i], exp[i]) << i;
+}
+
+TEST(PowerSgdMpi, AtRankOneTheErrorFeedbackSendsWhatWasLeftOut) {
+  const ProcessGroupPtr w = world();
+  std::vector<Tensor> params;
+  const DpState st = powersgd_state(w, params);
+  PowerSgd psgd(st, /*rank=*/1, /*seed=*/7);
+  EXPECT_LT(psgd.sent_fraction(), 0.2);  // (24 + 16 + 16 + 16 + 40) of 400 + 640 values
+  const int64_t n = st.buckets[0].numel;
+  Tensor g1 = random_ints(n, 800, DType::f32), want = g1.clone();
+  w->all_reduce(want, ReduceOp::avg)->wait();
+  Tensor step1 = g1.clone();
+  psgd.reduce(0, step1);
+  // Steps with zero gradients send only the error feedback: the average of what is left, projected
+  // out of the leftovers one direction per step, so the sum of the steps converges to the average.
+  Tensor sum = step1.clone();
+  for (int k = 0; k < 40; ++k) {
+    Tensor step = zeros({n});
+    psgd.reduce(0, step);
+    sum.add_(step);
+  }
+  auto dist = [&](const Tensor& a) {
+    const std::vector<double> x = values(a), y = values(want);
+    double s = 0;
+    for (size_t i = 0; i < x.size(); ++i) s += (x[i] - y[i]) * (x[i] - y[i]);
+    return std::sqrt(s);
+  };
+  EXPECT_GT(dist(step1), 1.0);  // rank 1 left most of it out at first
+  EXPECT_LT(dist(sum), 0.02 * dist(step1)) << "the error feedback did not send what the first step left out";
+}
+
+}  // namespace
+}  // namespace forge::parallel
