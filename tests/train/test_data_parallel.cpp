@@ -187,6 +187,17 @@ TEST_F(DataParallelTrain, PowerSgdAtLowRankTrainsLikeTheUncompressedRun) {
   EXPECT_LT(last_b, first - 0.5) << "PowerSGD rank 2 did not train";
   EXPECT_LT(std::abs(last_b - last_c) / last_c, 0.05) << "PowerSGD rank 2: " << last_b << ", uncompressed " << last_c;
   for (const auto& [step, l] : lb) EXPECT_TRUE(std::isfinite(l)) << "step " << step;
+  // dist.powersgd_start_step = 5: the first 5 steps are the uncompressed run's, bit for bit; later
+  // ones are not.
+  auto later = low;
+  dtt::set_arg(later, "run.name", "psgd_r2_from5");
+  later.push_back("--dist.powersgd_start_step=5");
+  const ShellRun d = runs.run_mpi(4, later);
+  ASSERT_EQ(d.status, 0) << d.out;
+  EXPECT_NE(d.out.find("from step 6"), std::string::npos) << d.out;
+  const auto ld = dtt::losses(root_ / "psgd_r2_from5");
+  for (int64_t step = 1; step <= 6; ++step) EXPECT_EQ(ld.at(step), lc.at(step)) << "step " << step;
+  EXPECT_NE(ld.at(8), lc.at(8));
 }
 
 // PowerSGD compresses DDP's all-reduces only: with ZeRO it is refused before any step.

@@ -82,7 +82,11 @@ void DataParallel::broadcast_parameters() {
   for (auto& w : works) w->wait();
 }
 
-void DataParallel::begin_backward(bool sync) { buckets_->begin_backward(sync); }
+void DataParallel::begin_backward(bool sync) {
+  // PowerSGD from its start step on (the optimizer steps taken so far: restored on resume).
+  buckets_->set_compression(step_count_ >= options_.powersgd_start_step);
+  buckets_->begin_backward(sync);
+}
 void DataParallel::end_backward() { buckets_->end_backward(); }
 Tensor DataParallel::grad_norm() { return optimizer_->grad_norm(); }
 std::vector<std::pair<std::string, Tensor>> DataParallel::named_grads() const { return optimizer_->named_grads(); }

@@ -95,6 +95,7 @@ struct DataParallelOptions {
   // parallel/powersgd.h; dist.grad_compression), its initial Q drawn from powersgd_seed.
   int powersgd_rank = 0;
   uint64_t powersgd_seed = 0;
+  int64_t powersgd_start_step = 0;  // plain all-reduces before this optimizer step (PyTorch's start_powerSGD_iter)
 };
 
 class DataParallel {

@@ -227,7 +227,7 @@ void GradientBuckets::launch(int index) {
                                       " bucket " + std::to_string(n.size())));
     trace::instant(n[static_cast<size_t>(index)]);
   }
-  if (powersgd_) {
+  if (powersgd_ && compress_) {
     powersgd_->reduce(index, b.grads);
     b.work = std::make_shared<DoneWork>();
   } else if (!st_.sharding.gradients()) {

@@ -51,6 +51,8 @@ class GradientBuckets {
   // buckets for stage 1, the owned slices for 2/3).
   void allocate_for_sharded_optimizer();
   double compression_sent_fraction() const { return powersgd_ ? powersgd_->sent_fraction() : 1.0; }
+  // PowerSGD: whether this step's reductions are compressed (before its start step they are not).
+  void set_compression(bool on) { compress_ = on; }
 
  private:
   struct Bucket {
@@ -79,6 +81,7 @@ class GradientBuckets {
   bool grads_attached_ = false;
   int next_to_launch_ = 0;
   std::unique_ptr<PowerSgd> powersgd_;  // DDP with dist.grad_compression = "powersgd"
+  bool compress_ = true;
 };
 
 }  // namespace forge::parallel

@@ -53,9 +53,12 @@ class ChainWork final : public Work {
     next_ = stages_.size();
   }
 
+  // CPU: the stages not started yet are collectives the other ranks wait for: run them. (GPU:
+  // everything is queued already; the host never waits here, the groups keep their tensors.)
   ~ChainWork() override {
+    if (device_.is_cuda()) return;
     try {
-      synchronize();  // the later stages are collectives the other ranks wait for
+      advance(true);
     } catch (...) {
     }
   }

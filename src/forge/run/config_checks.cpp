@@ -197,6 +197,7 @@ void validate(const RunConfig& c) {
               c.dist.grad_compression, "' is unknown; use \"none\" or \"powersgd\"",
               suggest_choice(c.dist.grad_compression, {"none", "powersgd"}));
   FORGE_CHECK(c.dist.powersgd_rank >= 1, "dist.powersgd_rank must be >= 1, got ", c.dist.powersgd_rank);
+  FORGE_CHECK(c.dist.powersgd_start_step >= 0, "dist.powersgd_start_step must be >= 0, got ", c.dist.powersgd_start_step);
   FORGE_CHECK(c.dist.grad_compression == "none" || (c.dist.zero_stage == 0 && c.dist.pp == 1),
               "dist.grad_compression = \"powersgd\" compresses DDP's all-reduces: it needs dist.zero_stage = 0 and "
               "dist.pp = 1 (got ", c.dist.zero_stage, " and ", c.dist.pp, "); set those or dist.grad_compression = \"none\"");

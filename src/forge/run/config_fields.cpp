@@ -237,6 +237,9 @@ const std::vector<Field>& fields() {
                   "rank-dist.powersgd_rank approximation with error feedback: far fewer bytes, for slow links; "
                   "docs/dist.md)"),
       FORGE_FIELD(dist, powersgd_rank, "dist.grad_compression = \"powersgd\": the approximation's rank (>= 1)"),
+      FORGE_FIELD(dist, powersgd_start_step,
+                  "dist.grad_compression = \"powersgd\": the optimizer steps before it with plain all-reduces (>= 0; "
+                  "PyTorch's start_powerSGD_iter: compression from the start slows early training)"),
       FORGE_FIELD(telemetry, tensorboard,
                   "write <run dir>/tb/events.out.tfevents.* (rank 0): every scalar of metrics.jsonl by step, for "
                   "tensorboard --logdir"),

@@ -73,7 +73,8 @@ class DataParallelStrategy final : public Strategy {
                                   .powersgd_rank = cfg.dist.grad_compression == "powersgd" && !solo_
                                                        ? static_cast<int>(cfg.dist.powersgd_rank)
                                                        : 0,
-                                  .powersgd_seed = static_cast<uint64_t>(cfg.run.seed) ^ 0x9e3779b97f4a7c15ull});
+                                  .powersgd_seed = static_cast<uint64_t>(cfg.run.seed) ^ 0x9e3779b97f4a7c15ull,
+                                  .powersgd_start_step = cfg.dist.powersgd_start_step});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
@@ -85,7 +86,9 @@ class DataParallelStrategy final : public Strategy {
     if (layout.link_gbps > 0) nodes << ", a simulated link of " << layout.link_gbps << " Gb/s between nodes";
     if (cfg.dist.grad_compression == "powersgd")
       nodes << ", PowerSGD rank " << cfg.dist.powersgd_rank << " (" << std::fixed << std::setprecision(1)
-            << 100 * dp_->compression_sent_fraction() << "% of the gradient values sent)" << std::defaultfloat;
+            << 100 * dp_->compression_sent_fraction() << "% of the gradient values sent"
+            << (cfg.dist.powersgd_start_step > 0 ? ", from step " + std::to_string(cfg.dist.powersgd_start_step + 1) : "")
+            << ")" << std::defaultfloat;
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), " << layout.sharding().name() << nodes.str()
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()
