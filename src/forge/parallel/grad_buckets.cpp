@@ -53,15 +53,6 @@ void build_buckets(DpState& st, double bucket_mb) {
   }
 }
 
-namespace {
-// A reduction already done (PowerSGD's, run in place when its bucket was ready).
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  void synchronize() override {}
-  bool is_completed() override { return true; }
-};
-}  // namespace
 
 GradientBuckets::GradientBuckets(DpState& st) : st_(st), state_(st.buckets.size()) {
   if (st_.powersgd_rank > 0) powersgd_ = std::make_unique<PowerSgd>(st_, st_.powersgd_rank, st_.powersgd_seed);
@@ -229,7 +220,7 @@ void GradientBuckets::launch(int index) {
   }
   if (powersgd_ && compress_) {
     powersgd_->reduce(index, b.grads);
-    b.work = std::make_shared<DoneWork>();
+    b.work = completed_work();  // (done in place when its bucket was ready)
   } else if (!st_.sharding.gradients()) {
     b.work = st_.group->all_reduce(b.grads, ReduceOp::avg);
   } else {

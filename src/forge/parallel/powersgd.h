@@ -17,6 +17,9 @@
 // as it is, in one flat buffer. Per step a matrix sends r (n + m) values instead of n m (GPT-2 124M at
 // r = 4: ~0.3% of its gradient bytes besides the uncompressed vectors).
 //
+// dist.powersgd_start_step: plain all-reduces for the first optimizer steps (DataParallel counts
+// them; restored on resume). The state (Q, e) is per rank and not checkpointed: a resumed run starts
+// it afresh (docs/dist.md says so).
 // The reductions run when a bucket's gradients are all in, one after another, while backward waits:
 // compression is for links so slow that what it saves outweighs the overlap it gives up. DDP only
 // (ZeRO shards the gradients PowerSGD needs whole); with gradient accumulation the gradients of the

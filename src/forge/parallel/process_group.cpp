@@ -8,6 +8,20 @@
 
 namespace forge::parallel {
 
+namespace {
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  void synchronize() override {}
+  bool is_completed() override { return true; }
+};
+}  // namespace
+
+WorkPtr completed_work() {
+  static const WorkPtr done = std::make_shared<CompletedWork>();
+  return done;
+}
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return "sum";

@@ -66,6 +66,9 @@ class Work {
   virtual bool is_completed() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+// A Work that is already complete: an operation done by the time it was called (a group of one's
+// collectives, PowerSGD's reductions).
+WorkPtr completed_work();
 
 class ProcessGroup {
  public:

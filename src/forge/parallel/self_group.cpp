@@ -9,13 +9,6 @@ namespace forge::parallel {
 
 namespace {
 
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  void synchronize() override {}
-  bool is_completed() override { return true; }
-};
-
 class SelfGroup final : public ProcessGroup {
  public:
   explicit SelfGroup(Device device) : ProcessGroup(0, 1), device_(device) {}
@@ -75,7 +68,7 @@ class SelfGroup final : public ProcessGroup {
   }
 
  private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
+  static WorkPtr done() { return completed_work(); }
   static WorkPtr copy(const Tensor& output, const Tensor& input) {
     if (output.data_ptr() != input.data_ptr()) {
       NoGradGuard ng;
