@@ -167,7 +167,7 @@ TEST(PacedGroupMpi, OperationsTakeTheLinksTimeAndQueueOnIt) {
   w->all_reduce(b, ReduceOp::sum)->wait();
   EXPECT_EQ(values(a), values(b));
   EXPECT_GE(one, want);
-  EXPECT_LT(one, 3 * want + 0.05);
+  EXPECT_LT(one, 3 * want + 0.2);
   const double two = seconds_of([&] {
     WorkPtr x = g->all_reduce(a, ReduceOp::sum), y = g->all_reduce(b, ReduceOp::sum);
     x->wait();
@@ -182,21 +182,23 @@ TEST(PacedGroupMpi, OperationsTakeTheLinksTimeAndQueueOnIt) {
 TEST(PacedGroupMpi, HierarchicalReductionCrossesTheLinkWithFewerBytesThanTheFlatRing) {
   const ProcessGroupPtr w = world();
   if (w->size() != 4) GTEST_SKIP() << "needs 4 ranks (runs under parallel_mpi_np4)";
-  const NodeLayout flat_nodes{.node_size = 2, .hierarchical = false, .link = {.gbps = 1.0, .latency_us = 0}};
+  // (0.25 Gb/s: the link's time, 0.2 s flat, dwarfs the unpaced intra-node stages even when ctest
+  // runs other jobs beside these 4 ranks on 2 cores.)
+  const NodeLayout flat_nodes{.node_size = 2, .hierarchical = false, .link = {.gbps = 0.25, .latency_us = 0}};
   NodeLayout hier_nodes = flat_nodes;
   hier_nodes.hierarchical = true;
   const std::vector<int> ranks = {0, 1, 2, 3};
   const ProcessGroupPtr flat = node_aware_group(w, ranks, flat_nodes), hier = node_aware_group(w, ranks, hier_nodes);
   ASSERT_NE(flat, w);
   const int64_t n = 1 << 20;
-  const double S = 4.0 * n, rate = 1e9 / 8;
+  const double S = 4.0 * n, rate = 0.25e9 / 8;
   Tensor a = random_ints(n, 600, DType::f32), b = a.clone();
   const double t_flat = seconds_of([&] { flat->all_reduce(a, ReduceOp::avg)->wait(); });
   const double t_hier = seconds_of([&] { hier->all_reduce(b, ReduceOp::avg)->wait(); });
   EXPECT_EQ(values(a), values(b));  // (integer values: exact either way)
   EXPECT_GE(t_flat, 1.5 * S / rate);
   EXPECT_GE(t_hier, 1.0 * S / rate);
-  EXPECT_LT(t_hier, t_flat);
+  EXPECT_LT(t_hier, t_flat - 0.2 * S / rate);  // (a third of the link's time saved; a fifth asked)
 }
 
 }  // namespace
