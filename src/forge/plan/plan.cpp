@@ -198,32 +198,37 @@ SearchResult search(const PlanInput& in, const SearchSpace& fixed) {
       if (bs.empty()) bs.push_back(fixed.micro_batch ? *fixed.micro_batch : 1);
       for (int64_t b : bs) {
         std::vector<int> zeros = d > 1 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0};
+        // Both reductions where the data-parallel group spans nodes (Note [hierarchical data-parallel
+        // reduction]); elsewhere they are the same layout.
+        const std::vector<parallel::DpReduce> reductions =
+            d > 1 && n > in.cluster.gpus_per_node
+                ? std::vector<parallel::DpReduce>{parallel::DpReduce::flat, parallel::DpReduce::hierarchical}
+                : std::vector<parallel::DpReduce>{in.layout.dp_reduce};
         for (int z : pick(fixed.zero, zeros)) {
           for (bool off : pick(fixed.offload, {false, true})) {
-            for (Checkpointing ck : pick(fixed.checkpointing, ckpts))
-            for (parallel::DpReduce red : pick(fixed.dp_reduce, d > 1 && n > in.cluster.gpus_per_node
-                                                                    ? std::vector<parallel::DpReduce>{parallel::DpReduce::flat, parallel::DpReduce::hierarchical}
-                                                                    : std::vector<parallel::DpReduce>{in.layout.dp_reduce})) {
-              Layout l = in.layout;  // keeps the schedule
-              l.dp_reduce = red;
-              l.dp = d, l.tp = t, l.pp = p, l.micro_batch = b, l.zero = z, l.offload = off, l.checkpointing = ck;
-              l.sequence_parallel = fixed.sequence_parallel ? *fixed.sequence_parallel : t > 1;
-              l.grad_accum = in.global_batch % (b * d) == 0 ? in.global_batch / (b * d) : 1;
-              ++out.considered;
-              std::string why = layout_problem(in, l);
-              if (!why.empty()) {
-                const bool topo = why.find("spans nodes") != std::string::npos;
-                const bool unsupported = why.find("not supported") != std::string::npos ||
-                                         why.find("forge checkpoints") != std::string::npos;
-                out.rejected.push_back({l, topo ? "topology" : unsupported ? "unsupported" : "divisibility", why});
-                continue;
+            for (Checkpointing ck : pick(fixed.checkpointing, ckpts)) {
+              for (parallel::DpReduce red : pick(fixed.dp_reduce, reductions)) {
+                Layout l = in.layout;  // keeps the schedule
+                l.dp_reduce = red;
+                l.dp = d, l.tp = t, l.pp = p, l.micro_batch = b, l.zero = z, l.offload = off, l.checkpointing = ck;
+                l.sequence_parallel = fixed.sequence_parallel ? *fixed.sequence_parallel : t > 1;
+                l.grad_accum = in.global_batch % (b * d) == 0 ? in.global_batch / (b * d) : 1;
+                ++out.considered;
+                std::string why = layout_problem(in, l);
+                if (!why.empty()) {
+                  const bool topo = why.find("spans nodes") != std::string::npos;
+                  const bool unsupported = why.find("not supported") != std::string::npos ||
+                                           why.find("forge checkpoints") != std::string::npos;
+                  out.rejected.push_back({l, topo ? "topology" : unsupported ? "unsupported" : "divisibility", why});
+                  continue;
+                }
+                PlanResult r = evaluate_layout(in, l);
+                if (!r.memory.fits) {
+                  out.rejected.push_back({l, "memory", memory_reason(r.memory), r.memory.total});
+                  continue;
+                }
+                out.fits.push_back(std::move(r));
               }
-              PlanResult r = evaluate_layout(in, l);
-              if (!r.memory.fits) {
-                out.rejected.push_back({l, "memory", memory_reason(r.memory), r.memory.total});
-                continue;
-              }
-              out.fits.push_back(std::move(r));
             }
           }
         }
