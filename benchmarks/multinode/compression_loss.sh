@@ -19,15 +19,18 @@ RAW="${RAW_DIR:-benchmarks/results/raw/multinode_cpu}"
 RUNS="${RUNS_DIR:-/tmp/forge_multinode_runs}"
 mkdir -p "$RAW" "$RUNS"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-: > "$RUNS/empty.toml"
+# Files of this script's own, removed at exit (nothing in RUNS_DIR it did not make is touched).
+TMP=$(mktemp -d "$RUNS/compression.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+: > "$TMP/empty.toml"
 # A snapshot of the text, so that edits made while the runs go on do not change one run's corpus.
-rm -rf "$RUNS/corpus" && mkdir -p "$RUNS/corpus" && cp "$ROOT"/README.md "$ROOT"/docs/*.md "$RUNS/corpus/"
-sha256sum "$RUNS"/corpus/* | sed "s|$RUNS/corpus/||" > "$RAW/compression_corpus.sha256"
-files=$(printf '"%s",' "$RUNS"/corpus/*.md); files="[${files%,}]"
+mkdir -p "$TMP/corpus" && cp "$ROOT"/README.md "$ROOT"/docs/*.md "$TMP/corpus/"
+sha256sum "$TMP"/corpus/* | sed "s|$TMP/corpus/||" > "$RAW/compression_corpus.sha256"
+files=$(printf '"%s",' "$TMP"/corpus/*.md); files="[${files%,}]"
 : > "$RAW/compression.jsonl"
 run() {  # NAME [extra forge train arguments]
   local name=$1; shift
-  mpirun --oversubscribe --bind-to none --mca btl self,vader -np 4 "$FORGE" train "$RUNS/empty.toml" \
+  mpirun --oversubscribe --bind-to none --mca btl self,vader -np 4 "$FORGE" train "$TMP/empty.toml" \
     --run.device=cpu --run.dtype=f32 --model.type=gpt --model.n_layer=4 --model.n_head=4 --model.n_embd=256 \
     --model.vocab_size=0 --model.block_size=128 --model.bias=false --data.source=files --data.files="$files" \
     --data.vocab_size=1024 --data.val_fraction=0.05 --train.seq_len=128 --train.batch_size=16 \
@@ -52,8 +55,11 @@ for v in $VARIANTS; do
   r=${v%%:*} start=${v##*:}
   run "powersgd_r${r}_from${start}" --dist.grad_compression=powersgd --dist.powersgd_rank="$r" --dist.powersgd_start_step="$start"
 done
-python3 benchmarks/multinode/report.py "$RAW" > benchmarks/results/multinode_cpu.md  # (the section below is appended afresh)
-python3 - "$RAW/compression.jsonl" "$STEPS" "$LINK" >> benchmarks/results/multinode_cpu.md <<'PYEOF'
+# The results file: run.sh's tables (when its raw rows are here) and this section, written whole to a
+# temporary file first and moved into place only when complete.
+OUT_MD="${OUT_MD:-benchmarks/results/multinode_cpu.md}"
+{ [[ -f "$RAW/rows.jsonl" ]] && python3 benchmarks/multinode/report.py "$RAW"
+python3 - "$RAW/compression.jsonl" "$STEPS" "$LINK" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 base = rows[0]
@@ -77,4 +83,6 @@ print("\nOn a link this slow every compressed run is faster per token; the loss 
       "the mechanism on a 3.4M-parameter model, not a GPU figure: on GPUs the trade moves with the compute per "
       "byte sent.")
 PYEOF
-echo "compression_loss: done"
+} > "$TMP/report.md"
+mv "$TMP/report.md" "$OUT_MD"
+echo "compression_loss: $OUT_MD"

@@ -49,7 +49,9 @@ fi
 RAW="${RAW_DIR:-benchmarks/results/raw/multinode_${NAME}}"
 RUNS="${RUNS_DIR:-/tmp/forge_multinode_runs}"
 mkdir -p "$RAW" "$RUNS"
-: > "$RUNS/empty.toml"  # (the tiny CPU model is given whole on the command line)
+# (the tiny CPU model is given whole on the command line; its empty config is this script's own)
+EMPTY_TOML=$(mktemp "$RUNS/empty.XXXXXX.toml")
+trap 'rm -f "$EMPTY_TOML"' EXIT
 : > "$RAW/rows.jsonl"
 { git rev-parse --short=12 HEAD 2>/dev/null || echo unknown; } > "$RAW/commit.txt"
 echo "multinode: $DEVICE, $NODES nodes x $PER_NODE, links: $LINKS Gb/s, models: $MODELS, commit $(cat "$RAW/commit.txt")"
@@ -67,7 +69,7 @@ model_args() {  # MODEL -> forge train arguments
   case "$1" in
     gpt2) echo "configs/gpt2-124m.toml --data.source=random --train.seq_len=1024" ;;
     llama) echo "configs/llama-0.85b.toml --data.source=random --train.seq_len=2048" ;;
-    tiny) echo "$RUNS/empty.toml --run.device=cpu --run.dtype=f32 --model.type=gpt --model.n_layer=4 --model.n_head=4 --model.n_embd=256 \
+    tiny) echo "$EMPTY_TOML --run.device=cpu --run.dtype=f32 --model.type=gpt --model.n_layer=4 --model.n_head=4 --model.n_embd=256 \
 --model.vocab_size=4096 --model.block_size=128 --model.bias=false --data.source=random --train.seq_len=128 --optim.name=adamw" ;;
   esac
 }
@@ -139,5 +141,6 @@ for link in $LINKS; do
   done
 done
 for model in $MODELS; do row "$model" 0 local; done
-"$PY" benchmarks/multinode/report.py "$RAW" > "benchmarks/results/multinode_${NAME}.md"
+"$PY" benchmarks/multinode/report.py "$RAW" > "$RAW/report.md.tmp"  # (moved into place only when complete)
+mv "$RAW/report.md.tmp" "benchmarks/results/multinode_${NAME}.md"
 echo "multinode: benchmarks/results/multinode_${NAME}.md"
