@@ -22,9 +22,13 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   FORGE_CHECK(options_.powersgd_rank == 0 || (!options_.sharding.optimizer_state() && !options_.skip_reductions),
               "dist.grad_compression = \"powersgd\" compresses DDP's all-reduces (dist.zero_stage = 0): ZeRO's "
               "reduce-scatters shard the gradients it needs whole; use dist.zero_stage = 0 or no compression");
+  FORGE_CHECK(!options_.fp8_reduce || (options_.powersgd_rank == 0 && !options_.skip_reductions),
+              "DataParallel: fp8_reduce with powersgd_rank or skip_reductions (one compression at a time; "
+              "dist.grad_compression is \"fp8\" or \"powersgd\")");
   st_.group = std::move(group);
   st_.powersgd_rank = options_.powersgd_rank;
   st_.powersgd_seed = options_.powersgd_seed;
+  st_.fp8_reduce = options_.fp8_reduce;
   st_.sharding = options_.sharding;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;

@@ -96,6 +96,10 @@ struct DataParallelOptions {
   int powersgd_rank = 0;
   uint64_t powersgd_seed = 0;
   int64_t powersgd_start_step = 0;  // plain all-reduces before this optimizer step (PyTorch's start_powerSGD_iter)
+  // The gradient reductions (all-reduces of DDP and ZeRO-1, reduce-scatters of ZeRO-2/3) sent in
+  // FP8 with error feedback (Note [FP8 gradient reduction] in parallel/fp8_reduce.h;
+  // dist.grad_compression = "fp8"). Not with powersgd_rank.
+  bool fp8_reduce = false;
 };
 
 class DataParallel {

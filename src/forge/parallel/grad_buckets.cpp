@@ -56,6 +56,7 @@ void build_buckets(DpState& st, double bucket_mb) {
 
 GradientBuckets::GradientBuckets(DpState& st) : st_(st), state_(st.buckets.size()) {
   if (st_.powersgd_rank > 0) powersgd_ = std::make_unique<PowerSgd>(st_, st_.powersgd_rank, st_.powersgd_seed);
+  if (st_.fp8_reduce && st_.world() > 1) fp8_ = std::make_unique<Fp8GradReduce>(st_);
   if (st_.sharding.gradients()) {  // Note [ZeRO-2 staging buffers]
     const DType dt = st_.buckets.front().dtype;
     int64_t most = 0;
@@ -222,11 +223,12 @@ void GradientBuckets::launch(int index) {
     powersgd_->reduce(index, b.grads);
     b.work = completed_work();  // (done in place when its bucket was ready)
   } else if (!st_.sharding.gradients()) {
-    b.work = st_.group->all_reduce(b.grads, ReduceOp::avg);
+    b.work = fp8_ && compress_ ? fp8_->all_reduce(index, b.grads) : st_.group->all_reduce(b.grads, ReduceOp::avg);
   } else {
     if (!b.grads.defined()) b.grads = zeros_on(lay.padded, lay.dtype, st_.device);
     b.rs_out = empty({lay.shard}, {.dtype = lay.dtype, .device = st_.device});
-    b.work = st_.group->reduce_scatter(b.rs_out, b.grads, ReduceOp::avg);
+    b.work = fp8_ && compress_ ? fp8_->reduce_scatter(index, b.rs_out, b.grads)
+                               : st_.group->reduce_scatter(b.rs_out, b.grads, ReduceOp::avg);
     b.grads = Tensor();  // the work holds it until the reduction is done
   }
   b.launched = true;

@@ -13,13 +13,15 @@
 //     every micro-step, as DeepSpeed does).
 // debug.skip_reductions (stages 0, 1): nothing is reduced (a diagnostic; the run is wrong).
 // PowerSGD (DDP, powersgd_rank > 0): a bucket is reduced compressed when it is ready, backward
-// waiting (Note [PowerSGD] in powersgd.h).
+// waiting (Note [PowerSGD] in powersgd.h). FP8 (fp8_reduce): every reduction sent in FP8 with
+// error feedback, still overlapping backward (Note [FP8 gradient reduction] in fp8_reduce.h).
 #include <functional>
 #include <vector>
 
 #include <memory>
 
 #include "forge/parallel/dp_state.h"
+#include "forge/parallel/fp8_reduce.h"
 #include "forge/parallel/powersgd.h"
 
 namespace forge::parallel {
@@ -50,8 +52,10 @@ class GradientBuckets {
   // Stages 1-3: allocates the buffers the optimizer's gradient views point into (the full
   // buckets for stage 1, the owned slices for 2/3).
   void allocate_for_sharded_optimizer();
-  double compression_sent_fraction() const { return powersgd_ ? powersgd_->sent_fraction() : 1.0; }
-  // PowerSGD: whether this step's reductions are compressed (before its start step they are not).
+  double compression_sent_fraction() const {
+    return powersgd_ ? powersgd_->sent_fraction() : fp8_ ? fp8_->sent_fraction() : 1.0;
+  }
+  // Whether this step's reductions are compressed (PowerSGD: not before its start step).
   void set_compression(bool on) { compress_ = on; }
 
  private:
@@ -81,6 +85,7 @@ class GradientBuckets {
   bool grads_attached_ = false;
   int next_to_launch_ = 0;
   std::unique_ptr<PowerSgd> powersgd_;  // DDP with dist.grad_compression = "powersgd"
+  std::unique_ptr<Fp8GradReduce> fp8_;  // dist.grad_compression = "fp8"
   bool compress_ = true;
 };
 

@@ -14,96 +14,11 @@
 #include "forge/core/error.h"
 #include "forge/ops/copy.h"
 #include "forge/ops/creation.h"
+#include "forge/parallel/chain_work.h"
 
 namespace forge::parallel {
 
 namespace {
-
-// One stage of a chain: starts a collective (its Work) or does its own work at once (nullptr).
-using Stage = std::function<WorkPtr()>;
-
-// The stages of one hierarchical operation, one after another. CPU: the first starts at the call,
-// each next one when the previous is done, as wait() / synchronize() / is_completed() find it (on
-// the calling thread: MPI is funnelled). GPU: every stage queued at the call on the group's side
-// stream (each collective's Work waited there, a stream wait), the end marked by an event.
-class ChainWork final : public Work {
- public:
-  ChainWork(std::vector<Stage> stages, runtime::SideStream* side, std::vector<Tensor> keep)
-      : stages_(std::move(stages)), keep_(std::move(keep)) {
-    if (side == nullptr) {
-      advance(false);
-      return;
-    }
-    device_ = side->device();
-    side->enter();
-    try {
-      NoGradGuard no_grad;
-      for (auto& s : stages_)
-        if (WorkPtr w = s()) {
-          w->wait();
-          inner_.push_back(std::move(w));
-        }
-      for (const Tensor& t : keep_) side->keep(t);
-      end_.record(device_);
-    } catch (...) {
-      side->leave();
-      throw;
-    }
-    side->leave();
-    next_ = stages_.size();
-  }
-
-  // CPU: the stages not started yet are collectives the other ranks wait for: run them. (GPU:
-  // everything is queued already; the host never waits here, the groups keep their tensors.)
-  ~ChainWork() override {
-    if (device_.is_cuda()) return;
-    try {
-      advance(true);
-    } catch (...) {
-    }
-  }
-
-  void wait() override {
-    if (device_.is_cuda()) end_.block_current(device_);
-    else advance(true);
-  }
-  void synchronize() override {
-    if (device_.is_cuda()) {
-      end_.synchronize();
-      for (auto& w : inner_) w->synchronize();
-      inner_.clear();
-      keep_.clear();
-    } else {
-      advance(true);
-    }
-  }
-  bool is_completed() override { return device_.is_cuda() ? end_.query() : advance(false); }
-
- private:
-  // CPU: runs the chain as far as it can (block: to its end). True when it is done.
-  bool advance(bool block) {
-    NoGradGuard no_grad;
-    while (true) {
-      if (current_) {
-        if (!block && !current_->is_completed()) return false;
-        current_->wait();  // (an MPI work's host part: avg's division, 16-bit results rounded back)
-        current_ = nullptr;
-      }
-      if (next_ >= stages_.size()) break;
-      current_ = stages_[next_++]();
-    }
-    keep_.clear();
-    return true;
-  }
-
-  std::vector<Stage> stages_;
-  std::vector<Tensor> keep_;
-  size_t next_ = 0;
-  WorkPtr current_;
-  Device device_ = Device::cpu();
-  runtime::Event end_;
-  std::vector<WorkPtr> inner_;
-};
 
 class HierarchicalGroup final : public ProcessGroup {
  public:
@@ -148,7 +63,7 @@ class HierarchicalGroup final : public ProcessGroup {
         *buf = Tensor();
         return nullptr;
       });
-    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{t});
+    return chain_work(std::move(stages), side_.get(), {t});
   }
 
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
@@ -164,7 +79,7 @@ class HierarchicalGroup final : public ProcessGroup {
       return intra_->reduce_scatter(*mid, local_major, op);
     });
     stages.push_back([=, this] { return inter_->reduce_scatter(output, *mid, op); });
-    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{output, input});
+    return chain_work(std::move(stages), side_.get(), {output, input});
   }
 
   WorkPtr all_gather(const Tensor& output, const Tensor& input) override {
@@ -189,7 +104,7 @@ class HierarchicalGroup final : public ProcessGroup {
       *local_major = Tensor();
       return nullptr;
     });
-    return std::make_shared<ChainWork>(std::move(stages), side_.get(), std::vector<Tensor>{output, input});
+    return chain_work(std::move(stages), side_.get(), {output, input});
   }
 
   WorkPtr reduce(const Tensor& t, int root, ReduceOp op) override { return flat_->reduce(t, root, op); }
@@ -206,6 +121,8 @@ class HierarchicalGroup final : public ProcessGroup {
     intra_->watch_replayed_work(what);
     inter_->watch_replayed_work(what);
   }
+
+ NodeGroups parts() const { return {intra_, inter_, k_}; }
 
  private:
   ProcessGroupPtr flat_, intra_, inter_;
@@ -242,6 +159,11 @@ ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, con
   FORGE_CHECK(intra && inter, "make_hierarchical: rank ", flat->rank(), " got no node group");
   inter = make_paced(inter, inter_pace);
   return std::make_shared<HierarchicalGroup>(flat, std::move(intra), std::move(inter), per_node);
+}
+
+std::optional<NodeGroups> node_groups(const ProcessGroupPtr& g) {
+  if (const auto* h = dynamic_cast<const HierarchicalGroup*>(g.get())) return h->parts();
+  return std::nullopt;
 }
 
 int group_ranks_per_node(const std::vector<int>& world_ranks, int node_size) {

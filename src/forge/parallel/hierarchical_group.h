@@ -39,6 +39,7 @@
 // one before on the device, so the compute stream is never stalled and backward keeps
 // overlapping the buckets' reductions; wait() makes the caller's current stream wait for the
 // chain's end.
+#include <optional>
 #include <vector>
 
 #include "forge/parallel/paced_group.h"
@@ -53,6 +54,15 @@ namespace forge::parallel {
 // `inter`: the simulated network between nodes (Note [paced link]) the inter-node groups are paced
 // by (its share set by the caller: node_aware_group gives the node size); gbps 0 = none.
 ProcessGroupPtr make_hierarchical(const ProcessGroupPtr& flat, int per_node, const LinkPace& inter = {});
+
+// The groups a group made by make_hierarchical reduces through: its node's (intra, per_node ranks)
+// and its local index's across the nodes (inter, paced); nullopt for any other group. For
+// reductions that do their own inter-node stage (fp8_reduce.h).
+struct NodeGroups {
+  ProcessGroupPtr intra, inter;
+  int per_node = 1;
+};
+std::optional<NodeGroups> node_groups(const ProcessGroupPtr& g);
 
 // The number of a group's ranks on each node, the group given by its members' world ranks (in
 // group-rank order) on nodes of `node_size` consecutive world ranks. Throws forge::Error naming

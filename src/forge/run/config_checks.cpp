@@ -193,12 +193,13 @@ void validate(const RunConfig& c) {
               c.dist.link_gbps);
   FORGE_CHECK(c.dist.link_latency_us >= 0 && std::isfinite(c.dist.link_latency_us),
               "dist.link_latency_us must be >= 0, got ", c.dist.link_latency_us);
-  FORGE_CHECK(c.dist.grad_compression == "none" || c.dist.grad_compression == "powersgd", "dist.grad_compression = '",
-              c.dist.grad_compression, "' is unknown; use \"none\" or \"powersgd\"",
-              suggest_choice(c.dist.grad_compression, {"none", "powersgd"}));
+  FORGE_CHECK(c.dist.grad_compression == "none" || c.dist.grad_compression == "powersgd" ||
+                  c.dist.grad_compression == "fp8",
+              "dist.grad_compression = '", c.dist.grad_compression, "' is unknown; use \"none\", \"fp8\" or \"powersgd\"",
+              suggest_choice(c.dist.grad_compression, {"none", "fp8", "powersgd"}));
   FORGE_CHECK(c.dist.powersgd_rank >= 1, "dist.powersgd_rank must be >= 1, got ", c.dist.powersgd_rank);
   FORGE_CHECK(c.dist.powersgd_start_step >= 0, "dist.powersgd_start_step must be >= 0, got ", c.dist.powersgd_start_step);
-  FORGE_CHECK(c.dist.grad_compression == "none" || (c.dist.zero_stage == 0 && c.dist.pp == 1),
+  FORGE_CHECK(c.dist.grad_compression != "powersgd" || (c.dist.zero_stage == 0 && c.dist.pp == 1),
               "dist.grad_compression = \"powersgd\" compresses DDP's all-reduces: it needs dist.zero_stage = 0 and "
               "dist.pp = 1 (got ", c.dist.zero_stage, " and ", c.dist.pp, "); set those or dist.grad_compression = \"none\"");
   FORGE_CHECK(c.dist.node_size >= 0, "dist.node_size must be >= 0 (0 = the launcher's ranks per host), got ",

@@ -233,9 +233,11 @@ const std::vector<Field>& fields() {
                   "of a link of this many Gb/s (10, 25, 100: Ethernet; 0 = off; docs/dist.md \"Several machines\")"),
       FORGE_FIELD(dist, link_latency_us, "dist.link_gbps > 0: the simulated link's latency per ring step, microseconds"),
       FORGE_FIELD(dist, grad_compression,
-                  "DDP (dist.zero_stage = 0): \"none\" or \"powersgd\" (each weight matrix's gradient averaged as a "
-                  "rank-dist.powersgd_rank approximation with error feedback: far fewer bytes, for slow links; "
-                  "docs/dist.md)"),
+                  "how the data-parallel gradient reductions travel, for slow links (docs/dist.md \"Several "
+                  "machines\"): \"none\" (the gradients' dtype), \"fp8\" (e4m3 blocks of 128 with error feedback: "
+                  "~0.52 of bf16's bytes; any ZeRO stage, pipeline stages; with dist.dp_reduce = \"hierarchical\" "
+                  "between nodes only) or \"powersgd\" (DDP only: each weight matrix's gradient averaged as a "
+                  "rank-dist.powersgd_rank approximation with error feedback: far fewer bytes)"),
       FORGE_FIELD(dist, powersgd_rank, "dist.grad_compression = \"powersgd\": the approximation's rank (>= 1)"),
       FORGE_FIELD(dist, powersgd_start_step,
                   "dist.grad_compression = \"powersgd\": the optimizer steps before it with plain all-reduces (>= 0; "

@@ -37,8 +37,9 @@ std::string graph_blocker(const RunConfig& cfg, Device device, bool phases_on) {
   if (std::string why; !runtime::graph_capture_supported(device, &why)) return why;
   if (cfg.model.dropout > 0)
     return "model.dropout > 0 draws a new random seed on the host at every call, which a replay would repeat";
-  if (cfg.dist.grad_compression == "powersgd")
-    return "dist.grad_compression = \"powersgd\" replaces its state tensors at every step, which a replay would not";
+  if (cfg.dist.grad_compression != "none")
+    return "dist.grad_compression = \"" + cfg.dist.grad_compression +
+           "\" replaces its state tensors at every step, which a replay would not";
   if (cfg.dist.link_gbps > 0)
     return "dist.link_gbps paces the simulated network with host callbacks that hold their own times";
   if (phases_on) return "FORGE_TRAIN_PHASES times the step's phases with events the host reads";

@@ -125,7 +125,8 @@ class PipelineStrategy final : public Strategy {
                                   .norm_weight = [tied, split](const std::string& n) {
                                     return (n == tied ? 0.5 : 1.0) * (split ? split->norm_weight(n) : 1.0);
                                   },
-                                  .frozen = {}});
+                                  .frozen = {},
+                                  .fp8_reduce = cfg.dist.grad_compression == "fp8" && group_->size() > 1});
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
     log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "
