@@ -29,6 +29,8 @@ DataParallel::DataParallel(std::vector<std::pair<std::string, Tensor>> named_par
   st_.powersgd_rank = options_.powersgd_rank;
   st_.powersgd_seed = options_.powersgd_seed;
   st_.fp8_reduce = options_.fp8_reduce;
+  st_.fp8_feedback_all_reduce = options_.fp8_feedback_all_reduce;
+  st_.fp8_feedback_reduce_scatter = options_.fp8_feedback_reduce_scatter;
   st_.sharding = options_.sharding;
   st_.offload = options_.offload_optimizer;
   st_.skip_reductions = options_.skip_reductions;

@@ -100,6 +100,9 @@ struct DataParallelOptions {
   // FP8 with error feedback (Note [FP8 gradient reduction] in parallel/fp8_reduce.h;
   // dist.grad_compression = "fp8"). Not with powersgd_rank.
   bool fp8_reduce = false;
+  // Error feedback of the coded all-reduces (DDP, ZeRO-1) and reduce-scatters (ZeRO-2/3): Note [FP8
+  // gradient reduction] on its memory (dist.fp8_error_feedback: "auto" is {true, false}).
+  bool fp8_feedback_all_reduce = true, fp8_feedback_reduce_scatter = false;
 };
 
 class DataParallel {

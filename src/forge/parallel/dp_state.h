@@ -70,6 +70,7 @@ struct DpState {
   int powersgd_rank = 0;       // DataParallelOptions::powersgd_rank (0: off)
   uint64_t powersgd_seed = 0;
   bool fp8_reduce = false;     // DataParallelOptions::fp8_reduce
+  bool fp8_feedback_all_reduce = true, fp8_feedback_reduce_scatter = false;  // DataParallelOptions::fp8_feedback
   // Tensor parallelism (DataParallelOptions::norm_group): the gradient norm's other group and
   // each parameter's weight in it; unset: the norm is this group's alone.
   ProcessGroupPtr norm_group;

@@ -42,8 +42,9 @@ struct Coded {
 };
 
 // Steps 1-5 of the Note on group g, appended to `stages`; `gather`: all-reduce (else reduce-scatter).
+// `feedback`: the worker's error feedback kept (else the coding's residue is dropped).
 void coded_stages(std::vector<Stage>& stages, const ProcessGroupPtr& g, const std::shared_ptr<Coded>& c,
-                  const std::shared_ptr<Fp8GradReduce::Slot>& slot, bool gather) {
+                  const std::shared_ptr<Fp8GradReduce::Slot>& slot, bool gather, bool feedback) {
   const int64_t W = g->size();
   stages.push_back([=]() -> WorkPtr {
     const int64_t L = c->v.numel();
@@ -58,8 +59,10 @@ void coded_stages(std::vector<Stage>& stages, const ProcessGroupPtr& g, const st
       chunks = chunks.contiguous();
     }
     c->mine = fp8::encode_blocks(chunks.view({W * c->R, kB}), kFormat);
-    const Tensor sent = fp8::decode_blocks(c->mine.codes, c->mine.inv_scales, kFormat).view({W, c->Cp});
-    slot->worker_error = finite_or_zero(ops::sub(m, sent.narrow(1, 0, c->C).reshape({L})));
+    if (feedback) {
+      const Tensor sent = fp8::decode_blocks(c->mine.codes, c->mine.inv_scales, kFormat).view({W, c->Cp});
+      slot->worker_error = finite_or_zero(ops::sub(m, sent.narrow(1, 0, c->C).reshape({L})));
+    }
     c->rcodes = empty({W * c->R, kB}, {.dtype = DType::u8, .device = m.device()});
     return g->all_to_all(c->rcodes, c->mine.codes);
   });
@@ -78,8 +81,9 @@ void coded_stages(std::vector<Stage>& stages, const ProcessGroupPtr& g, const st
     }
     if (slot->owner_error.defined()) avg = ops::add(avg, slot->owner_error);
     c->back = fp8::encode_blocks(avg.view({c->R, kB}), kFormat);
-    slot->owner_error =
-        finite_or_zero(ops::sub(avg, fp8::decode_blocks(c->back.codes, c->back.inv_scales, kFormat).view({c->Cp})));
+    if (feedback)
+      slot->owner_error =
+          finite_or_zero(ops::sub(avg, fp8::decode_blocks(c->back.codes, c->back.inv_scales, kFormat).view({c->Cp})));
     c->gcodes = empty({W * c->R, kB}, {.dtype = DType::u8, .device = avg.device()});
     return g->all_gather(c->gcodes, c->back.codes);
   });
@@ -111,7 +115,8 @@ double plain_bytes(int64_t L, int64_t W, bool gather, size_t es) {
 
 }  // namespace
 
-Fp8GradReduce::Fp8GradReduce(const DpState& st) : st_(st), slots_(st.buckets.size()) {
+Fp8GradReduce::Fp8GradReduce(const DpState& st, Fp8Feedback feedback)
+    : st_(st), feedback_(feedback), slots_(st.buckets.size()) {
   for (auto& s : slots_) s = std::make_shared<Slot>();
   if (auto parts = node_groups(st.group)) {
     coded_ = parts->inter;
@@ -121,11 +126,24 @@ Fp8GradReduce::Fp8GradReduce(const DpState& st) : st_(st), slots_(st.buckets.siz
     coded_ = st.group;
   }
   if (st.device.is_cuda()) side_ = std::make_unique<runtime::SideStream>(st.device);
+  // What a step will send (sent_fraction before the first reduction): each bucket reduced once.
+  const int64_t N = coded_->size(), k = intra_ ? per_node_ : 1;
+  for (const DpBucket& b : st.buckets) {
+    const size_t es = element_size(b.dtype);
+    if (!st.sharding.gradients()) {
+      const int64_t s = round_up((b.padded + k - 1) / k, N);
+      expected_sent_ += coded_bytes(s, N, true), expected_plain_ += plain_bytes(s, N, true, es);
+    } else {
+      expected_sent_ += coded_bytes(N * b.shard, N, false), expected_plain_ += plain_bytes(N * b.shard, N, false, es);
+    }
+  }
 }
 
 Fp8GradReduce::~Fp8GradReduce() = default;
 
-double Fp8GradReduce::sent_fraction() const { return plain_ > 0 ? sent_ / plain_ : 1.0; }
+double Fp8GradReduce::sent_fraction() const {
+  return plain_ > 0 ? sent_ / plain_ : expected_plain_ > 0 ? expected_sent_ / expected_plain_ : 1.0;
+}
 
 WorkPtr Fp8GradReduce::all_reduce(int bucket, const Tensor& grads) {
   NoGradGuard no_grad;
@@ -154,7 +172,7 @@ WorkPtr Fp8GradReduce::all_reduce(int bucket, const Tensor& grads) {
     c->v = buf->narrow(0, local * s, s).to(DType::f32);
     return nullptr;
   });
-  coded_stages(stages, coded_, c, slot, /*gather=*/true);
+  coded_stages(stages, coded_, c, slot, /*gather=*/true, feedback_.all_reduce);
   stages.push_back([=, this]() -> WorkPtr {
     Tensor mine = buf->narrow(0, local * s, s);
     ops::copy_as_communication_(mine, c->result);
@@ -202,7 +220,7 @@ WorkPtr Fp8GradReduce::reduce_scatter(int bucket, const Tensor& output, const Te
       *mid = Tensor();
       return nullptr;
     });
-  coded_stages(stages, coded_, c, slot, /*gather=*/false);
+  coded_stages(stages, coded_, c, slot, /*gather=*/false, feedback_.reduce_scatter);
   stages.push_back([=]() -> WorkPtr {
     Tensor out = output.view({s});
     ops::copy_as_communication_(out, c->result);

@@ -24,6 +24,11 @@
 // the group of the same local index across nodes runs steps 1-5 on this rank's 1/k slice.
 // A coded block holding a non-finite value decodes to NaN everywhere (the step's non-finite check
 // then sees it); the errors of such blocks are reset to zero rather than carried into later steps.
+// Memory: e_w is the gradients' size in f32 on each rank (the node's 1/k slice when hierarchical).
+// DDP and ZeRO-1 hold whole gradients anyway; ZeRO-2/3 exist not to, so their reduce-scatters
+// keep no e_w unless asked (dist.fp8_error_feedback: "auto" keeps it for DDP and ZeRO-1 only,
+// "on" everywhere, "off" nowhere); without it each coding's residue (up to 2^-4 of each value) is
+// dropped, as ZeRO++'s qgZ drops its int4 residue.
 // The errors are per rank and not checkpointed (a resumed run starts them at zero; docs/dist.md).
 // Ordering: the stages are one chain_work (chain_work.h): on a GPU queued on a stream of this
 // reducer's own, so backward keeps overlapping the buckets as with the uncompressed reductions.
@@ -37,10 +42,15 @@
 
 namespace forge::parallel {
 
+// Which reductions keep their error feedback (see the Note: dist.fp8_error_feedback).
+struct Fp8Feedback {
+  bool all_reduce = true, reduce_scatter = true;
+};
+
 class Fp8GradReduce {
  public:
   // st.group flat or made by make_hierarchical (then its inter-node stage is the coded one).
-  explicit Fp8GradReduce(const DpState& st);
+  explicit Fp8GradReduce(const DpState& st, Fp8Feedback feedback = {});
   ~Fp8GradReduce();
   // grads (bucket `bucket`'s flat gradients, any length) replaced by the group's average.
   WorkPtr all_reduce(int bucket, const Tensor& grads);
@@ -48,7 +58,8 @@ class Fp8GradReduce {
   // ProcessGroup::reduce_scatter with ReduceOp::avg (for a hierarchical group, its slice order).
   WorkPtr reduce_scatter(int bucket, const Tensor& output, const Tensor& input);
   // Bytes this rank sent across the coded group so far / bytes the uncompressed reductions of the
-  // same tensors would have sent there (their dtype, ring algorithms). 1 before any reduction.
+  // same tensors would have sent there (their dtype, ring algorithms). Before any reduction: what
+  // one reduction of every bucket will send.
   double sent_fraction() const;
 
   struct Slot;  // (fp8_reduce.cpp) the error feedback of one bucket
@@ -57,9 +68,10 @@ class Fp8GradReduce {
   const DpState& st_;
   ProcessGroupPtr coded_, intra_;  // intra_: the node's group when hierarchical, else null
   int per_node_ = 1;
+  Fp8Feedback feedback_;
   std::vector<std::shared_ptr<Slot>> slots_;
   std::unique_ptr<runtime::SideStream> side_;
-  double sent_ = 0, plain_ = 0;
+  double sent_ = 0, plain_ = 0, expected_sent_ = 0, expected_plain_ = 0;
 };
 
 }  // namespace forge::parallel

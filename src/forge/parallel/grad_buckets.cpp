@@ -56,7 +56,9 @@ void build_buckets(DpState& st, double bucket_mb) {
 
 GradientBuckets::GradientBuckets(DpState& st) : st_(st), state_(st.buckets.size()) {
   if (st_.powersgd_rank > 0) powersgd_ = std::make_unique<PowerSgd>(st_, st_.powersgd_rank, st_.powersgd_seed);
-  if (st_.fp8_reduce && st_.world() > 1) fp8_ = std::make_unique<Fp8GradReduce>(st_);
+  if (st_.fp8_reduce && st_.world() > 1)
+    fp8_ = std::make_unique<Fp8GradReduce>(
+        st_, Fp8Feedback{st_.fp8_feedback_all_reduce, st_.fp8_feedback_reduce_scatter});
   if (st_.sharding.gradients()) {  // Note [ZeRO-2 staging buffers]
     const DType dt = st_.buckets.front().dtype;
     int64_t most = 0;

@@ -9,6 +9,10 @@ const char* checkpointing_name(Checkpointing c) {
   return c == Checkpointing::none ? "none" : c == Checkpointing::selective ? "selective" : "full";
 }
 
+const char* grad_compression_name(GradCompression g) {
+  return g == GradCompression::fp8 ? "fp8" : g == GradCompression::powersgd ? "powersgd" : "none";
+}
+
 const char* schedule_name(PipelineSchedule s) {
   switch (s) {
     case PipelineSchedule::one_f_one_b: return "1f1b";
@@ -30,6 +34,8 @@ std::string Layout::describe() const {
     os << ", dp reduced within " << (node_size > 0 ? "nodes of " + std::to_string(node_size) + " ranks" : "each host")
        << " first";
   if (link_gbps > 0 && dp * cp > 1) os << ", simulated " << link_gbps << " Gb/s between nodes";
+  if (grad_compression == GradCompression::fp8 && dp * cp > 1) os << ", gradients reduced in FP8";
+  if (grad_compression == GradCompression::powersgd && dp * cp > 1) os << ", PowerSGD rank " << powersgd_rank;
   return os.str();
 }
 

@@ -25,6 +25,10 @@ enum class ContextKind { ring, ulysses };
 // The data-parallel reductions: one ring over the group, or within each node first (Note
 // [hierarchical data-parallel reduction] in parallel/hierarchical_group.h).
 enum class DpReduce { flat, hierarchical };
+// How the data-parallel gradient reductions travel (dist.grad_compression): in the gradients'
+// dtype, in FP8 (parallel/fp8_reduce.h), or as PowerSGD's low-rank factors (parallel/powersgd.h).
+enum class GradCompression { none, fp8, powersgd };
+const char* grad_compression_name(GradCompression g);  // "none" | "fp8" | "powersgd"
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
 const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
 
@@ -44,6 +48,10 @@ struct Layout {
   int64_t node_size = 0;       // ranks per node for dp_reduce (0: the launch's ranks per host)
   double link_gbps = 0;        // simulated network between nodes (Note [paced link]); 0: none
   double link_latency_us = 0;
+  GradCompression grad_compression = GradCompression::none;
+  int64_t powersgd_rank = 4;
+  // fp8: which reductions keep an error feedback, the gradients' size in f32 (dist.fp8_error_feedback)
+  bool fp8_feedback_all_reduce = true, fp8_feedback_reduce_scatter = false;
   int64_t gpus() const { return dp * tp * pp * cp; }
   // What the data-parallel group shards: ask this, not the stage's number.
   Sharding sharding() const { return Sharding::from_stage(zero, "the layout's ZeRO stage"); }

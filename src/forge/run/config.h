@@ -24,7 +24,7 @@
 //   [eval]       every, batches, bigram_baseline
 //   [checkpoint] every, interval_minutes, keep_last, at_end, async
 //   [lora]       rank, alpha, dropout, targets (LoRA adapters on the base model: nn/lora.h, docs/lora.md)
-//   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb, dp_reduce, node_size, link_gbps, link_latency_us, grad_compression, powersgd_rank, powersgd_start_step (the layout; docs/dist.md)
+//   [dist]       tp, sequence_parallel, pp, cp, cp_kind, pp_schedule, pp_virtual_stages, pp_layers, zero_stage, offload_optimizer, bucket_mb, dp_reduce, node_size, link_gbps, link_latency_us, grad_compression, fp8_error_feedback, powersgd_rank, powersgd_start_step (the layout; docs/dist.md)
 //   [debug]      skip_reductions, abort_at, hang_at, masters_from_rounded (switches that change what a run computes,
 //                recorded with the run's config: diagnostics and failure tests)
 //
@@ -172,7 +172,8 @@ struct DistSection {
   int64_t node_size = 0;           // ranks per node for dp_reduce (0: the launcher's ranks per host; smaller simulates nodes)
   double link_gbps = 0;            // simulated nodes: the data-parallel traffic between them held to this rate (Gb/s; 0: off)
   double link_latency_us = 25;     // simulated nodes: latency per ring step of that link
-  std::string grad_compression = "none";  // DDP: "none" or "powersgd" (low-rank gradients with error feedback)
+  std::string grad_compression = "none";  // "none", "fp8" (FP8 blocks, error feedback) or "powersgd" (DDP: low-rank gradients)
+  std::string fp8_error_feedback = "auto";  // grad_compression = "fp8": "auto" (DDP, ZeRO-1), "on" or "off"
   int64_t powersgd_rank = 4;       // grad_compression = "powersgd": the approximation's rank r
   int64_t powersgd_start_step = 0; // grad_compression = "powersgd": uncompressed reductions before this step
 };

@@ -197,6 +197,10 @@ void validate(const RunConfig& c) {
                   c.dist.grad_compression == "fp8",
               "dist.grad_compression = '", c.dist.grad_compression, "' is unknown; use \"none\", \"fp8\" or \"powersgd\"",
               suggest_choice(c.dist.grad_compression, {"none", "fp8", "powersgd"}));
+  FORGE_CHECK(c.dist.fp8_error_feedback == "auto" || c.dist.fp8_error_feedback == "on" ||
+                  c.dist.fp8_error_feedback == "off",
+              "dist.fp8_error_feedback = '", c.dist.fp8_error_feedback, "' is unknown; use \"auto\", \"on\" or \"off\"",
+              suggest_choice(c.dist.fp8_error_feedback, {"auto", "on", "off"}));
   FORGE_CHECK(c.dist.powersgd_rank >= 1, "dist.powersgd_rank must be >= 1, got ", c.dist.powersgd_rank);
   FORGE_CHECK(c.dist.powersgd_start_step >= 0, "dist.powersgd_start_step must be >= 0, got ", c.dist.powersgd_start_step);
   FORGE_CHECK(c.dist.grad_compression != "powersgd" || (c.dist.zero_stage == 0 && c.dist.pp == 1),

@@ -238,6 +238,10 @@ const std::vector<Field>& fields() {
                   "~0.52 of bf16's bytes; any ZeRO stage, pipeline stages; with dist.dp_reduce = \"hierarchical\" "
                   "between nodes only) or \"powersgd\" (DDP only: each weight matrix's gradient averaged as a "
                   "rank-dist.powersgd_rank approximation with error feedback: far fewer bytes)"),
+      FORGE_FIELD(dist, fp8_error_feedback,
+                  "dist.grad_compression = \"fp8\": which reductions add what their coding left out to the next "
+                  "step's (an f32 copy of the gradients per rank): \"auto\" (DDP and ZeRO-1, which hold whole "
+                  "gradients anyway), \"on\" (ZeRO-2/3 too) or \"off\""),
       FORGE_FIELD(dist, powersgd_rank, "dist.grad_compression = \"powersgd\": the approximation's rank (>= 1)"),
       FORGE_FIELD(dist, powersgd_start_step,
                   "dist.grad_compression = \"powersgd\": the optimizer steps before it with plain all-reduces (>= 0; "

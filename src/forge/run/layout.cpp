@@ -63,6 +63,12 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   l.node_size = cfg.dist.node_size;
   l.link_gbps = cfg.dist.link_gbps;
   l.link_latency_us = cfg.dist.link_latency_us;
+  l.grad_compression = cfg.dist.grad_compression == "fp8"        ? parallel::GradCompression::fp8
+                       : cfg.dist.grad_compression == "powersgd" ? parallel::GradCompression::powersgd
+                                                                 : parallel::GradCompression::none;
+  l.powersgd_rank = cfg.dist.powersgd_rank;
+  l.fp8_feedback_all_reduce = cfg.dist.fp8_error_feedback != "off";
+  l.fp8_feedback_reduce_scatter = cfg.dist.fp8_error_feedback == "on";
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");

@@ -75,7 +75,9 @@ class DataParallelStrategy final : public Strategy {
                                                        : 0,
                                   .powersgd_seed = static_cast<uint64_t>(cfg.run.seed) ^ 0x9e3779b97f4a7c15ull,
                                   .powersgd_start_step = cfg.dist.powersgd_start_step,
-                                  .fp8_reduce = cfg.dist.grad_compression == "fp8" && !solo_});
+                                  .fp8_reduce = layout.grad_compression == parallel::GradCompression::fp8 && !solo_,
+                                  .fp8_feedback_all_reduce = layout.fp8_feedback_all_reduce,
+                                  .fp8_feedback_reduce_scatter = layout.fp8_feedback_reduce_scatter});
     if (dp_->block_hooks()) model.set_block_hooks(dp_->block_hooks());
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
@@ -90,9 +92,13 @@ class DataParallelStrategy final : public Strategy {
             << 100 * dp_->compression_sent_fraction() << "% of the gradient values sent"
             << (cfg.dist.powersgd_start_step > 0 ? ", from step " + std::to_string(cfg.dist.powersgd_start_step + 1) : "")
             << ")" << std::defaultfloat;
-    if (cfg.dist.grad_compression == "fp8")
-      nodes << ", gradients sent in FP8 (e4m3 blocks of 128, error feedback"
-            << (layout.dp_reduce == parallel::DpReduce::hierarchical ? "; between nodes only" : "") << ")";
+    if (layout.grad_compression == parallel::GradCompression::fp8) {
+      const bool feedback = layout.sharding().gradients() ? layout.fp8_feedback_reduce_scatter : layout.fp8_feedback_all_reduce;
+      nodes << ", gradients sent in FP8 (e4m3 blocks of 128, " << (feedback ? "error feedback" : "no error feedback")
+            << (layout.dp_reduce == parallel::DpReduce::hierarchical ? "; between nodes only" : "") << "; "
+            << std::fixed << std::setprecision(1) << 100 * dp_->compression_sent_fraction()
+            << "% of the gradient bytes sent)" << std::defaultfloat;
+    }
     log << "data parallel: " << group_->size() << " rank(s) (" << parallel::launcher_name(env.launcher) << ", "
         << group_->backend() << "), " << layout.sharding().name() << nodes.str()
         << (layout.offload ? " with the optimizer on the CPU" : "") << ", " << dp_->num_buckets()

@@ -126,7 +126,9 @@ class PipelineStrategy final : public Strategy {
                                     return (n == tied ? 0.5 : 1.0) * (split ? split->norm_weight(n) : 1.0);
                                   },
                                   .frozen = {},
-                                  .fp8_reduce = cfg.dist.grad_compression == "fp8" && group_->size() > 1});
+                                  .fp8_reduce = layout.grad_compression == parallel::GradCompression::fp8 && group_->size() > 1,
+                                  .fp8_feedback_all_reduce = layout.fp8_feedback_all_reduce,
+                                  .fp8_feedback_reduce_scatter = layout.fp8_feedback_reduce_scatter});
     dp_->broadcast_parameters();
     if (dtype == DType::f16) scaler_.emplace(device_);
     log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "

@@ -207,6 +207,25 @@ TEST(Fp8ReduceMpi, ReduceScatterIsTheReferencesSliceOfTheAverage) {
   }
 }
 
+// Without the error feedback (dist.fp8_error_feedback = "auto" under ZeRO-2/3): every step is
+// coded afresh, nothing carried (the reference with empty errors at each step).
+TEST(Fp8ReduceMpi, ReduceScatterWithoutErrorFeedbackCodesEachStepAfresh) {
+  const ProcessGroupPtr w = world();
+  const int W = w->size(), me = w->rank();
+  if (W == 1) GTEST_SKIP() << "one rank reduces nothing (runs under parallel_mpi_np2 and np4)";
+  const DpState st = one_bucket_state(w);
+  Fp8GradReduce red(st, Fp8Feedback{.all_reduce = true, .reduce_scatter = false});
+  const int64_t shard = 300;
+  for (uint32_t step = 0; step < 3; ++step) {
+    const Vec mine = random_grads(W * shard, 60 + step, me);
+    Tensor out = zeros({shard});
+    red.reduce_scatter(0, out, from_vector(mine, {W * shard}))->wait();
+    std::vector<Vec> ew(static_cast<size_t>(W)), eo(static_cast<size_t>(W));
+    const std::vector<Vec> want = reference(gather_all(w, mine), ew, eo, /*gather=*/false);
+    expect_close(out.to_vector<float>(), want[me], 1e-6, "against the reference without feedback");
+  }
+}
+
 class Fp8ReduceHierarchical : public ::testing::Test {
  protected:
   void SetUp() override {
