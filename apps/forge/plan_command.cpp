@@ -48,6 +48,8 @@ struct PlanArgs {
   int64_t dp = 0, tp = 0, pp = 0, cp = 0, virtual_stages = 2;
   std::string cp_kind;
   std::string dp_reduce;
+  std::string grad_compression;
+  int64_t powersgd_rank = 4;
   int zero = 0;
   bool offload = false, sp = true;
   // cost
@@ -232,6 +234,10 @@ CLI::App* add_plan_command(CLI::App& app) {
   c->add_option("--dp-reduce", a.dp_reduce,
                 "data-parallel reductions: flat or hierarchical (within each node first); default: a config's "
                 "dist.dp_reduce, else flat; --search tries both where the data-parallel group spans nodes");
+  c->add_option("--grad-compression", a.grad_compression,
+                "how the data-parallel gradient reductions travel: none, fp8 or powersgd (default: a config's "
+                "dist.grad_compression, else none; --search keeps it: compression changes the numbers)");
+  c->add_option("--powersgd-rank", a.powersgd_rank, "--grad-compression powersgd: the rank r (default: a config's, else 4)");
   c->add_option("--cp-kind", a.cp_kind, "context parallelism's attention: ring or ulysses (default: a config's dist.cp_kind, else ring)");
   c->add_option("--zero", a.zero, "ZeRO stage 0-3 over the data-parallel group")->capture_default_str();
   c->add_flag("--offload", a.offload, "optimizer state and step in host memory (ZeRO-Offload)");
@@ -333,6 +339,12 @@ int run_plan(const std::vector<std::string>& overrides) {
     config_layout.sequence_parallel = cfg.dist.sequence_parallel;
     config_layout.schedule = parse_schedule(cfg.dist.pp_schedule);
     config_layout.virtual_stages = cfg.dist.pp_virtual_stages;
+    config_layout.grad_compression = cfg.dist.grad_compression == "fp8"        ? parallel::GradCompression::fp8
+                                     : cfg.dist.grad_compression == "powersgd" ? parallel::GradCompression::powersgd
+                                                                               : parallel::GradCompression::none;
+    config_layout.powersgd_rank = cfg.dist.powersgd_rank;
+    config_layout.fp8_feedback_all_reduce = cfg.dist.fp8_error_feedback != "off";
+    config_layout.fp8_feedback_reduce_scatter = cfg.dist.fp8_error_feedback == "on";
     default_tokens = static_cast<double>(cfg.train.steps * default_batch * cfg.train.seq_len);
     // Where the config trains: "cpu"; "auto" is the CPU in a build without CUDA.
 #ifdef FORGE_WITH_CUDA
@@ -440,6 +452,10 @@ int run_plan(const std::vector<std::string>& overrides) {
   FORGE_CHECK(!a.given("--cp") || a.cp >= 1, "--cp must be >= 1, got ", a.cp);
   FORGE_CHECK(!a.given("--dp-reduce") || a.dp_reduce == "flat" || a.dp_reduce == "hierarchical", "--dp-reduce '",
               a.dp_reduce, "' is unknown; use flat or hierarchical");
+  FORGE_CHECK(!a.given("--grad-compression") || a.grad_compression == "none" || a.grad_compression == "fp8" ||
+                  a.grad_compression == "powersgd",
+              "--grad-compression '", a.grad_compression, "' is unknown; use none, fp8 or powersgd");
+  FORGE_CHECK(!a.given("--powersgd-rank") || a.powersgd_rank >= 1, "--powersgd-rank must be >= 1, got ", a.powersgd_rank);
   FORGE_CHECK(!a.given("--cp-kind") || a.cp_kind == "ring" || a.cp_kind == "ulysses", "--cp-kind '", a.cp_kind,
               "' is unknown; use ring or ulysses");
   const int64_t tp = a.given("--tp") ? a.tp : config_layout.tp, pp = a.given("--pp") ? a.pp : config_layout.pp;
@@ -528,6 +544,13 @@ int run_plan(const std::vector<std::string>& overrides) {
   l.dp_reduce = a.given("--dp-reduce")
                     ? (a.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat)
                     : config_layout.dp_reduce;
+  l.grad_compression = !a.given("--grad-compression")       ? config_layout.grad_compression
+                       : a.grad_compression == "fp8"        ? parallel::GradCompression::fp8
+                       : a.grad_compression == "powersgd"   ? parallel::GradCompression::powersgd
+                                                            : parallel::GradCompression::none;
+  l.powersgd_rank = a.given("--powersgd-rank") ? a.powersgd_rank : config_layout.powersgd_rank;
+  l.fp8_feedback_all_reduce = config_layout.fp8_feedback_all_reduce;
+  l.fp8_feedback_reduce_scatter = config_layout.fp8_feedback_reduce_scatter;
   l.offload = a.given("--offload") ? a.offload : config_layout.offload;
   // Sequence parallelism: --sp / --no-sp, else a config's dist.sequence_parallel, else on.
   l.sequence_parallel = a.given("--sp") || a.config.empty() ? a.sp : config_layout.sequence_parallel;

@@ -40,6 +40,32 @@ TEST_F(PlanCli, PlanAsJson) {
   EXPECT_GT(j["cost"]["rent"]["total"].get<double>(), 0);
 }
 
+// --grad-compression: priced (Note [compressed reductions in the plan]), carried to the layout and
+// to the forge train command; an unknown value is refused naming it.
+TEST_F(PlanCli, GradCompressionIsPricedAndCarriedToTheCommand) {
+  const std::vector<std::string> base = {"plan", "gpt2", "--gpu", "h100", "--gpus", "4", "--gpus-per-node", "2",
+                                         "--ib", "1.25", "--micro-batch", "16", "--tokens", "1B", "--json"};
+  auto with = [&](const std::string& gc) {
+    auto a = base;
+    a.insert(a.end(), {"--grad-compression", gc});
+    return json_of(a);
+  };
+  const auto none = with("none"), fp8 = with("fp8"), psgd = with("powersgd");
+  EXPECT_EQ(fp8["layout"]["grad_compression"], "fp8");
+  EXPECT_LT(fp8["time"]["dp_comm"].get<double>(), 0.6 * none["time"]["dp_comm"].get<double>());
+  EXPECT_LT(psgd["time"]["dp_comm"].get<double>(), 0.1 * none["time"]["dp_comm"].get<double>());
+  auto a = base;
+  a.pop_back();  // the search's table and its best layout's command
+  a.insert(a.end(), {"--grad-compression", "fp8", "--search"});
+  const CliRun t = run_forge(a, Stderr::dropped);
+  ASSERT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find("--dist.grad_compression=fp8"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("gradients reduced in FP8 (--grad-compression)"), std::string::npos) << t.out;
+  const CliRun bad = run_forge({"plan", "gpt2", "--gpus", "4", "--grad-compression", "zip"}, Stderr::merged);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--grad-compression 'zip' is unknown; use none, fp8 or powersgd"), std::string::npos) << bad.out;
+}
+
 TEST_F(PlanCli, SearchAsJsonAndAsATable) {
   const auto j = json_of({"plan", "gpt2", "--tokens", "10B", "--gpu", "rtx4090", "--gpus", "4", "--search", "--json"});
   ASSERT_FALSE(j["fits"].empty());

@@ -177,6 +177,87 @@ TEST(PlanTime, HierarchicalReductionIsANodeRingThenANetworkRingOverAnEighth) {
   EXPECT_EQ(o.dp_link.name, "NVLink");
 }
 
+// Note [compressed reductions in the plan]: dist.grad_compression = "fp8" prices the gradients'
+// reductions as rings of 1 + 4/128 bytes a value (bf16 gradients: 0.516 of their bytes) plus the
+// coding at 24 bytes a value at the memory's rate; hierarchical: only the stage between nodes
+// narrows; ZeRO's parameter all-gathers do not.
+TEST(PlanTime, Fp8GradientReductionIsANarrowerRingPlusItsCoding) {
+  PlanInput in = llama7b_on("h100", 16);
+  in.layout.zero = 0;
+  in.cluster.inter_gbs = 25;
+  const double P = static_cast<double>(count_parameters(in.model).total), S = 2.0 * P, w = (1 + 4.0 / 128) / 2;
+  const double mem = in.cluster.gpu.memory_bw_gbs * 1e9 * in.cluster.hbm_efficiency;
+  const TimeBreakdown f = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  in.layout.grad_compression = parallel::GradCompression::fp8;
+  const TimeBreakdown c = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double bw = f.dp_link.bandwidth;
+  EXPECT_NEAR(c.dp_comm,
+              f.dp_comm - ring_allreduce_bytes(S, 16) / bw + ring_allreduce_bytes(S * w, 16) / bw + P * 24 / mem, 1e-9);
+  EXPECT_NE(c.dp_link.name.find("gradients in FP8"), std::string::npos) << c.dp_link.name;
+  // Hierarchical: the node's stages as before, the network's ring over an eighth, narrowed.
+  in.layout.dp_reduce = parallel::DpReduce::hierarchical;
+  const TimeBreakdown h = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double nvlink = 450e9 * 0.8, nic = 25e9 * 0.8;
+  const double half_node = ring_reduce_scatter_bytes(S, 8) / nvlink + 3 * 10e-6;
+  const double across = ring_allreduce_bytes(S / 8 * w, 2) / nic + 2 * 1 * 30e-6;
+  EXPECT_NEAR(h.dp_comm, 2 * half_node + across + P / 8 * 24 / mem, 1e-9);
+  // ZeRO-1: the reduce-scatter narrows, the parameters' all-gather does not.
+  in.layout.dp_reduce = parallel::DpReduce::flat;
+  in.layout.zero = 1;
+  const TimeBreakdown z = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  in.layout.grad_compression = parallel::GradCompression::none;
+  const TimeBreakdown zn = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  EXPECT_NEAR(z.dp_comm - zn.dp_comm,
+              (ring_reduce_scatter_bytes(S * w, 16) - ring_reduce_scatter_bytes(S, 16)) / bw + P * 24 / mem, 1e-9);
+}
+
+// PowerSGD sends r (n + m) of each weight matrix's n m values (by hand for GPT-2's block below),
+// in f32, and its buckets are reduced while backward waits: all of it is exposed.
+TEST(PlanTime, PowerSgdSendsRankRFactorsWithBackwardWaiting) {
+  const ModelSpec g = find_preset("gpt2").spec;  // h 768, f 3072, biases
+  const int64_t h = 768, f = 3072;
+  const int64_t by_hand = 4 * (3 * h + h) + 4 * (h + h) + 4 * (f + h) + 4 * (h + f)  // the four matrices
+                          + 3 * h + h + f + h + 2 * 2 * h;                              // biases, two LayerNorms
+  EXPECT_EQ(powersgd_block_values(g, 4), by_hand);
+  EXPECT_EQ(powersgd_block_values(g, 100000), layer_parameters_per_gpu(g, 1));  // nothing pays: all whole
+  PlanInput in = llama7b_on("h100", 16);
+  in.layout.zero = 0;
+  in.layout.grad_compression = parallel::GradCompression::powersgd;
+  in.layout.powersgd_rank = 4;
+  const TimeBreakdown t = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  EXPECT_DOUBLE_EQ(t.dp_exposed, t.dp_comm);
+  const double P = static_cast<double>(count_parameters(in.model).total);
+  const double share = static_cast<double>(powersgd_block_values(in.model, 4)) /
+                       static_cast<double>(layer_parameters_per_gpu(in.model, 1));
+  const double mem = in.cluster.gpu.memory_bw_gbs * 1e9 * in.cluster.hbm_efficiency;
+  in.layout.grad_compression = parallel::GradCompression::none;
+  const TimeBreakdown n = step_time(in.model, in.setup, in.layout, in.cluster, in.mfu, in.tokens);
+  const double bw = n.dp_link.bandwidth, lat = n.dp_comm - ring_allreduce_bytes(2 * P, 16) / bw;
+  EXPECT_NEAR(t.dp_comm, ring_allreduce_bytes(P * share * 4, 16) / bw + lat + P * 40 / mem, 1e-9);
+  EXPECT_LT(t.dp_comm - P * 40 / mem, 0.05 * n.dp_comm);  // the network's part; its products cost more on InfiniBand
+  // With ZeRO or pipeline stages it is refused, as forge train refuses it.
+  in.layout.grad_compression = parallel::GradCompression::powersgd;
+  in.layout.zero = 1;
+  EXPECT_NE(layout_problem(in, in.layout).find("PowerSGD with ZeRO-1"), std::string::npos);
+}
+
+// The error feedback's memory: the trained gradients in f32 per rank (FP8's all-reduce owner its
+// slice again); ZeRO-3 under "auto" keeps none.
+TEST(PlanMemory, CompressedReductionsHoldTheirErrorFeedback) {
+  PlanInput in = llama7b_on("h100", 16);
+  const double P = static_cast<double>(count_parameters(in.model).total);
+  auto buffers = [&](parallel::GradCompression gc, int zero, bool rs_feedback) {
+    Layout l = in.layout;
+    l.zero = zero, l.grad_compression = gc, l.fp8_feedback_reduce_scatter = rs_feedback;
+    return memory_per_gpu(in.model, in.setup, l, 80e9).comm_buffers;
+  };
+  using GC = parallel::GradCompression;
+  EXPECT_NEAR(buffers(GC::fp8, 0, false) - buffers(GC::none, 0, false), P * 4 * (1 + 1.0 / 16), 1);
+  EXPECT_NEAR(buffers(GC::powersgd, 0, false) - buffers(GC::none, 0, false), P * 4, 1);
+  EXPECT_EQ(buffers(GC::fp8, 3, false), buffers(GC::none, 3, false));
+  EXPECT_NEAR(buffers(GC::fp8, 3, true) - buffers(GC::none, 3, false), P * 4, 1);
+}
+
 // Tensor parallelism: 4 all-reduces of the activations per layer (6 with full recomputation),
 // one for the embedding and one for the head; sequence parallelism one all-gather more per
 // region in backward (its input shard gathered again): the traffic of one all-reduce per layer.

@@ -50,6 +50,10 @@ TrainCommand train_command(const PlanInput& in, const Layout& l) {
   if (l.sharding().optimizer_state()) os << " --dist.zero_stage=" << l.zero;
   if (l.offload) os << " --dist.offload_optimizer=true";
   if (l.dp_reduce == parallel::DpReduce::hierarchical && l.dp > 1) os << " --dist.dp_reduce=hierarchical";
+  if (l.grad_compression != parallel::GradCompression::none && l.dp > 1)
+    os << " --dist.grad_compression=" << parallel::grad_compression_name(l.grad_compression)
+       << (l.grad_compression == parallel::GradCompression::powersgd ? " --dist.powersgd_rank=" + std::to_string(l.powersgd_rank)
+                                                                      : std::string());
   if (l.checkpointing == Checkpointing::full) os << " --model.checkpoint_activations=true";
   const char* dtype = in.setup.precision == Precision::fp16                                           ? "f16"
                       : in.setup.precision == Precision::bf16 || in.setup.precision == Precision::fp8 ? "bf16"

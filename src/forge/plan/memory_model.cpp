@@ -215,6 +215,13 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const TrainingSetup& setup, c
       } else {
         r.comm_buffers += 2.0 * std::min(setup.bucket_bytes, grads_all);  // a bucket reducing, one filling
       }
+      // Compressed reductions' error feedback (f32, per rank; Note [FP8 gradient reduction],
+      // Note [PowerSGD]): the trained gradients' size (an upper bound under hierarchical reduction,
+      // which codes 1/k of them), and FP8's all-reduce owner its slice of it again.
+      const bool fp8_feedback = l.grad_compression == parallel::GradCompression::fp8 &&
+                                (l.sharding().gradients() ? l.fp8_feedback_reduce_scatter : l.fp8_feedback_all_reduce);
+      if (fp8_feedback) r.comm_buffers += trained * 4.0 * (l.sharding().gradients() ? 1.0 : 1.0 + 1.0 / dd);
+      if (l.grad_compression == parallel::GradCompression::powersgd) r.comm_buffers += trained * 4.0;
     }
     // Ring attention: the key/value block held, the one arriving, and in backward their f32
     // gradient accumulators (one travelling, one arriving).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "forge/core/error.h"
 #include "forge/nn/model_registry.h"
@@ -199,6 +201,21 @@ int64_t lora_block_parameters(const ModelSpec& m, int64_t t) {
     n += m.lora_rank * (row ? ceil_div(in, t) + out : in + ceil_div(out, t));
   }
   return n;
+}
+
+int64_t powersgd_block_values(const ModelSpec& m, int64_t r, int64_t t) {
+  const int64_t h = m.d_model, d = m.head_dim(), f = ceil_div(m.ffn_hidden, t);
+  std::vector<std::pair<int64_t, int64_t>> mats;  // (rows, cols) of this GPU's weight matrices
+  if (m.arch == Arch::gpt) {
+    const int64_t att = (m.n_head / t) * d;
+    mats = {{3 * att, h}, {h, att}, {f, h}, {h, f}};
+  } else {
+    const int64_t q = (m.n_head / t) * d, kv = kv_heads_per_gpu(m, t) * d;
+    mats = {{q, h}, {kv, h}, {kv, h}, {h, q}, {f, h}, {f, h}, {h, f}};
+  }
+  int64_t values = block_params_tp(m, t).total();  // less the matrices: the vectors, sent whole
+  for (const auto& [n, c] : mats) values += std::min(r * (n + c), n * c) - n * c;
+  return values;
 }
 
 int64_t lora_parameters(const ModelSpec& m) { return m.n_layer * lora_block_parameters(m, 1); }

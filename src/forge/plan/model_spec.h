@@ -62,6 +62,10 @@ const std::vector<Preset>& presets();
 // without LoRA.
 int64_t lora_block_parameters(const ModelSpec& m, int64_t t = 1);
 int64_t lora_parameters(const ModelSpec& m);
+// The values PowerSGD at rank r sends for one block's gradients on one GPU under tensor
+// parallelism t (Note [PowerSGD] in parallel/powersgd.h): r (n + m) for each weight matrix of
+// n x m (this GPU's part) where that is smaller than n m, the rest (vectors, small matrices) whole.
+int64_t powersgd_block_values(const ModelSpec& m, int64_t r, int64_t t = 1);
 // The preset named `name` (or one of its aliases, case-insensitive). Throws forge::Error
 // listing the nearest names ("unknown model 'llama2-8b'; did you mean 'llama3-8b' or
 // 'llama2-7b'?") and all presets.

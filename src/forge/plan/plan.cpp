@@ -118,6 +118,10 @@ std::string layout_problem(const PlanInput& in, const Layout& l) {
     return "ZeRO-" + std::to_string(l.zero) +
            " with pipeline parallelism is not supported (gradients would be reduce-scattered after every "
            "micro-batch; DeepSpeed and Megatron allow only ZeRO-1 with pp > 1)";
+  if (l.grad_compression == parallel::GradCompression::powersgd && (l.zero != 0 || l.pp > 1))
+    return "PowerSGD with ZeRO-" + std::to_string(l.zero) + " and pp = " + std::to_string(l.pp) +
+           " is not supported (it compresses DDP's all-reduces: ZeRO-0, pp = 1); use --grad-compression fp8 with ZeRO "
+           "or pipeline stages";
   if (l.tp > in.cluster.gpus_per_node) {
     os << "tp = " << l.tp << " spans nodes (" << in.cluster.gpus_per_node
        << " GPUs per node): tensor-parallel all-reduces run every layer and belong on the intra-node link";
@@ -266,6 +270,7 @@ json layout_json(const Layout& l) {
           {"cp_kind", l.cp_kind == parallel::ContextKind::ulysses ? "ulysses" : "ring"},
           {"schedule", schedule_name(l.schedule)},
           {"dp_reduce", l.dp_reduce == parallel::DpReduce::hierarchical ? "hierarchical" : "flat"},
+          {"grad_compression", parallel::grad_compression_name(l.grad_compression)},
           {"gpus", l.gpus()}};
 }
 

@@ -260,6 +260,10 @@ std::string format_search(const PlanInput& in, const SearchResult& s, size_t top
     }
     os << "fastest layouts that fit (of " << s.fits.size() << ")"
        << (in.cluster.gpus > in.cluster.gpus_per_node ? "; dp \"h\": reduced within each node first (dist.dp_reduce)" : "")
+       << (in.layout.grad_compression == parallel::GradCompression::fp8 ? "; gradients reduced in FP8 (--grad-compression)"
+           : in.layout.grad_compression == parallel::GradCompression::powersgd
+               ? "; DDP rows' gradients by PowerSGD rank " + std::to_string(in.layout.powersgd_rank) + " (--grad-compression)"
+               : std::string())
        << "\n" << t.str();
     const auto& best = s.fits.front();
     os << "\nbest: " << best.layout.describe() << "\n  " << duration(best.time.time_to_train_s) << ", "

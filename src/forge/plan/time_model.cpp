@@ -312,14 +312,53 @@ TimeBreakdown step_time(const ModelSpec& m, const TrainingSetup& setup, const La
         r.dp_link.name = "hierarchical: " + intra.name + " x" + std::to_string(k) + ", then network x1 NIC per rank";
       }
     }
-    const double ar = AR(Sg);
-    const double rs = RS(Sg);
     const double ag = RS(Sp);  // (an all-gather moves a reduce-scatter's bytes, in the other order)
+    // Note [compressed reductions in the plan]. dist.grad_compression = "fp8" (parallel/fp8_reduce.h):
+    // the gradients' reductions (not the parameters' all-gathers) send 1 + 4/128 bytes a value in
+    // an all-to-all and an all-gather, a ring's bytes at that width; hierarchical: only the stage
+    // between nodes. Coding and decoding read and write ~24 bytes a coded value at the memory's
+    // rate, in the same chain. "powersgd" (DDP; parallel/powersgd.h): r (n + m) f32 values per
+    // matrix (powersgd_block_values' share of the block's parameters, the embedding counted at the
+    // blocks' rate: an upper bound), and its three thin products and the error feedback, ~40 bytes
+    // a parameter at the memory's rate; the buckets are reduced while backward waits: all exposed.
+    const double mem_bw = profile ? memory_bytes_per_s(*profile) : c.gpu.memory_bw_gbs * 1e9 * c.hbm_efficiency;
+    double ar = 0, rs = 0;
+    bool exposed_all = false;
+    if (l.grad_compression == parallel::GradCompression::fp8) {
+      const double width = (1.0 + 4.0 / 128.0) / bp.grad;  // coded bytes per gradient byte
+      const bool hier = l.dp_reduce == parallel::DpReduce::hierarchical && r.dp_link.crosses_nodes &&
+                        r.dp_link.name.rfind("hierarchical", 0) == 0;
+      const int64_t gpn = std::max<int64_t>(1, c.gpus_per_node);
+      const int64_t k = hier ? std::min(d, gpn / std::max<int64_t>(1, t)) : 1;
+      const double kd = static_cast<double>(k);
+      auto codec = [&](double b) { return b / bp.grad / kd * 24.0 / mem_bw; };
+      if (hier) {
+        const Link intra{c.intra_gbs * 1e9 * c.link_efficiency, c.latency_intra_s, c.intra_name, false};
+        const Link inter{c.inter_gbs * 1e9 * c.link_efficiency, c.latency_inter_s, "network", true};
+        const int64_t N = d / k;
+        AR = [=](double b) { return 2 * half_collective_time(b, k, intra) + allreduce_time(b / kd * width, N, inter) + codec(b); };
+        RS = [=](double b) { return half_collective_time(b, k, intra) + half_collective_time(b / kd * width, N, inter) + codec(b); };
+      } else {
+        const Link link = r.dp_link;
+        AR = [=](double b) { return allreduce_time(b * width, d, link) + codec(b); };
+        RS = [=](double b) { return half_collective_time(b * width, d, link) + codec(b); };
+      }
+      ar = AR(Sg), rs = RS(Sg);
+      r.dp_link.name += ", gradients in FP8";
+    } else if (l.grad_compression == parallel::GradCompression::powersgd && l.zero == 0) {
+      const double share = static_cast<double>(powersgd_block_values(m, l.powersgd_rank, t)) /
+                           static_cast<double>(std::max<int64_t>(1, layer_parameters_per_gpu(m, t)));
+      ar = AR(P * share * 4.0) + P * 40.0 / mem_bw;
+      exposed_all = true;
+      r.dp_link.name += ", PowerSGD rank " + std::to_string(l.powersgd_rank);
+    } else {
+      ar = AR(Sg), rs = RS(Sg);
+    }
     auto hidden_under = [](double comm, double window) { return std::max(0.0, comm - window); };
     switch (l.zero) {
       case 0:
         r.dp_comm = ar;
-        r.dp_exposed = hidden_under(ar, w_b) + std::min(ar, AR(bucket));
+        r.dp_exposed = exposed_all ? ar : hidden_under(ar, w_b) + std::min(ar, AR(bucket));
         break;
       case 1:
         r.dp_comm = rs + ag;
