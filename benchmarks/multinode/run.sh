@@ -10,7 +10,9 @@
 #               reductions per token)
 #   zero1_hier  ZeRO-1, hierarchical
 #   pp_nodes    one pipeline stage per node (pp = NODES, 1F1B), data parallel within the node
-#   psgd4       DDP with PowerSGD rank 4 (dist.grad_compression; forge plan does not price it: no plan)
+#   psgd4       DDP with PowerSGD rank 4 (dist.grad_compression = "powersgd")
+#   fp8         DDP, flat, its gradient reductions sent in FP8 (dist.grad_compression = "fp8")
+#   hier_fp8    DDP, hierarchical, the stage between nodes in FP8
 #   local       DDP without the simulated network (every rank on one host): the ceiling
 # and, per link, forge bench collectives' all-reduce over the simulated nodes (flat and
 # hierarchical): the rate the link delivered, measured.
@@ -97,7 +99,9 @@ row() {  # MODEL LINK LAYOUT -> one JSON line in rows.jsonl
     hier_acc4) extra=(--dist.dp_reduce=hierarchical); accum=4 ;;
     zero1_hier) extra=(--dist.dp_reduce=hierarchical --dist.zero_stage=1); plan=(--zero 1) ;;
     pp_nodes) extra=(--dist.pp="$NODES" --dist.pp_schedule=1f1b); accum=$((2 * NODES)); plan=(--pp "$NODES") ;;
-    psgd4) extra=(--dist.grad_compression=powersgd --dist.powersgd_rank=4) ;;
+    psgd4) extra=(--dist.grad_compression=powersgd --dist.powersgd_rank=4); plan=(--grad-compression powersgd --powersgd-rank 4) ;;
+    fp8) extra=(--dist.dp_reduce=flat --dist.grad_compression=fp8); plan=(--grad-compression fp8) ;;
+    hier_fp8) extra=(--dist.dp_reduce=hierarchical --dist.grad_compression=fp8); plan=(--grad-compression fp8) ;;
     local) extra=() ;;
   esac
   local dp=$W; [[ "$layout" == pp_nodes ]] && dp=$PER_NODE
@@ -113,7 +117,7 @@ row() {  # MODEL LINK LAYOUT -> one JSON line in rows.jsonl
        > "$RAW/$name.log" 2>&1; then
     local s; s=$(summary "$RUNS/$name")
     local p='null'
-    if [[ "$DEVICE" == cuda && "$layout" != local && "$layout" != psgd4 ]]; then
+    if [[ "$DEVICE" == cuda && "$layout" != local ]]; then
       local reduce=flat; [[ "$layout" == *hier* ]] && reduce=hierarchical
       local ib; ib=$("$PY" -c "print($link / 8 / $node)")
       # shellcheck disable=SC2086
@@ -137,7 +141,7 @@ for link in $LINKS; do
       --link-gbps "$link" --json > "$RAW/coll_${reduce}_${link}.json" 2> "$RAW/coll_${reduce}_${link}.log" || true
   done
   for model in $MODELS; do
-    for layout in ${LAYOUTS:-flat hier hier_acc4 zero1_hier pp_nodes psgd4}; do row "$model" "$link" "$layout"; done
+    for layout in ${LAYOUTS:-flat hier hier_acc4 zero1_hier pp_nodes psgd4 fp8 hier_fp8}; do row "$model" "$link" "$layout"; done
   done
 done
 for model in $MODELS; do row "$model" 0 local; done

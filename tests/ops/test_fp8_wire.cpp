@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -92,6 +93,37 @@ TEST(Fp8Wire, CodesAreTheNearestValuesOfTheRowsScaleAndDecodeBack) {
       }
     }
   }
+}
+
+// core/fp8.h's encode_float (the codec's loop) is encode() for every float tried: each code's value,
+// the midpoints between neighbouring codes (the ties) and a float either side of each, the
+// saturation edges, 4M random bit patterns (every exponent, NaNs and infinities included) and 2M
+// random values across the formats' own range.
+TEST(Fp8Wire, EncodeFloatIsEncodeForEveryFloatTried) {
+  std::vector<float> xs;
+  for (Format f : {Format::e4m3, Format::e5m2})
+    for (int c = 0; c < 256; ++c) {
+      const double v = decode(static_cast<uint8_t>(c), f), next = decode(static_cast<uint8_t>(c + 1), f);
+      for (double y : {v, (v + next) / 2}) {
+        if (!std::isfinite(y)) continue;
+        const float fy = static_cast<float>(y);
+        xs.insert(xs.end(), {fy, std::nextafter(fy, 1e30f), std::nextafter(fy, -1e30f), -fy});
+      }
+    }
+  for (float edge : {448.0f, 464.0f, 480.0f, 57344.0f, 61440.0f, 1e30f, std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::denorm_min(), 0.0f, std::ldexp(1.0f, -6), std::ldexp(1.0f, -14)})
+    xs.insert(xs.end(), {edge, -edge, std::nextafter(edge, 0.0f), std::nextafter(edge, 1e38f)});
+  std::mt19937 gen(17);
+  for (int i = 0; i < 4'000'000; ++i) {
+    const uint32_t bits = gen();
+    float x = 0;
+    std::memcpy(&x, &bits, sizeof x);
+    xs.push_back(x);
+  }
+  std::uniform_real_distribution<float> u(-1, 1), e(-24, 20);  // and 2M in the formats' own range
+  for (int i = 0; i < 2'000'000; ++i) xs.push_back(std::ldexp(u(gen), static_cast<int>(e(gen))));
+  for (Format f : {Format::e4m3, Format::e5m2})
+    for (float x : xs) ASSERT_EQ(encode_float(x, f), encode(static_cast<double>(x), f)) << format_name(f) << " x " << x;
 }
 
 TEST(Fp8Wire, TheLookupDecodeIsTheLoopsBitForBit) {

@@ -57,7 +57,7 @@ WireBlocks encode_blocks(const Tensor& x, Format format) {
     }
     const float s = nan || !std::isfinite(amax) ? std::nanf("") : amax == 0.0f ? 1.0f : fmax / amax;
     for (int64_t j = 0; j < kWireBlock; ++j)
-      codes[r * kWireBlock + j] = encode(static_cast<double>(row[j] * s), format);
+      codes[r * kWireBlock + j] = encode_float(row[j] * s, format);
     inv[r] = 1.0f / s;
   }
   return out;
