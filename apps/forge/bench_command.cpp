@@ -86,6 +86,7 @@ struct CollectivesArgs {
   std::string dp_reduce = "flat";
   double link_gbps = 0;
   double link_latency_us = 25;
+  std::string grad_compression = "none";
 };
 CollectivesArgs g_coll;
 
@@ -448,6 +449,9 @@ int run_collectives_command() {
   o.hierarchical = g_coll.dp_reduce == "hierarchical";
   o.link_gbps = g_coll.link_gbps;
   o.link_latency_us = g_coll.link_latency_us;
+  FORGE_CHECK(g_coll.grad_compression == "none" || g_coll.grad_compression == "fp8",
+              "bench collectives: --grad-compression must be none or fp8, got '", g_coll.grad_compression, "'");
+  o.fp8 = g_coll.grad_compression == "fp8";
   const bench::CollectivesReport r = bench::run_collectives(o);
   if (r.rank != 0) return 0;  // rank 0 speaks for the job
   if (g_coll.json) {
@@ -459,6 +463,9 @@ int run_collectives_command() {
               r.device_name.c_str(), dtype_name(r.options.dtype), r.options.iters, r.options.warmup);
   if (!r.transport_env.empty()) std::printf("transport: %s\n", r.transport_env.c_str());
   if (!r.nodes.empty()) std::printf("nodes: %s\n", r.nodes.c_str());
+  if (r.options.fp8)
+    std::printf("all_reduce and reduce_scatter: gradients in FP8 (dist.grad_compression = \"fp8\"), averaged; sizes "
+                "and bandwidths of the uncompressed tensors\n");
   std::string op;
   for (const auto& x : r.results) {
     if (x.op != op) {
@@ -633,6 +640,9 @@ CLI::App* add_bench_command(CLI::App& app) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   coll->add_option("--link-latency-us", g_coll.link_latency_us, "its latency per ring step, as dist.link_latency_us")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  coll->add_option("--grad-compression", g_coll.grad_compression,
+                   "none, or fp8: all_reduce and reduce_scatter as dist.grad_compression = \"fp8\" sends gradients")
+      ->capture_default_str();
   coll->footer("Run under forge launch or mpirun for several ranks. Method and columns: docs/bench.md.");
 
   auto* cal = bench->add_subcommand(

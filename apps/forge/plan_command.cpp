@@ -16,6 +16,7 @@
 #include "forge/plan/plan.h"
 #include "forge/plan/report.h"
 #include "forge/run/config.h"
+#include "forge/run/layout.h"
 #include "forge/run/run_chat_data.h"
 #include "forge/nn/lora.h"
 #include "forge/run/run_model_spec.h"
@@ -331,20 +332,13 @@ int run_plan(const std::vector<std::string>& overrides) {
     config_layout.tp = cfg.dist.tp;
     config_layout.pp = cfg.dist.pp;
     config_layout.cp = cfg.dist.cp;
-    config_layout.dp_reduce =
-        cfg.dist.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat;
+    train::set_reduction_keys(cfg, config_layout);
     config_layout.cp_kind = cfg.dist.cp_kind == "ulysses" ? parallel::ContextKind::ulysses : parallel::ContextKind::ring;
     config_layout.zero = static_cast<int>(cfg.dist.zero_stage);
     config_layout.offload = cfg.dist.offload_optimizer;
     config_layout.sequence_parallel = cfg.dist.sequence_parallel;
     config_layout.schedule = parse_schedule(cfg.dist.pp_schedule);
     config_layout.virtual_stages = cfg.dist.pp_virtual_stages;
-    config_layout.grad_compression = cfg.dist.grad_compression == "fp8"        ? parallel::GradCompression::fp8
-                                     : cfg.dist.grad_compression == "powersgd" ? parallel::GradCompression::powersgd
-                                                                               : parallel::GradCompression::none;
-    config_layout.powersgd_rank = cfg.dist.powersgd_rank;
-    config_layout.fp8_feedback_all_reduce = cfg.dist.fp8_error_feedback != "off";
-    config_layout.fp8_feedback_reduce_scatter = cfg.dist.fp8_error_feedback == "on";
     default_tokens = static_cast<double>(cfg.train.steps * default_batch * cfg.train.seq_len);
     // Where the config trains: "cpu"; "auto" is the CPU in a build without CUDA.
 #ifdef FORGE_WITH_CUDA
@@ -544,10 +538,8 @@ int run_plan(const std::vector<std::string>& overrides) {
   l.dp_reduce = a.given("--dp-reduce")
                     ? (a.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat)
                     : config_layout.dp_reduce;
-  l.grad_compression = !a.given("--grad-compression")       ? config_layout.grad_compression
-                       : a.grad_compression == "fp8"        ? parallel::GradCompression::fp8
-                       : a.grad_compression == "powersgd"   ? parallel::GradCompression::powersgd
-                                                            : parallel::GradCompression::none;
+  l.grad_compression = a.given("--grad-compression") ? parallel::grad_compression_from_name(a.grad_compression)
+                                                     : config_layout.grad_compression;
   l.powersgd_rank = a.given("--powersgd-rank") ? a.powersgd_rank : config_layout.powersgd_rank;
   l.fp8_feedback_all_reduce = config_layout.fp8_feedback_all_reduce;
   l.fp8_feedback_reduce_scatter = config_layout.fp8_feedback_reduce_scatter;

@@ -22,7 +22,8 @@ def main(raw):
             "`forge bench collectives --ops all_reduce --node-size K --link-gbps R` over the simulated nodes: "
             "bus bandwidth (nccl-tests' convention, 2(W-1)/W x size / time) of the largest size, in Gb/s. The flat "
             "ring's bus bandwidth is the link's rate as delivered; the hierarchical reduction moves fewer bytes "
-            "across it, so its figure (same formula) can exceed the link.", "",
+            "across it, so its figure (same formula) can exceed the link, as can the `-fp8` rows' (`--grad-compression "
+            "fp8`: the gradients sent in FP8, the bandwidth counted over the f32 bytes they stand for).", "",
             "| link asked (Gb/s) | dp reduce | size | time (ms) | bus bandwidth (Gb/s) | delivered / asked |",
             "|---|---|---|---|---|---|"]
     for path in sorted(glob.glob(os.path.join(raw, "coll_*.json")), key=lambda p: (float(p.rsplit("_", 1)[1][:-5]), p)):
@@ -38,6 +39,11 @@ def main(raw):
         gbps = r["busbw_gbs"] * 8
         out.append(f"| {link} | {reduce} | {r['bytes'] / 2**20:.0f} MiB | {r['time_us'] / 1e3:.1f} | {gbps:.2f} | "
                    f"{gbps / float(link):.2f} |")
+    out += ["", "Layouts (benchmarks/multinode/run.sh): flat, DDP over one ring; hier, reduced within each node first; "
+            "hier_acc4, the same with 4 micro-batches per step; zero1_hier, ZeRO-1 hierarchical; pp_nodes, one pipeline "
+            "stage per node (1F1B); psgd4, PowerSGD rank 4; fp8, the gradient reductions in FP8 (e4m3 blocks, error "
+            "feedback); hier_fp8, hierarchical with the stage between nodes in FP8; local, no simulated network. "
+            "Compression changes the numbers (its loss: the compression section below, when present)."]
     for model in sorted({r["model"] for r in rows}):
         mrows = [r for r in rows if r["model"] == model]
         out += ["", f"## {model}", "",

@@ -134,11 +134,14 @@ row() {  # MODEL LINK LAYOUT -> one JSON line in rows.jsonl
 }
 
 for link in $LINKS; do
-  for reduce in flat hierarchical; do  # the link as measured: an all-reduce over the simulated nodes
+  # The link as measured: an all-reduce over the simulated nodes, flat and hierarchical, and each
+  # with the gradients in FP8 (its bandwidth counted over the uncompressed bytes).
+  for reduce in flat hierarchical flat-fp8 hierarchical-fp8; do
+    gc=none; [[ "$reduce" == *-fp8 ]] && gc=fp8
     # shellcheck disable=SC2046
     timeout 300 $(launch "$W" "$PER_NODE") "$FORGE" bench collectives --device "$DEVICE" --ops all_reduce \
-      --sizes "${COLL_SIZES:-16M,256M}" --iters 5 --warmup 2 --node-size "$PER_NODE" --dp-reduce "$reduce" \
-      --link-gbps "$link" --json > "$RAW/coll_${reduce}_${link}.json" 2> "$RAW/coll_${reduce}_${link}.log" || true
+      --sizes "${COLL_SIZES:-16M,256M}" --iters 5 --warmup 2 --node-size "$PER_NODE" --dp-reduce "${reduce%-fp8}" \
+      --grad-compression "$gc" --link-gbps "$link" --json > "$RAW/coll_${reduce}_${link}.json" 2> "$RAW/coll_${reduce}_${link}.log" || true
   done
   for model in $MODELS; do
     for layout in ${LAYOUTS:-flat hier hier_acc4 zero1_hier pp_nodes psgd4 fp8 hier_fp8}; do row "$model" "$link" "$layout"; done

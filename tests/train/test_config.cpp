@@ -234,6 +234,15 @@ TEST_F(ConfigTest, ShapeAndSizeChecksNameTheKeyAndTheFix) {
   EXPECT_NE(error(base(), {"--run.dtype=fp8"}).find("run.dtype = 'fp8' is unknown"), std::string::npos);
   EXPECT_NE(error(base(), {"--run.gemm_tuning=on"}).find("run.gemm_tuning = 'on' is unknown; use \"cached\""),
             std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.grad_compression=int4"})
+                .find("dist.grad_compression = 'int4' is unknown; use \"none\", \"fp8\" or \"powersgd\""),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.grad_compression=fp8", "--dist.fp8_error_feedback=yes"})
+                .find("dist.fp8_error_feedback = 'yes' is unknown; use \"auto\", \"on\" or \"off\""),
+            std::string::npos);
+  EXPECT_NE(error(base(), {"--dist.grad_compression=fp8", "--run.dtype=f16"})
+                .find("dist.grad_compression = \"fp8\" with run.dtype = \"f16\" is not supported"),
+            std::string::npos);
   EXPECT_EQ(parse("", {"--run.gemm_tuning=off"}).run.gemm_tuning, "off");
   EXPECT_EQ(RunConfig().run.gemm_tuning, "cached");
   EXPECT_NE(error(base(), {"--train.max_bad_steps=0"}).find("train.max_bad_steps must be >= 1"), std::string::npos);

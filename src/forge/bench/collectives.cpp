@@ -9,6 +9,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/creation.h"
 #include "forge/parallel/env.h"
+#include "forge/parallel/fp8_reduce.h"
 #include "forge/parallel/hierarchical_group.h"
 #include "forge/parallel/world.h"
 #ifdef FORGE_WITH_CUDA
@@ -51,9 +52,13 @@ using Clock = std::chrono::steady_clock;
 
 // One measurement: `iters` operations after `warmup`, timed from a barrier to the host seeing
 // the last one complete; the slowest rank's mean.
-double time_op(parallel::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor& b, int warmup, int iters) {
+// `fp8`: all_reduce and reduce_scatter through it (their gradient reductions in FP8, averaged).
+double time_op(parallel::ProcessGroup& pg, const std::string& op, Tensor& a, Tensor& b, int warmup, int iters,
+               parallel::Fp8GradReduce* fp8 = nullptr) {
   const int W = pg.size(), r = pg.rank();
   auto once = [&]() -> parallel::WorkPtr {
+    if (fp8 && op == "all_reduce") return fp8->all_reduce(0, a);
+    if (fp8 && op == "reduce_scatter") return fp8->reduce_scatter(0, b, a);
     if (op == "all_reduce") return pg.all_reduce(a, parallel::ReduceOp::sum);
     if (op == "all_gather") return pg.all_gather(a, b);        // a: W*n, b: n
     if (op == "reduce_scatter") return pg.reduce_scatter(b, a, parallel::ReduceOp::sum);  // a: W*n in, b: n out
@@ -155,7 +160,21 @@ CollectivesReport run_collectives(const CollectivesOptions& opt) {
       res.op = op;
       res.elements = n;
       res.bytes = n * e;
-      res.time_us = time_op(*pg, op, a, b, opt.warmup, opt.iters);
+      // --grad-compression fp8: the reduction as forge train's gradient buckets send it, one bucket
+      // of this size (Note [FP8 gradient reduction]).
+      std::unique_ptr<parallel::Fp8GradReduce> fp8;
+      parallel::DpState st;
+      if (opt.fp8 && (op == "all_reduce" || op == "reduce_scatter") && W > 1) {
+        st.group = pg;
+        st.device = device;
+        st.sharding = parallel::Sharding::from_stage(op == "reduce_scatter" ? 2 : 0);
+        parallel::DpBucket b1;
+        b1.numel = b1.padded = n, b1.shard = n / W, b1.dtype = opt.dtype;
+        st.buckets.push_back(b1);
+        fp8 = std::make_unique<parallel::Fp8GradReduce>(st);
+      }
+      res.time_us = time_op(*pg, op, a, b, opt.warmup, opt.iters, fp8.get());
+      if (fp8) res.sent_fraction = fp8->sent_fraction();
       res.algbw_gbs = static_cast<double>(res.bytes) / (res.time_us * 1e-6) / 1e9;
       res.busbw_gbs = res.algbw_gbs * busbw_factor(op, W);
       rep.results.push_back(res);
@@ -169,10 +188,11 @@ nlohmann::json to_json(const CollectivesReport& r) {
                       {"device_name", r.device_name}, {"world", r.world}, {"launcher", r.launcher},
                       {"dtype", dtype_name(r.options.dtype)}, {"warmup", r.options.warmup},
                       {"iters", r.options.iters},     {"transport_env", r.transport_env}, {"nodes", r.nodes},
+                      {"grad_compression", r.options.fp8 ? "fp8" : "none"},
                       {"notes", r.notes},             {"results", nlohmann::json::array()}};
   for (const auto& x : r.results)
     j["results"].push_back({{"op", x.op}, {"bytes", x.bytes}, {"elements", x.elements}, {"time_us", x.time_us},
-                            {"algbw_gbs", x.algbw_gbs}, {"busbw_gbs", x.busbw_gbs}});
+                            {"algbw_gbs", x.algbw_gbs}, {"busbw_gbs", x.busbw_gbs}, {"sent_fraction", x.sent_fraction}});
   return j;
 }
 

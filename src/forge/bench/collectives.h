@@ -53,6 +53,10 @@ struct CollectivesOptions {
   bool hierarchical = false;
   double link_gbps = 0;
   double link_latency_us = 25;
+  // all_reduce and reduce_scatter as dist.grad_compression = "fp8" sends gradients (averaged,
+  // coded in FP8 blocks with error feedback: parallel/fp8_reduce.h); their sizes are the
+  // uncompressed tensors', so the bandwidth columns say what the compression delivers.
+  bool fp8 = false;
 };
 
 struct CollectiveResult {
@@ -61,6 +65,7 @@ struct CollectiveResult {
   int64_t elements = 0;              // of that buffer
   double time_us = 0;                // the slowest rank's mean per operation
   double algbw_gbs = 0, busbw_gbs = 0;
+  double sent_fraction = 1;          // --grad-compression fp8: bytes sent / the uncompressed op's
 };
 
 struct CollectivesReport {

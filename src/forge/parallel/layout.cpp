@@ -3,6 +3,8 @@
 #include <sstream>
 #include <string>
 
+#include "forge/core/error.h"
+
 namespace forge::parallel {
 
 const char* checkpointing_name(Checkpointing c) {
@@ -11,6 +13,13 @@ const char* checkpointing_name(Checkpointing c) {
 
 const char* grad_compression_name(GradCompression g) {
   return g == GradCompression::fp8 ? "fp8" : g == GradCompression::powersgd ? "powersgd" : "none";
+}
+
+GradCompression grad_compression_from_name(const std::string& name) {
+  if (name == "none") return GradCompression::none;
+  if (name == "fp8") return GradCompression::fp8;
+  if (name == "powersgd") return GradCompression::powersgd;
+  FORGE_THROW("dist.grad_compression = '", name, "' is unknown; use \"none\", \"fp8\" or \"powersgd\"");
 }
 
 const char* schedule_name(PipelineSchedule s) {

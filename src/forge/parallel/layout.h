@@ -29,6 +29,8 @@ enum class DpReduce { flat, hierarchical };
 // dtype, in FP8 (parallel/fp8_reduce.h), or as PowerSGD's low-rank factors (parallel/powersgd.h).
 enum class GradCompression { none, fp8, powersgd };
 const char* grad_compression_name(GradCompression g);  // "none" | "fp8" | "powersgd"
+// Its inverse; anything else throws naming dist.grad_compression and the values.
+GradCompression grad_compression_from_name(const std::string& name);
 const char* checkpointing_name(Checkpointing c);   // "none" | "selective" | "full"
 const char* schedule_name(PipelineSchedule s);      // "1f1b" | "gpipe" | "zb-h1" | "interleaved"
 

@@ -201,6 +201,10 @@ void validate(const RunConfig& c) {
                   c.dist.fp8_error_feedback == "off",
               "dist.fp8_error_feedback = '", c.dist.fp8_error_feedback, "' is unknown; use \"auto\", \"on\" or \"off\"",
               suggest_choice(c.dist.fp8_error_feedback, {"auto", "on", "off"}));
+  FORGE_CHECK(c.dist.grad_compression == "none" || c.run.dtype != "f16",
+              "dist.grad_compression = \"", c.dist.grad_compression, "\" with run.dtype = \"f16\" is not supported (its "
+              "error feedback would carry residues of one step's loss scale into a step of another); use run.dtype = "
+              "\"bf16\" or dist.grad_compression = \"none\"");
   FORGE_CHECK(c.dist.powersgd_rank >= 1, "dist.powersgd_rank must be >= 1, got ", c.dist.powersgd_rank);
   FORGE_CHECK(c.dist.powersgd_start_step >= 0, "dist.powersgd_start_step must be >= 0, got ", c.dist.powersgd_start_step);
   FORGE_CHECK(c.dist.grad_compression != "powersgd" || (c.dist.zero_stage == 0 && c.dist.pp == 1),

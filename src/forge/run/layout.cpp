@@ -15,6 +15,17 @@ void check_vocab_splits(const RunConfig& cfg, int64_t vocab_size) {
               "model.vocab_size to a multiple of ", tp, " (e.g. ", (vocab_size + tp - 1) / tp * tp, ") or lower dist.tp");
 }
 
+void set_reduction_keys(const RunConfig& cfg, parallel::Layout& l) {
+  l.dp_reduce = cfg.dist.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat;
+  l.node_size = cfg.dist.node_size;
+  l.link_gbps = cfg.dist.link_gbps;
+  l.link_latency_us = cfg.dist.link_latency_us;
+  l.grad_compression = parallel::grad_compression_from_name(cfg.dist.grad_compression);
+  l.powersgd_rank = cfg.dist.powersgd_rank;
+  l.fp8_feedback_all_reduce = cfg.dist.fp8_error_feedback != "off";
+  l.fp8_feedback_reduce_scatter = cfg.dist.fp8_error_feedback == "on";
+}
+
 parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
   const int tp = static_cast<int>(cfg.dist.tp), pp = static_cast<int>(cfg.dist.pp), cp = static_cast<int>(cfg.dist.cp);
   const parallel::Mesh mesh = parallel::Mesh::carve(world_size, 0, tp, pp, cp);  // 1.
@@ -59,16 +70,7 @@ parallel::Layout run_layout(const RunConfig& cfg, int world_size) {
                : cfg.dist.pp_schedule == "interleaved" ? parallel::PipelineSchedule::interleaved
                                                        : parallel::PipelineSchedule::one_f_one_b;
   l.virtual_stages = cfg.dist.pp_virtual_stages;
-  l.dp_reduce = cfg.dist.dp_reduce == "hierarchical" ? parallel::DpReduce::hierarchical : parallel::DpReduce::flat;
-  l.node_size = cfg.dist.node_size;
-  l.link_gbps = cfg.dist.link_gbps;
-  l.link_latency_us = cfg.dist.link_latency_us;
-  l.grad_compression = cfg.dist.grad_compression == "fp8"        ? parallel::GradCompression::fp8
-                       : cfg.dist.grad_compression == "powersgd" ? parallel::GradCompression::powersgd
-                                                                 : parallel::GradCompression::none;
-  l.powersgd_rank = cfg.dist.powersgd_rank;
-  l.fp8_feedback_all_reduce = cfg.dist.fp8_error_feedback != "off";
-  l.fp8_feedback_reduce_scatter = cfg.dist.fp8_error_feedback == "on";
+  set_reduction_keys(cfg, l);
   FORGE_CHECK(tp == 1 || !l.offload, "dist.offload_optimizer = true with dist.tp = ", tp,
               " is not supported yet (the tensor-parallel gradient reductions run after the offloaded gradients "
               "leave the GPU); set dist.offload_optimizer = false");

@@ -20,6 +20,10 @@
 namespace forge::train {
 
 parallel::Layout run_layout(const RunConfig& cfg, int world_size);
+// The data-parallel reductions' keys of cfg.dist into `l` (dp_reduce, node_size, link_gbps,
+// link_latency_us, grad_compression, powersgd_rank, fp8_error_feedback): run_layout's, and forge
+// plan's reading of a config.
+void set_reduction_keys(const RunConfig& cfg, parallel::Layout& l);
 
 // Check 2 alone, for a vocabulary resolved after the start (a tokenizer trained on the fly).
 void check_vocab_splits(const RunConfig& cfg, int64_t vocab_size);
