@@ -119,7 +119,8 @@ int64_t slot_index(DeviceRecords& r, const Tensor& like, const std::string& laye
 float* device_slot(const Tensor& like, const std::string& layer, Operand op) {
   DeviceRecords& r = device_records();
   std::lock_guard<std::mutex> lock(r.mu);
-  return static_cast<float*>(r.buffer.data_ptr()) + slot_index(r, like, layer, op);
+  const int64_t i = slot_index(r, like, layer, op);  // (first: it allocates the buffer on first use)
+  return static_cast<float*>(r.buffer.data_ptr()) + i;
 }
 
 // Note [FP8 delayed scaling] on the GPU: a tensorwise cast's history on the device.

@@ -17,6 +17,9 @@ using nlohmann::json;
 
 namespace {
 constexpr fp8::Operand kFp8Operands[] = {fp8::Operand::activation, fp8::Operand::weight, fp8::Operand::gradient};
+// The GEMM choices reported so far (they are kept in a map: the new ones are reported by count);
+// a run's configure_fp8 starts again from none, as set_selection clears the choices.
+size_t g_reported_choices = 0;
 }  // namespace
 
 bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device device, const io::CheckpointData* ck,
@@ -29,6 +32,7 @@ bool configure_fp8(const RunConfig& cfg, const parallel::Layout& layout, Device 
               "group yet); on GPUs use dist.tp = 1 with run.fp8, or run.fp8 = \"off\"");
   fp8::set_training_recipe(on ? std::optional(fp8::recipe_from_name(cfg.run.fp8)) : std::nullopt);
   // A deterministic run chooses by shape alone, never by a timing (as its GEMM algorithms).
+  g_reported_choices = 0;
   fp8::set_selection(cfg.run.fp8_select == "all" || cfg.run.deterministic ? fp8::Selection::all
                                                                           : fp8::Selection::measured);
   FORGE_CHECK(!delayed || (layout.tp == 1 && layout.pp == 1 && layout.cp == 1), "run.fp8_scaling = \"delayed\" "
@@ -111,10 +115,9 @@ json fp8_amax_record_json() {
 }
 
 void report_fp8_gemm_choices(std::ostream& log) {
-  static size_t reported = 0;  // (the choices are kept in a map: the new ones are reported by count)
   const std::vector<fp8::GemmChoice> choices = fp8::gemm_choices();
-  if (choices.size() <= reported) return;
-  reported = choices.size();
+  if (choices.size() <= g_reported_choices) return;
+  g_reported_choices = choices.size();
   int64_t in_fp8 = 0;
   for (const fp8::GemmChoice& c : choices) in_fp8 += c.fp8 ? 1 : 0;
   log << "fp8: " << in_fp8 << " of " << choices.size() << " linear shapes in FP8 (" << fp8::recipe_name(choices[0].recipe)

@@ -43,8 +43,14 @@ TEST(CudaFp8Wire, EncodeAndDecodeAreTheCpusBitForBit) {
       ASSERT_TRUE(gpu.codes.is_cuda());
       const std::vector<uint8_t> cc = cpu.codes.to_vector<uint8_t>(), gc = gpu.codes.to(Device::cpu()).to_vector<uint8_t>();
       ASSERT_EQ(cc.size(), gc.size());
-      for (size_t i = 0; i < cc.size(); ++i) ASSERT_EQ(cc[i], gc[i]) << fp8::format_name(f) << " rows " << rows << " at " << i;
       const std::vector<float> ci = cpu.inv_scales.to_vector<float>(), gi = gpu.inv_scales.to(Device::cpu()).to_vector<float>();
+      for (size_t i = 0; i < cc.size(); ++i) {
+        if (std::isnan(ci[i / 128])) {  // a row with a NaN or an infinity: NaN codes (e5m2 has several)
+          EXPECT_TRUE(std::isnan(fp8::decode(gc[i], f))) << fp8::format_name(f) << " rows " << rows << " at " << i;
+          continue;
+        }
+        ASSERT_EQ(cc[i], gc[i]) << fp8::format_name(f) << " rows " << rows << " at " << i;
+      }
       for (size_t r = 0; r < ci.size(); ++r) {
         if (std::isnan(ci[r])) EXPECT_TRUE(std::isnan(gi[r])) << "row " << r;
         else EXPECT_EQ(ci[r], gi[r]) << "row " << r;
