@@ -127,6 +127,15 @@ TEST(PlanProfile, TheFitRecoversAModelsConstants) {
   EXPECT_EQ(e.k_half, 128);
   EXPECT_NEAR(e.sustained_tflops, 500, 0.5);
   EXPECT_EQ(e.points.size(), pts.size());
+  // A peak above the truth changes nothing; one below it bounds the rate (and k_half moves to make
+  // up what it can), never above the peak.
+  const GemmEfficiency loose = fit_gemm(pts, 132, 128, 256, 600);
+  EXPECT_EQ(loose.k_half, 128);
+  EXPECT_NEAR(loose.sustained_tflops, 500, 0.5);
+  const GemmEfficiency bound = fit_gemm(pts, 132, 128, 256, 450);
+  EXPECT_LE(bound.sustained_tflops, 450);
+  EXPECT_GT(bound.sustained_tflops, 440);
+  EXPECT_LT(bound.k_half, 128);
 }
 
 // GPT-2 124M's step on one GPU of a profile whose GEMMs run at exactly R (one SM, one huge tile:

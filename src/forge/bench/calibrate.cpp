@@ -82,7 +82,10 @@ plan::GpuProfile calibrate(const CalibrateOptions& opt, const std::string& gpu_o
     if (pts.empty()) continue;
     // Hopper's cuBLASLt kernels mostly tile 128 x 256; Ampere's and Ada's 128 x 128.
     const int64_t tile_n = g.cc_major >= 9 ? 256 : 128;
-    const plan::GemmEfficiency e = plan::fit_gemm(pts, g.sm_count, 128, tile_n);
+    // (bounded by the catalogue's dense peak of the precision: plan::fit_gemm)
+    const plan::Precision prec = dt == "fp8" ? plan::Precision::fp8 : plan::Precision::bf16;
+    const plan::GemmEfficiency e =
+        plan::fit_gemm(pts, g.sm_count, 128, tile_n, plan::find_gpu(entry).peak_flops(prec) / 1e12);
     p.gemm[dt == "fp8" ? plan::Precision::fp8 : plan::Precision::bf16] = e;
     src << " " << dt << " GEMMs (" << pts.size() << " shapes: sustained " << e.sustained_tflops
         << " TFLOP/s, k_half " << e.k_half << ");";

@@ -270,7 +270,8 @@ const GemmEfficiency& gemm_efficiency(const GpuProfile& prof, Precision p) {
 }
 
 
-GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64_t tile_m, int64_t tile_n) {
+GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64_t tile_m, int64_t tile_n,
+                        double peak_tflops) {
   FORGE_CHECK(!points.empty(), "fit_gemm: no measured GEMMs");
   GemmEfficiency g;
   g.tile_m = tile_m;
@@ -284,7 +285,7 @@ GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64
     g.k_half = kh;
     double rate = 1.0;
     double err = 0;
-    for (int pass = 0; pass < 3; ++pass) {
+    for (int pass = 0; pass < 4; ++pass) {
       g.sustained_tflops = rate;
       double sum = 0;
       err = 0;
@@ -296,8 +297,12 @@ GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64
         sum += d.back();
       }
       const double mean = sum / static_cast<double>(d.size());
-      for (double v : d) err += (v - mean) * (v - mean);
+      // (the last pass only measures the error of the rate the one before chose)
+      const double shift = pass == 3 ? 0.0 : mean;
+      for (double v : d) err += (v - shift) * (v - shift);
+      if (pass == 3) break;
       rate *= std::exp(mean);
+      if (peak_tflops > 0) rate = std::min(rate, peak_tflops);
     }
     if (err < best) best = err, best_kh = kh, best_rate = rate;
   }

@@ -90,7 +90,11 @@ const GemmEfficiency& gemm_efficiency(const GpuProfile& prof, Precision p);
 
 // Fits a GemmEfficiency's sustained rate and k_half to measured GEMMs (forge bench calibrate): the
 // pair (k_half on a grid of 8 in [0, 1024], the rate in closed form for each) that minimises the
-// squared log-error of the model over every point. The points are kept (exact shapes use them).
-GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64_t tile_m, int64_t tile_n);
+// squared log-error of the model over every point. `peak_tflops` > 0 bounds the rate (the dense
+// peak: a few shapes can trade a rate above it against a long k_half, the first H100 calibration
+// did); for each k_half the rate is then the closed form's clamped to it (the error is convex in
+// log rate, so that is the bounded optimum). The points are kept (exact shapes use them).
+GemmEfficiency fit_gemm(const std::vector<GemmPoint>& points, int64_t sms, int64_t tile_m, int64_t tile_n,
+                        double peak_tflops = 0);
 
 }  // namespace forge::plan
