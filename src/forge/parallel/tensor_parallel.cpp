@@ -449,18 +449,18 @@ Tensor RowParallelLinear::forward_partial(const Tensor& x, const std::function<T
   const Tensor xs = input_is_parallel ? x : scatter_last_dim(x, group);
   FORGE_CHECK(xs.dim() >= 1 && xs.shape().back() == in_features, "RowParallelLinear: input of shape ", xs.shape(),
               " does not end in this rank's in_features = ", in_features, " (of ", whole_in_features, ")");
-  Tensor partial;
-  if (partial_of) {
-    partial = partial_of(xs);
-  } else if (const std::optional<fp8::Recipe> r = fp8_recipe(*this)) {  // Note [FP8 under tensor parallelism]
-    check_fp8_blocks(*this, in_features, "input features");
-    partial = fp8::linear(xs, weight, Tensor(), *r, name, fp8_split(true, false, group));
-  } else {
-    partial = ops::linear(xs, weight, Tensor());
-  }
+  const Tensor partial = partial_of ? partial_of(xs) : partial_product(xs);
   const Tensor y =
       sequence_parallel ? reduce_scatter_sequence(partial, group) : reduce_from_region_in_place(partial, group);
   return bias.defined() ? ops::add(y, bias) : y;
+}
+
+Tensor RowParallelLinear::partial_product(const Tensor& xs) const {
+  if (const std::optional<fp8::Recipe> r = fp8_recipe(*this)) {  // Note [FP8 under tensor parallelism]
+    check_fp8_blocks(*this, in_features, "input features");
+    return fp8::linear(xs, weight, Tensor(), *r, name, fp8_split(true, false, group));
+  }
+  return ops::linear(xs, weight, Tensor());
 }
 
 void RowParallelLinear::load_whole(const Tensor& w, const Tensor& b) {

@@ -128,6 +128,9 @@ class RowParallelLinear : public nn::Linear {
   // are summed: a row-parallel LoRA adapter's partial output rides the base's one reduction, the
   // base's product and the adapter's in one node (parallel/tensor_parallel_lora.h).
   Tensor forward_partial(const Tensor& x, const std::function<Tensor(const Tensor& xs)>& partial) const;
+  // This rank's partial product of its input shard xs: what forward_partial reduces when no
+  // `partial` is given (through the FP8 recipe under run.fp8, Note [FP8 under tensor parallelism]).
+  Tensor partial_product(const Tensor& xs) const;
   // This rank's columns of the whole linear's weight (out, in), and its whole bias.
   void load_whole(const Tensor& weight, const Tensor& bias);
 

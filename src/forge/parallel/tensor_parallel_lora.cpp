@@ -7,6 +7,7 @@
 #include "forge/core/error.h"
 #include "forge/ops/binary.h"
 #include "forge/ops/dropout.h"
+#include "forge/ops/fp8.h"
 #include "forge/ops/matmul.h"
 
 namespace forge::parallel::tp {
@@ -35,9 +36,11 @@ Tensor ColumnParallelLora::forward(const Tensor& x) const {
   if (!attached()) return base->forward(x);
   // Without dropout in training, the base's product and the adapter's in one node on the whole
   // input from the base's region entry (Note [fused LoRA linear] in ops/matmul.cpp; the base's
-  // weight gradient is not wanted, so nothing waits for a deferred queue); with it, the base's
+  // weight gradient is not wanted, so nothing waits for a deferred queue); with it, or with an FP8
+  // base (its forward casts through the recipe, Note [FP8 under tensor parallelism]), the base's
   // forward and the composed branch on the same entry (Note [one collective per input]).
-  if (!(dropout > 0 && is_training())) {
+  const bool fp8_base = base->fp8 && fp8::training_recipe().has_value();
+  if (!(dropout > 0 && is_training()) && !fp8_base) {
     const Tensor in = enter_column_region(x, group, sequence_parallel).input;
     return ops::lora_linear(in, base->weight, base->bias, lora_A->weight, lora_B->weight, scale);
   }
@@ -53,11 +56,13 @@ RowParallelLora::RowParallelLora(std::shared_ptr<RowParallelLinear> b, const nn:
 Tensor RowParallelLora::forward(const Tensor& x) const {
   const auto& row = static_cast<const RowParallelLinear&>(*base);
   if (!attached()) return row.forward(x);
-  return row.forward_partial(x, [this, &row](const Tensor& xs) {
-    if (!(dropout > 0 && is_training()))  // Note [fused LoRA linear]
+  const bool fp8_base = row.fp8 && fp8::training_recipe().has_value();
+  return row.forward_partial(x, [this, &row, fp8_base](const Tensor& xs) {
+    if (!(dropout > 0 && is_training()) && !fp8_base)  // Note [fused LoRA linear]
       return ops::lora_linear(xs, row.weight, Tensor(), lora_A->weight, lora_B->weight, scale);
+    // (an FP8 base: its shard's product through the recipe, amaxes over the group)
     const Tensor d = ops::dropout(xs, dropout, is_training());
-    return ops::add(ops::linear(xs, row.weight, Tensor()),
+    return ops::add(row.partial_product(xs),
                     ops::mul(ops::linear(ops::linear(d, lora_A->weight), lora_B->weight), scale));
   });
 }

@@ -174,9 +174,6 @@ void validate(const RunConfig& c) {
     FORGE_CHECK(lm, "lora.targets adapts the linears of a GPT or LLaMA; model.type = '", c.model.type,
                 "' has none: set lora.targets = [] (LoRA off)");
     nn::validate_lora(c.lora, nn::transformer_shape(c.model).arch);
-    FORGE_CHECK(c.run.fp8 == "off" || c.dist.tp == 1, "lora.targets with run.fp8 and dist.tp = ", c.dist.tp,
-                " is not supported yet (the tensor-parallel adapters' fused products are not FP8); use dist.tp = 1 "
-                "or run.fp8 = \"off\"");
   } else {
     nn::validate_lora(c.lora, nn::Arch::gpt);
   }
