@@ -23,7 +23,9 @@ def main(raw):
             "bus bandwidth (nccl-tests' convention, 2(W-1)/W x size / time) of the largest size, in Gb/s. The flat "
             "ring's bus bandwidth is the link's rate as delivered; the hierarchical reduction moves fewer bytes "
             "across it, so its figure (same formula) can exceed the link, as can the `-fp8` rows' (`--grad-compression "
-            "fp8`: the gradients sent in FP8, the bandwidth counted over the f32 bytes they stand for).", "",
+            "fp8`: the gradients sent in FP8, the bandwidth counted over the f32 bytes they stand for; their time includes "
+            "the coding, which on CPU ranks (some fifteen passes over the tensor, four ranks sharing two cores) can "
+            "cost more than the link saves, where a GPU codes at its memory's rate).", "",
             "| link asked (Gb/s) | dp reduce | size | time (ms) | bus bandwidth (Gb/s) | delivered / asked |",
             "|---|---|---|---|---|---|"]
     for path in sorted(glob.glob(os.path.join(raw, "coll_*.json")), key=lambda p: (float(p.rsplit("_", 1)[1][:-5]), p)):
