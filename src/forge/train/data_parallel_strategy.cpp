@@ -74,7 +74,10 @@ class DataParallelStrategy final : public Strategy {
                                                        ? static_cast<int>(cfg.dist.powersgd_rank)
                                                        : 0,
                                   .powersgd_seed = static_cast<uint64_t>(cfg.run.seed) ^ 0x9e3779b97f4a7c15ull,
-                                  .powersgd_start_step = cfg.dist.powersgd_start_step,
+                                  // (PowerSGD's alone: FP8 compresses from the first step)
+                                  .powersgd_start_step = layout.grad_compression == parallel::GradCompression::powersgd
+                                                             ? cfg.dist.powersgd_start_step
+                                                             : 0,
                                   .fp8_reduce = layout.grad_compression == parallel::GradCompression::fp8 && !solo_,
                                   .fp8_feedback_all_reduce = layout.fp8_feedback_all_reduce,
                                   .fp8_feedback_reduce_scatter = layout.fp8_feedback_reduce_scatter});

@@ -134,7 +134,9 @@ class PipelineStrategy final : public Strategy {
     log << "pipeline parallel: stage " << stage_->index << " of " << stage_->stages << " on each of "
         << group_->size() << " data-parallel rank(s) ("
         << layout.sharding().name()
-        << (cfg.dist.grad_compression == "fp8" && group_->size() > 1 ? ", gradients sent in FP8" : "") << "); "
+        << (layout.grad_compression == parallel::GradCompression::fp8 && group_->size() > 1 ? ", gradients sent in FP8"
+                                                                                            : "")
+        << "); "
         << layout.grad_accum << " micro-batch(es) of " << layout.micro_batch << " row(s) per step ("
         << parallel::schedule_name(layout.schedule) << ")\n";
   }
