@@ -348,7 +348,9 @@ TEST_F(TensorParallelTrain, Fp8CastsEachSplitLinearAsTheWholeOne) {
         update = std::max(update, std::abs(w[i] - w0[i]));
         diff = std::max(diff, std::abs(w[i] - w2[i]));
       }
-      if (update > 0) EXPECT_LE(diff / update, 2e-5) << base << " " << name;
+      if (update > 0) {
+        EXPECT_LE(diff / update, 2e-5) << base << " " << name;
+      }
     }
   }
   auto args = model_args(root_, "fp8_blockwise_tp2", 2, "gpt", "sgd");
